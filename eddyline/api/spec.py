@@ -1,0 +1,373 @@
+"""The query network as frozen, validated data.
+
+A network is sources → steps → sinks. Each source, step and sink is a small record with a
+``name`` and exactly one *kind key* saying what it is::
+
+    name: hot-auctions
+    sources:
+      - name: bids
+        nexmark: {stream: bid, rate: 50000}
+    steps:
+      - name: expensive
+        input: bids
+        filter: "price > 100"
+      - name: per_auction
+        input: expensive
+        window_aggregate:
+          key: auction
+          time: date_time
+          window: {size: 10s, slide: 2s}
+          aggregates: {bids: "count(*)", top: "max(price)"}
+          watermark_delay: 4s
+    sinks:
+      - name: out
+        input: per_auction
+        files: {path: out/hot, format: parquet}
+
+The Python builder (:mod:`eddyline.api.builder`) produces the same models, so YAML and Python
+are two spellings of one thing. Structural checks live here (pydantic); graph checks (unknown
+inputs, cycles) and expression checks live in :mod:`eddyline.api.validate`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    model_validator,
+)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(value: Any) -> int:
+    """Parse ``'10s'``, ``'500ms'``, ``'2m'``, ``'1h'``, ``'1d'`` (or a whole number of ms).
+
+    >>> parse_duration_ms("2s"), parse_duration_ms("1.5m"), parse_duration_ms(250)
+    (2000, 90000, 250)
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration like '10s', got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"expected a non-negative duration, got {value!r}")
+        return value
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return int(round(float(m.group(1)) * _UNIT_MS[m.group(2)]))
+    raise ValueError(f"expected a duration like '10s', got {value!r}")
+
+
+def format_duration_ms(ms: int) -> str:
+    for unit in ("d", "h", "m", "s"):
+        if ms and ms % _UNIT_MS[unit] == 0:
+            return f"{ms // _UNIT_MS[unit]}{unit}"
+    return f"{ms}ms"
+
+
+#: A duration in milliseconds; accepts "10s"-style strings and serialises back to them.
+Duration = Annotated[
+    int,
+    BeforeValidator(parse_duration_ms),
+    PlainSerializer(format_duration_ms, return_type=str),
+]
+
+_NAME = r"^[A-Za-z_][A-Za-z0-9_\-]*$"
+Name = Annotated[str, Field(pattern=_NAME, min_length=1, max_length=64)]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _exactly_one_kind(obj: Any, kinds: tuple[str, ...], what: str) -> None:
+    present = [k for k in kinds if getattr(obj, k) is not None]
+    if len(present) != 1:
+        got = ", ".join(present) if present else "none"
+        raise ValueError(f"expected exactly one {what} kind of {', '.join(kinds)}; got {got}")
+
+
+# --------------------------------------------------------------------------- sources
+
+
+class Phase(Model):
+    """One phase of a generator: for ``duration`` of event time, these settings hold."""
+
+    duration: Duration = Field(gt=0)
+    rate: float | None = Field(default=None, gt=0)
+    skew: float | None = Field(default=None, ge=0)
+    keys: int | None = Field(default=None, gt=0)
+    #: Rotates which keys are hot: key rank r maps to key (r + hot_shift) mod keys.
+    hot_shift: int = 0
+
+
+class Generator(Model):
+    """Synthetic keyed rows computed inside Spark; deterministic from (seed, offset).
+
+    Columns: ``offset`` (long), ``key`` (long in [0, keys)), ``value`` (long in [0, 1000)),
+    ``event_time`` (timestamp). Offset ``i`` has event time ``start_time + i / rate`` (piecewise
+    over ``phases``), and becomes available at the same wall-clock distance from the run's start.
+    """
+
+    rate: float = Field(default=10_000, gt=0)
+    keys: int = Field(default=1_000, gt=0)
+    skew: float = Field(default=0.0, ge=0)
+    seed: int = 0
+    start_time: datetime = datetime(2026, 1, 1, tzinfo=UTC)
+    phases: tuple[Phase, ...] = ()
+    #: Pretend all rows are available at once (benchmarks): offsets are not paced by wall time.
+    unpaced: bool = False
+
+
+class Nexmark(Model):
+    """The Nexmark auction benchmark's person / auction / bid events (Beam's generator model).
+
+    Offsets are global event numbers shared by all three streams, so two sources with the same
+    settings see one consistent auction site.
+    """
+
+    stream: Literal["person", "auction", "bid"]
+    rate: float = Field(default=10_000, gt=0)
+    seed: int = 0
+    start_time: datetime = datetime(2026, 1, 1, tzinfo=UTC)
+    num_active_people: int = Field(default=1_000, gt=0)
+    num_in_flight_auctions: int = Field(default=100, gt=0)
+    hot_auction_ratio: int = Field(default=2, gt=0)
+    hot_seller_ratio: int = Field(default=4, gt=0)
+    hot_bidder_ratio: int = Field(default=4, gt=0)
+    unpaced: bool = False
+
+
+class Files(Model):
+    """A directory of files: a source (new files are picked up in name order) or a sink.
+
+    As a source, ``schema`` (a Spark DDL string such as ``"id long, name string"``) is required for
+    ``json`` and ``csv``; records that do not parse or do not fit it go to the dead-letter sink.
+    As a sink, each epoch's output appears atomically as ``path/epoch=NNNNNNNN/``.
+    """
+
+    path: str = Field(min_length=1)
+    format: Literal["parquet", "json", "csv"] = "parquet"
+    schema_: str | None = Field(default=None, alias="schema")
+    max_files_per_epoch: int | None = Field(default=None, gt=0)
+
+
+class Console(Model):
+    """Print each epoch's output (at most ``rows`` rows)."""
+
+    rows: int = Field(default=20, gt=0)
+
+
+class Memory(Model):
+    """Collect output in the driver; read it back with ``Network.collected(sink_name)``."""
+
+
+class SourceSpec(Model):
+    name: Name
+    generator: Generator | None = None
+    nexmark: Nexmark | None = None
+    files: Files | None = None
+    #: Admission control: at most this many offsets per epoch (files sources: files).
+    max_rows_per_epoch: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> SourceSpec:
+        _exactly_one_kind(self, SOURCE_KINDS, "source")
+        if self.files is not None and self.files.format != "parquet" and not self.files.schema_:
+            raise ValueError(f"files.schema: a {self.files.format} source needs a schema (Spark DDL)")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in SOURCE_KINDS if getattr(self, k) is not None)
+
+    @property
+    def params(self) -> Generator | Nexmark | Files:
+        return getattr(self, self.kind)
+
+
+SOURCE_KINDS = ("generator", "nexmark", "files")
+
+# --------------------------------------------------------------------------- steps
+
+
+class Window(Model):
+    """An event-time window: tumbling when ``slide`` is absent, sliding otherwise."""
+
+    size: Duration = Field(gt=0)
+    slide: Duration | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _slide_divides(self) -> Window:
+        if self.slide is not None and (self.slide > self.size or self.size % self.slide):
+            raise ValueError(
+                f"slide: expected a slide that divides the size ({format_duration_ms(self.size)}),"
+                f" got {format_duration_ms(self.slide)}"
+            )
+        return self
+
+    @property
+    def slide_ms(self) -> int:
+        return self.slide if self.slide is not None else self.size
+
+
+_AGG = re.compile(r"^\s*(count|sum|min|max|avg)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$", re.I)
+AGG_FUNCS = ("count", "sum", "min", "max", "avg")
+
+
+def parse_aggregate(text: str) -> tuple[str, str | None]:
+    """``"max(price)"`` → ``("max", "price")``; ``"count(*)"`` → ``("count", None)``."""
+    m = _AGG.match(text) if isinstance(text, str) else None
+    if not m:
+        raise ValueError(
+            f"expected one of count(*), count(col), sum(col), min(col), max(col), avg(col); got {text!r}"
+        )
+    func, col = m.group(1).lower(), m.group(2)
+    if col == "*":
+        if func != "count":
+            raise ValueError(f"expected a column inside {func}(), got {text!r}")
+        return func, None
+    return func, col
+
+
+class WindowAggregate(Model):
+    key: str | tuple[str, ...] | None = None
+    time: str = Field(min_length=1)
+    window: Window
+    aggregates: dict[Name, str] = Field(min_length=1)
+    watermark_delay: Duration = 0
+    #: Windows stay open this long after they fire; a late row re-emits the window (revision + 1).
+    allowed_lateness: Duration = 0
+    #: Rows later than the allowed lateness are counted, and also written here when set.
+    late: Files | None = None
+
+    @model_validator(mode="after")
+    def _check_aggregates(self) -> WindowAggregate:
+        problems = []
+        for name, text in self.aggregates.items():
+            try:
+                parse_aggregate(text)
+            except ValueError as e:
+                problems.append(f"aggregates.{name}: {e}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        if self.key is None:
+            return ()
+        return (self.key,) if isinstance(self.key, str) else tuple(self.key)
+
+    @property
+    def parsed_aggregates(self) -> tuple[tuple[str, str, str | None], ...]:
+        return tuple((n, *parse_aggregate(t)) for n, t in self.aggregates.items())
+
+
+class StepSpec(Model):
+    name: Name
+    input: Name | None = None
+    filter: str | None = None
+    select: tuple[str, ...] | None = None
+    union: tuple[Name, ...] | None = None
+    window_aggregate: WindowAggregate | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> StepSpec:
+        _exactly_one_kind(self, STEP_KINDS, "step")
+        if self.union is not None:
+            if self.input is not None:
+                raise ValueError("input: a union lists its inputs in 'union', not 'input'")
+            if len(self.union) < 2:
+                raise ValueError(f"union: expected at least 2 inputs, got {len(self.union)}")
+        elif self.input is None:
+            raise ValueError("input: field required")
+        if self.select is not None and not self.select:
+            raise ValueError("select: expected at least one expression")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in STEP_KINDS if getattr(self, k) is not None)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.union if self.union is not None else (self.input,)  # type: ignore[return-value]
+
+    @property
+    def stateful(self) -> bool:
+        return self.kind in STATEFUL_KINDS
+
+
+STEP_KINDS = ("filter", "select", "union", "window_aggregate")
+STATEFUL_KINDS = ("window_aggregate",)
+
+# --------------------------------------------------------------------------- sinks
+
+
+class SinkSpec(Model):
+    name: Name
+    input: Name
+    files: Files | None = None
+    console: Console | None = None
+    memory: Memory | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> SinkSpec:
+        _exactly_one_kind(self, SINK_KINDS, "sink")
+        if self.files is not None and self.files.schema_ is not None:
+            raise ValueError("files.schema: a sink writes its input's schema; remove 'schema'")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in SINK_KINDS if getattr(self, k) is not None)
+
+
+SINK_KINDS = ("files", "console", "memory")
+
+# --------------------------------------------------------------------------- network
+
+
+class NetworkSpec(Model):
+    name: Name
+    sources: tuple[SourceSpec, ...] = Field(min_length=1)
+    steps: tuple[StepSpec, ...] = ()
+    sinks: tuple[SinkSpec, ...] = Field(min_length=1)
+    #: Key groups per stateful step: fixed when the checkpoint is first created.
+    key_groups: int = Field(default=128, gt=0, le=32768)
+    #: Parallel lanes per stateful step; default: Spark's default parallelism.
+    lanes: int | None = Field(default=None, gt=0)
+    #: Target epoch interval: an epoch starts at most this often (immediately when behind).
+    trigger: Duration = 1000
+    #: Where malformed records go; default ``<checkpoint>/dead-letters``.
+    dead_letters: Files | None = None
+
+    def node(self, name: str) -> SourceSpec | StepSpec | SinkSpec:
+        for n in (*self.sources, *self.steps, *self.sinks):
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def step(self, name: str) -> StepSpec:
+        n = self.node(name)
+        if not isinstance(n, StepSpec):
+            raise KeyError(name)
+        return n
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint must agree on with the network that resumes it."""
+        return {
+            "name": self.name,
+            "key_groups": self.key_groups,
+            "stateful_steps": sorted(s.name for s in self.steps if s.stateful),
+        }

@@ -1,0 +1,47 @@
+"""One error root for Eddyline, classified by whose fault it is.
+
+``SpecError`` is the user's (a network spec that cannot run); it is raised before any epoch runs
+and the CLI maps it to exit code 2. ``SourceError`` / ``SinkError`` are external systems;
+``CheckpointError`` means the checkpoint on disk does not fit the network or is damaged;
+``EngineError`` is a bug or an unexpected Spark failure.
+"""
+
+from __future__ import annotations
+
+
+class EddylineError(Exception):
+    """Root of every error Eddyline raises on purpose."""
+
+    retryable: bool = False
+
+
+class SpecError(EddylineError):
+    """A network spec is invalid. ``problems`` holds every message, each naming the step and field.
+
+    >>> str(SpecError(["step 'w': window.size: expected a duration like '10s', got 'ten'"]))
+    "step 'w': window.size: expected a duration like '10s', got 'ten'"
+    """
+
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class CheckpointError(EddylineError):
+    """The checkpoint location does not belong to this network or is inconsistent."""
+
+
+class SourceError(EddylineError):
+    """A source could not be read (missing directory, unreadable file ...)."""
+
+    retryable = True
+
+
+class SinkError(EddylineError):
+    """A sink could not be written or published."""
+
+    retryable = True
+
+
+class EngineError(EddylineError):
+    """Something inside Eddyline or Spark failed unexpectedly."""

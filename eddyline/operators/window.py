@@ -1,0 +1,269 @@
+"""Event-time window aggregation as a pure kernel over Arrow tables (no Spark here).
+
+The work is split the way a combiner splits it:
+
+1. **assign + pre-aggregate** (per epoch, stateless): every row is assigned to its windows and
+   rows are folded into *partials* per ``(_kg, keys, window_start)``. On Spark this runs in the
+   JVM before the lane shuffle (:mod:`eddyline.runtime.compile`); :func:`partial_aggregate` is the
+   same thing in pyarrow, used by tests and as the reference.
+2. **merge + fire** (per lane, stateful): :meth:`WindowKernel.process` folds the partials into the
+   lane's state and emits every window whose end the watermark has passed.
+
+Semantics (Flink's, with Spark's watermark timing):
+
+* A row with event time ``t`` belongs to windows ``[s, s + size)`` with ``s`` a multiple of
+  ``slide`` and ``s <= t < s + size``.
+* The watermark ``W`` of an epoch is fixed in the epoch plan (computed from earlier epochs).
+  A window fires when ``s + size <= W``. It stays in state until ``s + size + lateness <= W``;
+  a late row for a window that already fired updates it, and the window fires again with
+  ``revision`` one higher (revision 0 is the first result).
+* A (row, window) pair whose window is already past ``end + lateness`` is dropped; a row all of
+  whose windows are dropped is *late* and is counted (and optionally written to a late sink).
+
+The kernel is independent of how input is split into epochs: only the watermark sequence
+decides what fires, and partial aggregates merge associatively.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+KG = "_kg"
+WINDOW_START = "window_start"
+WINDOW_END = "window_end"
+REVISION = "revision"
+REV = "_rev"  # state: how many times the window has been emitted
+TOUCHED = "_touched"
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+NO_WATERMARK = -(2**62)
+END_OF_STREAM = 2**62
+
+
+@dataclass(frozen=True)
+class WindowConfig:
+    keys: tuple[str, ...]
+    size_ms: int
+    slide_ms: int
+    #: (output name, function, input column or None for count(*))
+    aggregates: tuple[tuple[str, str, str | None], ...]
+    allowed_lateness_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.size_ms <= 0 or self.slide_ms <= 0 or self.size_ms % self.slide_ms:
+            raise ValueError(
+                f"window size {self.size_ms} ms must be a positive multiple of slide {self.slide_ms} ms"
+            )
+
+    @property
+    def windows_per_row(self) -> int:
+        return self.size_ms // self.slide_ms
+
+    @property
+    def primary_key(self) -> tuple[str, ...]:
+        return (KG, *self.keys, WINDOW_START)
+
+    # ----------------------------------------------------------------- partial columns
+    def partial_columns(self) -> list[tuple[str, str, str | None, str]]:
+        """(partial column, merge function, input column, final aggregate name) per partial.
+
+        count → one count column; sum/min/max → one column of the same function; avg → a sum and
+        a non-null count, divided at emission.
+        """
+        cols: list[tuple[str, str, str | None, str]] = []
+        for name, func, col in self.aggregates:
+            if func == "count":
+                cols.append((name, "count", col, name))
+            elif func == "avg":
+                cols.append((f"{name}__sum", "sum", col, name))
+                cols.append((f"{name}__cnt", "count", col, name))
+            else:
+                cols.append((name, func, col, name))
+        return cols
+
+    def partial_type(self, func: str, input_type: pa.DataType | None) -> pa.DataType:
+        if func == "count":
+            return pa.int64()
+        assert input_type is not None
+        if func == "sum":
+            return pa.float64() if pa.types.is_floating(input_type) or pa.types.is_decimal(input_type) else pa.int64()
+        return input_type
+
+    def partial_schema(self, input_schema: pa.Schema) -> pa.Schema:
+        fields = [pa.field(KG, pa.int32())]
+        fields += [input_schema.field(k) for k in self.keys]
+        fields.append(pa.field(WINDOW_START, pa.int64()))
+        for pcol, func, col, _ in self.partial_columns():
+            itype = input_schema.field(col).type if col else None
+            fields.append(pa.field(pcol, self.partial_type(func, itype)))
+        return pa.schema(fields)
+
+    def state_schema(self, partial_schema: pa.Schema) -> pa.Schema:
+        return partial_schema.append(pa.field(REV, pa.int32()))
+
+    def output_schema(self, partial_schema: pa.Schema) -> pa.Schema:
+        fields = [partial_schema.field(k) for k in self.keys]
+        fields += [pa.field(WINDOW_START, TIMESTAMP), pa.field(WINDOW_END, TIMESTAMP)]
+        for name, func, _col in self.aggregates:
+            if func == "avg":
+                fields.append(pa.field(name, pa.float64()))
+            else:
+                fields.append(partial_schema.field(name))
+        fields.append(pa.field(REVISION, pa.int32()))
+        return pa.schema(fields)
+
+
+def event_time_ms(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Timestamps (any unit) → int64 milliseconds since the epoch."""
+    if pa.types.is_timestamp(column.type):
+        unit = column.type.unit
+        ints = pc.cast(column, pa.int64()).to_numpy(zero_copy_only=False)
+        div = {"s": 1 / 1000, "ms": 1, "us": 1000, "ns": 1_000_000}[unit]
+        return (ints * 1000) if unit == "s" else ints // int(div)
+    return pc.cast(column, pa.int64()).to_numpy(zero_copy_only=False)
+
+
+def partial_aggregate(
+    cfg: WindowConfig,
+    rows: pa.Table,
+    time_col: str,
+    watermark_ms: int,
+    key_groups: np.ndarray | None = None,
+) -> tuple[pa.Table, pa.Table]:
+    """Assign windows and pre-aggregate ``rows``; returns ``(partials, late_rows)``.
+
+    ``key_groups`` gives each row's key group (the runtime computes it in Spark); default 0.
+    """
+    n = rows.num_rows
+    t = event_time_ms(rows.column(time_col)) if n else np.zeros(0, dtype=np.int64)
+    last_start = (t // cfg.slide_ms) * cfg.slide_ms
+    late_mask = last_start + cfg.size_ms + cfg.allowed_lateness_ms <= watermark_ms
+    late_rows = rows.filter(pa.array(late_mask)) if n else rows
+    k = cfg.windows_per_row
+    row_idx = np.repeat(np.arange(n), k)
+    starts = np.repeat(last_start, k) - np.tile(np.arange(k, dtype=np.int64) * cfg.slide_ms, n)
+    alive = starts + cfg.size_ms + cfg.allowed_lateness_ms > watermark_ms
+    row_idx, starts = row_idx[alive], starts[alive]
+    kg = key_groups if key_groups is not None else np.zeros(n, dtype=np.int32)
+    cols: dict[str, pa.Array] = {KG: pa.array(np.asarray(kg, dtype=np.int32)[row_idx])}
+    take = pa.array(row_idx, type=pa.int64())
+    for key in cfg.keys:
+        cols[key] = rows.column(key).take(take)
+    cols[WINDOW_START] = pa.array(starts, type=pa.int64())
+    aggs = []
+    one = "_one"
+    cols[one] = pa.array(np.ones(len(row_idx), dtype=np.int64))
+    inputs_needed = {c for _, _, c, _ in cfg.partial_columns() if c}
+    for c in inputs_needed:
+        cols[f"_in_{c}"] = rows.column(c).take(take)
+    exploded = pa.table(cols)
+    for pcol, func, col, _ in cfg.partial_columns():
+        if func == "count" and col is None:
+            aggs.append((one, "sum", pcol))
+        elif func == "count":
+            aggs.append((f"_in_{col}", "count", pcol))
+        else:
+            aggs.append((f"_in_{col}", func, pcol))
+    schema = cfg.partial_schema(rows.schema)
+    unique_aggs = list(dict.fromkeys((src, fn) for src, fn, _ in aggs))
+    grouped = exploded.group_by(list(cfg.primary_key), use_threads=False).aggregate(unique_aggs)
+    out = {name: grouped.column(name) for name in cfg.primary_key}
+    for src, fn, pcol in aggs:
+        out[pcol] = grouped.column(f"{src}_{fn}")
+    partials = pa.table(out).cast(schema) if grouped.num_rows else schema.empty_table()
+    return partials, late_rows
+
+
+@dataclass
+class WindowResult:
+    output: pa.Table
+    state: pa.Table
+    #: rows of ``state`` that changed this epoch (new, merged, or re-emitted)
+    upserts: pa.Table
+    #: primary keys of windows evicted this epoch
+    deletes: pa.Table
+    changed_key_groups: list[int] = field(default_factory=list)
+    fired: int = 0
+
+
+class WindowKernel:
+    """Folds partials into state and fires windows. Pure: same inputs, same outputs."""
+
+    def __init__(self, cfg: WindowConfig, partial_schema: pa.Schema):
+        self.cfg = cfg
+        self.partial_schema = partial_schema
+        self.state_schema = cfg.state_schema(partial_schema)
+        self.output_schema = cfg.output_schema(partial_schema)
+
+    def empty_state(self) -> pa.Table:
+        return self.state_schema.empty_table()
+
+    def process(self, partials: pa.Table, state: pa.Table | None, watermark_ms: int) -> WindowResult:
+        cfg = self.cfg
+        pk = list(cfg.primary_key)
+        state = self.empty_state() if state is None else state.select(self.state_schema.names)
+        partials = partials.select(self.partial_schema.names).cast(self.partial_schema)
+        if partials.num_rows:
+            # Deterministic merge order: float sums then do not depend on shuffle order.
+            partials = partials.sort_by([(c, "ascending") for c in pk])
+        merge = [(p, "sum" if f == "count" else f) for p, f, _, _ in cfg.partial_columns()]
+        both = pa.concat_tables(
+            [
+                state.append_column(TOUCHED, pa.array(np.zeros(state.num_rows, dtype=np.int8))),
+                partials.append_column(REV, pa.nulls(partials.num_rows, pa.int32())).append_column(
+                    TOUCHED, pa.array(np.ones(partials.num_rows, dtype=np.int8))
+                ),
+            ]
+        )
+        if partials.num_rows:
+            g = both.group_by(pk, use_threads=False).aggregate(
+                [*merge, (REV, "max"), (TOUCHED, "max")]
+            )
+            merged_cols = {c: g.column(c) for c in pk}
+            for p, f in merge:
+                merged_cols[p] = g.column(f"{p}_{f}")
+            merged_cols[REV] = pc.fill_null(g.column(f"{REV}_max"), 0)
+            merged_cols[TOUCHED] = g.column(f"{TOUCHED}_max")
+            merged = pa.table(merged_cols)
+        else:
+            merged = both
+        merged = merged.sort_by([(c, "ascending") for c in pk])
+        start = merged.column(WINDOW_START).to_numpy()
+        end = start + cfg.size_ms
+        rev = merged.column(REV).to_numpy(zero_copy_only=False)
+        touched = merged.column(TOUCHED).to_numpy(zero_copy_only=False).astype(bool)
+        fire = (end <= watermark_ms) & ((rev == 0) | touched)
+        keep = end + cfg.allowed_lateness_ms > watermark_ms
+        new_rev = rev + fire.astype(np.int32)
+
+        output = self._emit(merged.filter(pa.array(fire)), rev[fire])
+        state_cols = merged.drop_columns([TOUCHED]).set_column(
+            merged.schema.get_field_index(REV), REV, pa.array(new_rev, type=pa.int32())
+        )
+        new_state = state_cols.filter(pa.array(keep)).cast(self.state_schema)
+        changed = (touched | fire) & keep
+        upserts = state_cols.filter(pa.array(changed)).cast(self.state_schema)
+        evicted = ~keep
+        deletes = merged.filter(pa.array(evicted)).select(pk)
+        kg_col = merged.column(KG).to_numpy()
+        changed_kgs = np.unique(kg_col[changed | evicted]).tolist()
+        return WindowResult(output, new_state, upserts, deletes, changed_kgs, int(fire.sum()))
+
+    def _emit(self, fired: pa.Table, prior_revisions: np.ndarray) -> pa.Table:
+        cfg = self.cfg
+        start = fired.column(WINDOW_START)
+        cols: dict[str, pa.Array | pa.ChunkedArray] = {k: fired.column(k) for k in cfg.keys}
+        cols[WINDOW_START] = pc.cast(pc.multiply(start, 1000), TIMESTAMP)
+        cols[WINDOW_END] = pc.cast(pc.multiply(pc.add(start, cfg.size_ms), 1000), TIMESTAMP)
+        for name, func, _col in cfg.aggregates:
+            if func == "avg":
+                s = pc.cast(fired.column(f"{name}__sum"), pa.float64())
+                c = fired.column(f"{name}__cnt")
+                cols[name] = pc.if_else(pc.equal(c, 0), pa.scalar(None, pa.float64()), pc.divide(s, pc.cast(c, pa.float64())))
+            else:
+                cols[name] = fired.column(name)
+        cols[REVISION] = pa.array(prior_revisions.astype(np.int32), type=pa.int32())
+        return pa.table(cols).cast(self.output_schema)

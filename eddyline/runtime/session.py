@@ -1,0 +1,48 @@
+"""The one place that builds a SparkSession.
+
+Spark startup costs seconds, so a process keeps one session. Two settings matter for
+correctness, not just speed:
+
+* the Python workers must run this interpreter (``PYSPARK_PYTHON``), otherwise they start the
+  system ``python3`` that has no pyarrow and every Arrow kernel fails;
+* adaptive query execution must not coalesce the lane shuffle: lane *i* has to stay partition *i*.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DEFAULT_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.python.worker.reuse": "true",
+    "spark.driver.memory": "2g",
+    "spark.sql.sources.partitionOverwriteMode": "static",
+    "spark.speculation": "false",
+    "spark.ui.showConsoleProgress": "false",
+}
+
+
+def get_spark(master: str | None = None, conf: dict[str, str] | None = None) -> SparkSession:
+    """Return this process's SparkSession, creating it on first use (``local[*]`` by default)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    builder = SparkSession.builder.master(master or "local[*]").appName("eddyline")
+    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

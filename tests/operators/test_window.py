@@ -1,0 +1,175 @@
+"""The window kernel against DuckDB, and its independence from how input is split into epochs."""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eddyline.operators.window import (
+    END_OF_STREAM,
+    NO_WATERMARK,
+    WindowConfig,
+    WindowKernel,
+    partial_aggregate,
+)
+
+AGGS = (
+    ("n", "count", None),
+    ("n_price", "count", "price"),
+    ("total", "sum", "price"),
+    ("lo", "min", "price"),
+    ("hi", "max", "price"),
+    ("mean", "avg", "price"),
+)
+
+
+def make_rows(n: int, seed: int = 0, keys: int = 5, span_ms: int = 60_000) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    price = rng.integers(0, 1000, n)
+    mask = rng.random(n) < 0.1  # some null prices: count(col) and sum must skip them
+    return pa.table(
+        {
+            "auction": pa.array(rng.integers(0, keys, n), pa.int64()),
+            "price": pa.array(price, pa.int64(), mask=mask),
+            "ts": pa.array(np.sort(rng.integers(0, span_ms, n)) * 1000, pa.timestamp("us", tz="UTC")),
+        }
+    )
+
+
+def run_epochs(cfg: WindowConfig, batches: list[pa.Table], watermarks: list[int]) -> pa.Table:
+    """Drive the kernel like the runtime does: one (batch, watermark) per epoch, then end of stream."""
+    schema = cfg.partial_schema(batches[0].schema)
+    kernel = WindowKernel(cfg, schema)
+    state = None
+    outputs = []
+    for rows, wm in [*zip(batches, watermarks, strict=True), (batches[0].slice(0, 0), END_OF_STREAM)]:
+        partials, _late = partial_aggregate(cfg, rows, "ts", wm)
+        res = kernel.process(partials, state, wm)
+        state = res.state
+        outputs.append(res.output)
+    assert state is not None and state.num_rows == 0, "end of stream must flush every window"
+    return pa.concat_tables(outputs)
+
+
+def duckdb_windows(rows: pa.Table, size_ms: int, slide_ms: int) -> list[tuple]:
+    con = duckdb.connect()
+    con.register("r", rows)
+    k = size_ms // slide_ms
+    return con.execute(
+        f"""
+        WITH x AS (SELECT *, epoch_ms(ts) AS t FROM r),
+        w AS (SELECT x.*, (t // {slide_ms}) * {slide_ms} - i * {slide_ms} AS ws
+              FROM x, range({k}) AS g(i))
+        SELECT auction, ws, count(*), count(price), sum(price), min(price), max(price), avg(price)
+        FROM w GROUP BY auction, ws ORDER BY auction, ws
+        """
+    ).fetchall()
+
+
+def kernel_rows(out: pa.Table) -> list[tuple]:
+    d = out.to_pydict()
+    rows = []
+    for i in range(out.num_rows):
+        ws = int(d["window_start"][i].timestamp() * 1000)
+        mean = d["mean"][i]
+        rows.append(
+            (d["auction"][i], ws, d["n"][i], d["n_price"][i], d["total"][i], d["lo"][i], d["hi"][i], mean)
+        )
+    return sorted(rows, key=lambda r: (r[0], r[1]))
+
+
+@pytest.mark.parametrize("size,slide", [(10_000, 10_000), (10_000, 2_000), (6_000, 3_000)])
+def test_matches_duckdb(size: int, slide: int) -> None:
+    rows = make_rows(2_000)
+    cfg = WindowConfig(("auction",), size, slide, AGGS)
+    out = run_epochs(cfg, [rows], [NO_WATERMARK])
+    got, want = kernel_rows(out), duckdb_windows(rows, size, slide)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g[:7] == w[:7]
+        assert (g[7] is None and w[7] is None) or g[7] == pytest.approx(w[7])
+    assert set(out.column("revision").to_pylist()) == {0}
+
+
+def test_window_fires_only_when_watermark_passes_end() -> None:
+    cfg = WindowConfig(("auction",), 10_000, 10_000, (("n", "count", None),))
+    rows = pa.table(
+        {
+            "auction": pa.array([1, 1, 2], pa.int64()),
+            "ts": pa.array([1_000_000, 9_999_000, 12_000_000], pa.timestamp("us", tz="UTC")),
+        }
+    )
+    kernel = WindowKernel(cfg, cfg.partial_schema(rows.schema))
+    partials, _ = partial_aggregate(cfg, rows, "ts", 9_999)
+    r1 = kernel.process(partials, None, 9_999)
+    assert r1.output.num_rows == 0 and r1.state.num_rows == 2
+    r2 = kernel.process(partials.slice(0, 0), r1.state, 10_000)
+    assert r2.output.to_pydict()["n"] == [2] and r2.state.num_rows == 1
+    assert r2.changed_key_groups == [0] and r2.deletes.num_rows == 1
+
+
+def test_late_rows_are_dropped_and_reported_or_revise_within_lateness() -> None:
+    cfg = WindowConfig(("auction",), 10_000, 10_000, (("n", "count", None),), allowed_lateness_ms=5_000)
+    schema = pa.schema([("auction", pa.int64()), ("ts", pa.timestamp("us", tz="UTC"))])
+    kernel = WindowKernel(cfg, cfg.partial_schema(schema))
+
+    def batch(ts_ms: list[int]) -> pa.Table:
+        return pa.table({"auction": [7] * len(ts_ms), "ts": [t * 1000 for t in ts_ms]}, schema=schema)
+
+    p, late = partial_aggregate(cfg, batch([1_000, 2_000]), "ts", 0)
+    r = kernel.process(p, None, 0)
+    p, late = partial_aggregate(cfg, batch([]), "ts", 11_000)
+    r = kernel.process(p, r.state, 11_000)  # fires [0,10s) with n=2, keeps it for lateness
+    assert r.output.to_pydict()["n"] == [2] and r.output.to_pydict()["revision"] == [0]
+    p, late = partial_aggregate(cfg, batch([3_000]), "ts", 12_000)  # late but within lateness
+    assert late.num_rows == 0
+    r = kernel.process(p, r.state, 12_000)
+    assert r.output.to_pydict()["n"] == [3] and r.output.to_pydict()["revision"] == [1]
+    p, late = partial_aggregate(cfg, batch([4_000]), "ts", 15_000)  # beyond lateness: late row
+    assert late.num_rows == 1 and p.num_rows == 0
+    r = kernel.process(p, r.state, 15_000)
+    assert r.output.num_rows == 0 and r.state.num_rows == 0
+
+
+def test_global_window_without_key() -> None:
+    rows = make_rows(500, seed=3)
+    cfg = WindowConfig((), 10_000, 5_000, (("n", "count", None), ("hi", "max", "price")))
+    out = run_epochs(cfg, [rows], [NO_WATERMARK])
+    con = duckdb.connect()
+    con.register("r", rows)
+    want = con.execute(
+        "SELECT ws, count(*), max(price) FROM (SELECT *, (epoch_ms(ts)//5000)*5000 - i*5000 AS ws "
+        "FROM r, range(2) g(i)) GROUP BY ws ORDER BY ws"
+    ).fetchall()
+    d = out.sort_by("window_start").to_pydict()
+    got = [(int(w.timestamp() * 1000), n, h) for w, n, h in zip(d["window_start"], d["n"], d["hi"], strict=True)]
+    assert got == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    cuts=st.lists(st.integers(0, 400), max_size=6),
+    wm_lag=st.lists(st.integers(0, 30_000), min_size=7, max_size=7),
+    slide=st.sampled_from([2_000, 5_000, 10_000]),
+)
+def test_emitted_windows_do_not_depend_on_epoch_split(cuts: list[int], wm_lag: list[int], slide: int) -> None:
+    """However the same (in-order) input is cut into epochs, and wherever the watermark stands
+    (behind every row seen so far), the emitted windows are the same."""
+    rows = make_rows(400, seed=11, span_ms=60_000)
+    cfg = WindowConfig(("auction",), 10_000, slide, AGGS)
+    bounds = sorted({0, 400, *cuts})
+    batches = [rows.slice(a, b - a) for a, b in zip(bounds, bounds[1:], strict=False)]
+    times = rows.column("ts").to_numpy().astype("datetime64[us]").astype(np.int64) // 1000
+    watermarks, seen = [], NO_WATERMARK
+    for i, _b in enumerate(batches):
+        # the watermark of epoch i comes from epochs before i, and never passes an unseen row
+        watermarks.append(seen)
+        hi = int(times[bounds[i + 1] - 1])
+        seen = max(seen, min(hi, int(times[bounds[i + 1]]) if bounds[i + 1] < 400 else hi) - wm_lag[i])
+    whole = kernel_rows(run_epochs(cfg, [rows], [NO_WATERMARK]))
+    split = kernel_rows(run_epochs(cfg, batches, watermarks))
+    assert split == whole
