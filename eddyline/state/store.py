@@ -1,0 +1,324 @@
+"""Versioned key-group state under the checkpoint location.
+
+Layout: one Arrow IPC file per (step, epoch, lane) at
+``<root>/state/<step>/<epoch:010d>-<lane:04d>.arrow``. It holds, sorted by key group, one
+*segment* per key group the lane changed in that epoch: either a **snapshot** (every row of the
+group) or a **delta** (upserted rows, and deleted primary keys marked ``_op = 1``).
+
+Which segments make up a key group's state is *metadata*, not a directory listing: a **chain**
+``[snapshot, delta, delta, ...]`` per key group, kept in the epoch commit (the state index). So:
+
+* loading key group ``g`` at any committed version = its snapshot + its deltas, from whichever
+  lanes wrote them. Any lane can load any key group: relocation is a routing change;
+* a retried task or a replayed epoch rewrites the same file with the same bytes;
+* files of uncommitted epochs are never referenced and are removed by :meth:`cleanup`.
+
+A process-wide cache keeps materialised key groups keyed by their chain tip, bounded by a byte
+budget; what does not fit is dropped and reloaded from files (the state stays on disk).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+KG = "_kg"
+OP = "_op"
+SNAPSHOT, DELTA = "s", "d"
+
+#: [epoch, lane, kind, row offset, row count]
+Segment = list
+Chain = list
+StateIndex = dict  # key group -> Chain
+
+
+def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow filesystem and path for a local path or any URI pyarrow understands."""
+    if "://" in root:
+        fs, path = pafs.FileSystem.from_uri(root)
+        return fs, path.rstrip("/")
+    return pafs.LocalFileSystem(), os.path.abspath(root)
+
+
+def write_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Write then rename, so readers see the old file or the whole new one."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with fs.open_output_stream(tmp) as out:
+        out.write(data)
+    fs.move(tmp, path)
+
+
+def read_json(fs: pafs.FileSystem, path: str) -> object:
+    with fs.open_input_stream(path) as f:
+        return json.loads(f.read())
+
+
+class StateCache:
+    """LRU of materialised key groups, bounded in bytes (the lane's memory budget)."""
+
+    def __init__(self, budget_bytes: int):
+        self.budget = budget_bytes
+        self.used = 0
+        self._entries: OrderedDict[tuple[str, str, int], tuple[tuple, pa.Table]] = OrderedDict()
+        self.hits = self.misses = self.evictions = 0
+
+    def get(self, key: tuple[str, str, int], tip: tuple) -> pa.Table | None:
+        entry = self._entries.get(key)
+        if entry is None or entry[0] != tip:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return entry[1]
+
+    def put(self, key: tuple[str, str, int], tip: tuple, table: pa.Table) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.used -= old[1].nbytes
+        size = table.nbytes
+        if size > self.budget:
+            return
+        self._entries[key] = (tip, table)
+        self.used += size
+        while self.used > self.budget:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self.used -= evicted.nbytes
+            self.evictions += 1
+
+
+#: One cache per Python worker process; Spark reuses workers across tasks and epochs.
+_CACHE = StateCache(int(os.environ.get("EDDYLINE_STATE_CACHE_BYTES", str(512 << 20))))
+
+
+def process_cache() -> StateCache:
+    return _CACHE
+
+
+@dataclass
+class WriteResult:
+    chains: dict[int, Chain | None]  # None: the key group has no state any more
+    bytes_written: int
+    snapshots: int
+    deltas: int
+
+
+class KeyGroupStore:
+    """State of one stateful step. Pure Python + pyarrow; used inside Spark tasks."""
+
+    def __init__(
+        self,
+        root: str,
+        step: str,
+        schema: pa.Schema,
+        primary_key: Sequence[str],
+        *,
+        snapshot_every: int = 8,
+        cache: StateCache | None = None,
+    ):
+        if KG not in schema.names or KG not in primary_key:
+            raise ValueError(f"state of step {step!r} needs a {KG} column in its primary key")
+        self.fs, base = filesystem(root)
+        self.dir = f"{base}/state/{step}"
+        self.step = step
+        self.root = root
+        self.schema = schema
+        self.primary_key = list(primary_key)
+        self.snapshot_every = snapshot_every
+        self.cache = cache if cache is not None else _CACHE
+        self.file_schema = schema.append(pa.field(OP, pa.int8()))
+
+    # ------------------------------------------------------------------ reading
+    def path(self, epoch: int, lane: int) -> str:
+        return f"{self.dir}/{epoch:010d}-{lane:04d}.arrow"
+
+    def _read_file(self, epoch: int, lane: int, opened: dict[tuple[int, int], pa.Table]) -> pa.Table:
+        key = (epoch, lane)
+        if key not in opened:
+            path = self.path(epoch, lane)
+            if isinstance(self.fs, pafs.LocalFileSystem):
+                source = pa.memory_map(path)
+            else:
+                source = self.fs.open_input_file(path)
+            opened[key] = pa.ipc.open_file(source).read_all()
+        return opened[key]
+
+    def load(self, index: Mapping[int, Chain], key_groups: Iterable[int]) -> pa.Table:
+        """The state rows of ``key_groups`` (with ``_kg``), as of the version ``index`` names."""
+        parts = []
+        opened: dict[tuple[int, int], pa.Table] = {}
+        for kg in key_groups:
+            chain = index.get(kg)
+            if not chain:
+                continue
+            tip = tuple(chain[-1])
+            cache_key = (self.root, self.step, kg)
+            table = self.cache.get(cache_key, tip)
+            if table is None:
+                table = self._materialise(chain, opened)
+                self.cache.put(cache_key, tip, table)
+            parts.append(table)
+        if not parts:
+            return self.schema.empty_table()
+        return pa.concat_tables(parts)
+
+    def _materialise(self, chain: Chain, opened: dict[tuple[int, int], pa.Table]) -> pa.Table:
+        epoch, lane, kind, offset, length = chain[0]
+        if kind != SNAPSHOT:
+            raise ValueError(f"step {self.step!r}: a state chain must start with a snapshot, got {chain[0]}")
+        current = self._read_file(epoch, lane, opened).slice(offset, length).drop_columns([OP])
+        for epoch, lane, kind, offset, length in chain[1:]:
+            delta = self._read_file(epoch, lane, opened).slice(offset, length)
+            current = apply_delta(current, delta, self.primary_key)
+        return current.cast(self.schema)
+
+    # ------------------------------------------------------------------ writing
+    def write(
+        self,
+        epoch: int,
+        lane: int,
+        index: Mapping[int, Chain],
+        new_state: pa.Table,
+        upserts: pa.Table,
+        deletes: pa.Table,
+        changed_key_groups: Iterable[int],
+    ) -> WriteResult:
+        """Persist the changes of one lane in one epoch; returns the new chains of changed groups.
+
+        ``new_state`` is the lane's full state after the epoch; ``upserts`` / ``deletes`` are what
+        changed. A group gets a snapshot when it has none yet, when its chain is long, or when the
+        delta would not be smaller than the snapshot; otherwise a delta.
+        """
+        new_state = _sorted_by_kg(new_state.cast(self.schema))
+        upserts = _sorted_by_kg(upserts.cast(self.schema))
+        deletes = _sorted_by_kg(deletes.select(self.primary_key))
+        segments: list[pa.Table] = []
+        chains: dict[int, Chain | None] = {}
+        offset = snapshots = deltas = 0
+        for kg in sorted(set(changed_key_groups)):
+            full = _kg_slice(new_state, kg)
+            chain = list(index.get(kg) or [])
+            if full.num_rows == 0:
+                chains[kg] = None
+                self.cache.put((self.root, self.step, kg), ("empty", epoch), full)
+                continue
+            ups, dels = _kg_slice(upserts, kg), _kg_slice(deletes, kg)
+            use_snapshot = (
+                not chain
+                or len(chain) >= self.snapshot_every
+                or ups.num_rows + dels.num_rows >= full.num_rows
+            )
+            if use_snapshot:
+                seg = _with_op(full, 0, self.file_schema)
+                chain = [[epoch, lane, SNAPSHOT, offset, seg.num_rows]]
+                snapshots += 1
+            else:
+                seg = pa.concat_tables(
+                    [_with_op(ups, 0, self.file_schema), _with_op(dels, 1, self.file_schema)]
+                )
+                chain = [*chain, [epoch, lane, DELTA, offset, seg.num_rows]]
+                deltas += 1
+            segments.append(seg)
+            offset += seg.num_rows
+            chains[kg] = chain
+            self.cache.put((self.root, self.step, kg), tuple(chain[-1]), full)
+        written = 0
+        if segments:
+            table = pa.concat_tables(segments)
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_file(sink, self.file_schema) as writer:
+                writer.write_table(table)
+            data = sink.getvalue().to_pybytes()
+            self.fs.create_dir(self.dir, recursive=True)
+            write_atomic(self.fs, self.path(epoch, lane), data)
+            written = len(data)
+        return WriteResult(chains, written, snapshots, deltas)
+
+    # ------------------------------------------------------------------ retention
+    def cleanup(self, live_indexes: Iterable[Mapping[int, Chain]], below_epoch: int) -> int:
+        """Delete files older than ``below_epoch`` that no chain in ``live_indexes`` uses."""
+        live = {(seg[0], seg[1]) for index in live_indexes for chain in index.values() for seg in chain}
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.dir, allow_not_found=True))
+        except FileNotFoundError:
+            return 0
+        removed = 0
+        for info in infos:
+            name = info.base_name
+            if not name.endswith(".arrow") or "-" not in name:
+                continue
+            epoch_s, lane_s = name[: -len(".arrow")].split("-", 1)
+            if not (epoch_s.isdigit() and lane_s.isdigit()):
+                continue
+            key = (int(epoch_s), int(lane_s))
+            if key[0] < below_epoch and key not in live:
+                self.fs.delete_file(info.path)
+                removed += 1
+        return removed
+
+
+def _sorted_by_kg(table: pa.Table) -> pa.Table:
+    if table.num_rows < 2:
+        return table
+    kg = table.column(KG).to_numpy()
+    if np.all(kg[:-1] <= kg[1:]):
+        return table
+    return table.take(pa.array(np.argsort(kg, kind="stable")))
+
+
+def _kg_slice(table: pa.Table, kg: int) -> pa.Table:
+    """Rows of one key group from a table sorted by ``_kg``."""
+    col = table.column(KG).to_numpy()
+    lo, hi = np.searchsorted(col, kg, "left"), np.searchsorted(col, kg, "right")
+    return table.slice(int(lo), int(hi - lo))
+
+
+def _with_op(table: pa.Table, op: int, file_schema: pa.Schema) -> pa.Table:
+    cols = []
+    for f in file_schema:
+        if f.name == OP:
+            cols.append(pa.array(np.full(table.num_rows, op, dtype=np.int8)))
+        elif f.name in table.column_names:
+            cols.append(table.column(f.name).cast(f.type))
+        else:
+            cols.append(pa.nulls(table.num_rows, f.type))
+    return pa.Table.from_arrays(cols, schema=file_schema)
+
+
+def _with_null_surrogates(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, list[str]]:
+    """Add, per key, a null-filled copy and an is-null flag: Arrow's hash join never matches
+    nulls, but a state key may legitimately be null (e.g. a null grouping key)."""
+    out, join_keys = table, []
+    for k in keys:
+        col = table.column(k)
+        filler = pa.scalar("" if pa.types.is_string(col.type) else 0).cast(col.type)
+        out = out.append_column(f"__nn_{k}", pc.fill_null(col, filler))
+        out = out.append_column(f"__isnull_{k}", pc.is_null(col))
+        join_keys += [f"__nn_{k}", f"__isnull_{k}"]
+    return out, join_keys
+
+
+def apply_delta(current: pa.Table, delta: pa.Table, primary_key: Sequence[str]) -> pa.Table:
+    """``current`` without the keys ``delta`` names, plus the delta's upserted rows."""
+    if delta.num_rows == 0:
+        return current
+    keys = list(primary_key)
+    touched = delta.select(keys)
+    if any(current.column(k).null_count or touched.column(k).null_count for k in keys):
+        cur, join_keys = _with_null_surrogates(current, keys)
+        tch, _ = _with_null_surrogates(touched, keys)
+        kept = cur.join(tch.select(join_keys), keys=join_keys, join_type="left anti")
+    else:
+        kept = current.join(touched, keys=keys, join_type="left anti")
+    upserted = delta.filter(pc.equal(delta.column(OP), 0)).drop_columns([OP])
+    merged = pa.concat_tables(
+        [kept.select(current.column_names), upserted.select(current.column_names).cast(current.schema)]
+    )
+    return merged.sort_by([(k, "ascending") for k in keys])
