@@ -1,0 +1,101 @@
+"""Per-epoch progress: a live terminal table and JSON lines.
+
+Field names follow Spark's ``StreamingQueryProgress`` where one exists (``batchId``,
+``numInputRows``, ``inputRowsPerSecond``, ``processedRowsPerSecond``, ``durationMs``,
+``eventTime.watermark``, ``stateOperators[].numRowsTotal`` / ``memoryUsedBytes`` /
+``numRowsDroppedByWatermark``, ``sources[]``, ``sink``); Eddyline's own additions are
+``deadLetters``, ``lateRows``, ``routing`` and ``stateOperators[].customMetrics``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
+
+
+def iso_ms(ms: int | None) -> str | None:
+    if ms is None or ms <= NO_WATERMARK or ms >= END_OF_STREAM:
+        return None if ms is None or ms <= NO_WATERMARK else "end-of-stream"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _human(n: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+class ProgressReporter:
+    """Receives one progress record per epoch; prints and/or writes it."""
+
+    def __init__(self, *, console: Console | None = None, live: bool = True, json_path: str | None = None, keep: int = 12):
+        self.console = console or Console(stderr=True)
+        self.live_enabled = live
+        self.rows: deque[dict[str, Any]] = deque(maxlen=keep)
+        self._json: IO[str] | None = open(json_path, "a", encoding="utf-8") if json_path else None  # noqa: SIM115
+        self._live: Live | None = None
+
+    def __enter__(self) -> ProgressReporter:
+        if self.live_enabled:
+            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+            self._live.__exit__(None, None, None)
+            self._live = None
+        if self._json is not None:
+            self._json.close()
+            self._json = None
+
+    def report(self, record: dict[str, Any]) -> None:
+        self.rows.append(record)
+        if self._json is not None:
+            self._json.write(json.dumps(record, default=str) + "\n")
+            self._json.flush()
+        if self._live is not None:
+            self._live.update(self._render())
+
+    def message(self, text: str) -> None:
+        self.console.print(text)
+
+    def _render(self) -> Group:
+        t = Table(title="eddyline · epochs", expand=False)
+        for col in ("epoch", "input", "in/s", "proc/s", "duration / trigger", "watermark", "state rows", "state MB", "late", "dead"):
+            t.add_column(col, justify="right")
+        for r in self.rows:
+            state_rows = sum(s["numRowsTotal"] for s in r["stateOperators"])
+            state_bytes = sum(s["memoryUsedBytes"] for s in r["stateOperators"])
+            d = r["durationMs"]["triggerExecution"]
+            trig = r.get("triggerMs") or 0
+            flag = " [red]![/red]" if trig and d > trig else ""
+            t.add_row(
+                str(r["batchId"]) + (" (replay)" if r.get("replayed") else ""),
+                _human(r["numInputRows"]),
+                _human(r["inputRowsPerSecond"]),
+                _human(r["processedRowsPerSecond"]),
+                f"{d / 1000:.2f}s / {trig / 1000:.1f}s{flag}",
+                (r["eventTime"].get("watermark") or "-")[11:23] if r["eventTime"].get("watermark") not in (None, "end-of-stream") else (r["eventTime"].get("watermark") or "-"),
+                _human(state_rows),
+                f"{state_bytes / 1e6:.1f}",
+                str(r["lateRows"]),
+                str(r["deadLetters"]),
+            )
+        parts: list[Any] = [t]
+        if self.rows:
+            last = self.rows[-1]
+            routing = ", ".join(f"{s}: v{v['version']} over {v['lanes']} lanes" for s, v in last.get("routing", {}).items())
+            sinks = ", ".join(f"{s['description']}={s['numOutputRows']}" for s in last.get("sinks", []))
+            parts.append(f"[dim]routing: {routing or '-'} · output rows this epoch: {sinks or '-'}[/dim]")
+        return Group(*parts)

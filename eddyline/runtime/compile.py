@@ -1,0 +1,260 @@
+"""Turn the network + one epoch plan into Spark DataFrames.
+
+Stateless steps become Spark SQL expressions (they run in the JVM). A window aggregate becomes:
+
+    assign windows (Expand) → drop pairs past end + lateness → key group = pmod(xxhash64(keys), K)
+    → partial aggregate per (key group, keys, window start)      [JVM, combines before the shuffle]
+    → routing value per key group → repartition(lanes)            [lane i = partition i]
+    → mapInArrow(run_lane)                                        [Python: state + kernel]
+
+The watermark, the routing table and the state index come from the logged plan, never from the
+clock, so the DataFrames of a replayed epoch equal the original ones.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from eddyline.api.spec import NetworkSpec, StepSpec, WindowAggregate
+from eddyline.errors import SpecError
+from eddyline.io.sources import Source
+from eddyline.operators.window import KG, WINDOW_START, WindowConfig, WindowKernel
+from eddyline.plan.keygroups import RoutingTable
+from eddyline.runtime.lanes import LaneTask, run_lane
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, Observation, SparkSession
+
+ROUTE = "_route"
+EVENT_MS = "_t"
+LATE = "_late"
+
+
+@dataclass
+class StepRun:
+    """What one epoch needs to know about a stateful step."""
+
+    watermark_ms: int
+    routing: RoutingTable
+    index: dict[int, list]
+
+
+@dataclass
+class EpochFrames:
+    nodes: dict[str, DataFrame] = field(default_factory=dict)
+    #: per source: rows; per stateful step: rows in, max event time, late rows
+    observations: dict[str, Observation] = field(default_factory=dict)
+    dead_letters: list[DataFrame] = field(default_factory=list)
+    late: dict[str, DataFrame] = field(default_factory=dict)
+
+
+def window_config(wa: WindowAggregate) -> WindowConfig:
+    return WindowConfig(
+        keys=wa.keys,
+        size_ms=wa.window.size,
+        slide_ms=wa.window.slide_ms,
+        aggregates=wa.parsed_aggregates,
+        allowed_lateness_ms=wa.allowed_lateness,
+    )
+
+
+def topological(spec: NetworkSpec) -> list[StepSpec]:
+    """Steps in an order where every input comes first (the spec is validated acyclic)."""
+    done = {s.name for s in spec.sources}
+    order: list[StepSpec] = []
+    pending = list(spec.steps)
+    while pending:
+        ready = [s for s in pending if all(i in done for i in s.inputs)]
+        if not ready:
+            names = ", ".join(f"'{s.name}'" for s in pending)
+            raise SpecError(f"steps {names}: inputs form a cycle or name nothing")
+        for s in ready:
+            order.append(s)
+            done.add(s.name)
+            pending.remove(s)
+    return order
+
+
+class EpochCompiler:
+    """Builds one epoch's DataFrames. Holds nothing between epochs but the SparkSession."""
+
+    def __init__(self, spark: SparkSession, spec: NetworkSpec, sources: dict[str, Source], checkpoint: str):
+        self.spark = spark
+        self.spec = spec
+        self.sources = sources
+        self.checkpoint = checkpoint
+
+    def build(
+        self,
+        epoch: int,
+        source_slices: dict[str, dict[str, Any]],
+        steps: dict[str, StepRun],
+        lanes: int,
+        *,
+        observe: bool = True,
+        kill_driver_pid: int | None = None,
+    ) -> EpochFrames:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        out = EpochFrames()
+        for src in self.spec.sources:
+            frames = self.sources[src.name].frames(self.spark, source_slices[src.name], lanes)
+            df = frames.data
+            if observe:
+                obs = Observation(f"e{epoch}-src-{src.name}")
+                df = df.observe(obs, F.count(F.lit(1)).alias("rows"))
+                out.observations[f"source:{src.name}"] = obs
+            out.nodes[src.name] = df
+            if frames.dead_letters is not None:
+                out.dead_letters.append(frames.dead_letters)
+        for step in topological(self.spec):
+            ins = [out.nodes[i] for i in step.inputs]
+            try:
+                out.nodes[step.name] = self._step(epoch, step, ins, steps.get(step.name), lanes, out, observe, kill_driver_pid)
+            except SpecError:
+                raise
+            except Exception as e:  # analysis errors name the step
+                raise SpecError(f"step '{step.name}': {step.kind}: {_first_line(e)}") from e
+        return out
+
+    def _step(
+        self,
+        epoch: int,
+        step: StepSpec,
+        ins: list[DataFrame],
+        run: StepRun | None,
+        lanes: int,
+        out: EpochFrames,
+        observe: bool,
+        kill_driver_pid: int | None,
+    ) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        if step.filter is not None:
+            return ins[0].filter(F.expr(step.filter))
+        if step.select is not None:
+            return ins[0].selectExpr(*step.select)
+        if step.union is not None:
+            first = ins[0]
+            for other in ins[1:]:
+                if [f.name for f in other.schema] != [f.name for f in first.schema]:
+                    raise SpecError(
+                        f"step '{step.name}': union: inputs must have the same columns; "
+                        f"'{step.union[0]}' has {first.columns}, another has {other.columns}"
+                    )
+                first = first.unionByName(other)
+            return first
+        assert step.window_aggregate is not None
+        assert run is not None, f"no plan for stateful step {step.name}"
+        return self._window(epoch, step, step.window_aggregate, ins[0], run, lanes, out, observe, kill_driver_pid)
+
+    def _window(
+        self,
+        epoch: int,
+        step: StepSpec,
+        wa: WindowAggregate,
+        df: DataFrame,
+        run: StepRun,
+        lanes: int,
+        out: EpochFrames,
+        observe: bool,
+        kill_driver_pid: int | None,
+    ) -> DataFrame:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import TimestampNTZType, TimestampType
+
+        cfg = window_config(wa)
+        time_type = df.schema[wa.time].dataType
+        if not isinstance(time_type, TimestampType | TimestampNTZType):
+            raise SpecError(
+                f"step '{step.name}': time: expected a timestamp column, "
+                f"'{wa.time}' is {time_type.simpleString()}"
+            )
+        size, slide, lateness, wm = cfg.size_ms, cfg.slide_ms, cfg.allowed_lateness_ms, run.watermark_ms
+        t = F.floor(F.unix_micros(F.col(wa.time).cast("timestamp")) / 1000).cast("long")
+        df = df.withColumn(EVENT_MS, t)
+        last_start = F.col(EVENT_MS) - F.pmod(F.col(EVENT_MS), F.lit(slide))
+        df = df.withColumn(LATE, (last_start + size + lateness <= F.lit(wm)) & F.col(EVENT_MS).isNotNull())
+        if observe:
+            obs = Observation(f"e{epoch}-step-{step.name}")
+            df = df.observe(
+                obs,
+                F.count(F.lit(1)).alias("rows"),
+                F.max(EVENT_MS).alias("max_t"),
+                F.sum(F.col(LATE).cast("long")).alias("late"),
+            )
+            out.observations[f"step:{step.name}"] = obs
+        if wa.late is not None:
+            out.late[step.name] = df.filter(F.col(LATE)).drop(EVENT_MS, LATE)
+        live = df.filter(~F.col(LATE) & F.col(EVENT_MS).isNotNull())
+        k = cfg.windows_per_row
+        if k == 1:
+            live = live.withColumn(WINDOW_START, last_start)
+        else:
+            live = live.withColumn("_i", F.explode(F.sequence(F.lit(0), F.lit(k - 1))))
+            live = live.withColumn(WINDOW_START, last_start - F.col("_i") * slide)
+            live = live.filter(F.col(WINDOW_START) + size + lateness > F.lit(wm))
+        live = live.withColumn(KG, self._key_group(cfg.keys, run.routing.key_groups))
+        aggs: list[Column] = []
+        for pcol, func, col, _ in cfg.partial_columns():
+            if func == "count":
+                aggs.append((F.count(F.lit(1)) if col is None else F.count(F.col(col))).alias(pcol))
+            elif func == "sum":
+                c = F.col(col)
+                ctype = live.schema[col].dataType.simpleString()
+                if ctype.startswith("decimal") or ctype in ("float", "double"):
+                    c = c.cast("double")
+                aggs.append(F.sum(c).alias(pcol))
+            else:
+                aggs.append(getattr(F, func)(F.col(col)).alias(pcol))
+        partial = live.groupBy(KG, *cfg.keys, WINDOW_START).agg(*aggs)
+        routes = F.array(*[F.lit(v).cast("long") for v in run.routing.route_values()])
+        routed = (
+            partial.withColumn(ROUTE, F.element_at(routes, F.col(KG) + 1))
+            .repartition(lanes, ROUTE)
+            .drop(ROUTE)
+        )
+        partial_schema = _arrow_schema(routed.schema)
+        kernel = WindowKernel(cfg, partial_schema)
+        task = LaneTask(
+            step=step.name,
+            epoch=epoch,
+            checkpoint=self.checkpoint,
+            window=cfg,
+            partial_schema=partial_schema,
+            routing=run.routing.assignment,
+            index=run.index,
+            watermark_ms=wm,
+            kill_driver_pid=kill_driver_pid,
+        )
+        return routed.mapInArrow(functools.partial(run_lane, task), _spark_schema(kernel.output_schema))
+
+    def _key_group(self, keys: tuple[str, ...], key_groups: int) -> Column:
+        from pyspark.sql import functions as F
+
+        if not keys:
+            return F.lit(0).cast("int")
+        return F.pmod(F.xxhash64(*[F.col(k) for k in keys]), F.lit(key_groups)).cast("int")
+
+
+def _arrow_schema(struct: Any) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(struct, timezone="UTC")
+
+
+def _spark_schema(schema: pa.Schema) -> Any:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema, prefer_timestamp_ntz=False)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

@@ -1,0 +1,404 @@
+"""The epoch loop: plan → log → run on Spark → publish → commit.
+
+One epoch, numbered steps (a crash anywhere before step 6 replays the epoch from its plan):
+
+1. **plan**: per source the next offset slice (admission control caps it), per stateful step
+   the watermark (from committed event times) and the routing table;
+2. **log** the plan atomically;
+3. **run** the network as Spark jobs: sinks stage their output, stateful lanes write their state
+   versions and manifests;
+4. **publish** sink output (atomic per epoch, replacing an earlier attempt's);
+5. **fold** the lane manifests into the new state index;
+6. **commit** atomically: source offsets + state index + watermarks + sink counts.
+
+An epoch with no new input still runs when a watermark moved and state exists (windows may fire),
+like Spark's no-data batches. With ``until_idle`` the run ends, once the input is exhausted, with
+an end-of-stream epoch whose watermark passes every window (as Flink does for bounded input).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from eddyline.api.spec import NetworkSpec
+from eddyline.errors import CheckpointError
+from eddyline.io.sinks import FilesTarget, Sink, make_sink, write_frame
+from eddyline.io.sources import Source, make_source
+from eddyline.observe.progress import ProgressReporter, iso_ms
+from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
+from eddyline.plan.keygroups import RoutingTable
+from eddyline.runtime.compile import EpochCompiler, StepRun
+from eddyline.runtime.log import Checkpoint, EpochCommit, EpochPlan
+from eddyline.state.store import KeyGroupStore
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+#: Named moments at which tests make the driver die with SIGKILL (``--crash-at EPOCH:POINT``).
+CRASH_POINTS = ("after_plan", "in_task", "after_stage", "after_publish", "mid_commit", "after_commit")
+
+
+@dataclass
+class RunSummary:
+    epochs: int = 0
+    last_epoch: int = 0
+    input_rows: int = 0
+    output_rows: dict[str, int] = field(default_factory=dict)
+    dead_letters: int = 0
+    late_rows: int = 0
+    replayed: int = 0
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Engine:
+    """Runs one network against one checkpoint location in this process's SparkSession."""
+
+    def __init__(
+        self,
+        spec: NetworkSpec,
+        spark: SparkSession,
+        checkpoint: str,
+        *,
+        lanes: int | None = None,
+        reporter: ProgressReporter | None = None,
+        sinks: dict[str, Sink] | None = None,
+        crash_at: str | None = None,
+        retain_epochs: int = 10,
+    ):
+        self.spec = spec
+        self.spark = spark
+        self.ckpt = Checkpoint(checkpoint)
+        self.lanes = lanes or spec.lanes or spark.sparkContext.defaultParallelism
+        self.reporter = reporter
+        self.sources: dict[str, Source] = {s.name: make_source(s) for s in spec.sources}
+        self.sinks: dict[str, Sink] = sinks if sinks is not None else {
+            s.name: make_sink(s, reporter.console if reporter else None) for s in spec.sinks
+        }
+        self.compiler = EpochCompiler(spark, spec, self.sources, checkpoint)
+        self.stateful = [s for s in spec.steps if s.stateful]
+        self.retain_epochs = retain_epochs
+        self.crash_epoch, self.crash_point = _parse_crash(crash_at)
+        dl = spec.dead_letters
+        from eddyline.api.spec import Files
+
+        self.dead_letters = FilesTarget(dl or Files(path=f"{self.ckpt.location.rstrip('/')}/dead-letters", format="json"))
+        self.late_targets = {
+            s.name: FilesTarget(s.window_aggregate.late)
+            for s in self.stateful
+            if s.window_aggregate is not None and s.window_aggregate.late is not None
+        }
+        self.has_dead_letter_sources = any(
+            s.files is not None and s.files.format != "parquet" for s in spec.sources
+        )
+
+    # ------------------------------------------------------------------ the loop
+    def run(
+        self,
+        *,
+        epochs: int | None = None,
+        duration_s: float | None = None,
+        until_idle: bool = False,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> RunSummary:
+        meta = self.ckpt.open(self.spec.fingerprint())
+        started_at = float(meta["started_at"])
+        last = self.ckpt.latest_commit()
+        pending = self.ckpt.pending_plan(last.epoch if last else 0)
+        summary = RunSummary()
+        t_start = time.monotonic()
+        prev_epoch_start: float | None = None
+        while True:
+            if epochs is not None and summary.epochs >= epochs:
+                break
+            if duration_s is not None and time.monotonic() - t_start >= duration_s:
+                break
+            if should_stop is not None and should_stop():
+                break
+            epoch_start = time.monotonic()
+            replayed = pending is not None
+            if pending is not None:
+                plan, pending = pending, None
+            else:
+                plan = self._plan_next(last, time.time() - started_at, until_idle)
+                if plan is None:
+                    if until_idle:
+                        break
+                    time.sleep(min(max(self.spec.trigger, 100), 1000) / 1000)
+                    continue
+                self.ckpt.write_plan(plan)
+            self._maybe_crash(plan.epoch, "after_plan")
+            commit, record = self._run_epoch(plan, last, replayed)
+            record["inputRowsPerSecond"] = (
+                record["numInputRows"] / (epoch_start - prev_epoch_start)
+                if prev_epoch_start is not None and epoch_start > prev_epoch_start
+                else 0.0
+            )
+            prev_epoch_start = epoch_start
+            last = commit
+            summary.epochs += 1
+            summary.last_epoch = plan.epoch
+            summary.input_rows += record["numInputRows"]
+            summary.dead_letters += record["deadLetters"]
+            summary.late_rows += record["lateRows"]
+            summary.replayed += int(replayed)
+            for s in record["sinks"]:
+                summary.output_rows[s["description"]] = summary.output_rows.get(s["description"], 0) + s["numOutputRows"]
+            if self.reporter is not None:
+                self.reporter.report(record)
+            if plan.end_of_stream:
+                break
+            wait = self.spec.trigger / 1000 - (time.monotonic() - epoch_start)
+            if wait > 0:
+                time.sleep(wait)
+        return summary
+
+    # ------------------------------------------------------------------ planning
+    def _plan_next(self, last: EpochCommit | None, elapsed_s: float, until_idle: bool) -> EpochPlan | None:
+        epoch = last.epoch + 1 if last else 1
+        if last is not None and last.end_of_stream:
+            return None
+        slices = {
+            name: src.plan(last.source_ends.get(name, 0) if last else 0, elapsed_s)
+            for name, src in self.sources.items()
+        }
+        new_rows = any(s["end"] > s["start"] for s in slices.values())
+        watermarks: dict[str, int] = {}
+        routing: dict[str, dict[str, Any]] = {}
+        moved = has_state = False
+        for step in self.stateful:
+            assert step.window_aggregate is not None
+            prev = last.steps.get(step.name) if last else None
+            prev_wm = prev["watermark"] if prev else NO_WATERMARK
+            max_t = prev["max_event_time"] if prev else NO_WATERMARK
+            wm = prev_wm if max_t <= NO_WATERMARK else max(prev_wm, max_t - step.window_aggregate.watermark_delay)
+            watermarks[step.name] = wm
+            moved |= wm != prev_wm
+            has_state |= bool(prev and prev["index"])
+            old = RoutingTable.from_json(prev["routing"]) if prev else None
+            if old is not None and old.lanes == self.lanes:
+                table = old
+            else:
+                table = RoutingTable.uniform(self.spec.key_groups, self.lanes, old.version + 1 if old else 0)
+            routing[step.name] = table.to_json()
+        end_of_stream = False
+        if not new_rows and not (moved and has_state):
+            if not (until_idle and has_state):
+                return None
+            end_of_stream = True
+            watermarks = dict.fromkeys(watermarks, END_OF_STREAM)
+        return EpochPlan(epoch, slices, watermarks, routing, self.lanes, end_of_stream)
+
+    # ------------------------------------------------------------------ one epoch
+    def _run_epoch(self, plan: EpochPlan, last: EpochCommit | None, replayed: bool) -> tuple[EpochCommit, dict[str, Any]]:
+        from pyspark import StorageLevel
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        t0 = time.monotonic()
+        epoch = plan.epoch
+        runs = {
+            s.name: StepRun(
+                plan.watermarks[s.name],
+                RoutingTable.from_json(plan.routing[s.name]),
+                dict(last.steps[s.name]["index"]) if last and s.name in last.steps else {},
+            )
+            for s in self.stateful
+        }
+        kill_pid = os.getpid() if (self.crash_epoch == epoch and self.crash_point == "in_task") else None
+        frames = self.compiler.build(epoch, plan.sources, runs, plan.lanes, kill_driver_pid=kill_pid)
+        persisted = self._persist_shared(frames.nodes, StorageLevel.MEMORY_AND_DISK)
+        t_plan = time.monotonic()
+
+        sink_rows: dict[str, int] = {}
+        sink_obs: dict[str, Observation] = {}
+        for sink_spec in self.spec.sinks:
+            sink = self.sinks[sink_spec.name]
+            df = frames.nodes[sink_spec.input]
+            if sink_spec.kind == "files":
+                obs = Observation(f"e{epoch}-sink-{sink.name}")
+                df = df.observe(obs, F.count(F.lit(1)).alias("rows"))
+                sink_obs[sink.name] = obs
+            sink.stage(df, epoch)
+            if sink_spec.kind != "files":
+                staged = sink.collected.get(epoch)
+                sink_rows[sink.name] = staged.num_rows if staged is not None else 0
+        for name, obs in sink_obs.items():
+            sink_rows[name] = int(obs.get.get("rows", 0))
+        dead = 0
+        if frames.dead_letters:
+            dl = frames.dead_letters[0]
+            for other in frames.dead_letters[1:]:
+                dl = dl.unionByName(other)
+            obs = Observation(f"e{epoch}-dead")
+            write_frame(dl.observe(obs, F.count(F.lit(1)).alias("rows")), self.dead_letters, epoch)
+            dead = int(obs.get.get("rows", 0))
+        for step_name, late_df in frames.late.items():
+            write_frame(late_df, self.late_targets[step_name], epoch)
+        for df in persisted:
+            df.unpersist()
+        t_run = time.monotonic()
+        self._maybe_crash(epoch, "after_stage")
+
+        for sink in self.sinks.values():
+            sink.publish(epoch)
+        if frames.dead_letters:
+            self.dead_letters.publish(epoch)
+        for target in self.late_targets.values():
+            target.publish(epoch)
+        t_pub = time.monotonic()
+        self._maybe_crash(epoch, "after_publish")
+
+        obs_values = {k: o.get for k, o in frames.observations.items()}
+        steps_commit: dict[str, dict[str, Any]] = {}
+        state_ops = []
+        late_total = 0
+        for s in self.stateful:
+            run = runs[s.name]
+            manifests = self.ckpt.lane_manifests(epoch, s.name, plan.lanes)
+            index = dict(run.index)
+            for m in manifests:
+                for kg, chain in m["chains"].items():
+                    if chain is None:
+                        index.pop(int(kg), None)
+                    else:
+                        index[int(kg)] = chain
+            seen = obs_values.get(f"step:{s.name}", {})
+            prev_max = last.steps[s.name]["max_event_time"] if last and s.name in last.steps else NO_WATERMARK
+            max_t = seen.get("max_t")
+            late = int(seen.get("late") or 0)
+            late_total += late
+            steps_commit[s.name] = {
+                "index": index,
+                "max_event_time": max(prev_max, int(max_t)) if max_t is not None else prev_max,
+                "watermark": run.watermark_ms,
+                "routing": plan.routing[s.name],
+            }
+            state_ops.append(
+                {
+                    "operatorName": s.name,
+                    "numRowsTotal": sum(m["state_rows"] for m in manifests),
+                    "numRowsUpdated": sum(m["input_rows"] for m in manifests),
+                    "memoryUsedBytes": sum(m["state_bytes"] for m in manifests),
+                    "numRowsDroppedByWatermark": late,
+                    "customMetrics": {
+                        "stateBytesWritten": sum(m["bytes_written"] for m in manifests),
+                        "snapshots": sum(m["snapshots"] for m in manifests),
+                        "deltas": sum(m["deltas"] for m in manifests),
+                        "cacheHits": sum(m["cache_hits"] for m in manifests),
+                        "cacheMisses": sum(m["cache_misses"] for m in manifests),
+                        "windowsFired": sum(m["output_rows"] for m in manifests),
+                        "laneMs": [m["ms"] for m in manifests],
+                        "laneInputRows": [m["input_rows"] for m in manifests],
+                    },
+                }
+            )
+        commit = EpochCommit(
+            epoch=epoch,
+            source_ends={n: s["end"] for n, s in plan.sources.items()},
+            steps=steps_commit,
+            sinks=sink_rows,
+            end_of_stream=plan.end_of_stream,
+        )
+        crash = _die if (self.crash_epoch == epoch and self.crash_point == "mid_commit") else None
+        self.ckpt.write_commit(commit, crash=crash)
+        t_commit = time.monotonic()
+        self._maybe_crash(epoch, "after_commit")
+        if epoch % self.retain_epochs == 0:
+            self._cleanup(epoch)
+
+        input_rows = sum(int(obs_values.get(f"source:{n}", {}).get("rows") or 0) for n in self.sources)
+        total_ms = (t_commit - t0) * 1000
+        watermark = min(plan.watermarks.values()) if plan.watermarks else None
+        record = {
+            "id": self.spec.name,
+            "batchId": epoch,
+            "timestamp": iso_ms(int(time.time() * 1000)),
+            "replayed": replayed,
+            "numInputRows": input_rows,
+            "processedRowsPerSecond": input_rows / (total_ms / 1000) if total_ms else 0.0,
+            "durationMs": {
+                "triggerExecution": round(total_ms, 1),
+                "planning": round((t_plan - t0) * 1000, 1),
+                "execution": round((t_run - t_plan) * 1000, 1),
+                "publish": round((t_pub - t_run) * 1000, 1),
+                "commit": round((t_commit - t_pub) * 1000, 1),
+            },
+            "triggerMs": self.spec.trigger,
+            "eventTime": {"watermark": iso_ms(watermark)},
+            "stateOperators": state_ops,
+            "sources": [
+                {
+                    "description": n,
+                    "startOffset": s["start"],
+                    "endOffset": s["end"],
+                    "numInputRows": int(obs_values.get(f"source:{n}", {}).get("rows") or 0),
+                }
+                for n, s in plan.sources.items()
+            ],
+            "sinks": [{"description": n, "numOutputRows": r} for n, r in sink_rows.items()],
+            "deadLetters": dead,
+            "lateRows": late_total,
+            "routing": {n: {"version": r["version"], "lanes": r["lanes"]} for n, r in plan.routing.items()},
+            "endOfStream": plan.end_of_stream,
+        }
+        return commit, record
+
+    def _persist_shared(self, nodes: dict[str, DataFrame], level: Any) -> list[DataFrame]:
+        """Cache a stateful step's output when more than one Spark action reads it, so its
+        lanes run once per epoch (a second run would be correct, only wasted)."""
+        readers: dict[str, int] = {}
+
+        def walk(name: str, seen: set[str]) -> None:
+            if name in seen:
+                return
+            seen.add(name)
+            node = self.spec.node(name)
+            for i in getattr(node, "inputs", ()) or ((node.input,) if getattr(node, "input", None) else ()):
+                walk(i, seen)
+
+        for sink in self.spec.sinks:
+            reach: set[str] = set()
+            walk(sink.input, reach)
+            for n in reach:
+                readers[n] = readers.get(n, 0) + 1
+        persisted = []
+        for s in self.stateful:
+            if readers.get(s.name, 0) > 1:
+                nodes[s.name] = nodes[s.name].persist(level)
+                persisted.append(nodes[s.name])
+        return persisted
+
+    def _cleanup(self, epoch: int) -> None:
+        keep_from = epoch - self.retain_epochs + 1
+        commits = [c for c in self.ckpt.commits() if c.epoch >= keep_from]
+        if not commits:
+            return
+        for s in self.stateful:
+            assert s.window_aggregate is not None
+            # The schema does not matter for cleanup; only the file names and chains do.
+            import pyarrow as pa
+
+            store = KeyGroupStore(self.ckpt.location, s.name, pa.schema([("_kg", pa.int32())]), ["_kg"])
+            store.cleanup([c.steps[s.name]["index"] for c in commits if s.name in c.steps], below_epoch=keep_from)
+        self.ckpt.forget_before(keep_from)
+
+    def _maybe_crash(self, epoch: int, point: str) -> None:
+        if self.crash_epoch == epoch and self.crash_point == point:
+            _die()
+
+
+def _parse_crash(crash_at: str | None) -> tuple[int | None, str | None]:
+    if not crash_at:
+        return None, None
+    epoch_s, _, point = crash_at.partition(":")
+    if not epoch_s.isdigit() or point not in CRASH_POINTS:
+        raise CheckpointError(f"--crash-at: expected EPOCH:POINT with POINT in {', '.join(CRASH_POINTS)}, got {crash_at!r}")
+    return int(epoch_s), point

@@ -1,0 +1,175 @@
+"""The checkpoint: metadata, epoch plans, epoch commits.
+
+::
+
+    <checkpoint>/metadata.json              network fingerprint, key groups, start time
+    <checkpoint>/plans/<epoch>.json         written (atomically) before the epoch runs
+    <checkpoint>/commits/<epoch>.json       written (atomically) after outputs are published
+    <checkpoint>/epochs/<epoch>/<step>/…    lane manifests, written by tasks
+    <checkpoint>/state/<step>/…             key-group state (see eddyline.state.store)
+
+An epoch is committed iff its commit file exists. The commit is the single atomic step that
+moves the source offsets, the state versions (the state index) and the sink bookkeeping
+forward together. Recovery: the newest plan without a commit is replayed exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from eddyline.errors import CheckpointError
+from eddyline.state.store import filesystem, read_json, write_atomic
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class EpochPlan:
+    epoch: int
+    sources: dict[str, dict[str, Any]]  # name -> {"start", "end", ...}
+    watermarks: dict[str, int]  # stateful step -> watermark (ms) in force this epoch
+    routing: dict[str, dict[str, Any]]  # stateful step -> RoutingTable.to_json()
+    lanes: int
+    end_of_stream: bool = False
+    planned_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EpochPlan:
+        return cls(**data)
+
+
+@dataclass
+class EpochCommit:
+    epoch: int
+    source_ends: dict[str, int]
+    #: stateful step -> {"index": {kg: chain}, "max_event_time": ms, "watermark": ms, "routing": {...}}
+    steps: dict[str, dict[str, Any]]
+    sinks: dict[str, int]
+    end_of_stream: bool = False
+    committed_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d["steps"] = {
+            name: {**s, "index": {str(k): v for k, v in s["index"].items()}} for name, s in self.steps.items()
+        }
+        return d
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EpochCommit:
+        steps = {
+            name: {**s, "index": {int(k): v for k, v in s["index"].items()}} for name, s in data["steps"].items()
+        }
+        return cls(**{**data, "steps": steps})
+
+
+class Checkpoint:
+    def __init__(self, location: str):
+        self.location = location
+        self.fs, self.base = filesystem(location)
+
+    # ---------------------------------------------------------------- metadata
+    def open(self, fingerprint: dict[str, Any]) -> dict[str, Any]:
+        """Create the checkpoint, or check that an existing one belongs to this network."""
+        path = f"{self.base}/metadata.json"
+        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+            meta = {"format": FORMAT_VERSION, "network": fingerprint, "started_at": time.time()}
+            self.fs.create_dir(self.base, recursive=True)
+            write_atomic(self.fs, path, json.dumps(meta, indent=2).encode())
+            return meta
+        meta = read_json(self.fs, path)
+        assert isinstance(meta, dict)
+        old = meta.get("network", {})
+        diffs = [f"{k}: checkpoint has {old.get(k)!r}, network has {v!r}" for k, v in fingerprint.items() if old.get(k) != v]
+        if diffs:
+            raise CheckpointError(
+                f"checkpoint {self.location!r} belongs to another network ({'; '.join(diffs)}); "
+                "use a new checkpoint location"
+            )
+        return meta
+
+    # ---------------------------------------------------------------- plans and commits
+    def _path(self, kind: str, epoch: int) -> str:
+        return f"{self.base}/{kind}/{epoch:010d}.json"
+
+    def _epochs(self, kind: str) -> list[int]:
+        infos = self.fs.get_file_info(pafs.FileSelector(f"{self.base}/{kind}", allow_not_found=True))
+        return sorted(int(i.base_name[:-5]) for i in infos if i.base_name.endswith(".json") and i.base_name[:-5].isdigit())
+
+    def write_plan(self, plan: EpochPlan) -> None:
+        self.fs.create_dir(f"{self.base}/plans", recursive=True)
+        write_atomic(self.fs, self._path("plans", plan.epoch), json.dumps(plan.to_json()).encode())
+
+    def read_plan(self, epoch: int) -> EpochPlan:
+        data = read_json(self.fs, self._path("plans", epoch))
+        assert isinstance(data, dict)
+        return EpochPlan.from_json(data)
+
+    def write_commit(self, commit: EpochCommit, crash: Any = None) -> None:
+        self.fs.create_dir(f"{self.base}/commits", recursive=True)
+        data = json.dumps(commit.to_json()).encode()
+        path = self._path("commits", commit.epoch)
+        if crash is not None:  # test hook: die with the commit half-written (temp file only)
+            with self.fs.open_output_stream(f"{path}.tmp-crash") as f:
+                f.write(data[: len(data) // 2])
+            crash()
+        write_atomic(self.fs, path, data)
+
+    def latest_commit(self) -> EpochCommit | None:
+        epochs = self._epochs("commits")
+        if not epochs:
+            return None
+        data = read_json(self.fs, self._path("commits", epochs[-1]))
+        assert isinstance(data, dict)
+        return EpochCommit.from_json(data)
+
+    def commits(self) -> list[EpochCommit]:
+        out = []
+        for e in self._epochs("commits"):
+            data = read_json(self.fs, self._path("commits", e))
+            assert isinstance(data, dict)
+            out.append(EpochCommit.from_json(data))
+        return out
+
+    def pending_plan(self, last_committed: int) -> EpochPlan | None:
+        """The plan logged after the last commit, if an epoch was cut short."""
+        later = [e for e in self._epochs("plans") if e > last_committed]
+        if not later:
+            return None
+        if later != [last_committed + 1]:
+            raise CheckpointError(f"plans {later} follow commit {last_committed}; expected at most one")
+        return self.read_plan(later[0])
+
+    # ---------------------------------------------------------------- lane manifests
+    def lane_manifests(self, epoch: int, step: str, lanes: int) -> list[dict[str, Any]]:
+        from eddyline.runtime.lanes import manifest_path
+
+        out = []
+        for lane in range(lanes):
+            path = manifest_path(self.location, epoch, step, lane)
+            try:
+                m = read_json(self.fs, path)
+            except FileNotFoundError as e:
+                raise CheckpointError(f"epoch {epoch} step '{step}': lane {lane} left no manifest") from e
+            assert isinstance(m, dict)
+            out.append(m)
+        return out
+
+    def forget_before(self, epoch: int) -> None:
+        """Drop plans, commits and manifests of epochs before ``epoch`` (state: see the store)."""
+        for kind in ("plans", "commits"):
+            for e in self._epochs(kind):
+                if e < epoch:
+                    self.fs.delete_file(self._path(kind, e))
+        infos = self.fs.get_file_info(pafs.FileSelector(f"{self.base}/epochs", allow_not_found=True))
+        for info in infos:
+            if info.base_name.isdigit() and int(info.base_name) < epoch:
+                self.fs.delete_dir(info.path)
