@@ -157,6 +157,13 @@ class Files(Model):
 
     path: str = Field(min_length=1)
     format: Literal["parquet", "json", "csv"] = "parquet"
+
+    def __init__(self, path: str | None = None, /, **data: Any) -> None:
+        """Allow ``Files("out/dir", format="json")`` with the path first."""
+        if path is not None:
+            data["path"] = path
+        super().__init__(**data)
+
     schema_: str | None = Field(default=None, alias="schema")
     max_files_per_epoch: int | None = Field(default=None, gt=0)
 

@@ -170,6 +170,7 @@ class EpochCompiler:
         from pyspark.sql.types import TimestampNTZType, TimestampType
 
         cfg = window_config(wa)
+        _check_window_columns(step.name, wa, df)
         time_type = df.schema[wa.time].dataType
         if not isinstance(time_type, TimestampType | TimestampNTZType):
             raise SpecError(
@@ -241,6 +242,29 @@ class EpochCompiler:
         if not keys:
             return F.lit(0).cast("int")
         return F.pmod(F.xxhash64(*[F.col(k) for k in keys]), F.lit(key_groups)).cast("int")
+
+
+def _check_window_columns(step: str, wa: WindowAggregate, df: DataFrame) -> None:
+    from pyspark.sql.types import NumericType
+
+    have = {f.name: f.dataType for f in df.schema}
+    if wa.time not in have:
+        raise SpecError(f"step '{step}': time: unknown column '{wa.time}'; input has {', '.join(have)}")
+    for k in wa.keys:
+        if k not in have:
+            raise SpecError(f"step '{step}': key: unknown column '{k}'; input has {', '.join(have)}")
+    for name, func, col in wa.parsed_aggregates:
+        if col is None:
+            continue
+        if col not in have:
+            raise SpecError(
+                f"step '{step}': aggregates.{name}: unknown column '{col}'; input has {', '.join(have)}"
+            )
+        if func in ("sum", "avg") and not isinstance(have[col], NumericType):
+            raise SpecError(
+                f"step '{step}': aggregates.{name}: {func}() expects a numeric column, "
+                f"'{col}' is {have[col].simpleString()}"
+            )
 
 
 def _arrow_schema(struct: Any) -> pa.Schema:

@@ -1,0 +1,259 @@
+"""Loading and validating a network, before anything runs.
+
+Three layers, cheapest first; each error names the source / step / sink and the field path:
+
+1. structure (pydantic): unknown fields, wrong types, bad durations, one kind per node;
+2. graph: duplicate names, unknown inputs, cycles, nodes whose output reaches no sink;
+3. expressions: SQL syntax (sqlglot, no Spark), then Spark's analyzer over empty frames of the
+   real source schemas (unknown columns, type errors such as a non-boolean filter or ``sum``
+   over a string). Layer 3b needs a SparkSession; ``eddyline validate --offline`` skips it.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from eddyline.api.spec import NetworkSpec, SinkSpec, SourceSpec, StepSpec
+from eddyline.errors import SpecError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_SECTIONS = {"sources": ("source", SourceSpec), "steps": ("step", StepSpec), "sinks": ("sink", SinkSpec)}
+_KIND_KEYS = {"generator", "nexmark", "files", "filter", "select", "union", "window_aggregate", "console", "memory"}
+
+
+def load_spec(source: str | Path | dict[str, Any]) -> NetworkSpec:
+    """Parse YAML (a path, YAML text, or an already-loaded dict) into a validated network."""
+    if isinstance(source, dict):
+        raw = source
+    else:
+        text = Path(source).read_text(encoding="utf-8") if _looks_like_path(source) else str(source)
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise SpecError(f"network: not valid YAML: {e}") from e
+        if not isinstance(raw, dict):
+            raise SpecError(f"network: expected a mapping with name, sources, steps, sinks; got {type(raw).__name__}")
+    try:
+        spec = NetworkSpec.model_validate(raw)
+    except ValidationError as e:
+        raise SpecError(format_errors(e, raw)) from None
+    problems = check_graph(spec) + check_expressions(spec)
+    if problems:
+        raise SpecError(problems)
+    return spec
+
+
+def _looks_like_path(source: str | Path) -> bool:
+    if isinstance(source, Path):
+        return True
+    return "\n" not in source and (source.endswith((".yaml", ".yml")) or Path(source).exists())
+
+
+# --------------------------------------------------------------------------- layer 1
+
+
+def format_errors(err: ValidationError, raw: dict[str, Any]) -> list[str]:
+    """pydantic errors → ``"step 'per_auction': window.size: expected …, got …"``."""
+    merged: dict[tuple[str, str], list[str]] = {}
+    for e in err.errors():
+        loc = list(e["loc"])
+        who = "network"
+        model: type[BaseModel] | None = NetworkSpec
+        if loc and loc[0] in _SECTIONS and len(loc) >= 2 and isinstance(loc[1], int):
+            what, model = _SECTIONS[loc[0]]
+            items = raw.get(loc[0]) or []
+            item = items[loc[1]] if loc[1] < len(items) else None
+            name = item.get("name") if isinstance(item, dict) else None
+            who = f"{what} '{name}'" if name else f"{what} #{loc[1] + 1}"
+            loc = loc[2:]
+            if loc and loc[0] in _KIND_KEYS:  # the kind key is implied by the node
+                model = _model_at(model, [loc[0]])
+                loc = loc[1:]
+        path = [str(p) for p in loc if not _is_type_tag(p)]
+        msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if e["type"] == "extra_forbidden":
+            parent = _model_at(model, path[:-1]) if model else None
+            allowed = sorted(f.alias or n for n, f in parent.model_fields.items()) if parent else []
+            msg = f"unknown field; expected one of {', '.join(allowed)}" if allowed else "unknown field"
+        elif e["type"] == "missing":
+            msg = "field required"
+        elif "input" in e and e["type"] not in ("value_error", "assertion_error") and not isinstance(e["input"], dict):
+            msg = f"{msg}, got {e['input']!r}"
+        merged.setdefault((who, ".".join(path)), []).append(msg)
+    out = []
+    for (who, path), msgs in merged.items():
+        text = " or ".join(dict.fromkeys(msgs))
+        out.append(f"{who}: {path}: {text}" if path else f"{who}: {text}")
+    return out
+
+
+def _is_type_tag(part: object) -> bool:
+    if isinstance(part, int):
+        return False
+    s = str(part)
+    return "[" in s or s in {"str", "int", "float", "bool", "list", "tuple", "dict", "none", "datetime"}
+
+
+def _model_at(model: type[BaseModel] | None, path: list[str]) -> type[BaseModel] | None:
+    cur = model
+    for key in path:
+        if cur is None:
+            return None
+        field = cur.model_fields.get(key) or next((f for f in cur.model_fields.values() if f.alias == key), None)
+        if field is None:
+            return None
+        cur = _first_model(field.annotation)
+    return cur
+
+
+def _first_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType) or origin is not None:
+        for arg in typing.get_args(annotation):
+            found = _first_model(arg)
+            if found is not None:
+                return found
+    return None
+
+
+# --------------------------------------------------------------------------- layer 2
+
+
+def check_graph(spec: NetworkSpec) -> list[str]:
+    problems: list[str] = []
+    kinds: dict[str, str] = {}
+    for what, nodes in (("source", spec.sources), ("step", spec.steps), ("sink", spec.sinks)):
+        for n in nodes:
+            if n.name in kinds:
+                problems.append(f"{what} '{n.name}': name: already used by a {kinds[n.name]}")
+            else:
+                kinds[n.name] = what
+    producers = [n.name for n in (*spec.sources, *spec.steps)]
+    for what, nodes in (("step", spec.steps), ("sink", spec.sinks)):
+        for n in nodes:
+            field = "union" if what == "step" and n.union is not None else "input"  # type: ignore[union-attr]
+            for i in n.inputs if what == "step" else (n.input,):  # type: ignore[union-attr]
+                if i == n.name:
+                    problems.append(f"{what} '{n.name}': {field}: a node cannot read its own output")
+                elif kinds.get(i) == "sink":
+                    problems.append(f"{what} '{n.name}': {field}: '{i}' is a sink; expected a source or step")
+                elif i not in kinds:
+                    problems.append(
+                        f"{what} '{n.name}': {field}: unknown input '{i}'; expected one of {', '.join(producers)}"
+                    )
+    if problems:
+        return problems
+    # cycles: repeatedly remove steps whose inputs are all resolved
+    done = {s.name for s in spec.sources}
+    pending = {s.name: s for s in spec.steps}
+    while True:
+        ready = [n for n, s in pending.items() if all(i in done for i in s.inputs)]
+        if not ready:
+            break
+        for n in ready:
+            done.add(n)
+            del pending[n]
+    for name in pending:
+        problems.append(f"step '{name}': input: part of a cycle ({' → '.join(_cycle_from(spec, name))})")
+    if problems:
+        return problems
+    consumed: set[str] = set()
+    frontier = [s.input for s in spec.sinks]
+    while frontier:
+        n = frontier.pop()
+        if n in consumed:
+            continue
+        consumed.add(n)
+        node = spec.node(n)
+        if isinstance(node, StepSpec):
+            frontier.extend(node.inputs)
+    for s in spec.sources:
+        if s.name not in consumed:
+            problems.append(f"source '{s.name}': its rows reach no sink")
+    for st in spec.steps:
+        if st.name not in consumed:
+            problems.append(f"step '{st.name}': its output reaches no sink")
+    return problems
+
+
+def _cycle_from(spec: NetworkSpec, start: str) -> list[str]:
+    path, cur = [start], start
+    for _ in range(len(spec.steps) + 1):
+        step = spec.step(cur)
+        nxt = next((i for i in step.inputs if any(s.name == i for s in spec.steps)), None)
+        if nxt is None:
+            break
+        path.append(nxt)
+        if nxt == start:
+            break
+        cur = nxt
+    return path
+
+
+# --------------------------------------------------------------------------- layer 3
+
+
+def check_expressions(spec: NetworkSpec) -> list[str]:
+    """SQL syntax of filters and selections, without Spark (sqlglot's Spark dialect)."""
+    import sqlglot
+    from sqlglot.errors import ParseError
+
+    problems = []
+    for step in spec.steps:
+        exprs: list[tuple[str, str]] = []
+        if step.filter is not None:
+            exprs.append(("filter", step.filter))
+        for i, e in enumerate(step.select or ()):
+            exprs.append((f"select[{i}]", e))
+        for field, text in exprs:
+            try:
+                parsed = sqlglot.parse_one(text, read="spark")
+            except ParseError as e:
+                detail = e.errors[0]["description"] if e.errors else str(e)
+                problems.append(f"step '{step.name}': {field}: invalid SQL expression {text!r}: {detail}")
+                continue
+            if parsed is None or isinstance(parsed, sqlglot.exp.Select | sqlglot.exp.Command):
+                problems.append(f"step '{step.name}': {field}: expected an SQL expression, got {text!r}")
+    return problems
+
+
+def check_with_spark(spec: NetworkSpec, spark: SparkSession) -> dict[str, Any]:
+    """Analyze every step over empty frames of the real source schemas; returns their schemas."""
+    from eddyline.io.sources import make_source
+    from eddyline.operators.window import NO_WATERMARK
+    from eddyline.plan.keygroups import RoutingTable
+    from eddyline.runtime.compile import EpochCompiler, StepRun
+
+    sources = {s.name: make_source(s) for s in spec.sources}
+    empty = {n: {"start": 0, "end": 0, "files": []} for n in sources}
+    runs = {
+        s.name: StepRun(NO_WATERMARK, RoutingTable.uniform(spec.key_groups, 1), {})
+        for s in spec.steps
+        if s.stateful
+    }
+    from eddyline.errors import SourceError
+
+    try:
+        frames = EpochCompiler(spark, spec, sources, "/nonexistent-checkpoint").build(0, empty, runs, 1, observe=False)
+    except SourceError as e:
+        raise SpecError(str(e)) from e
+    return {name: df.schema for name, df in frames.nodes.items()}
+
+
+def validate(spec: NetworkSpec, spark: SparkSession | None = None) -> NetworkSpec:
+    problems = check_graph(spec) + check_expressions(spec)
+    if problems:
+        raise SpecError(problems)
+    if spark is not None:
+        check_with_spark(spec, spark)
+    return spec
