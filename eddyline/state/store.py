@@ -319,6 +319,6 @@ def apply_delta(current: pa.Table, delta: pa.Table, primary_key: Sequence[str]) 
         kept = current.join(touched, keys=keys, join_type="left anti")
     upserted = delta.filter(pc.equal(delta.column(OP), 0)).drop_columns([OP])
     merged = pa.concat_tables(
-        [kept.select(current.column_names), upserted.select(current.column_names).cast(current.schema)]
+        [kept.select(current.column_names).cast(current.schema), upserted.select(current.column_names).cast(current.schema)]
     )
     return merged.sort_by([(k, "ascending") for k in keys])
