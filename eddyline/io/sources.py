@@ -13,23 +13,24 @@ A replay of the plan therefore reads exactly the same rows.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import pyarrow.fs as pafs
 
 from eddyline.api.spec import Files, Generator, Nexmark, SourceSpec
 from eddyline.errors import SourceError
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 #: Offsets per epoch for an unpaced synthetic source with no ``max_rows_per_epoch``.
 DEFAULT_UNPACED_BATCH = 1_000_000
 
 DEAD_LETTER_DDL = "source string, file string, line long, raw string, reason string"
+
+BadCounter = Callable[["DataFrame"], "DataFrame"] | None
 
 
 @dataclass
@@ -59,7 +60,11 @@ class Source:
     def batch_limit(self) -> int:
         return self.spec.max_rows_per_epoch or DEFAULT_UNPACED_BATCH
 
-    def frames(self, spark: SparkSession, planned: dict[str, Any], partitions: int) -> Frames:
+    def frames(
+        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
+    ) -> Frames:
+        """The slice's rows; ``count_bad`` (if given) is applied to the frame of all parsed
+        records, which has a boolean ``_bad`` column, before it splits into data and dead letters."""
         raise NotImplementedError
 
     def schema_frame(self, spark: SparkSession) -> DataFrame:
@@ -83,10 +88,14 @@ class GeneratorSource(Source):
             return self.spec.max_rows_per_epoch
         return DEFAULT_UNPACED_BATCH if self.params.unpaced else 2**62
 
-    def frames(self, spark: SparkSession, planned: dict[str, Any], partitions: int) -> Frames:
+    def frames(
+        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
+    ) -> Frames:
         from eddyline.io.generator import generator_frame
 
-        return Frames(generator_frame(spark, self.params, planned["start"], planned["end"], partitions))
+        return Frames(
+            generator_frame(spark, self.params, planned["start"], planned["end"], partitions)
+        )
 
 
 class NexmarkSource(Source):
@@ -105,10 +114,14 @@ class NexmarkSource(Source):
             return self.spec.max_rows_per_epoch
         return DEFAULT_UNPACED_BATCH if self.params.unpaced else 2**62
 
-    def frames(self, spark: SparkSession, planned: dict[str, Any], partitions: int) -> Frames:
+    def frames(
+        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
+    ) -> Frames:
         from eddyline.io.nexmark import nexmark_frame
 
-        return Frames(nexmark_frame(spark, self.params, planned["start"], planned["end"], partitions))
+        return Frames(
+            nexmark_frame(spark, self.params, planned["start"], planned["end"], partitions)
+        )
 
 
 class FilesSource(Source):
@@ -141,7 +154,9 @@ class FilesSource(Source):
         end = min(len(names), start + self.batch_limit())
         return {"start": start, "end": max(start, end), "files": names[start:end]}
 
-    def frames(self, spark: SparkSession, planned: dict[str, Any], partitions: int) -> Frames:
+    def frames(
+        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
+    ) -> Frames:
         from pyspark.sql import functions as F
 
         p = self.params
@@ -151,7 +166,9 @@ class FilesSource(Source):
             if paths:
                 df = spark.read.parquet(*paths)
                 if p.schema_:
-                    df = df.select(*[F.col(f.name).cast(f.dataType) for f in _ddl_struct(spark, p.schema_)])
+                    df = df.select(
+                        *[F.col(f.name).cast(f.dataType) for f in _ddl_struct(spark, p.schema_)]
+                    )
                 return Frames(df)
             if not p.schema_:
                 known = self._listing()
@@ -164,24 +181,18 @@ class FilesSource(Source):
             return Frames(spark.createDataFrame([], _ddl_struct(spark, p.schema_)))
         assert p.schema_ is not None
         struct = _ddl_struct(spark, p.schema_)
-        first = int(planned.get("start", 0))
-        lines = _read_lines(spark, paths, first, partitions)
-        corrupt = "_corrupt_record"
-        parse_schema = f"{p.schema_}, {corrupt} string"
-        opts = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": corrupt}
-        if p.format == "json":
-            parsed = F.from_json(F.col("raw"), parse_schema, opts)
-        else:
-            parsed = F.from_csv(F.col("raw"), parse_schema, opts)
-        df = lines.select("file", "line", "raw", parsed.alias("_r"))
-        bad = F.col(f"_r.{corrupt}").isNotNull() | F.col("_r").isNull()
-        data = df.where(~bad).select(*[F.col(f"_r.{f.name}").alias(f.name) for f in struct])
-        dead = df.where(bad).select(
-            F.lit(self.name).alias("source"),
-            "file",
-            "line",
-            "raw",
-            _reason(p.format, struct).alias("reason"),
+        lines = _read_lines(spark, [_spark_path(p.path, x) for x in paths])
+        parse = "from_json" if p.format == "json" else "from_csv"
+        ddl = f"{p.schema_}, _corrupt_record string".replace("'", "\\'")
+        opts = "map('mode', 'PERMISSIVE', 'columnNameOfCorruptRecord', '_corrupt_record')"
+        df = lines.selectExpr("file", "line", "raw", f"{parse}(raw, '{ddl}', {opts}) AS _r").selectExpr(
+            "*", "(_r IS NULL OR _r._corrupt_record IS NOT NULL) AS _bad"
+        )
+        if count_bad is not None:
+            df = count_bad(df)
+        data = df.where("NOT _bad").selectExpr(*[f"_r.`{f.name}` AS `{f.name}`" for f in struct])
+        dead = df.where("_bad").selectExpr(
+            f"'{self.name}' AS source", "file", "line", "raw", f"{_reason_sql(p.format, struct)} AS reason"
         )
         return Frames(data, dead)
 
@@ -200,70 +211,50 @@ def _ddl_struct(spark: SparkSession, ddl: str) -> Any:
     return t
 
 
-def _reason(fmt: str, struct: Any) -> Column:
-    """Name the first field that does not fit, or say the line is not valid JSON / CSV."""
-    from pyspark.sql import functions as F
-
+def _reason_sql(fmt: str, struct: Any) -> str:
+    """SQL naming the first field that does not fit, or saying the line is not JSON / CSV."""
     if fmt == "json":
-        whole = F.when(
-            F.from_json(F.col("raw"), "map<string,string>").isNull(), F.lit("not a valid JSON object")
-        )
-        checks = []
+        checks = ["CASE WHEN from_json(raw, 'map<string,string>') IS NULL THEN 'not a valid JSON object' END"]
         for f in struct:
-            text = F.get_json_object(F.col("raw"), f"$.{f.name}")
-            fits = F.expr(f"try_cast(get_json_object(raw, '$.{f.name}') AS {f.dataType.simpleString()})")
+            t = f.dataType.simpleString()
+            text = f"get_json_object(raw, '$.{f.name}')"
             checks.append(
-                F.when(
-                    text.isNotNull() & fits.isNull(),
-                    F.concat(
-                        F.lit(f"field '{f.name}': expected {f.dataType.simpleString()}, got "),
-                        F.substring(text, 1, 80),
-                    ),
-                )
+                f"CASE WHEN {text} IS NOT NULL AND try_cast({text} AS {t}) IS NULL "
+                f"THEN concat('field ''{f.name}'': expected {t}, got ', substring({text}, 1, 80)) END"
             )
-        reason = whole
-        for c in checks:
-            reason = F.coalesce(reason, c)
-        return F.coalesce(reason, F.lit("record does not fit the schema"))
-    expected = len(struct.fields)
-    n_fields = F.size(F.split(F.col("raw"), ","))
-    return F.when(
-        n_fields != expected,
-        F.concat(F.lit(f"expected {expected} CSV fields, got "), n_fields.cast("string")),
-    ).otherwise(F.lit("a CSV field does not fit the schema: " + struct.simpleString()))
-
-
-def _read_lines(spark: SparkSession, paths: list[str], first_index: int, partitions: int) -> DataFrame:
-    """Raw lines as ``(file string, line long, raw string)``, via Spark's Python Data Source API."""
-    _register_lines_source(spark)
+        checks.append("'record does not fit the schema'")
+        return f"coalesce({', '.join(checks)})"
+    n = len(struct.fields)
     return (
-        spark.read.format("eddyline_lines")
-        .option("paths", json.dumps(paths))
-        .schema("file string, line long, raw string")
-        .load()
+        f"CASE WHEN size(split(raw, ',')) != {n} "
+        f"THEN concat('expected {n} CSV fields, got ', CAST(size(split(raw, ',')) AS STRING)) "
+        f"ELSE 'a CSV field does not fit the schema: {struct.simpleString()}' END"
     )
 
 
-_REGISTERED: set[int] = set()
+def _spark_path(directory: str, full: str) -> str:
+    return full if "://" in directory else f"file://{full}"
 
 
-def _register_lines_source(spark: SparkSession) -> None:
-    if id(spark) in _REGISTERED:
-        return
-    from eddyline.io.lines import LinesDataSource
+def _read_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
+    """Raw lines as ``(file, line, raw)``: line numbers from 1, blank lines skipped.
 
-    spark.dataSource.register(LinesDataSource)
-    _REGISTERED.add(id(spark))
+    ``wholetext`` reads each file as one value, so a line's number is its position after the
+    split (Spark's line reader cannot tell it), and everything stays in the JVM. A file must fit
+    in one value (2 GB), which suits the record files this source is for.
+    """
+    if not paths:
+        return spark.createDataFrame([], "file string, line long, raw string")
+    return (
+        spark.read.text(paths, wholetext=True)
+        .selectExpr(
+            "regexp_extract(input_file_name(), '[^/]*$', 0) AS file",
+            "posexplode(split(value, '\\r?\\n')) AS (pos, raw)",
+        )
+        .selectExpr("file", "CAST(pos + 1 AS BIGINT) AS line", "raw")
+        .where("trim(raw) != ''")
+    )
 
 
 def make_source(spec: SourceSpec) -> Source:
     return {"generator": GeneratorSource, "nexmark": NexmarkSource, "files": FilesSource}[spec.kind](spec)
-
-
-def empty_table(ddl: str) -> pa.Table:
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType, _parse_datatype_string
-
-    t = _parse_datatype_string(ddl)
-    assert isinstance(t, StructType)
-    return to_arrow_schema(t).empty_table()

@@ -27,7 +27,7 @@ from eddyline.plan.keygroups import RoutingTable
 from eddyline.runtime.lanes import LaneTask, run_lane
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, Observation, SparkSession
+    from pyspark.sql import DataFrame, Observation, SparkSession
 
 ROUTE = "_route"
 EVENT_MS = "_t"
@@ -48,7 +48,7 @@ class EpochFrames:
     nodes: dict[str, DataFrame] = field(default_factory=dict)
     #: per source: rows; per stateful step: rows in, max event time, late rows
     observations: dict[str, Observation] = field(default_factory=dict)
-    dead_letters: list[DataFrame] = field(default_factory=list)
+    dead_letters: dict[str, DataFrame] = field(default_factory=dict)
     late: dict[str, DataFrame] = field(default_factory=dict)
 
 
@@ -103,7 +103,15 @@ class EpochCompiler:
 
         out = EpochFrames()
         for src in self.spec.sources:
-            frames = self.sources[src.name].frames(self.spark, source_slices[src.name], lanes)
+            count_bad = None
+            if observe:
+                bad_obs = Observation(f"e{epoch}-bad-{src.name}")
+                out.observations[f"bad:{src.name}"] = bad_obs
+
+                def count_bad(df: DataFrame, obs: Observation = bad_obs) -> DataFrame:
+                    return df.observe(obs, F.expr("count_if(_bad)").alias("bad"))
+
+            frames = self.sources[src.name].frames(self.spark, source_slices[src.name], lanes, count_bad)
             df = frames.data
             if observe:
                 obs = Observation(f"e{epoch}-src-{src.name}")
@@ -111,7 +119,7 @@ class EpochCompiler:
                 out.observations[f"source:{src.name}"] = obs
             out.nodes[src.name] = df
             if frames.dead_letters is not None:
-                out.dead_letters.append(frames.dead_letters)
+                out.dead_letters[src.name] = frames.dead_letters
         for step in topological(self.spec):
             ins = [out.nodes[i] for i in step.inputs]
             try:
@@ -178,46 +186,48 @@ class EpochCompiler:
                 f"'{wa.time}' is {time_type.simpleString()}"
             )
         size, slide, lateness, wm = cfg.size_ms, cfg.slide_ms, cfg.allowed_lateness_ms, run.watermark_ms
-        t = F.floor(F.unix_micros(F.col(wa.time).cast("timestamp")) / 1000).cast("long")
-        df = df.withColumn(EVENT_MS, t)
-        last_start = F.col(EVENT_MS) - F.pmod(F.col(EVENT_MS), F.lit(slide))
-        df = df.withColumn(LATE, (last_start + size + lateness <= F.lit(wm)) & F.col(EVENT_MS).isNotNull())
+        # Few, string-built expressions: every Column built in Python is a py4j round trip, and
+        # planning cost is paid every epoch.
+        t_ms = f"CAST(floor(unix_micros(CAST(`{wa.time}` AS TIMESTAMP)) / 1000) AS BIGINT)"
+        df = df.selectExpr("*", f"{t_ms} AS {EVENT_MS}").selectExpr(
+            "*", f"coalesce({EVENT_MS} - pmod({EVENT_MS}, {slide}) + {size + lateness} <= {wm}, true) AS {LATE}"
+        )
         if observe:
             obs = Observation(f"e{epoch}-step-{step.name}")
             df = df.observe(
                 obs,
-                F.count(F.lit(1)).alias("rows"),
-                F.max(EVENT_MS).alias("max_t"),
-                F.sum(F.col(LATE).cast("long")).alias("late"),
+                F.expr("count(1)").alias("rows"),
+                F.expr(f"max({EVENT_MS})").alias("max_t"),
+                F.expr(f"count_if({LATE})").alias("late"),
             )
             out.observations[f"step:{step.name}"] = obs
         if wa.late is not None:
             out.late[step.name] = df.filter(F.col(LATE)).drop(EVENT_MS, LATE)
-        live = df.filter(~F.col(LATE) & F.col(EVENT_MS).isNotNull())
         k = cfg.windows_per_row
+        last_start = f"({EVENT_MS} - pmod({EVENT_MS}, {slide}))"
+        kg = self._key_group(cfg.keys, run.routing.key_groups)
+        live = df.where(f"NOT {LATE}")  # rows without an event time count as late
         if k == 1:
-            live = live.withColumn(WINDOW_START, last_start)
+            live = live.selectExpr("*", f"{last_start} AS {WINDOW_START}", f"{kg} AS {KG}")
         else:
-            live = live.withColumn("_i", F.explode(F.sequence(F.lit(0), F.lit(k - 1))))
-            live = live.withColumn(WINDOW_START, last_start - F.col("_i") * slide)
-            live = live.filter(F.col(WINDOW_START) + size + lateness > F.lit(wm))
-        live = live.withColumn(KG, self._key_group(cfg.keys, run.routing.key_groups))
-        aggs: list[Column] = []
+            live = live.selectExpr(
+                "*", f"explode(sequence({last_start} - {(k - 1) * slide}, {last_start}, {slide})) AS {WINDOW_START}"
+            ).selectExpr("*", f"{kg} AS {KG}")
+            live = live.where(f"{WINDOW_START} + {size + lateness} > {wm}")
+        aggs: list[str] = []
         for pcol, func, col, _ in cfg.partial_columns():
             if func == "count":
-                aggs.append((F.count(F.lit(1)) if col is None else F.count(F.col(col))).alias(pcol))
+                aggs.append(f"count({'1' if col is None else f'`{col}`'}) AS `{pcol}`")
             elif func == "sum":
-                c = F.col(col)
                 ctype = live.schema[col].dataType.simpleString()
-                if ctype.startswith("decimal") or ctype in ("float", "double"):
-                    c = c.cast("double")
-                aggs.append(F.sum(c).alias(pcol))
+                c = f"CAST(`{col}` AS DOUBLE)" if ctype.startswith("decimal") or ctype in ("float", "double") else f"`{col}`"
+                aggs.append(f"sum({c}) AS `{pcol}`")
             else:
-                aggs.append(getattr(F, func)(F.col(col)).alias(pcol))
-        partial = live.groupBy(KG, *cfg.keys, WINDOW_START).agg(*aggs)
-        routes = F.array(*[F.lit(v).cast("long") for v in run.routing.route_values()])
+                aggs.append(f"{func}(`{col}`) AS `{pcol}`")
+        partial = live.groupBy(KG, *cfg.keys, WINDOW_START).agg(*[F.expr(a) for a in aggs])
+        routes = ", ".join(f"{v}L" for v in run.routing.route_values())
         routed = (
-            partial.withColumn(ROUTE, F.element_at(routes, F.col(KG) + 1))
+            partial.selectExpr("*", f"element_at(array({routes}), {KG} + 1) AS {ROUTE}")
             .repartition(lanes, ROUTE)
             .drop(ROUTE)
         )
@@ -236,12 +246,12 @@ class EpochCompiler:
         )
         return routed.mapInArrow(functools.partial(run_lane, task), _spark_schema(kernel.output_schema))
 
-    def _key_group(self, keys: tuple[str, ...], key_groups: int) -> Column:
-        from pyspark.sql import functions as F
-
+    def _key_group(self, keys: tuple[str, ...], key_groups: int) -> str:
+        """SQL for a row's key group; a global aggregate has one key group."""
         if not keys:
-            return F.lit(0).cast("int")
-        return F.pmod(F.xxhash64(*[F.col(k) for k in keys]), F.lit(key_groups)).cast("int")
+            return "CAST(0 AS INT)"
+        cols = ", ".join(f"`{k}`" for k in keys)
+        return f"CAST(pmod(xxhash64({cols}), {key_groups}) AS INT)"
 
 
 def _check_window_columns(step: str, wa: WindowAggregate, df: DataFrame) -> None:

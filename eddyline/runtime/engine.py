@@ -232,14 +232,16 @@ class Engine:
                 sink_rows[sink.name] = staged.num_rows if staged is not None else 0
         for name, obs in sink_obs.items():
             sink_rows[name] = int(obs.get.get("rows", 0))
-        dead = 0
-        if frames.dead_letters:
-            dl = frames.dead_letters[0]
-            for other in frames.dead_letters[1:]:
-                dl = dl.unionByName(other)
-            obs = Observation(f"e{epoch}-dead")
-            write_frame(dl.observe(obs, F.count(F.lit(1)).alias("rows")), self.dead_letters, epoch)
-            dead = int(obs.get.get("rows", 0))
+        # Bad records were counted on the data path; the dead-letter job runs only if needed.
+        bad = {n: int(frames.observations[f"bad:{n}"].get.get("bad") or 0) for n in frames.dead_letters}
+        dead = sum(bad.values())
+        if dead:
+            dl = None
+            for n, df in frames.dead_letters.items():
+                if bad[n]:
+                    dl = df if dl is None else dl.unionByName(df)
+            assert dl is not None
+            write_frame(dl, self.dead_letters, epoch)
         for step_name, late_df in frames.late.items():
             write_frame(late_df, self.late_targets[step_name], epoch)
         for df in persisted:
@@ -249,7 +251,7 @@ class Engine:
 
         for sink in self.sinks.values():
             sink.publish(epoch)
-        if frames.dead_letters:
+        if dead:
             self.dead_letters.publish(epoch)
         for target in self.late_targets.values():
             target.publish(epoch)
