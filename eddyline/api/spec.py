@@ -185,6 +185,8 @@ class SourceSpec(Model):
     files: Files | None = None
     #: Admission control: at most this many offsets per epoch (files sources: files).
     max_rows_per_epoch: int | None = Field(default=None, gt=0)
+    #: A bounded source: only offsets [0, limit) exist (a fixed data set for tests and benchmarks).
+    limit: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _one_kind(self) -> SourceSpec:

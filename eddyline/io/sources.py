@@ -54,7 +54,7 @@ class Source:
 
     def plan(self, start: int, elapsed_s: float) -> dict[str, Any]:
         """The epoch's slice: ``{"start", "end"}`` plus anything a replay needs."""
-        end = min(self.available(elapsed_s), start + self.batch_limit())
+        end = min(self.available(elapsed_s), start + self.batch_limit(), self.spec.limit or 2**62)
         return {"start": start, "end": max(start, end)}
 
     def batch_limit(self) -> int:

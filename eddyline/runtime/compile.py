@@ -105,11 +105,11 @@ class EpochCompiler:
         for src in self.spec.sources:
             count_bad = None
             if observe:
-                bad_obs = Observation(f"e{epoch}-bad-{src.name}")
-                out.observations[f"bad:{src.name}"] = bad_obs
 
-                def count_bad(df: DataFrame, obs: Observation = bad_obs) -> DataFrame:
-                    return df.observe(obs, F.expr("count_if(_bad)").alias("bad"))
+                def count_bad(df: DataFrame, name: str = src.name) -> DataFrame:
+                    bad_obs = Observation(f"e{epoch}-bad-{name}")
+                    out.observations[f"bad:{name}"] = bad_obs  # only sources that parse records
+                    return df.observe(bad_obs, F.expr("count_if(_bad)").alias("bad"))
 
             frames = self.sources[src.name].frames(self.spark, source_slices[src.name], lanes, count_bad)
             df = frames.data

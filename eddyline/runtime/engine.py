@@ -233,7 +233,10 @@ class Engine:
         for name, obs in sink_obs.items():
             sink_rows[name] = int(obs.get.get("rows", 0))
         # Bad records were counted on the data path; the dead-letter job runs only if needed.
-        bad = {n: int(frames.observations[f"bad:{n}"].get.get("bad") or 0) for n in frames.dead_letters}
+        bad = {
+            n: int(frames.observations[f"bad:{n}"].get.get("bad") or 0) if f"bad:{n}" in frames.observations else 1
+            for n in frames.dead_letters
+        }
         dead = sum(bad.values())
         if dead:
             dl = None
