@@ -106,7 +106,8 @@ class Phase(Model):
     rate: float | None = Field(default=None, gt=0)
     skew: float | None = Field(default=None, ge=0)
     keys: int | None = Field(default=None, gt=0)
-    #: Rotates which keys are hot: key rank r maps to key (r + hot_shift) mod keys.
+    #: Moves the hot set: popularity rank r is key (r * m + hot_shift) mod keys, m a fixed
+    #: multiplier coprime with keys; so key ``hot_shift`` is the hottest (see eddyline.io.generator).
     hot_shift: int = 0
 
 
