@@ -28,8 +28,6 @@ from eddyline.api.spec import (
     Memory,
     NetworkSpec,
     Nexmark,
-    SinkSpec,
-    SourceSpec,
     StepSpec,
     Window,
 )

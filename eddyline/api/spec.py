@@ -204,6 +204,10 @@ class SourceSpec(Model):
     def params(self) -> Generator | Nexmark | Files:
         return getattr(self, self.kind)
 
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return ()
+
 
 SOURCE_KINDS = ("generator", "nexmark", "files")
 
@@ -341,6 +345,10 @@ class SinkSpec(Model):
     @property
     def kind(self) -> str:
         return next(k for k in SINK_KINDS if getattr(self, k) is not None)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.input,)
 
 
 SINK_KINDS = ("files", "console", "memory")

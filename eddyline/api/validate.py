@@ -229,22 +229,11 @@ def check_expressions(spec: NetworkSpec) -> list[str]:
 
 def check_with_spark(spec: NetworkSpec, spark: SparkSession) -> dict[str, Any]:
     """Analyze every step over empty frames of the real source schemas; returns their schemas."""
-    from eddyline.io.sources import make_source
-    from eddyline.operators.window import NO_WATERMARK
-    from eddyline.plan.keygroups import RoutingTable
-    from eddyline.runtime.compile import EpochCompiler, StepRun
-
-    sources = {s.name: make_source(s) for s in spec.sources}
-    empty = {n: {"start": 0, "end": 0, "files": []} for n in sources}
-    runs = {
-        s.name: StepRun(NO_WATERMARK, RoutingTable.uniform(spec.key_groups, 1), {})
-        for s in spec.steps
-        if s.stateful
-    }
     from eddyline.errors import SourceError
+    from eddyline.runtime.compile import empty_epoch
 
     try:
-        frames = EpochCompiler(spark, spec, sources, "/nonexistent-checkpoint").build(0, empty, runs, 1, observe=False)
+        frames = empty_epoch(spark, spec, 1)
     except SourceError as e:
         raise SpecError(str(e)) from e
     return {name: df.schema for name, df in frames.nodes.items()}

@@ -106,13 +106,16 @@ def write_frame(df: DataFrame, target: FilesTarget, epoch: int) -> None:
 
 
 class ConsoleSink(Sink):
+    """Prints each epoch's output; it collects the epoch to the driver, so keep it for small outputs."""
+
     def __init__(self, spec: SinkSpec, console: RichConsole | None = None):
         super().__init__(spec)
         self.console = console
 
     def stage(self, df: DataFrame, epoch: int) -> None:
-        assert self.spec.console is not None
-        self.collected[epoch] = df.limit(self.spec.console.rows).toArrow()
+        # The whole epoch, not ``limit(rows)``: a limited action stops reading early, and the
+        # epoch's observed metrics (input rows, late rows) come from the first action that runs.
+        self.collected[epoch] = df.toArrow()
 
     def publish(self, epoch: int) -> None:
         from rich.console import Console
@@ -121,10 +124,13 @@ class ConsoleSink(Sink):
         table = self.collected.pop(epoch, None)
         if table is None:
             return
-        out = Table(title=f"{self.name} · epoch {epoch}", show_lines=False)
+        assert self.spec.console is not None
+        shown = self.spec.console.rows
+        more = f" (first {shown} of {table.num_rows} rows)" if table.num_rows > shown else ""
+        out = Table(title=f"{self.name} · epoch {epoch}{more}", show_lines=False)
         for name in table.column_names:
             out.add_column(name)
-        for row in table.to_pylist():
+        for row in table.slice(0, shown).to_pylist():
             out.add_row(*[str(v) for v in row.values()])
         (self.console or Console()).print(out)
 

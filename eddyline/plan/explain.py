@@ -75,19 +75,9 @@ def explain(spec: NetworkSpec, lanes: int, spark: SparkSession | None = None) ->
         target = sink.files.path + f" ({sink.files.format}, one epoch=N directory per epoch)" if sink.files else sink.kind
         lines.append(f"  {sink.name} ← {sink.input}: {target}")
     if spark is not None:
-        from eddyline.api.validate import check_with_spark  # noqa: F401  (same analysis path)
-        from eddyline.io.sources import make_source
-        from eddyline.operators.window import NO_WATERMARK
-        from eddyline.runtime.compile import EpochCompiler, StepRun
+        from eddyline.runtime.compile import empty_epoch
 
-        sources = {s.name: make_source(s) for s in spec.sources}
-        runs = {
-            s.name: StepRun(NO_WATERMARK, RoutingTable.uniform(spec.key_groups, lanes), {})
-            for s in spec.steps
-            if s.stateful
-        }
-        empty = {n: {"start": 0, "end": 0, "files": []} for n in sources}
-        frames = EpochCompiler(spark, spec, sources, "/explain").build(0, empty, runs, lanes, observe=False)
+        frames = empty_epoch(spark, spec, lanes)
         for sink in spec.sinks:
             plan = frames.nodes[sink.input]._jdf.queryExecution().executedPlan().toString()
             lines += ["", f"Spark physical plan of one epoch, sink '{sink.name}':", plan.rstrip()]

@@ -292,3 +292,19 @@ def _spark_schema(schema: pa.Schema) -> Any:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
+
+
+def empty_epoch(spark: SparkSession, spec: NetworkSpec, lanes: int) -> EpochFrames:
+    """The network over empty slices of every source: Spark analyses every step (column and
+    type errors surface here) without reading data or touching a checkpoint."""
+    from eddyline.io.sources import make_source
+    from eddyline.operators.window import NO_WATERMARK
+
+    sources = {s.name: make_source(s) for s in spec.sources}
+    runs = {
+        s.name: StepRun(NO_WATERMARK, RoutingTable.uniform(spec.key_groups, lanes), {})
+        for s in spec.steps
+        if s.stateful
+    }
+    empty = {n: {"start": 0, "end": 0, "files": []} for n in sources}
+    return EpochCompiler(spark, spec, sources, "/nonexistent-checkpoint").build(0, empty, runs, lanes, observe=False)

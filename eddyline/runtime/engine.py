@@ -360,20 +360,15 @@ class Engine:
         """Cache a stateful step's output when more than one Spark action reads it, so its
         lanes run once per epoch (a second run would be correct, only wasted)."""
         readers: dict[str, int] = {}
-
-        def walk(name: str, seen: set[str]) -> None:
-            if name in seen:
-                return
-            seen.add(name)
-            node = self.spec.node(name)
-            for i in getattr(node, "inputs", ()) or ((node.input,) if getattr(node, "input", None) else ()):
-                walk(i, seen)
-
         for sink in self.spec.sinks:
-            reach: set[str] = set()
-            walk(sink.input, reach)
-            for n in reach:
-                readers[n] = readers.get(n, 0) + 1
+            reach, frontier = set(), [sink.input]
+            while frontier:
+                name = frontier.pop()
+                if name not in reach:
+                    reach.add(name)
+                    frontier.extend(self.spec.node(name).inputs)
+            for name in reach:
+                readers[name] = readers.get(name, 0) + 1
         persisted = []
         for s in self.stateful:
             if readers.get(s.name, 0) > 1:

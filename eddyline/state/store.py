@@ -175,6 +175,8 @@ class KeyGroupStore:
             raise ValueError(f"step {self.step!r}: a state chain must start with a snapshot, got {chain[0]}")
         current = self._read_file(epoch, lane, opened).slice(offset, length).drop_columns([OP])
         for epoch, lane, kind, offset, length in chain[1:]:
+            if kind != DELTA:
+                raise ValueError(f"step {self.step!r}: only deltas may follow a chain's snapshot, got {chain}")
             delta = self._read_file(epoch, lane, opened).slice(offset, length)
             current = apply_delta(current, delta, self.primary_key)
         return current.cast(self.schema)

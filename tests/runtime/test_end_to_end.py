@@ -28,7 +28,7 @@ def test_files_network_matches_duckdb(spark, tmp_path: Path) -> None:
     want = duckdb_windows(tmp_path / "in")
     assert len(want) > 100
     assert got == want
-    progress = [json.loads(x) for x in open(str(tmp_path / "ckpt") + ".progress.jsonl")]
+    progress = [json.loads(x) for x in Path(str(tmp_path / "ckpt") + ".progress.jsonl").read_text().splitlines()]
     assert progress[-1]["endOfStream"] is True
     assert sum(p["sinks"][0]["numOutputRows"] for p in progress) == len(want)
     assert {"batchId", "numInputRows", "inputRowsPerSecond", "processedRowsPerSecond", "durationMs",

@@ -9,7 +9,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -66,7 +65,7 @@ def test_sigkill_at_every_moment_then_restart_gives_identical_output(spark, tmp_
     assert final.returncode == 0, final.stderr[-2000:]
     assert read_windows(tmp_path / "out") == expected
 
-    records = [json.loads(line) for line in open(str(ckpt) + ".progress.jsonl", encoding="utf-8")]
+    records = [json.loads(line) for line in Path(str(ckpt) + ".progress.jsonl").read_text().splitlines()]
     replayed = {r["batchId"] for r in records if r["replayed"]}
     # every kill before a commit left a plan behind that the next run replayed
     assert {1, 2, 3, 4, 5} <= replayed
