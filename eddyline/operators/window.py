@@ -197,6 +197,10 @@ class WindowKernel:
         self.partial_schema = partial_schema
         self.state_schema = cfg.state_schema(partial_schema)
         self.output_schema = cfg.output_schema(partial_schema)
+        self._float_sums = any(
+            f == "sum" and pa.types.is_floating(partial_schema.field(p).type)
+            for p, f, _, _ in cfg.partial_columns()
+        )
 
     def empty_state(self) -> pa.Table:
         return self.state_schema.empty_table()
@@ -206,8 +210,9 @@ class WindowKernel:
         pk = list(cfg.primary_key)
         state = self.empty_state() if state is None else state.select(self.state_schema.names)
         partials = partials.select(self.partial_schema.names).cast(self.partial_schema)
-        if partials.num_rows:
-            # Deterministic merge order: float sums then do not depend on shuffle order.
+        if partials.num_rows and self._float_sums:
+            # Float addition is not associative: merge in a fixed order so that a replay, whose
+            # shuffle may deliver partials in another order, sums to the same bits.
             partials = partials.sort_by([(c, "ascending") for c in pk])
         merge = [(p, "sum" if f == "count" else f) for p, f, _, _ in cfg.partial_columns()]
         both = pa.concat_tables(
@@ -230,7 +235,6 @@ class WindowKernel:
             merged = pa.table(merged_cols)
         else:
             merged = both
-        merged = merged.sort_by([(c, "ascending") for c in pk])
         start = merged.column(WINDOW_START).to_numpy()
         end = start + cfg.size_ms
         rev = merged.column(REV).to_numpy(zero_copy_only=False)

@@ -153,33 +153,46 @@ class KeyGroupStore:
     def load(self, index: Mapping[int, Chain], key_groups: Iterable[int]) -> pa.Table:
         """The state rows of ``key_groups`` (with ``_kg``), as of the version ``index`` names."""
         parts = []
-        opened: dict[tuple[int, int], pa.Table] = {}
+        missing: dict[int, Chain] = {}
         for kg in key_groups:
             chain = index.get(kg)
             if not chain:
                 continue
-            tip = tuple(chain[-1])
-            cache_key = (self.root, self.step, kg)
-            table = self.cache.get(cache_key, tip)
+            table = self.cache.get((self.root, self.step, kg), tuple(chain[-1]))
             if table is None:
-                table = self._materialise(chain, opened)
-                self.cache.put(cache_key, tip, table)
-            parts.append(table)
+                missing[kg] = chain
+            else:
+                parts.append(table)
+        if missing:
+            loaded = self._materialise(missing)
+            for kg, chain in missing.items():
+                table = _kg_slice(loaded, kg)
+                self.cache.put((self.root, self.step, kg), tuple(chain[-1]), table)
+                parts.append(table)
         if not parts:
             return self.schema.empty_table()
         return pa.concat_tables(parts)
 
-    def _materialise(self, chain: Chain, opened: dict[tuple[int, int], pa.Table]) -> pa.Table:
-        epoch, lane, kind, offset, length = chain[0]
-        if kind != SNAPSHOT:
-            raise ValueError(f"step {self.step!r}: a state chain must start with a snapshot, got {chain[0]}")
-        current = self._read_file(epoch, lane, opened).slice(offset, length).drop_columns([OP])
-        for epoch, lane, kind, offset, length in chain[1:]:
-            if kind != DELTA:
-                raise ValueError(f"step {self.step!r}: only deltas may follow a chain's snapshot, got {chain}")
-            delta = self._read_file(epoch, lane, opened).slice(offset, length)
-            current = apply_delta(current, delta, self.primary_key)
-        return current.cast(self.schema)
+    def _materialise(self, chains: Mapping[int, Chain]) -> pa.Table:
+        """Build many key groups at once, sorted by ``_kg``: all snapshots, then the deltas one
+        epoch at a time. Groups never touch each other's rows (``_kg`` is in the primary key), so
+        one join per delta epoch replaces one join per group and delta."""
+        opened: dict[tuple[int, int], pa.Table] = {}
+        snapshots: list[pa.Table] = []
+        layers: dict[int, list[pa.Table]] = {}
+        for chain in chains.values():
+            epoch, lane, kind, offset, length = chain[0]
+            if kind != SNAPSHOT:
+                raise ValueError(f"step {self.step!r}: a state chain must start with a snapshot, got {chain[0]}")
+            snapshots.append(self._read_file(epoch, lane, opened).slice(offset, length))
+            for epoch, lane, kind, offset, length in chain[1:]:
+                if kind != DELTA:
+                    raise ValueError(f"step {self.step!r}: only deltas may follow a chain's snapshot, got {chain}")
+                layers.setdefault(epoch, []).append(self._read_file(epoch, lane, opened).slice(offset, length))
+        current = pa.concat_tables(snapshots).drop_columns([OP])
+        for epoch in sorted(layers):
+            current = apply_delta(current, pa.concat_tables(layers[epoch]), self.primary_key)
+        return _sorted_by_kg(current.cast(self.schema))
 
     # ------------------------------------------------------------------ writing
     def write(
@@ -320,7 +333,6 @@ def apply_delta(current: pa.Table, delta: pa.Table, primary_key: Sequence[str]) 
     else:
         kept = current.join(touched, keys=keys, join_type="left anti")
     upserted = delta.filter(pc.equal(delta.column(OP), 0)).drop_columns([OP])
-    merged = pa.concat_tables(
+    return pa.concat_tables(
         [kept.select(current.column_names).cast(current.schema), upserted.select(current.column_names).cast(current.schema)]
     )
-    return merged.sort_by([(k, "ascending") for k in keys])
