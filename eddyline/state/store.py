@@ -209,7 +209,7 @@ class KeyGroupStore:
 
         ``new_state`` is the lane's full state after the epoch; ``upserts`` / ``deletes`` are what
         changed. A group gets a snapshot when it has none yet, when its chain is long, or when the
-        delta would not be smaller than the snapshot; otherwise a delta.
+        delta would be at least half the snapshot's size; otherwise a delta.
         """
         new_state = _sorted_by_kg(new_state.cast(self.schema))
         upserts = _sorted_by_kg(upserts.cast(self.schema))
@@ -225,10 +225,12 @@ class KeyGroupStore:
                 self.cache.put((self.root, self.step, kg), ("empty", epoch), full)
                 continue
             ups, dels = _kg_slice(upserts, kg), _kg_slice(deletes, kg)
+            # A delta costs a join when it is loaded cold (another worker process, a restart, a
+            # relocated key group); it pays off only when it is much smaller than the snapshot.
             use_snapshot = (
                 not chain
                 or len(chain) >= self.snapshot_every
-                or ups.num_rows + dels.num_rows >= full.num_rows
+                or 2 * (ups.num_rows + dels.num_rows) >= full.num_rows
             )
             if use_snapshot:
                 seg = _with_op(full, 0, self.file_schema)
