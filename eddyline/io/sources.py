@@ -52,8 +52,9 @@ class Source:
         """How many offsets exist now (the end of the readable range)."""
         raise NotImplementedError
 
-    def plan(self, start: int, elapsed_s: float) -> dict[str, Any]:
-        """The epoch's slice: ``{"start", "end"}`` plus anything a replay needs."""
+    def plan(self, start: int, elapsed_s: float, cursor: str | None = None) -> dict[str, Any]:
+        """The epoch's slice: ``{"start", "end"}`` plus anything a replay needs (files: the
+        names, and ``cursor``, the last name read, which the commit keeps for the next plan)."""
         end = min(self.available(elapsed_s), start + self.batch_limit(), self.spec.limit or 2**62)
         return {"start": start, "end": max(start, end)}
 
@@ -149,10 +150,18 @@ class FilesSource(Source):
     def batch_limit(self) -> int:
         return self.spec.max_rows_per_epoch or self.params.max_files_per_epoch or 2**62
 
-    def plan(self, start: int, elapsed_s: float) -> dict[str, Any]:
+    def plan(self, start: int, elapsed_s: float, cursor: str | None = None) -> dict[str, Any]:
         names = self._listing()
-        end = min(len(names), start + self.batch_limit())
-        return {"start": start, "end": max(start, end), "files": names[start:end]}
+        pending = [n for n in names if cursor is None or n > cursor]
+        if len(names) - len(pending) != start:
+            early = len(names) - len(pending) - start
+            raise SourceError(
+                f"source '{self.name}': {early} file(s) in {self.params.path!r} sort before "
+                f"{cursor!r}, which was already read; files must arrive in name order "
+                "(e.g. names that start with a timestamp or a sequence number)"
+            )
+        take = pending[: self.batch_limit()]
+        return {"start": start, "end": start + len(take), "files": take, "cursor": take[-1] if take else cursor}
 
     def frames(
         self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None

@@ -166,7 +166,11 @@ class Engine:
         if last is not None and last.end_of_stream:
             return None
         slices = {
-            name: src.plan(last.source_ends.get(name, 0) if last else 0, elapsed_s)
+            name: src.plan(
+                last.source_ends.get(name, 0) if last else 0,
+                elapsed_s,
+                last.cursors.get(name) if last else None,
+            )
             for name, src in self.sources.items()
         }
         new_rows = any(s["end"] > s["start"] for s in slices.values())
@@ -311,6 +315,7 @@ class Engine:
             steps=steps_commit,
             sinks=sink_rows,
             end_of_stream=plan.end_of_stream,
+            cursors={n: s["cursor"] for n, s in plan.sources.items() if s.get("cursor") is not None},
         )
         crash = _die if (self.crash_epoch == epoch and self.crash_point == "mid_commit") else None
         self.ckpt.write_commit(commit, crash=crash)

@@ -54,6 +54,8 @@ class EpochCommit:
     steps: dict[str, dict[str, Any]]
     sinks: dict[str, int]
     end_of_stream: bool = False
+    #: per source, where reading resumes besides the offset (files: the last name read)
+    cursors: dict[str, Any] = field(default_factory=dict)
     committed_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:

@@ -110,3 +110,31 @@ def test_replaying_a_committed_epoch_plan_rewrites_identical_output(spark, tmp_p
     summary = run(spec, spark, tmp_path / "ckpt", epochs=1)
     assert summary.replayed == 1 and summary.last_epoch == 2
     assert read_windows(tmp_path / "out") == before
+
+
+def test_new_files_are_picked_up_in_order_and_out_of_order_names_refused(spark, tmp_path: Path) -> None:
+    import shutil
+
+    import pytest
+
+    from eddyline.errors import SourceError
+
+    write_bid_files(tmp_path / "all", files=4, rows=100, seed=13)
+    (tmp_path / "in").mkdir()
+    for name in ("bids-0000.json", "bids-0001.json"):
+        shutil.copy(tmp_path / "all" / name, tmp_path / "in" / name)
+    spec = bids_window_spec(tmp_path / "in", tmp_path / "out")
+    first = run(spec, spark, tmp_path / "ckpt", epochs=2)  # one file per epoch
+    assert first.input_rows == 200
+    for name in ("bids-0002.json", "bids-0003.json"):
+        shutil.copy(tmp_path / "all" / name, tmp_path / "in" / name)
+    run(spec, spark, tmp_path / "ckpt", until_idle=True)
+    assert read_windows(tmp_path / "out") == duckdb_windows(tmp_path / "all")
+
+    spec2 = bids_window_spec(tmp_path / "in2", tmp_path / "out2")
+    (tmp_path / "in2").mkdir()
+    shutil.copy(tmp_path / "all" / "bids-0002.json", tmp_path / "in2" / "bids-0002.json")
+    run(spec2, spark, tmp_path / "ckpt2", epochs=1)
+    shutil.copy(tmp_path / "all" / "bids-0001.json", tmp_path / "in2" / "bids-0001.json")
+    with pytest.raises(SourceError, match=r"1 file\(s\) in .* sort before 'bids-0002.json', which was already read"):
+        run(spec2, spark, tmp_path / "ckpt2", epochs=1)
