@@ -25,8 +25,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".${extras}"
+  echo "installing Eddyline${extras} and its dependencies into .venv (the first time takes a few minutes)..." >&2
+  if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e ".${extras}"; } \
+      > .venv/install.log 2>&1; then
+    tail -n 40 .venv/install.log >&2; echo "error: installation failed (full log: .venv/install.log)" >&2; exit 1
+  fi
   touch "$stamp"
 fi
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,7 +42,10 @@ def get_spark(master: str | None = None, conf: dict[str, str] | None = None) -> 
     if active is not None:
         return active
     builder = SparkSession.builder.master(master or "local[*]").appName("eddyline")
-    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+    # Passed to the driver JVM when PySpark launches it, so Spark's startup chatter stays quiet.
+    log_config = Path(__file__).with_name("log4j2.properties")
+    quiet = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log_config.as_uri()}"}
+    for key, value in {**DEFAULT_CONF, **quiet, **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
