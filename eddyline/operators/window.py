@@ -26,13 +26,14 @@ decides what fires, and partial aggregates merge associatively.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-KG = "_kg"
+from eddyline.operators.base import KG, KernelResult
+
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 REVISION = "revision"
@@ -177,25 +178,14 @@ def partial_aggregate(
     return partials, late_rows
 
 
-@dataclass
-class WindowResult:
-    output: pa.Table
-    state: pa.Table
-    #: rows of ``state`` that changed this epoch (new, merged, or re-emitted)
-    upserts: pa.Table
-    #: primary keys of windows evicted this epoch
-    deletes: pa.Table
-    changed_key_groups: list[int] = field(default_factory=list)
-    fired: int = 0
-
-
 class WindowKernel:
-    """Folds partials into state and fires windows. Pure: same inputs, same outputs."""
+    """Folds partials into state and fires windows (a :class:`~eddyline.operators.base.Kernel`)."""
 
     def __init__(self, cfg: WindowConfig, partial_schema: pa.Schema):
         self.cfg = cfg
-        self.partial_schema = partial_schema
+        self.partial_schema = self.input_schema = partial_schema
         self.state_schema = cfg.state_schema(partial_schema)
+        self.primary_key = cfg.primary_key
         self.output_schema = cfg.output_schema(partial_schema)
         self._float_sums = any(
             f == "sum" and pa.types.is_floating(partial_schema.field(p).type)
@@ -205,7 +195,7 @@ class WindowKernel:
     def empty_state(self) -> pa.Table:
         return self.state_schema.empty_table()
 
-    def process(self, partials: pa.Table, state: pa.Table | None, watermark_ms: int) -> WindowResult:
+    def process(self, partials: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
         cfg = self.cfg
         pk = list(cfg.primary_key)
         state = self.empty_state() if state is None else state.select(self.state_schema.names)
@@ -254,7 +244,7 @@ class WindowKernel:
         deletes = merged.filter(pa.array(evicted)).select(pk)
         kg_col = merged.column(KG).to_numpy()
         changed_kgs = np.unique(kg_col[changed | evicted]).tolist()
-        return WindowResult(output, new_state, upserts, deletes, changed_kgs, int(fire.sum()))
+        return KernelResult(output, new_state, upserts, deletes, changed_kgs, {"windows_fired": int(fire.sum())})
 
     def _emit(self, fired: pa.Table, prior_revisions: np.ndarray) -> pa.Table:
         cfg = self.cfg

@@ -22,7 +22,8 @@ import pyarrow as pa
 from eddyline.api.spec import NetworkSpec, StepSpec, WindowAggregate
 from eddyline.errors import SpecError
 from eddyline.io.sources import Source
-from eddyline.operators.window import KG, WINDOW_START, WindowConfig, WindowKernel
+from eddyline.operators.base import KG, Kernel
+from eddyline.operators.window import WINDOW_START, WindowConfig, WindowKernel
 from eddyline.plan.keygroups import RoutingTable
 from eddyline.runtime.lanes import LaneTask, run_lane
 
@@ -225,23 +226,35 @@ class EpochCompiler:
             else:
                 aggs.append(f"{func}(`{col}`) AS `{pcol}`")
         partial = live.groupBy(KG, *cfg.keys, WINDOW_START).agg(*[F.expr(a) for a in aggs])
+        return self._lanes(epoch, step.name, partial, WindowKernel(cfg, _arrow_schema(partial.schema)), run, lanes, kill_driver_pid)
+
+    def _lanes(
+        self,
+        epoch: int,
+        step: str,
+        keyed: DataFrame,
+        kernel: Kernel,
+        run: StepRun,
+        lanes: int,
+        kill_driver_pid: int | None,
+    ) -> DataFrame:
+        """The shared back half of every stateful step: ``keyed`` (which has ``_kg`` and the
+        kernel's input columns) is shuffled so that lane i is partition i, then each lane runs
+        ``kernel`` against its key groups' state."""
         routes = ", ".join(f"{v}L" for v in run.routing.route_values())
         routed = (
-            partial.selectExpr("*", f"element_at(array({routes}), {KG} + 1) AS {ROUTE}")
+            keyed.selectExpr("*", f"element_at(array({routes}), {KG} + 1) AS {ROUTE}")
             .repartition(lanes, ROUTE)
-            .drop(ROUTE)
+            .select(*kernel.input_schema.names)
         )
-        partial_schema = _arrow_schema(routed.schema)
-        kernel = WindowKernel(cfg, partial_schema)
         task = LaneTask(
-            step=step.name,
+            step=step,
             epoch=epoch,
             checkpoint=self.checkpoint,
-            window=cfg,
-            partial_schema=partial_schema,
+            kernel=kernel,
             routing=run.routing.assignment,
             index=run.index,
-            watermark_ms=wm,
+            watermark_ms=run.watermark_ms,
             kill_driver_pid=kill_driver_pid,
         )
         return routed.mapInArrow(functools.partial(run_lane, task), _spark_schema(kernel.output_schema))

@@ -303,7 +303,7 @@ class Engine:
                         "deltas": sum(m["deltas"] for m in manifests),
                         "cacheHits": sum(m["cache_hits"] for m in manifests),
                         "cacheMisses": sum(m["cache_misses"] for m in manifests),
-                        "windowsFired": sum(m["output_rows"] for m in manifests),
+                        **_summed_metrics(manifests),
                         "laneMs": [m["ms"] for m in manifests],
                         "laneInputRows": [m["input_rows"] for m in manifests],
                     },
@@ -398,6 +398,16 @@ class Engine:
     def _maybe_crash(self, epoch: int, point: str) -> None:
         if self.crash_epoch == epoch and self.crash_point == point:
             _die()
+
+
+def _summed_metrics(manifests: list[dict[str, Any]]) -> dict[str, int]:
+    """Kernel counters (windows fired, matches, ...) summed over lanes, camelCased for progress."""
+    out: dict[str, int] = {}
+    for m in manifests:
+        for k, v in m.get("metrics", {}).items():
+            name = k.split("_")[0] + "".join(w.title() for w in k.split("_")[1:])
+            out[name] = out.get(name, 0) + int(v)
+    return out
 
 
 def _parse_crash(crash_at: str | None) -> tuple[int | None, str | None]:

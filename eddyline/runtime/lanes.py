@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from eddyline.operators.window import KG, WindowConfig, WindowKernel
+from eddyline.operators.base import KG, Kernel
 from eddyline.state.store import KeyGroupStore, filesystem, process_cache, write_atomic
 
 
@@ -28,8 +28,7 @@ class LaneTask:
     step: str
     epoch: int
     checkpoint: str
-    window: WindowConfig
-    partial_schema: pa.Schema
+    kernel: Kernel
     routing: tuple[int, ...]  # key group -> lane
     index: dict[int, list]  # key group -> chain, as of the previous commit
     watermark_ms: int
@@ -49,10 +48,11 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     t0 = time.perf_counter()
     lane = TaskContext.get().partitionId()
     received = list(batches)
+    kernel = task.kernel
     partials = (
-        pa.Table.from_batches(received).cast(task.partial_schema)
+        pa.Table.from_batches(received).cast(kernel.input_schema)
         if received
-        else task.partial_schema.empty_table()
+        else kernel.input_schema.empty_table()
     )
     t_in = time.perf_counter()
     routing = np.asarray(task.routing)
@@ -64,12 +64,11 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
                 f"step '{task.step}' lane {lane}: received key groups {strays[:5].tolist()} routed "
                 "elsewhere; the shuffle does not match the routing table"
             )
-    kernel = WindowKernel(task.window, task.partial_schema)
     store = KeyGroupStore(
         task.checkpoint,
         task.step,
         kernel.state_schema,
-        task.window.primary_key,
+        kernel.primary_key,
         snapshot_every=task.snapshot_every,
     )
     cache = process_cache()
@@ -96,6 +95,7 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         "state_rows": result.state.num_rows,
         "state_bytes": result.state.nbytes,
         "output_rows": result.output.num_rows,
+        "metrics": result.metrics,
         "bytes_written": written.bytes_written,
         "snapshots": written.snapshots,
         "deltas": written.deltas,

@@ -1,0 +1,61 @@
+"""The contract every stateful kernel keeps. No Spark here.
+
+A kernel is the per-lane logic of one stateful step. The runtime calls :meth:`Kernel.process`
+once per lane and epoch with
+
+* ``batch``: the epoch's rows routed to this lane, with the ``input_schema`` (always including
+  ``_kg int32``, the row's key group);
+* ``state``: this lane's state as of the previous epoch, with the ``state_schema`` (always
+  including ``_kg``), possibly empty;
+* ``watermark_ms``: the event-time watermark the epoch plan fixed for this step
+  (``NO_WATERMARK`` before any event time was seen, ``END_OF_STREAM`` when the input ended).
+
+It returns a :class:`KernelResult`. Kernels must be **pure and deterministic**: the same inputs
+give the same outputs whatever the row order of ``batch`` (a replay's shuffle may order rows
+differently), so a replayed epoch writes the same state and output. Kernels must be picklable
+(they travel to Spark's Python workers) and keep no state between calls.
+
+The state is a table keyed by ``primary_key`` (which starts with ``_kg``); ``upserts`` are the
+rows of the new state that changed this epoch, ``deletes`` the primary keys that left it. The
+store uses them to write deltas; ``changed_key_groups`` must name every key group touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import pyarrow as pa
+
+KG = "_kg"
+
+
+@dataclass
+class KernelResult:
+    output: pa.Table
+    state: pa.Table
+    upserts: pa.Table
+    deletes: pa.Table
+    changed_key_groups: list[int] = field(default_factory=list)
+    #: kernel-specific counters for progress (e.g. windows fired, matches emitted)
+    metrics: dict[str, int] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Kernel(Protocol):
+    input_schema: pa.Schema
+    state_schema: pa.Schema
+    primary_key: tuple[str, ...]
+    output_schema: pa.Schema
+
+    def process(self, batch: pa.Table, state: pa.Table, watermark_ms: int) -> KernelResult: ...
+
+
+def changed_groups(*tables: pa.Table) -> list[int]:
+    """The sorted distinct key groups appearing in any of ``tables``."""
+    found: set[int] = set()
+    for t in tables:
+        if t.num_rows:
+            found.update(np.unique(t.column(KG).to_numpy()).tolist())
+    return sorted(found)
