@@ -287,26 +287,179 @@ class WindowAggregate(Model):
         return tuple((n, *parse_aggregate(t)) for n, t in self.aggregates.items())
 
 
+def _names(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+class Udf(Model):
+    """A vectorized Python function applied to every batch of rows (stateless).
+
+    ``function`` is ``"package.module:name"``; it receives a ``pyarrow.RecordBatch`` (``batch:
+    arrow``) or a ``pandas.DataFrame`` (``batch: pandas``) and returns the same kind, with the
+    columns of ``schema`` (Spark DDL).
+    """
+
+    function: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    schema_: str = Field(alias="schema", min_length=1)
+    batch: Literal["arrow", "pandas"] = "arrow"
+
+
+class Lookup(Model):
+    """Enrich each row from a table in files (stream-to-table join), reloaded when it changes.
+
+    The table is read whole and broadcast; each version used is copied into the checkpoint so
+    that a replayed epoch joins against the version it first saw.
+    """
+
+    table: Files
+    key: str | tuple[str, ...]
+    table_key: str | tuple[str, ...]
+    how: Literal["inner", "left"] = "inner"
+
+    @model_validator(mode="after")
+    def _arity(self) -> Lookup:
+        if len(_names(self.key)) != len(_names(self.table_key)):
+            raise ValueError("table_key: expected as many columns as key")
+        return self
+
+
+class Join(Model):
+    """An equi-join of two streams.
+
+    * ``kind: unbounded`` (default): every matching pair, as soon as both rows are there; rows
+      are forgotten ``ttl`` after their event time (never, without ``ttl``);
+    * ``kind: window``: pairs within the same tumbling window of ``size``, emitted when the
+      window closes;
+    * ``kind: interval``: a right row at ``right_time`` joins a left row whose
+      ``[left_time, left_end]`` contains it (a bid and the auction open at that moment).
+    """
+
+    left: Name
+    right: Name
+    left_key: str | tuple[str, ...]
+    right_key: str | tuple[str, ...]
+    kind: Literal["unbounded", "window", "interval"] = "unbounded"
+    left_time: str | None = None
+    right_time: str | None = None
+    left_end: str | None = None
+    size: Duration | None = Field(default=None, gt=0)
+    ttl: Duration | None = Field(default=None, gt=0)
+    watermark_delay: Duration = 0
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> Join:
+        if len(_names(self.left_key)) != len(_names(self.right_key)):
+            raise ValueError("right_key: expected as many columns as left_key")
+        need = {
+            "window": ("left_time", "right_time", "size"),
+            "interval": ("left_time", "left_end", "right_time"),
+            "unbounded": ("left_time", "right_time") if self.ttl is not None else (),
+        }[self.kind]
+        missing = [f for f in need if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"{missing[0]}: required for a {self.kind} join")
+        return self
+
+
+class Dedup(Model):
+    """Keep the first row per key; a key is forgotten ``ttl`` after its first row's event time."""
+
+    key: str | tuple[str, ...]
+    time: str
+    ttl: Duration = Field(gt=0)
+    watermark_delay: Duration = 0
+
+
+class TopK(Model):
+    """The top ``k`` rows of each partition (e.g. each window), emitted once the watermark passes
+    the partition's ``time`` (e.g. its ``window_end``); ``with_ties`` keeps rows tied with the k-th."""
+
+    partition_by: str | tuple[str, ...]
+    order_by: tuple[str, ...] = Field(min_length=1)  # "column DESC" / "column ASC" / "column"
+    k: int = Field(default=1, gt=0)
+    time: str
+    with_ties: bool = True
+    watermark_delay: Duration = 0
+
+    @property
+    def ordering(self) -> tuple[tuple[str, str], ...]:
+        out = []
+        for item in self.order_by:
+            parts = item.split()
+            if len(parts) == 1 or (len(parts) == 2 and parts[1].lower() in ("asc", "desc")):
+                out.append((parts[0], "desc" if len(parts) == 2 and parts[1].lower() == "desc" else "asc"))
+            else:
+                raise ValueError(f"order_by: expected 'column [ASC|DESC]', got {item!r}")
+        return tuple(out)
+
+
+class SessionWindow(Model):
+    key: str | tuple[str, ...]
+    time: str
+    gap: Duration = Field(gt=0)
+    aggregates: dict[Name, str] = Field(min_length=1)
+    watermark_delay: Duration = 0
+
+    @property
+    def parsed_aggregates(self) -> tuple[tuple[str, str, str | None], ...]:
+        return tuple((n, *parse_aggregate(t)) for n, t in self.aggregates.items())
+
+
+class KeyedAggregate(Model):
+    """An unbounded aggregate per key with a changelog output: each epoch, one row per key whose
+    value changed, with ``_op`` = ``insert`` (first time) or ``update`` (upsert semantics)."""
+
+    key: str | tuple[str, ...]
+    aggregates: dict[Name, str] = Field(min_length=1)  # count/sum/min/max/avg(col), last(col), max_by(col, by)
+    time: str | None = None
+
+
+class PatternSpec(Model):
+    """Complex event pattern per key; ``factory`` is ``"module:function"`` returning the pattern
+    (e.g. ``eddyline.operators.pattern:tick_pattern``), called with ``args``."""
+
+    key: str | tuple[str, ...]
+    time: str
+    within: Duration = Field(gt=0)
+    factory: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    args: dict[str, Any] = Field(default_factory=dict)
+    measures: dict[Name, tuple[str, str | None, str]] = Field(default_factory=dict)
+    watermark_delay: Duration = 0
+
+
 class StepSpec(Model):
     name: Name
     input: Name | None = None
     filter: str | None = None
     select: tuple[str, ...] | None = None
     union: tuple[Name, ...] | None = None
+    udf: Udf | None = None
+    lookup: Lookup | None = None
     window_aggregate: WindowAggregate | None = None
+    join: Join | None = None
+    dedup: Dedup | None = None
+    top_k: TopK | None = None
+    session_window: SessionWindow | None = None
+    aggregate: KeyedAggregate | None = None
+    pattern: PatternSpec | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> StepSpec:
         _exactly_one_kind(self, STEP_KINDS, "step")
-        if self.union is not None:
+        if self.union is not None or self.join is not None:
+            field = "union" if self.union is not None else "join"
             if self.input is not None:
-                raise ValueError("input: a union lists its inputs in 'union', not 'input'")
-            if len(self.union) < 2:
+                raise ValueError(f"input: a {field} names its inputs in '{field}', not 'input'")
+            if self.union is not None and len(self.union) < 2:
                 raise ValueError(f"union: expected at least 2 inputs, got {len(self.union)}")
         elif self.input is None:
             raise ValueError("input: field required")
         if self.select is not None and not self.select:
             raise ValueError("select: expected at least one expression")
+        if self.top_k is not None:
+            self.top_k.ordering  # noqa: B018  (raises on a malformed order_by)
         return self
 
     @property
@@ -315,15 +468,40 @@ class StepSpec(Model):
 
     @property
     def inputs(self) -> tuple[str, ...]:
-        return self.union if self.union is not None else (self.input,)  # type: ignore[return-value]
+        if self.union is not None:
+            return self.union
+        if self.join is not None:
+            return (self.join.left, self.join.right)
+        return (self.input,)  # type: ignore[return-value]
+
+    def input_fields(self) -> list[tuple[str, str]]:
+        """(field path, input name) pairs, for messages about inputs."""
+        if self.union is not None:
+            return [("union", i) for i in self.union]
+        if self.join is not None:
+            return [("join.left", self.join.left), ("join.right", self.join.right)]
+        return [("input", self.input)]  # type: ignore[list-item]
 
     @property
     def stateful(self) -> bool:
         return self.kind in STATEFUL_KINDS
 
 
-STEP_KINDS = ("filter", "select", "union", "window_aggregate")
-STATEFUL_KINDS = ("window_aggregate",)
+STEP_KINDS = (
+    "filter",
+    "select",
+    "union",
+    "udf",
+    "lookup",
+    "window_aggregate",
+    "join",
+    "dedup",
+    "top_k",
+    "session_window",
+    "aggregate",
+    "pattern",
+)
+STATEFUL_KINDS = ("window_aggregate", "join", "dedup", "top_k", "session_window", "aggregate", "pattern")
 
 # --------------------------------------------------------------------------- sinks
 

@@ -141,8 +141,8 @@ def check_graph(spec: NetworkSpec) -> list[str]:
     producers = [n.name for n in (*spec.sources, *spec.steps)]
     for what, nodes in (("step", spec.steps), ("sink", spec.sinks)):
         for n in nodes:
-            field = "union" if what == "step" and n.union is not None else "input"  # type: ignore[union-attr]
-            for i in n.inputs if what == "step" else (n.input,):  # type: ignore[union-attr]
+            pairs = n.input_fields() if isinstance(n, StepSpec) else [("input", n.input)]
+            for field, i in pairs:
                 if i == n.name:
                     problems.append(f"{what} '{n.name}': {field}: a node cannot read its own output")
                 elif kinds.get(i) == "sink":

@@ -84,10 +84,14 @@ class EpochCompiler:
     """Builds one epoch's DataFrames. Holds nothing between epochs but the SparkSession."""
 
     def __init__(self, spark: SparkSession, spec: NetworkSpec, sources: dict[str, Source], checkpoint: str):
+        from eddyline.io.tables import LookupTables
+
         self.spark = spark
         self.spec = spec
         self.sources = sources
         self.checkpoint = checkpoint
+        self.tables = LookupTables(spec, checkpoint)
+        self._table_versions: dict[str, dict[str, Any]] = {}
 
     def build(
         self,
@@ -98,10 +102,12 @@ class EpochCompiler:
         *,
         observe: bool = True,
         kill_driver_pid: int | None = None,
+        tables: dict[str, dict[str, Any]] | None = None,
     ) -> EpochFrames:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
+        self._table_versions = tables or {}
         out = EpochFrames()
         for src in self.spec.sources:
             count_bad = None
@@ -148,6 +154,10 @@ class EpochCompiler:
             return ins[0].filter(F.expr(step.filter))
         if step.select is not None:
             return ins[0].selectExpr(*step.select)
+        if step.udf is not None:
+            return self._udf(step, ins[0])
+        if step.lookup is not None:
+            return self._lookup(step, ins[0])
         if step.union is not None:
             first = ins[0]
             for other in ins[1:]:
@@ -161,6 +171,47 @@ class EpochCompiler:
         assert step.window_aggregate is not None
         assert run is not None, f"no plan for stateful step {step.name}"
         return self._window(epoch, step, step.window_aggregate, ins[0], run, lanes, out, observe, kill_driver_pid)
+
+    def _udf(self, step: StepSpec, df: DataFrame) -> DataFrame:
+        from eddyline.runtime.udf import UdfRunner, resolve
+
+        udf = step.udf
+        assert udf is not None
+        try:
+            resolve(udf.function)
+        except ValueError as e:
+            raise SpecError(f"step '{step.name}': udf.function: {e}") from None
+        try:
+            struct = _ddl(udf.schema_)
+        except Exception as e:
+            raise SpecError(f"step '{step.name}': udf.schema: expected Spark DDL like 'a long, b string': {_first_line(e)}") from None
+        runner = UdfRunner(step.name, udf.function, udf.batch, _arrow_schema(struct))
+        return df.mapInArrow(runner, struct)
+
+    def _lookup(self, step: StepSpec, df: DataFrame) -> DataFrame:
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+
+        lk = step.lookup
+        assert lk is not None
+        table = self.tables.frame(self.spark, step.name, self._table_versions.get(step.name))
+        keys = (lk.key,) if isinstance(lk.key, str) else lk.key
+        tkeys = (lk.table_key,) if isinstance(lk.table_key, str) else lk.table_key
+        for what, cols, have in (("key", keys, df.columns), ("table_key", tkeys, table.columns)):
+            unknown = [c for c in cols if c not in have]
+            if unknown:
+                raise SpecError(f"step '{step.name}': lookup.{what}: unknown column '{unknown[0]}'; expected one of {', '.join(have)}")
+        clash = sorted((set(table.columns) - set(tkeys)) & set(df.columns))
+        if clash:
+            raise SpecError(
+                f"step '{step.name}': lookup.table: column '{clash[0]}' is in both the stream and the table; "
+                "rename it in the table or select it away upstream"
+            )
+        renamed = table.select(*[F.col(c).alias(f"__lk_{i}") for i, c in enumerate(tkeys)], *[c for c in table.columns if c not in tkeys])
+        cond = reduce(lambda a, b: a & b, [df[k] == renamed[f"__lk_{i}"] for i, k in enumerate(keys)])
+        joined = df.join(F.broadcast(renamed), on=cond, how=lk.how)
+        return joined.drop(*[f"__lk_{i}" for i in range(len(tkeys))])
 
     def _window(
         self,
@@ -288,6 +339,15 @@ def _check_window_columns(step: str, wa: WindowAggregate, df: DataFrame) -> None
                 f"step '{step}': aggregates.{name}: {func}() expects a numeric column, "
                 f"'{col}' is {have[col].simpleString()}"
             )
+
+
+def _ddl(ddl: str) -> Any:
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    t = _parse_datatype_string(ddl)
+    if not isinstance(t, StructType):
+        raise ValueError(f"expected a list of columns, got {ddl!r}")
+    return t
 
 
 def _arrow_schema(struct: Any) -> pa.Schema:

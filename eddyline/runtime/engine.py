@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from eddyline.api.spec import NetworkSpec
-from eddyline.errors import CheckpointError
+from eddyline.errors import CheckpointError, EddylineError, EngineError
 from eddyline.io.sinks import FilesTarget, Sink, make_sink, write_frame
 from eddyline.io.sources import Source, make_source
 from eddyline.observe.progress import ProgressReporter, iso_ms
@@ -34,6 +34,7 @@ from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
 from eddyline.plan.keygroups import RoutingTable
 from eddyline.runtime.compile import EpochCompiler, StepRun
 from eddyline.runtime.log import Checkpoint, EpochCommit, EpochPlan
+from eddyline.runtime.udf import task_error_line
 from eddyline.state.store import KeyGroupStore
 
 if TYPE_CHECKING:
@@ -135,7 +136,15 @@ class Engine:
                     continue
                 self.ckpt.write_plan(plan)
             self._maybe_crash(plan.epoch, "after_plan")
-            commit, record = self._run_epoch(plan, last, replayed)
+            try:
+                commit, record = self._run_epoch(plan, last, replayed)
+            except EddylineError:
+                raise
+            except Exception as e:  # a Spark job failed: surface our own message if a task left one
+                line = task_error_line(e)
+                if line is None:
+                    raise
+                raise EngineError(f"epoch {plan.epoch}: {line}") from e
             record["inputRowsPerSecond"] = (
                 record["numInputRows"] / (epoch_start - prev_epoch_start)
                 if prev_epoch_start is not None and epoch_start > prev_epoch_start
@@ -198,7 +207,8 @@ class Engine:
                 return None
             end_of_stream = True
             watermarks = dict.fromkeys(watermarks, END_OF_STREAM)
-        return EpochPlan(epoch, slices, watermarks, routing, self.lanes, end_of_stream)
+        tables = self.compiler.tables.plan(last.tables if last else {})
+        return EpochPlan(epoch, slices, watermarks, routing, self.lanes, end_of_stream, tables)
 
     # ------------------------------------------------------------------ one epoch
     def _run_epoch(self, plan: EpochPlan, last: EpochCommit | None, replayed: bool) -> tuple[EpochCommit, dict[str, Any]]:
@@ -217,7 +227,7 @@ class Engine:
             for s in self.stateful
         }
         kill_pid = os.getpid() if (self.crash_epoch == epoch and self.crash_point == "in_task") else None
-        frames = self.compiler.build(epoch, plan.sources, runs, plan.lanes, kill_driver_pid=kill_pid)
+        frames = self.compiler.build(epoch, plan.sources, runs, plan.lanes, kill_driver_pid=kill_pid, tables=plan.tables)
         persisted = self._persist_shared(frames.nodes, StorageLevel.MEMORY_AND_DISK)
         t_plan = time.monotonic()
 
@@ -316,6 +326,7 @@ class Engine:
             sinks=sink_rows,
             end_of_stream=plan.end_of_stream,
             cursors={n: s["cursor"] for n, s in plan.sources.items() if s.get("cursor") is not None},
+            tables=plan.tables,
         )
         crash = _die if (self.crash_epoch == epoch and self.crash_point == "mid_commit") else None
         self.ckpt.write_commit(commit, crash=crash)

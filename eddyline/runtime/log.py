@@ -36,6 +36,8 @@ class EpochPlan:
     routing: dict[str, dict[str, Any]]  # stateful step -> RoutingTable.to_json()
     lanes: int
     end_of_stream: bool = False
+    #: lookup step -> the table version this epoch joins against
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     planned_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
@@ -56,6 +58,7 @@ class EpochCommit:
     end_of_stream: bool = False
     #: per source, where reading resumes besides the offset (files: the last name read)
     cursors: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     committed_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:

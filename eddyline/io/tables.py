@@ -1,0 +1,86 @@
+"""Versioned lookup tables for stream-to-table joins.
+
+A lookup table lives in files that may change while the query runs. At planning time its
+directory is fingerprinted (names, sizes, modification times); when the fingerprint differs from
+the one the previous epoch used, the files are copied into
+``<checkpoint>/tables/<step>/<fingerprint>/`` and the plan names that copy. A replayed epoch
+therefore joins against exactly the version it first saw, even if the source files changed or
+vanished since.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+import pyarrow.fs as pafs
+
+from eddyline.api.spec import Files, NetworkSpec
+from eddyline.errors import SourceError
+from eddyline.state.store import filesystem
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def _fingerprint(files: Files) -> tuple[str, list[pafs.FileInfo]]:
+    fs, base = filesystem(files.path)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
+    except (FileNotFoundError, OSError) as e:
+        raise SourceError(f"lookup table {files.path!r} cannot be listed: {e}") from e
+    infos = sorted((i for i in infos if i.type == pafs.FileType.File and not i.base_name.startswith((".", "_"))), key=lambda i: i.path)
+    if not infos:
+        raise SourceError(f"lookup table {files.path!r} has no files")
+    h = hashlib.sha256()
+    for i in infos:
+        h.update(f"{i.path[len(base):]}\0{i.size}\0{i.mtime_ns}\n".encode())
+    return h.hexdigest()[:20], infos
+
+
+class LookupTables:
+    def __init__(self, spec: NetworkSpec, checkpoint: str):
+        self.steps = {s.name: s.lookup for s in spec.steps if s.lookup is not None}
+        self.fs, self.base = filesystem(checkpoint)
+        self.checkpoint = checkpoint
+
+    def plan(self, previous: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Per lookup step: the version this epoch uses, copying a new one in if it changed."""
+        out = {}
+        for step, lookup in self.steps.items():
+            assert lookup is not None
+            fp, infos = _fingerprint(lookup.table)
+            prev = previous.get(step)
+            if prev is not None and prev["fingerprint"] == fp:
+                out[step] = prev
+                continue
+            target = f"{self.base}/tables/{step}/{fp}"
+            if self.fs.get_file_info(target).type == pafs.FileType.NotFound:
+                src_fs, src_base = filesystem(lookup.table.path)
+                tmp = f"{target}.tmp"
+                self.fs.create_dir(tmp, recursive=True)
+                for info in infos:
+                    rel = info.path[len(src_base) :].lstrip("/")
+                    dst = f"{tmp}/{rel}"
+                    self.fs.create_dir(dst.rsplit("/", 1)[0], recursive=True)
+                    pafs.copy_files(info.path, dst, source_filesystem=src_fs, destination_filesystem=self.fs)
+                self.fs.move(tmp, target)
+            out[step] = {"fingerprint": fp, "path": target}
+        return out
+
+    def frame(self, spark: SparkSession, step: str, version: dict[str, Any] | None) -> DataFrame:
+        """The table as of ``version`` (``None``: the live files, for validation and explain)."""
+        lookup = self.steps[step]
+        assert lookup is not None
+        files = lookup.table
+        if version is None:
+            path = filesystem(files.path)[1]
+            uri = path if "://" in files.path else f"file://{path}"
+        else:
+            uri = version["path"] if "://" in self.checkpoint else f"file://{version['path']}"
+        reader = spark.read.format(files.format)
+        if files.schema_:
+            reader = reader.schema(files.schema_)
+        if files.format == "csv":
+            reader = reader.option("header", "true")
+        return reader.load(uri)
