@@ -474,6 +474,21 @@ class StepSpec(Model):
             return (self.join.left, self.join.right)
         return (self.input,)  # type: ignore[return-value]
 
+    @property
+    def params(self) -> Any:
+        return getattr(self, self.kind)
+
+    @property
+    def watermark_delay(self) -> int:
+        return int(getattr(self.params, "watermark_delay", 0) or 0)
+
+    def time_columns(self) -> tuple[str | None, ...]:
+        """Per input, the event-time column the step's watermark follows (None: no event time)."""
+        p = self.params
+        if self.join is not None:
+            return (self.join.left_time, self.join.right_time)
+        return (getattr(p, "time", None),)
+
     def input_fields(self) -> list[tuple[str, str]]:
         """(field path, input name) pairs, for messages about inputs."""
         if self.union is not None:

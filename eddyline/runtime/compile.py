@@ -168,9 +168,84 @@ class EpochCompiler:
                     )
                 first = first.unionByName(other)
             return first
-        assert step.window_aggregate is not None
         assert run is not None, f"no plan for stateful step {step.name}"
-        return self._window(epoch, step, step.window_aggregate, ins[0], run, lanes, out, observe, kill_driver_pid)
+        if step.window_aggregate is not None:
+            return self._window(epoch, step, step.window_aggregate, ins[0], run, lanes, out, observe, kill_driver_pid)
+        if observe:
+            ins = self._observe_event_time(epoch, step, ins, out)
+        if step.join is not None:
+            keyed, kernel = self._join(step, ins[0], ins[1], run)
+        else:
+            keyed, kernel = self._keyed(step, ins[0], run)
+        return self._lanes(epoch, step.name, keyed, kernel, run, lanes, kill_driver_pid)
+
+    def _observe_event_time(self, epoch: int, step: StepSpec, ins: list[DataFrame], out: EpochFrames) -> list[DataFrame]:
+        """Observe the newest event time reaching the step (its watermark follows it)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        observed = []
+        for i, (df, col) in enumerate(zip(ins, step.time_columns(), strict=True)):
+            if col is None:
+                observed.append(df)
+                continue
+            if col not in df.columns:
+                raise SpecError(f"step '{step.name}': time: unknown column '{col}'; input has {', '.join(df.columns)}")
+            obs = Observation(f"e{epoch}-step-{step.name}-{i}")
+            observed.append(df.observe(obs, F.expr(f"max(CAST(floor(unix_micros(CAST(`{col}` AS TIMESTAMP)) / 1000) AS BIGINT))").alias("max_t")))
+            out.observations[f"step:{step.name}:{i}"] = obs
+        return observed
+
+    def _keyed(self, step: StepSpec, df: DataFrame, run: StepRun) -> tuple[DataFrame, Kernel]:
+        """Single-input stateful steps: rows keep their columns and gain their key group."""
+        from eddyline.operators import kernels
+
+        p = step.params
+        keys = p.partition_by if step.top_k is not None else p.key
+        keys = (keys,) if isinstance(keys, str) else tuple(keys)
+        unknown = [k for k in keys if k not in df.columns]
+        if unknown:
+            what = "partition_by" if step.top_k is not None else "key"
+            raise SpecError(f"step '{step.name}': {what}: unknown column '{unknown[0]}'; input has {', '.join(df.columns)}")
+        keyed = df.selectExpr("*", f"{self._key_group(keys, run.routing.key_groups)} AS {KG}")
+        try:
+            kernel = kernels.build(step, _arrow_schema(df.schema))
+        except (ValueError, KeyError) as e:
+            raise SpecError(f"step '{step.name}': {step.kind}: {e}") from None
+        return keyed, kernel
+
+    def _join(self, step: StepSpec, left: DataFrame, right: DataFrame, run: StepRun) -> tuple[DataFrame, Kernel]:
+        """Both sides in one frame: ``_kg``, ``_side`` (0 left, 1 right), ``l__*`` and ``r__*``
+        columns (the other side's are null), so one shuffle brings matching keys together."""
+        from eddyline.operators import kernels
+
+        j = step.join
+        assert j is not None
+        lkeys = (j.left_key,) if isinstance(j.left_key, str) else tuple(j.left_key)
+        rkeys = (j.right_key,) if isinstance(j.right_key, str) else tuple(j.right_key)
+        ltypes = {f.name: f.dataType for f in left.schema}
+        rtypes = {f.name: f.dataType for f in right.schema}
+        for what, keys, have in (("left_key", lkeys, ltypes), ("right_key", rkeys, rtypes)):
+            for k in keys:
+                if k not in have:
+                    raise SpecError(f"step '{step.name}': join.{what}: unknown column '{k}'; input has {', '.join(have)}")
+        for lk, rk in zip(lkeys, rkeys, strict=True):
+            if ltypes[lk] != rtypes[rk]:
+                raise SpecError(
+                    f"step '{step.name}': join.right_key: '{rk}' is {rtypes[rk].simpleString()} but left key '{lk}' is "
+                    f"{ltypes[lk].simpleString()}; cast one side in a select first"
+                )
+        nulls_l = [f"CAST(NULL AS {t.simpleString()}) AS `l__{n}`" for n, t in ltypes.items()]
+        nulls_r = [f"CAST(NULL AS {t.simpleString()}) AS `r__{n}`" for n, t in rtypes.items()]
+        kg_l = self._key_group(lkeys, run.routing.key_groups)
+        kg_r = self._key_group(rkeys, run.routing.key_groups)
+        lpart = left.selectExpr(f"{kg_l} AS {KG}", "CAST(0 AS TINYINT) AS _side", *[f"`{n}` AS `l__{n}`" for n in ltypes], *nulls_r)
+        rpart = right.selectExpr(f"{kg_r} AS {KG}", "CAST(1 AS TINYINT) AS _side", *nulls_l, *[f"`{n}` AS `r__{n}`" for n in rtypes])
+        try:
+            kernel = kernels.build_join(step, _arrow_schema(left.schema), _arrow_schema(right.schema))
+        except (ValueError, KeyError) as e:
+            raise SpecError(f"step '{step.name}': join: {e}") from None
+        return lpart.unionByName(rpart), kernel
 
     def _udf(self, step: StepSpec, df: DataFrame) -> DataFrame:
         from eddyline.runtime.udf import UdfRunner, resolve

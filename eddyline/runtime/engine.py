@@ -187,11 +187,10 @@ class Engine:
         routing: dict[str, dict[str, Any]] = {}
         moved = has_state = False
         for step in self.stateful:
-            assert step.window_aggregate is not None
             prev = last.steps.get(step.name) if last else None
             prev_wm = prev["watermark"] if prev else NO_WATERMARK
             max_t = prev["max_event_time"] if prev else NO_WATERMARK
-            wm = prev_wm if max_t <= NO_WATERMARK else max(prev_wm, max_t - step.window_aggregate.watermark_delay)
+            wm = prev_wm if max_t <= NO_WATERMARK else max(prev_wm, max_t - step.watermark_delay)
             watermarks[step.name] = wm
             moved |= wm != prev_wm
             has_state |= bool(prev and prev["index"])
@@ -289,14 +288,22 @@ class Engine:
                         index.pop(int(kg), None)
                     else:
                         index[int(kg)] = chain
-            seen = obs_values.get(f"step:{s.name}", {})
-            prev_max = last.steps[s.name]["max_event_time"] if last and s.name in last.steps else NO_WATERMARK
-            max_t = seen.get("max_t")
-            late = int(seen.get("late") or 0)
+            # Each input's newest event time so far; the step's watermark follows the slowest.
+            prev = last.steps.get(s.name) if last else None
+            n_inputs = 1 if s.window_aggregate is not None else len(s.time_columns())
+            input_max = list(prev["input_max"]) if prev and "input_max" in prev else [NO_WATERMARK] * n_inputs
+            for i in range(n_inputs):
+                key = f"step:{s.name}" if s.window_aggregate is not None else f"step:{s.name}:{i}"
+                seen_t = obs_values.get(key, {}).get("max_t")
+                if seen_t is not None:
+                    input_max[i] = max(input_max[i], int(seen_t))
+            late = int(obs_values.get(f"step:{s.name}", {}).get("late") or 0)
+            late += sum(int(m.get("metrics", {}).get("late_rows", 0)) for m in manifests)
             late_total += late
             steps_commit[s.name] = {
                 "index": index,
-                "max_event_time": max(prev_max, int(max_t)) if max_t is not None else prev_max,
+                "input_max": input_max,
+                "max_event_time": min(input_max),
                 "watermark": run.watermark_ms,
                 "routing": plan.routing[s.name],
             }
@@ -398,7 +405,6 @@ class Engine:
         if not commits:
             return
         for s in self.stateful:
-            assert s.window_aggregate is not None
             # The schema does not matter for cleanup; only the file names and chains do.
             import pyarrow as pa
 
