@@ -140,7 +140,7 @@ class _EquiJoin:
         self.left_schema, self.right_schema = left_schema, right_schema
         self.left_key, self.right_key = tuple(left_key), tuple(right_key)
         # Keys of both sides are compared in one common type (e.g. int32 vs int64 → int64).
-        self._key_types = []
+        self._key_types: list[pa.DataType] = []
         for lk, rk in zip(left_key, right_key, strict=True):
             try:
                 unified = pa.unify_schemas(

@@ -11,6 +11,12 @@ One epoch, numbered steps (a crash anywhere before step 6 replays the epoch from
 5. **fold** the lane manifests into the new state index;
 6. **commit** atomically: source offsets + state index + watermarks + sink counts.
 
+Watermarks: a step fed by sources follows the newest event time its inputs committed, minus its
+delay (Spark's rule: from earlier epochs, so it is part of the plan). A step fed by stateful steps
+inherits the smallest of their watermarks *of the previous epoch*: everything such an ancestor
+emits in this epoch is at or after its current watermark, so it is never late downstream, and a
+downstream window or top-k closes exactly when its ancestors can no longer add to it.
+
 An epoch with no new input still runs when a watermark moved and state exists (windows may fire),
 like Spark's no-data batches. With ``until_idle`` the run ends, once the input is exhausted, with
 an end-of-stream epoch whose watermark passes every window (as Flink does for bounded input).
@@ -85,6 +91,7 @@ class Engine:
         }
         self.compiler = EpochCompiler(spark, spec, self.sources, checkpoint)
         self.stateful = [s for s in spec.steps if s.stateful]
+        self.upstream = {s.name: _stateful_upstream(spec, s) for s in self.stateful}
         self.retain_epochs = retain_epochs
         self.crash_epoch, self.crash_point = _parse_crash(crash_at)
         dl = spec.dead_letters
@@ -162,8 +169,6 @@ class Engine:
                 summary.output_rows[s["description"]] = summary.output_rows.get(s["description"], 0) + s["numOutputRows"]
             if self.reporter is not None:
                 self.reporter.report(record)
-            if plan.end_of_stream:
-                break
             wait = self.spec.trigger / 1000 - (time.monotonic() - epoch_start)
             if wait > 0:
                 time.sleep(wait)
@@ -171,41 +176,70 @@ class Engine:
 
     # ------------------------------------------------------------------ planning
     def _plan_next(self, last: EpochCommit | None, elapsed_s: float, until_idle: bool) -> EpochPlan | None:
+        """The next epoch's plan, or None when there is nothing to do.
+
+        Once the input ended (``until_idle`` found it exhausted), sources read nothing more and
+        the steps they feed get the end-of-stream watermark; it then reaches the steps further
+        down one epoch at a time, so every step first receives what its ancestors flush."""
         epoch = last.epoch + 1 if last else 1
-        if last is not None and last.end_of_stream:
-            return None
-        slices = {
-            name: src.plan(
-                last.source_ends.get(name, 0) if last else 0,
-                elapsed_s,
-                last.cursors.get(name) if last else None,
-            )
-            for name, src in self.sources.items()
-        }
+        ended = last is not None and last.end_of_stream
+        if ended:
+            assert last is not None
+            slices = {
+                name: {"start": last.source_ends.get(name, 0), "end": last.source_ends.get(name, 0), "files": [],
+                       **({"cursor": last.cursors[name]} if name in last.cursors else {})}
+                for name in self.sources
+            }
+        else:
+            slices = {
+                name: src.plan(
+                    last.source_ends.get(name, 0) if last else 0,
+                    elapsed_s,
+                    last.cursors.get(name) if last else None,
+                )
+                for name, src in self.sources.items()
+            }
         new_rows = any(s["end"] > s["start"] for s in slices.values())
-        watermarks: dict[str, int] = {}
+
+        def watermarks_for(flush: bool) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for step in self.stateful:
+                prev = last.steps.get(step.name) if last else None
+                prev_wm = prev["watermark"] if prev else NO_WATERMARK
+                max_t = prev["max_event_time"] if prev else NO_WATERMARK
+                if flush:
+                    observed = END_OF_STREAM
+                else:
+                    observed = prev_wm if max_t <= NO_WATERMARK else max(prev_wm, max_t - step.watermark_delay)
+                ancestors, from_sources = self.upstream[step.name]
+                # Downstream of stateful steps the watermark propagates, one epoch behind: what an
+                # ancestor emits in this epoch is then never late here (see the module docstring).
+                inherited = [last.steps[a]["watermark"] if last and a in last.steps else NO_WATERMARK for a in ancestors]
+                wm = min([*inherited, *([observed] if from_sources or not ancestors else [])])
+                out[step.name] = max(wm, prev_wm)
+            return out
+
+        def previous(step: str) -> int:
+            return last.steps[step]["watermark"] if last and step in last.steps else NO_WATERMARK
+
+        has_state = bool(last) and any(last.steps.get(s.name, {}).get("index") for s in self.stateful)  # type: ignore[union-attr]
+        watermarks = watermarks_for(ended)
+        moved = any(watermarks[s] != previous(s) for s in watermarks)
+        end_of_stream = ended
+        if not new_rows and not (moved and has_state):
+            if ended or not (until_idle and has_state):
+                return None
+            end_of_stream = True
+            watermarks = watermarks_for(True)
         routing: dict[str, dict[str, Any]] = {}
-        moved = has_state = False
         for step in self.stateful:
             prev = last.steps.get(step.name) if last else None
-            prev_wm = prev["watermark"] if prev else NO_WATERMARK
-            max_t = prev["max_event_time"] if prev else NO_WATERMARK
-            wm = prev_wm if max_t <= NO_WATERMARK else max(prev_wm, max_t - step.watermark_delay)
-            watermarks[step.name] = wm
-            moved |= wm != prev_wm
-            has_state |= bool(prev and prev["index"])
             old = RoutingTable.from_json(prev["routing"]) if prev else None
             if old is not None and old.lanes == self.lanes:
                 table = old
             else:
                 table = RoutingTable.uniform(self.spec.key_groups, self.lanes, old.version + 1 if old else 0)
             routing[step.name] = table.to_json()
-        end_of_stream = False
-        if not new_rows and not (moved and has_state):
-            if not (until_idle and has_state):
-                return None
-            end_of_stream = True
-            watermarks = dict.fromkeys(watermarks, END_OF_STREAM)
         tables = self.compiler.tables.plan(last.tables if last else {})
         return EpochPlan(epoch, slices, watermarks, routing, self.lanes, end_of_stream, tables)
 
@@ -415,6 +449,28 @@ class Engine:
     def _maybe_crash(self, epoch: int, point: str) -> None:
         if self.crash_epoch == epoch and self.crash_point == point:
             _die()
+
+
+def _stateful_upstream(spec: NetworkSpec, step: Any) -> tuple[list[str], bool]:
+    """The nearest stateful steps feeding ``step`` (through stateless ones), and whether some
+    input path reaches a source without passing a stateful step."""
+    ancestors: list[str] = []
+    from_sources = False
+    frontier = list(step.inputs)
+    seen: set[str] = set()
+    while frontier:
+        name = frontier.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = spec.node(name)
+        if not node.inputs:
+            from_sources = True
+        elif getattr(node, "stateful", False):
+            ancestors.append(name)
+        else:
+            frontier.extend(node.inputs)
+    return sorted(ancestors), from_sources
 
 
 def _summed_metrics(manifests: list[dict[str, Any]]) -> dict[str, int]:

@@ -26,11 +26,67 @@ PER_EPOCH = 6_000
 
 #: The reference: each query in DuckDB SQL over tables person, auction, bid (Flink nexmark's
 #: definitions, with DuckDB's functions); event times truncated to ms like Eddyline's windows.
-REFERENCE = {
-    "q0": "SELECT auction, bidder, price, date_time, extra FROM bid",
-    "q1": "SELECT auction, bidder, 0.908 * price AS price, date_time, extra FROM bid",
-    "q2": "SELECT auction, price FROM bid WHERE auction % 123 = 0",
+MS = "epoch_us({}) // 1000"  # event times as whole milliseconds, as Eddyline's windows use them
+
+#: query -> (reference over person/auction/bid, the same columns read from Eddyline's output)
+REFERENCE: dict[str, tuple[str, str]] = {
+    "q0": ("SELECT auction, bidder, price, date_time, extra FROM bid", "SELECT * FROM got"),
+    "q1": ("SELECT auction, bidder, 0.908 * price AS price, date_time, extra FROM bid", "SELECT * FROM got"),
+    "q2": ("SELECT auction, price FROM bid WHERE auction % 123 = 0", "SELECT * FROM got"),
+    "q3": (
+        """SELECT P.name, P.city, P.state, A.id FROM auction A JOIN person P ON A.seller = P.id
+           WHERE A.category = 10 AND P.state IN ('OR', 'ID', 'CA')""",
+        "SELECT * FROM got",
+    ),
+    "q4": (
+        """WITH closing AS (
+             SELECT A.id, A.category, max(B.price) AS final FROM auction A JOIN bid B
+             ON A.id = B.auction AND B.date_time BETWEEN A.date_time AND A.expires GROUP BY A.id, A.category)
+           SELECT category, round(avg(final), 6) FROM closing GROUP BY category""",
+        # a changelog: the newest row per category is its current average
+        """SELECT category, round(arg_max(average, _row), 6) FROM (SELECT *, row_number() OVER () AS _row FROM got)
+           GROUP BY category""",
+    ),
+    "q5": (
+        f"""WITH c AS (SELECT auction, ws, count(*) AS num FROM (
+                 SELECT auction, ({MS.format("date_time")} // 2000) * 2000 - i * 2000 AS ws FROM bid, range(5) g(i))
+               GROUP BY ALL),
+             m AS (SELECT ws, max(num) AS maxn FROM c GROUP BY ws)
+           SELECT c.auction, c.num, c.ws, c.ws + 10000 FROM c JOIN m USING (ws) WHERE c.num >= m.maxn""",
+        f"SELECT auction, num, {MS.format('window_start')}, {MS.format('window_end')} FROM got",
+    ),
+    "q7": (
+        f"""WITH w AS (SELECT *, ({MS.format("date_time")} // 10000) * 10000 AS ws FROM bid),
+             m AS (SELECT ws, max(price) AS top FROM w GROUP BY ws)
+           SELECT auction, price, bidder, date_time, extra FROM w JOIN m USING (ws) WHERE price = top""",
+        "SELECT * FROM got",
+    ),
+    "q8": (
+        f"""WITH p AS (SELECT id, name, ({MS.format("date_time")} // 10000) * 10000 AS ws FROM person),
+             a AS (SELECT seller, ({MS.format("date_time")} // 10000) * 10000 AS ws FROM auction)
+           SELECT DISTINCT p.id, p.name, p.ws FROM p JOIN a ON p.id = a.seller AND p.ws = a.ws""",
+        f"SELECT id, name, {MS.format('starttime')} FROM got",
+    ),
+    "q9": (
+        """WITH j AS (SELECT A.*, B.auction, B.bidder, B.price, B.date_time AS bid_date_time,
+                      row_number() OVER (PARTITION BY A.id ORDER BY B.price DESC, B.date_time) AS rn
+                    FROM auction A JOIN bid B ON A.id = B.auction AND B.date_time BETWEEN A.date_time AND A.expires)
+           SELECT id, item_name, description, initial_bid, reserve, date_time, expires, seller, category,
+                  auction, bidder, price, bid_date_time FROM j WHERE rn = 1""",
+        "SELECT * FROM got",
+    ),
+    "q11": (
+        f"""WITH b AS (SELECT bidder, {MS.format("date_time")} AS t FROM bid),
+             s AS (SELECT bidder, t, CASE WHEN t - lag(t) OVER (PARTITION BY bidder ORDER BY t) < 10000
+                                          THEN 0 ELSE 1 END AS new_session FROM b),
+             g AS (SELECT bidder, t, sum(new_session) OVER (PARTITION BY bidder ORDER BY t
+                                                            ROWS UNBOUNDED PRECEDING) AS sid FROM s)
+           SELECT bidder, count(*), min(t), max(t) + 10000 FROM g GROUP BY bidder, sid""",
+        f"SELECT bidder, bid_count, {MS.format('session_start')}, {MS.format('session_end')} FROM got",
+    ),
 }
+#: Queries whose kernels exist; the others are listed in the issue note as still to come.
+AVAILABLE = {q for q in REFERENCE if (SPECS / f"{q}.yaml").exists()}
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +120,15 @@ def canonical(con: duckdb.DuckDBPyConnection, relation: str) -> list[tuple]:
     return sorted(rows, key=lambda r: tuple((x is None, str(x)) for x in r))
 
 
-@pytest.mark.parametrize("query", sorted(REFERENCE))
+@pytest.mark.parametrize("query", sorted(AVAILABLE, key=lambda q: int(q[1:])))
 def test_query_matches_duckdb(spark, events, tmp_path: Path, query: str) -> None:
     got = run_query(spark, query, tmp_path)
     con = duckdb.connect()
     for name, table in events.items():
         con.register(name, table)
     con.register("got", got)
-    want = canonical(con, f"({REFERENCE[query]})")
-    have = canonical(con, "got")
+    want_sql, got_sql = REFERENCE[query]
+    want = canonical(con, f"({want_sql})")
+    have = canonical(con, f"({got_sql})")
     assert len(want) > 0
     assert have == want

@@ -1,0 +1,239 @@
+"""Event-time deduplication as a pure kernel over Arrow tables (no Spark here).
+
+Semantics, per key (several columns, nulls being a value like any other):
+
+* The **first** row of a key passes: the earliest event time, equal times broken by a total
+  order over all columns. It opens a *dedup interval* ``[t, t + ttl]``: later rows of the key
+  whose time falls in it are duplicates and are dropped.
+* The first row *after* the interval (time ``> t + ttl``) passes again and opens the next
+  interval. Within one batch this is a chain: each passing row is the earliest row past the
+  previous one's interval.
+* State keeps, per key, the time of the earliest passing row still remembered (``_first_ms``)
+  and of the latest (``_last_ms``). A batch row is a duplicate if its time lies in
+  ``[_first_ms, _last_ms + ttl]``: an earlier-or-equal row of its key was passed (in state) and
+  the row is not past that row's interval. A row *before* ``_first_ms`` (out of order, yet not
+  late) passes, as the brief rule "no earlier-or-equal row of its key in state or batch" says.
+* A key is **forgotten** when ``watermark > _last_ms + ttl``: no row that is not late can fall
+  into its interval any more (a row at ``t >= watermark`` is past it), so forgetting changes no
+  result — it only bounds the state. ``END_OF_STREAM`` forgets every key.
+* Rows with an event time before the watermark (or none) are late: dropped, counted in
+  ``metrics["late_rows"]``.
+
+Why an interval and not "drop while the key is remembered": that rule would pass or drop a
+row past the interval depending on whether the watermark had already forgotten the key, i.e.
+on the watermark's lag and so on how the input was cut into epochs. With the interval, the
+watermark only decides when state is released: for input that arrives in event-time order
+(equal times in total order) the output is the same however it is cut. Both rules agree on
+every row inside the interval and on every row after the key was forgotten. Rows arriving out
+of order can only be judged against what was already emitted (nothing emitted is taken back),
+so for them the output depends on arrival.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from eddyline.operators.base import KG, KernelResult
+from eddyline.operators.keyed import (
+    event_times,
+    key_groups_of,
+    normalize,
+    nullable,
+    require_columns,
+    run_starts,
+    segments,
+    sort_indices,
+    split_by_key_groups,
+    with_key_group,
+)
+
+FIRST = "_first_ms"
+LAST = "_last_ms"
+
+
+def chain_heads(seg: np.ndarray, t: np.ndarray, heads: np.ndarray, ttl_ms: int) -> np.ndarray:
+    """Which rows pass, for rows sorted by ``(seg, t)``: each head passes, then, within its
+    segment, the first row with ``t > t_prev + ttl`` after every passing row.
+
+    Vectorised: ``next[i]`` (the row that would pass after ``i``) comes from one searchsorted on
+    ``(segment, rank of t)``; the rows reachable from the heads are then marked by pointer
+    doubling — round ``r`` adds the nodes ``2**r`` to ``2**(r+1) - 1`` steps down each chain —
+    so a batch costs O(n log L) numpy work for chains of length L, never a Python loop per row.
+    """
+    n = t.size
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    uniq = np.unique(np.concatenate([t, t + ttl_ms]))
+    u = np.int64(uniq.size)
+    seg = seg.astype(np.int64)
+    comp = seg * u + np.searchsorted(uniq, t)
+    nxt = np.searchsorted(comp, seg * u + np.searchsorted(uniq, t + ttl_ms), side="right")
+    starts = np.ones(n, dtype=bool)
+    starts[1:] = seg[1:] != seg[:-1]
+    seg_end = np.append(np.flatnonzero(starts)[1:], n)[np.cumsum(starts) - 1]
+    jump = np.append(np.where(nxt < seg_end, nxt, n), n)  # n: the end of every chain
+    on = np.zeros(n + 1, dtype=bool)
+    on[heads] = True
+    while True:
+        reached = jump[np.flatnonzero(on[:n])]
+        new = reached[~on[reached]]
+        new = new[new < n]
+        if new.size == 0:
+            break
+        on[new] = True
+        jump = jump[jump]
+    return on[:n]
+
+
+class DedupKernel:
+    """Passes the first row per key and drops its duplicates within ``ttl_ms`` (a
+    :class:`~eddyline.operators.base.Kernel`). See the module docstring for the exact rule.
+
+    ``time`` is a timestamp column (or integer milliseconds). Output: the input columns.
+    State: ``_kg``, the keys, ``_first_ms``, ``_last_ms`` (int64 ms); primary key
+    ``(_kg, *keys)``, one row per remembered key.
+    """
+
+    def __init__(self, input_schema: pa.Schema, keys: Sequence[str], time: str, ttl_ms: int):
+        if ttl_ms < 0:
+            raise ValueError(f"dedup: ttl must not be negative, got {ttl_ms} ms")
+        self.keys = tuple(keys)
+        self.time = time
+        self.ttl_ms = int(ttl_ms)
+        require_columns(input_schema, [*self.keys, time], "dedup")
+        self.input_schema = with_key_group(input_schema)
+        self.output_schema = pa.schema([f for f in self.input_schema if f.name != KG])
+        self.state_schema = pa.schema(
+            [
+                pa.field(KG, pa.int32()),
+                *[nullable(input_schema.field(k)) for k in self.keys],
+                pa.field(FIRST, pa.int64()),
+                pa.field(LAST, pa.int64()),
+            ]
+        )
+        self.primary_key = (KG, *self.keys)
+
+    def empty_state(self) -> pa.Table:
+        return self.state_schema.empty_table()
+
+    def process(self, batch: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
+        """1. drop late rows (no time, or before the watermark);
+        2. confine work to the batch's key groups and sort their state rows and the batch rows
+           together by ``(key, state first, time, every other column)``;
+        3. drop batch rows inside their key's remembered interval ``[_first_ms, _last_ms + ttl]``;
+        4. pass the chain heads: per key, the first remaining row before ``_first_ms`` and the
+           first after ``_last_ms + ttl`` (or simply the first, for a new key), then each first
+           row past the previous passing row's interval;
+        5. widen the key's interval to the passing rows; forget keys the watermark has passed
+           (``watermark > _last_ms + ttl``); upserts are the widened keys, deletes the forgotten.
+        """
+        batch = normalize(batch, self.input_schema)
+        state = normalize(state, self.state_schema)
+        wm, ttl = watermark_ms, self.ttl_ms
+
+        # 1. late rows
+        t_all, valid = event_times(batch.column(self.time))
+        live = valid & (t_all >= wm)
+        late = int(batch.num_rows - live.sum())
+        rows = batch.filter(pa.array(live)) if late else batch
+        t_rows = t_all[live]
+
+        # 2. touched state + batch, sorted
+        touched, rest = split_by_key_groups(state, np.unique(key_groups_of(rows)))
+        ns, nb = touched.num_rows, rows.num_rows
+        n = ns + nb
+        src = np.concatenate([np.zeros(ns, np.int8), np.ones(nb, np.int8)])
+        t = np.concatenate([touched.column(FIRST).to_numpy(), t_rows]).astype(np.int64)
+        hi = np.concatenate([touched.column(LAST).to_numpy(), t_rows]).astype(np.int64)
+        row = np.concatenate([np.full(ns, -1, np.int64), np.arange(nb, dtype=np.int64)])
+        group_cols = [
+            pa.concat_arrays([touched.column(c).combine_chunks(), rows.column(c).combine_chunks()])
+            for c in (KG, *self.keys)
+        ]
+        others = [c for c in self.output_schema.names if c not in self.keys]
+        other_cols = [
+            pa.concat_arrays(
+                [pa.nulls(ns, rows.schema.field(c).type), rows.column(c).combine_chunks()]
+            )
+            for c in others
+        ]
+        order = sort_indices(
+            [(c, "ascending") for c in group_cols]
+            + [(pa.array(src), "ascending"), (pa.array(t), "ascending")]
+            + [(c, "ascending") for c in other_cols],
+            n,
+        )
+        src, t, hi, row = src[order], t[order], hi[order], row[order]
+        take = pa.array(order)
+        group_cols = [c.take(take) for c in group_cols]
+        gid, firsts, _ = segments(run_starts(group_cols, n))
+        had = src[firsts] == 0  # the state row sorts first in its key
+        lo_g = np.where(had, t[firsts], 0)
+        hi_g = np.where(had, hi[firsts], 0)
+
+        # 3. duplicates of the remembered interval
+        is_row = src == 1
+        g_has = had[gid]
+        covered = is_row & g_has & (t >= lo_g[gid]) & (t <= hi_g[gid] + ttl)
+        cand = np.flatnonzero(is_row & ~covered)
+
+        # 4. chains from the heads
+        cg = gid[cand]
+        after = g_has[cand] & (t[cand] > hi_g[cg] + ttl)
+        seg = cg * 2 + after
+        heads = np.flatnonzero(run_starts([pa.array(seg)], cand.size))
+        passing = cand[chain_heads(seg, t[cand], heads, ttl)]
+        output = (
+            rows.take(pa.array(row[passing]))
+            .select(self.output_schema.names)
+            .cast(self.output_schema)
+        )
+
+        # 5. new intervals, forgetting
+        groups = firsts.size
+        changed = np.zeros(groups, dtype=bool)
+        changed[gid[passing]] = True
+        new_lo = np.where(had, lo_g, np.iinfo(np.int64).max)
+        new_hi = np.where(had, hi_g, np.iinfo(np.int64).min)
+        np.minimum.at(new_lo, gid[passing], t[passing])
+        np.maximum.at(new_hi, gid[passing], t[passing])
+        keep_g = (had | changed) & ~(wm > new_hi + ttl)
+        firsts_take = pa.array(firsts)
+        merged = pa.table(
+            {
+                KG: group_cols[0].take(firsts_take),
+                **{k: c.take(firsts_take) for k, c in zip(self.keys, group_cols[1:], strict=True)},
+                FIRST: pa.array(new_lo, pa.int64()),
+                LAST: pa.array(new_hi, pa.int64()),
+            }
+        ).cast(self.state_schema)
+        rest_t = rest.column(LAST).to_numpy().astype(np.int64)
+        rest_keep = ~(wm > rest_t + ttl)
+        new_state = pa.concat_tables(
+            [rest.filter(pa.array(rest_keep)), merged.filter(pa.array(keep_g))]
+        )
+        upserts = merged.filter(pa.array(keep_g & changed))
+        pk = list(self.primary_key)
+        deletes = pa.concat_tables(
+            [
+                rest.filter(pa.array(~rest_keep)).select(pk),
+                merged.filter(pa.array(had & ~keep_g)).select(pk),
+            ]
+        )
+        kgs = np.unique(np.concatenate([key_groups_of(upserts), key_groups_of(deletes)])).tolist()
+        return KernelResult(
+            output,
+            new_state,
+            upserts,
+            deletes,
+            kgs,
+            {
+                "late_rows": late,
+                "rows_passed": int(passing.size),
+                "duplicates_dropped": int(nb - passing.size),
+                "keys_forgotten": int(deletes.num_rows),
+            },
+        )

@@ -1,0 +1,629 @@
+"""Unbounded keyed aggregates with a changelog output, and the row machinery of the keyed kernels.
+
+:class:`KeyedAggregateKernel` keeps one state row per distinct key **forever** (there is no
+watermark-based emission and no TTL: an average price per category or a winning bid per auction
+can change at any time) and emits, every epoch, one row per key whose result changed, with
+``_op`` = ``"insert"`` the first time the key is emitted and ``"update"`` afterwards. A consumer
+applies the changelog with upsert semantics: the newest row per key is the current value.
+
+The rest of this module is shared by the kernels of :mod:`eddyline.operators.dedup`,
+:mod:`~eddyline.operators.topk` and :mod:`~eddyline.operators.session`:
+
+* **a total order over rows**: kernels must not depend on the row order of a batch, so every
+  choice between rows (the first row of a key, the k-th row of a partition) is made after a
+  stable sort on the columns that matter, then on every other column. Rows equal in every
+  column are indistinguishable, so which of them comes first cannot change any result;
+* **grouping by sorting**: after the sort, a group is a run of equal key values. Unlike a hash
+  join, this treats a null key as a value like any other (nulls group together) and gives each
+  group a dense id for numpy segment arithmetic;
+* **partial aggregates** for ``count/sum/min/max/avg``, with the types of
+  :class:`~eddyline.operators.window.WindowConfig`: a count is an int64, a sum an int64 (integer
+  input) or a float64 (float or decimal input), min/max keep the input type, and an average is a
+  sum and a non-null count divided at emission. Partials merge associatively, so a result does
+  not depend on how rows were split into epochs (float sums may differ in the last bits).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from eddyline.operators.base import KG, KernelResult
+from eddyline.operators.window import TIMESTAMP, event_time_ms
+
+OP = "_op"
+INSERT, UPDATE = "insert", "update"
+
+ArrayLike = pa.Array | pa.ChunkedArray
+
+WINDOW_FUNCS = ("count", "sum", "min", "max", "avg")
+KEYED_FUNCS = (*WINDOW_FUNCS, "last", "max_by")
+
+
+# =============================================================================== shared helpers
+def with_key_group(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with a ``_kg int32`` column (appended when missing, retyped when present)."""
+    if KG in schema.names:
+        return schema.set(schema.get_field_index(KG), pa.field(KG, pa.int32()))
+    return schema.append(pa.field(KG, pa.int32()))
+
+
+def nullable(field: pa.Field) -> pa.Field:
+    """``field`` allowing nulls: state tables are written with null fillers (deleted keys)."""
+    return field.with_nullable(True)
+
+
+def require_columns(schema: pa.Schema, columns: Iterable[str | None], what: str) -> None:
+    """Raise a ``ValueError`` naming the first of ``columns`` that ``schema`` lacks."""
+    have = [n for n in schema.names if n != KG]
+    for c in columns:
+        if c is not None and c not in have:
+            raise ValueError(f"{what}: unknown column {c!r}; input has {', '.join(have)}")
+
+
+def normalize(table: pa.Table | None, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly ``schema``'s columns, in one chunk (``None`` → empty)."""
+    if table is None:
+        return schema.empty_table()
+    return table.select(schema.names).cast(schema).combine_chunks()
+
+
+def event_times(column: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """``(milliseconds, valid)`` per row: a row without an event time has ``valid`` False."""
+    if len(column) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    valid = np.asarray(pc.is_valid(column).to_numpy(zero_copy_only=False), dtype=bool)
+    if column.null_count:
+        column = pc.fill_null(column, pa.scalar(0, pa.int64()).cast(column.type))
+    return np.asarray(event_time_ms(column), dtype=np.int64), valid
+
+
+def key_groups_of(table: pa.Table) -> np.ndarray:
+    return np.asarray(table.column(KG).to_numpy(zero_copy_only=False), dtype=np.int32)
+
+
+def split_by_key_groups(state: pa.Table, kgs: np.ndarray) -> tuple[pa.Table, pa.Table]:
+    """``(rows of key groups kgs, the others)``: work is confined to the key groups a batch
+    touches, so an epoch costs O(batch + touched state), not O(state)."""
+    mask = np.isin(key_groups_of(state), kgs)
+    return state.filter(pa.array(mask)), state.filter(pa.array(~mask))
+
+
+def _sortable(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or pa.types.is_temporal(t)
+        or pa.types.is_null(t)
+    )
+
+
+def orderable(column: ArrayLike) -> list[tuple[pa.Array, bool]]:
+    """Arrays that sort and compare like ``column``, each with whether it follows the requested
+    direction (a struct's null flag does not: nulls stay last).
+
+    Arrow sorts and compares the common types directly; a dictionary is decoded; a struct
+    becomes its null flag then its fields; anything else (lists, maps, ...) is compared by the
+    text of its values, a per-row fallback meant for rare key types only.
+    """
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        return orderable(arr.cast(t.value_type))
+    if _sortable(t):
+        return [(arr, True)]
+    if pa.types.is_struct(t):
+        parts: list[tuple[pa.Array, bool]] = [(pc.is_null(arr), False)]
+        for child in arr.flatten():
+            parts += orderable(child)
+        return parts
+    text = [None if v is None else repr(v) for v in arr.to_pylist()]
+    return [(pa.array(text, pa.string()), True)]
+
+
+def sort_indices(keys: Sequence[tuple[ArrayLike, str]], n: int) -> np.ndarray:
+    """Indices that sort ``n`` rows by ``keys`` (array, "ascending" | "descending"); nulls (and
+    NaN) last in either direction; stable."""
+    cols: dict[str, pa.Array] = {}
+    sort_keys: list[tuple[str, str]] = []
+    for arr, order in keys:
+        for part, follows in orderable(arr):
+            name = f"c{len(cols)}"
+            cols[name] = part
+            sort_keys.append((name, order if follows else "ascending"))
+    if not cols or n == 0:
+        return np.arange(n, dtype=np.int64)
+    return np.asarray(
+        pc.sort_indices(pa.table(cols), sort_keys=sort_keys).to_numpy(), dtype=np.int64
+    )
+
+
+def equal_null_safe(a: pa.Array, b: pa.Array) -> np.ndarray:
+    """Element-wise equality where null equals null and NaN equals NaN."""
+    n = len(a)
+    if pa.types.is_null(a.type):
+        return np.ones(n, dtype=bool)
+    eq = np.asarray(pc.fill_null(pc.equal(a, b), False).to_numpy(zero_copy_only=False), dtype=bool)
+    if a.null_count or b.null_count:
+        both = np.asarray(
+            pc.and_(pc.is_null(a), pc.is_null(b)).to_numpy(zero_copy_only=False), dtype=bool
+        )
+        eq |= both
+    if pa.types.is_floating(a.type):
+        na = pc.fill_null(pc.is_nan(a), False).to_numpy(zero_copy_only=False)
+        nb = pc.fill_null(pc.is_nan(b), False).to_numpy(zero_copy_only=False)
+        eq |= np.asarray(na, dtype=bool) & np.asarray(nb, dtype=bool)
+    return eq
+
+
+def same_values(left: Sequence[ArrayLike], right: Sequence[ArrayLike], n: int) -> np.ndarray:
+    """Per row, whether every column of ``left`` equals the matching column of ``right``."""
+    same = np.ones(n, dtype=bool)
+    for a, b in zip(left, right, strict=True):
+        for (pa_, _), (pb, _) in zip(orderable(a), orderable(b), strict=True):
+            same &= equal_null_safe(pa_, pb)
+    return same
+
+
+def run_starts(columns: Sequence[ArrayLike], n: int) -> np.ndarray:
+    """For sorted rows: True where a row differs from the previous one in any of ``columns``
+    (the first row always starts a run)."""
+    starts = np.zeros(n, dtype=bool)
+    if n == 0:
+        return starts
+    starts[0] = True
+    for col in columns:
+        for part, _ in orderable(col):
+            starts[1:] |= ~equal_null_safe(part.slice(1), part.slice(0, n - 1))
+    return starts
+
+
+def segments(starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(group id per row, first row per group, size per group)`` from run starts."""
+    gid = np.cumsum(starts, dtype=np.int64) - 1
+    firsts = np.flatnonzero(starts)
+    sizes = np.diff(np.append(firsts, len(starts)))
+    return gid, firsts, sizes
+
+
+def take_or_null(column: ArrayLike, idx: np.ndarray) -> ArrayLike:
+    """``column`` taken at ``idx``; ``-1`` gives a null."""
+    return column.take(pa.array(idx, type=pa.int64(), mask=idx < 0))
+
+
+def ms_to_timestamp(ms: np.ndarray) -> pa.Array:
+    """int64 milliseconds → ``timestamp[us, UTC]``."""
+    return pc.cast(pa.array(np.asarray(ms, dtype=np.int64) * 1000, pa.int64()), TIMESTAMP)
+
+
+# ========================================================================== partial aggregates
+def sum_type(t: pa.DataType) -> pa.DataType:
+    return pa.float64() if pa.types.is_floating(t) or pa.types.is_decimal(t) else pa.int64()
+
+
+def _numeric(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_boolean(t)
+    )
+
+
+@dataclass(frozen=True)
+class PartialColumn:
+    """One state column of a ``count/sum/min/max`` partial (an ``avg`` has two)."""
+
+    name: str  # state column
+    aggregate: str  # the aggregate it belongs to
+    kind: str  # "count" | "sum" | "min" | "max": how one row becomes a partial
+    source: str | None  # input column; None for count(*)
+    type: pa.DataType
+
+    @property
+    def merge(self) -> str:
+        """The Arrow hash aggregate that merges partials."""
+        return "sum" if self.kind in ("count", "sum") else self.kind
+
+
+def partial_columns(
+    aggregates: Sequence[tuple[str, str, str | None]], schema: pa.Schema, what: str = "aggregates"
+) -> list[PartialColumn]:
+    """The partial columns of ``(name, func, column)`` aggregates with func in count/sum/min/
+    max/avg (``WindowConfig.partial_columns`` semantics)."""
+    out: list[PartialColumn] = []
+    for name, func, col in aggregates:
+        if func not in WINDOW_FUNCS:
+            raise ValueError(
+                f"{what}.{name}: unknown function {func!r}; expected one of {', '.join(WINDOW_FUNCS)}"
+            )
+        require_columns(schema, [col], f"{what}.{name}")
+        if col is None and func != "count":
+            raise ValueError(f"{what}.{name}: {func}() needs a column")
+        itype = schema.field(col).type if col is not None else None
+        if func in ("sum", "avg") and (itype is None or not _numeric(itype)):
+            raise ValueError(
+                f"{what}.{name}: {func}() expects a numeric column, {col!r} is {itype}"
+            )
+        if func == "count":
+            out.append(PartialColumn(name, name, "count", col, pa.int64()))
+        elif func == "avg":
+            assert itype is not None
+            out.append(PartialColumn(f"{name}__sum", name, "sum", col, sum_type(itype)))
+            out.append(PartialColumn(f"{name}__cnt", name, "count", col, pa.int64()))
+        elif func == "sum":
+            assert itype is not None
+            out.append(PartialColumn(name, name, "sum", col, sum_type(itype)))
+        else:
+            assert itype is not None
+            out.append(PartialColumn(name, name, func, col, itype))
+    return out
+
+
+def row_partials(table: pa.Table, partials: Sequence[PartialColumn]) -> dict[str, ArrayLike]:
+    """Each row as a one-row partial: count(*) → 1, count(col) → 1 or 0, others → the value."""
+    n = table.num_rows
+    out: dict[str, ArrayLike] = {}
+    for p in partials:
+        if p.kind == "count" and p.source is None:
+            out[p.name] = pa.array(np.ones(n, dtype=np.int64))
+        elif p.kind == "count":
+            out[p.name] = pc.cast(pc.is_valid(table.column(p.source)), pa.int64())
+        else:
+            out[p.name] = pc.cast(table.column(p.source), p.type)
+    return out
+
+
+def aggregate_fields(
+    aggregates: Sequence[tuple[str, str, str | None]], schema: pa.Schema
+) -> list[pa.Field]:
+    """Output fields of count/sum/min/max/avg aggregates."""
+    fields = []
+    for name, func, col in aggregates:
+        if func == "count":
+            fields.append(pa.field(name, pa.int64()))
+        elif func == "avg":
+            fields.append(pa.field(name, pa.float64()))
+        elif func == "sum":
+            fields.append(pa.field(name, sum_type(schema.field(col).type)))
+        else:
+            fields.append(pa.field(name, schema.field(col).type))
+    return fields
+
+
+def finish_aggregates(
+    table: pa.Table, aggregates: Sequence[tuple[str, str, str | None]]
+) -> dict[str, ArrayLike]:
+    """Final values from merged partials: an average is its sum over its non-null count."""
+    out: dict[str, ArrayLike] = {}
+    for name, func, _col in aggregates:
+        if func == "avg":
+            s = pc.cast(table.column(f"{name}__sum"), pa.float64())
+            c = table.column(f"{name}__cnt")
+            out[name] = pc.if_else(
+                pc.equal(c, 0),
+                pa.scalar(None, pa.float64()),
+                pc.divide(s, pc.cast(c, pa.float64())),
+            )
+        else:
+            out[name] = table.column(name)
+    return out
+
+
+def merge_partials(
+    table: pa.Table, group: np.ndarray, groups: int, columns: Sequence[tuple[str, str]]
+) -> dict[str, ArrayLike]:
+    """Merge ``columns`` (name, Arrow hash aggregate) of ``table`` per ``group`` (dense ids
+    ``0..groups-1``, every id present), in row order: float sums are deterministic when the
+    rows are in a deterministic order."""
+    if not columns:
+        return {}
+    gid = "__gid"
+    t = pa.table({gid: pa.array(group, pa.int64()), **{c: table.column(c) for c, _ in columns}})
+    specs = list(dict.fromkeys(columns))
+    g = t.group_by([gid], use_threads=False).aggregate(specs).sort_by(gid)
+    assert g.num_rows == groups
+    return {c: g.column(f"{c}_{f}") for c, f in columns}
+
+
+# ======================================================================== the keyed aggregate
+_KEYED_AGG = re.compile(
+    r"^\s*(count|sum|min|max|avg|last|max_by)\s*\(\s*(\*|[A-Za-z_]\w*)\s*(?:,\s*([A-Za-z_]\w*)\s*)?\)\s*$",
+    re.I,
+)
+
+
+def parse_keyed_aggregate(text: str) -> tuple[str, str | None, str | None]:
+    """``"max_by(price, ts)"`` → ``("max_by", "price", "ts")``; ``"count(*)"`` →
+    ``("count", None, None)``; ``"last(price)"`` → ``("last", "price", None)``.
+
+    A spec entry ``name: text`` becomes the aggregate ``(name, *parse_keyed_aggregate(text))``
+    (drop the trailing ``None`` or keep it: both forms are accepted).
+    """
+    m = _KEYED_AGG.match(text) if isinstance(text, str) else None
+    if not m:
+        raise ValueError(
+            "expected count(*), count(col), sum(col), min(col), max(col), avg(col), last(col) "
+            f"or max_by(col, by); got {text!r}"
+        )
+    func, col, by = m.group(1).lower(), m.group(2), m.group(3)
+    if (func == "max_by") != (by is not None):
+        raise ValueError(f"max_by takes (col, by), the other functions one column; got {text!r}")
+    if col == "*":
+        if func != "count":
+            raise ValueError(f"expected a column inside {func}(), got {text!r}")
+        return func, None, None
+    return func, col, by
+
+
+class KeyedAggregateSpec(NamedTuple):
+    """One keyed aggregate: ``(name, func, column)``, ``column=None`` for ``count(*)``;
+    ``max_by`` also names ``by``. Plain tuples of the same shape are accepted as well."""
+
+    name: str
+    func: str
+    column: str | None = None
+    #: max_by's ordering column (the kernel sets it to the time column for ``last``)
+    by: str | None = None
+
+    @classmethod
+    def parse(cls, name: str, text: str) -> KeyedAggregateSpec:
+        """``KeyedAggregateSpec.parse("winner", "max_by(bidder, price)")``."""
+        return cls(name, *parse_keyed_aggregate(text))
+
+
+AggregateLike = (
+    KeyedAggregateSpec | tuple[str, str, str | None] | tuple[str, str, str | None, str | None]
+)
+
+
+class KeyedAggregateKernel:
+    """An unbounded aggregate per key with a changelog output (a :class:`~eddyline.operators.base.Kernel`).
+
+    ``aggregates`` are ``(name, func, column)`` with func in count/sum/min/max/avg (as in a
+    window aggregate; ``column=None`` for ``count(*)``) or ``last``, plus
+    ``(name, "max_by", column, by)``:
+
+    * ``last(col)``: ``col`` of the row with the greatest ``time``; equal times are broken by
+      the greater ``col`` (nulls lowest), a total order on what is output, so the state keeps
+      only the value and its time. Rows without a time are ignored. Needs ``time``;
+    * ``max_by(col, by)``: ``col`` of the row with the greatest ``by``, equal ``by`` broken the
+      same way; rows with a null ``by`` are ignored (Spark's and DuckDB's rule).
+
+    Every aggregate is exact and independent of row order and epoch split (``avg`` is
+    sum/count at emission; float sums may differ in the last bits).
+
+    Each epoch emits one row per key whose *result* changed: the keys, the aggregate values and
+    ``_op`` (``"insert"`` when the key was never emitted, else ``"update"``). A key whose partial
+    state changed but whose result did not (a lower bid for ``max``) is written to state, not
+    emitted. The watermark is ignored: nothing is late and nothing is evicted, so the state
+    holds one row per distinct key forever — size it for the key cardinality.
+
+    State: ``_kg``, the keys, then per aggregate its partial columns: ``name`` (count, sum, min,
+    max, the value of last/max_by), ``name__sum`` + ``name__cnt`` (avg), ``name__by`` (the time
+    or ``by`` of last/max_by). Primary key ``(_kg, *keys)``.
+    """
+
+    def __init__(
+        self,
+        input_schema: pa.Schema,
+        keys: Sequence[str],
+        aggregates: Sequence[AggregateLike],
+        time: str | None = None,
+    ):
+        self.keys = tuple(keys)
+        self.time = time
+        require_columns(input_schema, [*self.keys, time], "keyed aggregate")
+        if not aggregates:
+            raise ValueError("keyed aggregate: expected at least one aggregate")
+        aggs: list[KeyedAggregateSpec] = []
+        for spec in aggregates:
+            name, func, *columns = spec
+            col: str | None = columns[0] if columns else None
+            by: str | None = columns[1] if len(columns) > 1 else None
+            if func not in KEYED_FUNCS:
+                raise ValueError(
+                    f"aggregates.{name}: unknown function {func!r}; expected one of {', '.join(KEYED_FUNCS)}"
+                )
+            if func == "max_by" and by is None:
+                raise ValueError(f"aggregates.{name}: max_by needs (name, 'max_by', column, by)")
+            if func != "max_by" and by is not None:
+                raise ValueError(f"aggregates.{name}: only max_by takes a second column")
+            if func == "last":
+                if time is None:
+                    raise ValueError(
+                        f"aggregates.{name}: last() needs the keyed aggregate's time column"
+                    )
+                by = time
+            if func in ("last", "max_by") and col is None:
+                raise ValueError(f"aggregates.{name}: {func}() needs a column")
+            require_columns(input_schema, [col, by], f"aggregates.{name}")
+            aggs.append(KeyedAggregateSpec(name, func, col, by))
+        names = [a.name for a in aggs]
+        clash = sorted(set(names) & {*self.keys, OP}) or sorted(
+            {n for n in names if names.count(n) > 1}
+        )
+        if clash:
+            raise ValueError(f"aggregates: name {clash[0]!r} is used twice (or is a key or {OP!r})")
+        self.aggregates = tuple(aggs)
+        self._simple = tuple((a.name, a.func, a.column) for a in aggs if a.func in WINDOW_FUNCS)
+        self._partials = partial_columns(self._simple, input_schema)
+
+        self.input_schema = with_key_group(input_schema)
+        key_fields = [input_schema.field(k) for k in self.keys]
+        state_fields = [pa.field(KG, pa.int32()), *[nullable(f) for f in key_fields]]
+        out_fields = [*key_fields]
+        simple_out = {f.name: f for f in aggregate_fields(self._simple, input_schema)}
+        for a in aggs:
+            if a.func in WINDOW_FUNCS:
+                state_fields += [
+                    pa.field(p.name, p.type) for p in self._partials if p.aggregate == a.name
+                ]
+                out_fields.append(simple_out[a.name])
+            else:
+                assert a.column is not None and a.by is not None
+                vtype = input_schema.field(a.column).type
+                state_fields += [
+                    pa.field(a.name, vtype),
+                    pa.field(f"{a.name}__by", input_schema.field(a.by).type),
+                ]
+                out_fields.append(pa.field(a.name, vtype))
+        self.state_schema = pa.schema(state_fields)
+        self.primary_key = (KG, *self.keys)
+        self.output_schema = pa.schema([*out_fields, pa.field(OP, pa.string())])
+        self._partial_names = [f.name for f in state_fields[1 + len(self.keys) :]]
+
+    def empty_state(self) -> pa.Table:
+        return self.state_schema.empty_table()
+
+    def process(self, batch: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
+        """Fold the batch into the touched keys' partials and emit the keys whose result changed.
+
+        1. one-row partials per batch row (``max_by``/``last`` rows with a null ``by`` carry
+           nulls, so they never win);
+        2. confine work to the batch's key groups; put their state rows and the batch partials
+           together, sorted by key (state row first), then by every partial column so that float
+           sums add in a fixed order;
+        3. group equal keys; merge count/sum/min/max partials with one hash aggregate, pick
+           ``last``/``max_by`` winners by a sort on ``(group, by desc, value desc)``;
+        4. compare the new partials and results with the old ones: changed partials are upserts,
+           changed results (and new keys) are the changelog.
+        """
+        batch = normalize(batch, self.input_schema)
+        state = normalize(state, self.state_schema)
+        empty = KernelResult(
+            self.output_schema.empty_table(),
+            state,
+            self.state_schema.empty_table(),
+            self.state_schema.empty_table().select(list(self.primary_key)),
+            [],
+            {"keys_inserted": 0, "keys_updated": 0},
+        )
+        if batch.num_rows == 0:
+            return empty
+
+        # 1. one-row partials
+        cols: dict[str, ArrayLike] = {
+            KG: batch.column(KG),
+            **{k: batch.column(k) for k in self.keys},
+        }
+        simple = row_partials(batch, self._partials)
+        for a in self.aggregates:
+            if a.func in WINDOW_FUNCS:
+                cols |= {p.name: simple[p.name] for p in self._partials if p.aggregate == a.name}
+            else:
+                assert a.column is not None and a.by is not None
+                by = batch.column(a.by)
+                ok = pc.is_valid(by)
+                cols[a.name] = pc.if_else(
+                    ok, batch.column(a.column), pa.scalar(None, batch.schema.field(a.column).type)
+                )
+                cols[f"{a.name}__by"] = by
+        rows = pa.table(cols).cast(self.state_schema)
+
+        # 2. the touched key groups' state + the batch, sorted
+        touched, rest = split_by_key_groups(state, np.unique(key_groups_of(batch)))
+        both = pa.concat_tables([touched, rows])
+        src = np.concatenate([np.zeros(touched.num_rows, np.int8), np.ones(rows.num_rows, np.int8)])
+        n = both.num_rows
+        group_cols = [KG, *self.keys]
+        order = sort_indices(
+            [(both.column(c), "ascending") for c in group_cols]
+            + [(pa.array(src), "ascending")]
+            + [(both.column(c), "ascending") for c in self._partial_names],
+            n,
+        )
+        both, src = both.take(pa.array(order)), src[order]
+
+        # 3. merge per key
+        gid, firsts, _sizes = segments(run_starts([both.column(c) for c in group_cols], n))
+        groups = len(firsts)
+        merged = merge_partials(both, gid, groups, [(p.name, p.merge) for p in self._partials])
+        new_cols: dict[str, ArrayLike] = {
+            c: both.column(c).take(pa.array(firsts)) for c in group_cols
+        }
+        for a in self.aggregates:
+            if a.func in WINDOW_FUNCS:
+                new_cols |= {
+                    p.name: merged[p.name] for p in self._partials if p.aggregate == a.name
+                }
+            else:
+                win = self._winners(both, gid, groups, a)
+                new_cols[a.name] = take_or_null(both.column(a.name), win)
+                new_cols[f"{a.name}__by"] = take_or_null(both.column(f"{a.name}__by"), win)
+        new = pa.table(new_cols).select(self.state_schema.names).cast(self.state_schema)
+
+        # 4. what changed
+        had = src[firsts] == 0
+        old = both.take(pa.array(np.where(had, firsts, -1), mask=~had))
+        state_changed = ~had | ~same_values(
+            [old.column(c) for c in self._partial_names],
+            [new.column(c) for c in self._partial_names],
+            groups,
+        )
+        new_out, old_out = self._results(new), self._results(old)
+        names = [a.name for a in self.aggregates]
+        out_changed = ~had | ~same_values(
+            [old_out[c] for c in names], [new_out[c] for c in names], groups
+        )
+
+        upserts = new.filter(pa.array(state_changed))
+        out_cols = {k: new.column(k) for k in self.keys} | new_out
+        out_cols[OP] = pa.array(np.where(had, UPDATE, INSERT), pa.string())
+        output = pa.table(out_cols).filter(pa.array(out_changed)).cast(self.output_schema)
+        new_state = pa.concat_tables([rest, new])
+        return KernelResult(
+            output,
+            new_state,
+            upserts,
+            empty.deletes,
+            np.unique(key_groups_of(upserts)).tolist(),
+            {"keys_inserted": int((~had).sum()), "keys_updated": int((had & out_changed).sum())},
+        )
+
+    def _winners(
+        self, both: pa.Table, gid: np.ndarray, groups: int, a: KeyedAggregateSpec
+    ) -> np.ndarray:
+        """Per group, the row index whose ``a.name`` value wins ``max_by``/``last``, or -1."""
+        by = both.column(f"{a.name}__by")
+        valid = np.flatnonzero(
+            np.asarray(pc.is_valid(by).to_numpy(zero_copy_only=False), dtype=bool)
+        )
+        win = np.full(groups, -1, dtype=np.int64)
+        if valid.size == 0:
+            return win
+        idx = pa.array(valid)
+        order = sort_indices(
+            [
+                (pa.array(gid[valid]), "ascending"),
+                (by.take(idx), "descending"),
+                (both.column(a.name).take(idx), "descending"),
+            ],
+            valid.size,
+        )
+        ranked = valid[order]
+        g = gid[ranked]
+        first = np.ones(g.size, dtype=bool)
+        first[1:] = g[1:] != g[:-1]
+        win[g[first]] = ranked[first]
+        return win
+
+    def _results(self, partials: pa.Table) -> dict[str, ArrayLike]:
+        simple = finish_aggregates(partials, self._simple)
+        return {
+            a.name: simple[a.name] if a.func in WINDOW_FUNCS else partials.column(a.name)
+            for a in self.aggregates
+        }

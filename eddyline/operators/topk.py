@@ -1,0 +1,248 @@
+"""Top-k rows per partition, emitted when the partition is complete (no Spark here).
+
+Semantics:
+
+* A **group** is a partition value (``partition_by``, e.g. ``window_start``) together with the
+  ``time`` value of its rows (e.g. ``window_end``). With ``time`` determined by the partition
+  (a window's end), the group *is* the partition; otherwise each ``time`` value of a partition
+  is ranked on its own — the only reading under which "complete" is well defined.
+* A group is **complete** when ``watermark >= time``: then its top ``k`` rows by ``order_by``
+  are emitted with their ``rank`` (1-based, dense: tied rows share a rank), and the group is
+  removed. ``with_ties=False`` emits exactly ``k`` rows (ties broken by a total order over all
+  columns); ``with_ties=True`` also emits every row tied with the k-th (SQL ``FETCH FIRST k ROWS
+  WITH TIES``; with ``k=1`` this is "every row with the maximum", Nexmark q5/q7). Nulls in
+  ``order_by`` columns rank last in either direction.
+* **Late rows** — a ``time`` before the watermark, no ``time``, or a ``time`` equal to the
+  watermark for a group that already fired — are dropped and counted in
+  ``metrics["late_rows"]``. The last case needs a *tombstone*: a group that fires while
+  ``watermark == time`` leaves a marker row (``_slot = -1``) until the watermark passes
+  ``time``, so a straggler cannot make it fire twice. ``END_OF_STREAM`` fires every group and
+  removes every tombstone: the state ends empty.
+
+Only rows that can still be in the top ``k`` are kept: a row with ``k`` rows strictly ahead of
+it (ahead in ``order_by``, with ties; in the total order, without) never re-enters, since new
+rows only push it further down. So a group's state is at most ``k`` rows plus the ties.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from eddyline.operators.base import KG, KernelResult
+from eddyline.operators.keyed import (
+    event_times,
+    key_groups_of,
+    normalize,
+    require_columns,
+    run_starts,
+    segments,
+    sort_indices,
+    with_key_group,
+)
+
+RANK = "rank"
+SLOT = "_slot"  # state: the row's position in its group's ranking; -1 marks a tombstone
+
+_DIRECTIONS = {
+    "asc": "ascending",
+    "ascending": "ascending",
+    "desc": "descending",
+    "descending": "descending",
+}
+
+
+class TopKKernel:
+    """The top ``k`` rows of each partition once it is complete (a
+    :class:`~eddyline.operators.base.Kernel`); see the module docstring.
+
+    ``order_by`` is a list of ``(column, "desc" | "asc")``. Output: the input columns plus
+    ``rank int32``. State: ``_kg``, every input column (nullable), ``_slot int32``; primary key
+    ``(_kg, *partition_by, time, _slot)``.
+    """
+
+    def __init__(
+        self,
+        input_schema: pa.Schema,
+        partition_by: Sequence[str],
+        order_by: Sequence[tuple[str, str]],
+        k: int,
+        time: str,
+        with_ties: bool = False,
+    ):
+        if k < 1:
+            raise ValueError(f"top_k: k must be at least 1, got {k}")
+        if not order_by:
+            raise ValueError("top_k: order_by needs at least one column")
+        self.partition_by = tuple(partition_by)
+        self.time = time
+        self.k = int(k)
+        self.with_ties = bool(with_ties)
+        order: list[tuple[str, str]] = []
+        for col, direction in order_by:
+            d = _DIRECTIONS.get(str(direction).lower())
+            if d is None:
+                raise ValueError(
+                    f"top_k: order_by {col!r}: expected 'asc' or 'desc', got {direction!r}"
+                )
+            order.append((col, d))
+        self.order_by = tuple(order)
+        require_columns(input_schema, [*self.partition_by, time, *(c for c, _ in order)], "top_k")
+        if RANK in input_schema.names:
+            raise ValueError(f"top_k: the input already has a column {RANK!r}; rename it upstream")
+        self.group_by = (*self.partition_by, *(() if time in self.partition_by else (time,)))
+
+        self.input_schema = with_key_group(input_schema)
+        columns = [f for f in self.input_schema if f.name != KG]
+        self.columns = tuple(f.name for f in columns)
+        self.output_schema = pa.schema([*columns, pa.field(RANK, pa.int32())])
+        self.state_schema = pa.schema(
+            [
+                pa.field(KG, pa.int32()),
+                *[pa.field(f.name, f.type) for f in columns],
+                pa.field(SLOT, pa.int32()),
+            ]
+        )
+        self.primary_key = (KG, *self.group_by, SLOT)
+
+    def empty_state(self) -> pa.Table:
+        return self.state_schema.empty_table()
+
+    def process(self, batch: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
+        """1. drop rows whose ``time`` is missing or before the watermark;
+        2. the work set: state rows of the batch's key groups and of groups the watermark
+           reaches; the other state rows carry over untouched;
+        3. sort work rows and batch rows by ``(group, tombstone first, order_by, every other
+           column, state before batch, slot)``; rows of a tombstoned group are late;
+        4. per group: position, dense rank over ``order_by``; keep the first ``k`` (and, with
+           ties, every row tied with the k-th);
+        5. complete groups (``watermark >= time``) emit their kept rows and leave (a tombstone
+           when ``watermark == time``); others keep their kept rows at slots ``0..m-1``.
+           Upserts are rows whose slot content changed, deletes the slots that emptied.
+        """
+        batch = normalize(batch, self.input_schema)
+        state = normalize(state, self.state_schema)
+        wm = watermark_ms
+
+        # 1. late by time
+        t_batch, valid = event_times(batch.column(self.time))
+        live = valid & (t_batch >= wm)
+        late = int(batch.num_rows - live.sum())
+        rows = batch.filter(pa.array(live)) if late else batch
+
+        # 2. work set
+        t_state, _ = event_times(state.column(self.time))
+        work_mask = np.isin(key_groups_of(state), np.unique(key_groups_of(rows))) | (wm >= t_state)
+        work, rest = state.filter(pa.array(work_mask)), state.filter(pa.array(~work_mask))
+        ns, nb = work.num_rows, rows.num_rows
+        n = ns + nb
+        src = np.concatenate([np.zeros(ns, np.int8), np.ones(nb, np.int8)])
+        both = pa.concat_tables(
+            [
+                work,
+                rows.append_column(SLOT, pa.nulls(nb, pa.int32()))
+                .select(self.state_schema.names)
+                .cast(self.state_schema),
+            ]
+        )
+        slot_all = np.asarray(
+            pc.fill_null(both.column(SLOT), 0).to_numpy(zero_copy_only=False), dtype=np.int64
+        )
+        tomb = (src == 0) & (slot_all == -1)
+
+        # 3. sort
+        ranked_cols = {c for c, _ in self.order_by} | set(self.group_by)
+        order = sort_indices(
+            [(both.column(c), "ascending") for c in (KG, *self.group_by)]
+            + [(pa.array(tomb), "descending")]
+            + [(both.column(c), d) for c, d in self.order_by]
+            + [(both.column(c), "ascending") for c in self.columns if c not in ranked_cols]
+            + [(pa.array(src), "ascending"), (pa.array(slot_all), "ascending")],
+            n,
+        )
+        both = both.take(pa.array(order))
+        src, slot_all, tomb = src[order], slot_all[order], tomb[order]
+        t_all, _ = event_times(both.column(self.time))
+        gid, firsts, sizes = segments(run_starts([both.column(c) for c in (KG, *self.group_by)], n))
+        groups = firsts.size
+        g_tomb = tomb[firsts]
+        g_time = t_all[firsts]
+        in_tomb = g_tomb[gid]
+        late_tomb = int((in_tomb & (src == 1)).sum())
+
+        # 4. rank and keep (meaningful outside tombstoned groups, which hold nothing else)
+        pos = np.arange(n, dtype=np.int64) - firsts[gid]
+        tie_starts = run_starts([both.column(c) for c, _ in self.order_by], n)
+        tie_starts[firsts] = True
+        cs = np.cumsum(tie_starts, dtype=np.int64)
+        rank = cs - cs[firsts[gid]] + 1
+        kth_rank = rank[firsts + np.minimum(self.k, sizes) - 1]
+        keep = ~in_tomb & ((pos < self.k) | (self.with_ties & (rank == kth_rank[gid])))
+
+        # 5. fire, keep, tombstones
+        g_fire = ~g_tomb & (wm >= g_time)
+        fire = g_fire[gid]
+        emitted = keep & fire
+        out = both.filter(pa.array(emitted))
+        output = (
+            out.select(list(self.columns))
+            .append_column(RANK, pa.array(rank[emitted].astype(np.int32), pa.int32()))
+            .cast(self.output_schema)
+        )
+
+        stay = keep & ~fire
+        m_new = np.bincount(gid[stay], minlength=groups)
+        new_slot = pos  # kept rows are the first m_new of their group
+        state_rows = both.filter(pa.array(stay)).set_column(
+            both.schema.get_field_index(SLOT),
+            SLOT,
+            pa.array(new_slot[stay].astype(np.int32), pa.int32()),
+        )
+        moved = stay & ((src == 1) | (slot_all != new_slot))
+        upsert_rows = both.filter(pa.array(moved)).set_column(
+            both.schema.get_field_index(SLOT),
+            SLOT,
+            pa.array(new_slot[moved].astype(np.int32), pa.int32()),
+        )
+        g_new_tomb = g_fire & (wm == g_time)
+        g_keep_tomb = g_tomb & ~(wm > g_time)
+        tombs_new = self._tombstones(both, firsts[g_new_tomb])
+        tombs_kept = both.filter(pa.array(tomb & g_keep_tomb[gid]))
+        old_gone = (src == 0) & ~tomb & (fire | (slot_all >= m_new[gid]))
+        old_gone |= tomb & ~g_keep_tomb[gid]
+
+        pk = list(self.primary_key)
+        new_state = pa.concat_tables([rest, state_rows, tombs_kept, tombs_new]).cast(
+            self.state_schema
+        )
+        upserts = pa.concat_tables([upsert_rows, tombs_new]).cast(self.state_schema)
+        deletes = both.filter(pa.array(old_gone)).select(pk)
+        kgs = np.unique(np.concatenate([key_groups_of(upserts), key_groups_of(deletes)])).tolist()
+        return KernelResult(
+            output,
+            new_state,
+            upserts,
+            deletes,
+            kgs,
+            {
+                "late_rows": late + late_tomb,
+                "partitions_fired": int(g_fire.sum()),
+                "rows_emitted": output.num_rows,
+            },
+        )
+
+    def _tombstones(self, both: pa.Table, idx: np.ndarray) -> pa.Table:
+        """Marker rows for the groups starting at rows ``idx``: the group's columns, else null."""
+        take = pa.array(idx, pa.int64())
+        cols = {}
+        for f in self.state_schema:
+            if f.name in (KG, *self.group_by):
+                cols[f.name] = both.column(f.name).take(take)
+            elif f.name == SLOT:
+                cols[f.name] = pa.array(np.full(idx.size, -1, np.int32), pa.int32())
+            else:
+                cols[f.name] = pa.nulls(idx.size, f.type)
+        return pa.table(cols).cast(self.state_schema)

@@ -1,0 +1,365 @@
+"""The keyed (changelog) aggregate against DuckDB, and its independence from epoch splits.
+
+Also home of the small drivers the dedup / top-k / session tests share: ``run_kernel`` drives a
+kernel over epochs like the runtime does, and ``check_result`` verifies every epoch's contract
+(schemas, unique primary keys, exact upserts/deletes that turn the previous state into the new
+one, changed key groups).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eddyline.operators.base import KG, Kernel, KernelResult
+from eddyline.operators.keyed import (
+    OP,
+    KeyedAggregateKernel,
+    KeyedAggregateSpec,
+    parse_keyed_aggregate,
+)
+from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
+from eddyline.state.store import OP as DELTA_OP
+from eddyline.state.store import apply_delta
+
+TS = pa.timestamp("us", tz="UTC")
+
+
+# ================================================================================ shared drivers
+def with_kg(rows: pa.Table, keys: Sequence[str], groups: int = 5) -> pa.Table:
+    """``rows`` plus ``_kg``: a deterministic function of the key values (nulls included)."""
+    cols = [rows.column(k).to_pylist() for k in keys]
+    kg = [
+        zlib.crc32(repr(tuple(c[i] for c in cols)).encode()) % groups for i in range(rows.num_rows)
+    ]
+    return rows.append_column(KG, pa.array(kg, pa.int32()))
+
+
+def norm(v: Any) -> Any:
+    if isinstance(v, float):
+        return None if math.isnan(v) else float(f"{v:.9g}")
+    return v
+
+
+def row_tuples(table: pa.Table, columns: Sequence[str] | None = None) -> list[tuple]:
+    cols = [table.column(c).to_pylist() for c in (columns or table.column_names)]
+    return [tuple(norm(c[i]) for c in cols) for i in range(table.num_rows)]
+
+
+def multiset(table: pa.Table, columns: Sequence[str] | None = None) -> Counter:
+    return Counter(row_tuples(table, columns))
+
+
+def check_result(kernel: Kernel, prev: pa.Table, res: KernelResult) -> None:
+    """The contract of one epoch: schemas; unique primary keys; upserts/deletes applied to the
+    previous state give the new state; they are exact (an upsert changes its row, a delete names
+    a row that existed and is gone); changed key groups are exactly those whose rows changed."""
+    pk = list(kernel.primary_key)
+    assert pk[0] == KG
+    assert res.output.schema.equals(kernel.output_schema), (res.output.schema, kernel.output_schema)
+    assert res.state.schema.equals(kernel.state_schema)
+    assert res.upserts.schema.equals(kernel.state_schema)
+    assert res.deletes.column_names == pk
+    new_keys = row_tuples(res.state, pk)
+    assert len(set(new_keys)) == len(new_keys), "state primary key is not unique"
+    delta = pa.concat_tables(
+        [
+            res.upserts.append_column(DELTA_OP, pa.array(np.zeros(res.upserts.num_rows, np.int8))),
+            pa.table(
+                {
+                    **{
+                        f.name: (
+                            res.deletes.column(f.name)
+                            if f.name in pk
+                            else pa.nulls(res.deletes.num_rows, f.type)
+                        )
+                        for f in kernel.state_schema
+                    },
+                    DELTA_OP: pa.array(np.ones(res.deletes.num_rows, np.int8)),
+                }
+            ).cast(kernel.state_schema.append(pa.field(DELTA_OP, pa.int8()))),
+        ]
+    )
+    applied = apply_delta(prev, delta, pk)
+    assert multiset(applied) == multiset(res.state), (
+        "upserts/deletes do not turn the old state into the new"
+    )
+    old = dict(zip(row_tuples(prev, pk), row_tuples(prev), strict=True))
+    new = dict(zip(new_keys, row_tuples(res.state), strict=True))
+    for key, row in zip(row_tuples(res.upserts, pk), row_tuples(res.upserts), strict=True):
+        assert old.get(key) != row, f"upsert of an unchanged row {row}"
+    dels = row_tuples(res.deletes)
+    assert len(set(dels)) == len(dels)
+    ups = set(row_tuples(res.upserts, pk))
+    for key in dels:
+        assert key in old and key not in new and key not in ups, f"inexact delete {key}"
+    changed = {k[0] for k in set(old) ^ set(new)} | {
+        k[0] for k in old.keys() & new.keys() if old[k] != new[k]
+    }
+    assert sorted(changed) == list(res.changed_key_groups)
+
+
+def run_kernel(
+    kernel: Kernel,
+    batches: Sequence[pa.Table],
+    watermarks: Sequence[int],
+    *,
+    end: bool = True,
+    shuffle: int | None = None,
+) -> tuple[pa.Table, pa.Table, Counter, list[pa.Table]]:
+    """Drive ``kernel`` like the runtime: one (batch, watermark) per epoch, then (``end``) an
+    empty end-of-stream epoch. Checks every epoch; ``shuffle`` seeds a permutation of each batch.
+    Returns (all output, final state, summed metrics, per-epoch outputs)."""
+    state = kernel.state_schema.empty_table()
+    outputs, metrics = [], Counter()
+    rng = np.random.default_rng(shuffle)
+    epochs = list(zip(batches, watermarks, strict=True))
+    if end:
+        epochs.append((batches[0].slice(0, 0), END_OF_STREAM))
+    for rows, wm in epochs:
+        if shuffle is not None and rows.num_rows:
+            rows = rows.take(pa.array(rng.permutation(rows.num_rows)))
+        res = kernel.process(rows, state, wm)
+        check_result(kernel, state, res)
+        state = res.state
+        outputs.append(res.output)
+        metrics.update(res.metrics)
+    return pa.concat_tables(outputs), state, metrics, outputs
+
+
+def cut(rows: pa.Table, cuts: Sequence[int]) -> tuple[list[pa.Table], list[int]]:
+    bounds = sorted({0, rows.num_rows, *(c for c in cuts if 0 <= c <= rows.num_rows)})
+    return [rows.slice(a, b - a) for a, b in zip(bounds, bounds[1:], strict=False)], bounds
+
+
+# =============================================================================== keyed aggregate
+AGGS: tuple = (
+    ("n", "count", None),
+    ("n_price", "count", "price"),
+    ("total", "sum", "price"),
+    ("lo", "min", "price"),
+    ("hi", "max", "price"),
+    ("mean", "avg", "price"),
+    ("wmean", "avg", "weight"),
+    ("latest", "last", "price"),
+    ("winner", "max_by", "bidder", "price"),
+    ("first_name", "min", "name"),
+)
+
+
+def make_bids(n: int, seed: int = 0, cats: int = 4) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    cat = rng.integers(0, cats, n)
+    price = rng.integers(0, 50, n)  # small range: ties in max_by and last
+    return pa.table(
+        {
+            "cat": pa.array(cat, pa.int64(), mask=rng.random(n) < 0.1),  # null keys group together
+            "region": pa.array(rng.choice(["eu", "us"], n), pa.string(), mask=rng.random(n) < 0.1),
+            "price": pa.array(price, pa.int64(), mask=rng.random(n) < 0.1),
+            "weight": pa.array(rng.random(n) * 10, pa.float64()),
+            "bidder": pa.array(rng.integers(0, 30, n), pa.int64(), mask=rng.random(n) < 0.1),
+            "name": pa.array(rng.choice(["ann", "bob", "cy", "dee"], n), pa.string()),
+            "ts": pa.array(rng.integers(0, 20, n) * 1000, TS),  # coarse: ties in last
+        }
+    )
+
+
+def keyed(rows: pa.Table, keys: tuple[str, ...] = ("cat", "region")) -> KeyedAggregateKernel:
+    return KeyedAggregateKernel(rows.schema, keys, AGGS, time="ts")
+
+
+def final_values(changelog: pa.Table, keys: Sequence[str]) -> dict[tuple, tuple]:
+    """The changelog applied with upsert semantics: the newest row per key."""
+    out: dict[tuple, tuple] = {}
+    names = [c for c in changelog.column_names if c not in (*keys, OP)]
+    for k, v in zip(row_tuples(changelog, keys), row_tuples(changelog, names), strict=True):
+        out[k] = v
+    return out
+
+
+def duckdb_final(rows: pa.Table, keys: Sequence[str]) -> dict[tuple, tuple]:
+    con = duckdb.connect()
+    con.register("r", rows)
+    k = ", ".join(keys)
+    aggs = con.execute(
+        f"""SELECT {k}, count(*), count(price), sum(price), min(price), max(price), avg(price),
+                   avg(weight), min(name)
+            FROM r GROUP BY {k}"""
+    ).fetchall()
+    latest = con.execute(
+        f"""SELECT {k}, price FROM (SELECT *, row_number() OVER (PARTITION BY {k}
+                ORDER BY ts DESC, price DESC NULLS LAST) AS rn FROM r WHERE ts IS NOT NULL) WHERE rn = 1"""
+    ).fetchall()
+    winner = con.execute(
+        f"""SELECT {k}, bidder FROM (SELECT *, row_number() OVER (PARTITION BY {k}
+                ORDER BY price DESC, bidder DESC NULLS LAST) AS rn FROM r WHERE price IS NOT NULL) WHERE rn = 1"""
+    ).fetchall()
+    nk = len(keys)
+    last_of = {tuple(r[:nk]): r[nk] for r in latest}
+    win_of = {tuple(r[:nk]): r[nk] for r in winner}
+    out = {}
+    for r in aggs:
+        key = tuple(r[:nk])
+        n, n_price, total, lo, hi, mean, wmean, first_name = r[nk:]
+        out[key] = tuple(
+            norm(v)
+            for v in (
+                n,
+                n_price,
+                total,
+                lo,
+                hi,
+                mean,
+                wmean,
+                last_of.get(key),
+                win_of.get(key),
+                first_name,
+            )
+        )
+    return out
+
+
+def assert_same_values(got: dict[tuple, tuple], want: dict[tuple, tuple]) -> None:
+    assert got.keys() == want.keys()
+    for key in want:
+        for g, w in zip(got[key], want[key], strict=True):
+            if isinstance(w, float) and g is not None:
+                assert g == pytest.approx(w), key
+            else:
+                assert g == w, key
+
+
+def test_parse_keyed_aggregate() -> None:
+    assert parse_keyed_aggregate("max_by(price, ts)") == ("max_by", "price", "ts")
+    assert parse_keyed_aggregate("count(*)") == ("count", None, None)
+    assert parse_keyed_aggregate(" LAST( price ) ") == ("last", "price", None)
+    for bad in ("max_by(price)", "sum(*)", "avg(a, b)", "median(x)"):
+        with pytest.raises(ValueError):
+            parse_keyed_aggregate(bad)
+    schema = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("t", TS)])
+    aggs = [
+        KeyedAggregateSpec.parse("a", "max_by(v, t)"),
+        ("c", "count", None, None),
+        ("s", "sum", "v"),
+    ]
+    k = KeyedAggregateKernel(schema, ("k",), aggs)
+    assert k.output_schema.names == ["k", "a", "c", "s", OP]
+    assert k.aggregates[0] == KeyedAggregateSpec("a", "max_by", "v", "t")
+    with pytest.raises(ValueError, match="last"):
+        KeyedAggregateKernel(schema, ("k",), [("x", "last", "v")])
+    with pytest.raises(ValueError, match="unknown column"):
+        KeyedAggregateKernel(schema, ("nope",), [("x", "count", None)])
+
+
+def test_matches_duckdb_in_one_epoch() -> None:
+    rows = make_bids(1_500)
+    kernel = keyed(rows)
+    out, state, metrics, _ = run_kernel(kernel, [with_kg(rows, ("cat", "region"))], [NO_WATERMARK])
+    assert set(out.column(OP).to_pylist()) == {"insert"}
+    assert_same_values(final_values(out, ("cat", "region")), duckdb_final(rows, ("cat", "region")))
+    assert state.num_rows == out.num_rows == metrics["keys_inserted"]  # state is kept forever
+    assert (None, None) in final_values(out, ("cat", "region"))  # null keys group together
+
+
+def test_changelog_insert_then_update_only_on_change() -> None:
+    schema = pa.schema([("auction", pa.int64()), ("price", pa.int64()), ("bidder", pa.int64())])
+    kernel = KeyedAggregateKernel(
+        schema, ("auction",), [("best", "max", "price"), ("who", "max_by", "bidder", "price")]
+    )
+
+    def batch(a: list, p: list, b: list) -> pa.Table:
+        return with_kg(
+            pa.table({"auction": a, "price": p, "bidder": b}, schema=schema), ("auction",)
+        )
+
+    r1 = kernel.process(
+        batch([1, 1, 2], [10, 30, 5], [7, 8, 9]), kernel.empty_state(), NO_WATERMARK
+    )
+    assert sorted(row_tuples(r1.output)) == [(1, 30, 8, "insert"), (2, 5, 9, "insert")]
+    r2 = kernel.process(batch([1, 2], [20, 6], [3, 4]), r1.state, 0)  # auction 1 unchanged
+    check_result(kernel, r1.state, r2)
+    assert row_tuples(r2.output) == [(2, 6, 4, "update")]
+    assert r2.upserts.num_rows == 1 and r2.metrics == {"keys_inserted": 0, "keys_updated": 1}
+    r3 = kernel.process(
+        batch([1, 1], [30, None], [9, 1]), r2.state, END_OF_STREAM
+    )  # tie on 30: bidder 9 wins
+    check_result(kernel, r2.state, r3)
+    assert row_tuples(r3.output) == [(1, 30, 9, "update")]
+    assert r3.state.num_rows == 2  # nothing is evicted, not even at end of stream
+
+
+def test_global_aggregate_without_keys() -> None:
+    rows = make_bids(300, seed=4)
+    kernel = KeyedAggregateKernel(rows.schema, (), [("n", "count", None), ("s", "sum", "price")])
+    batches, _ = cut(with_kg(rows, ()), [100, 200])
+    out, state, _, _ = run_kernel(kernel, batches, [NO_WATERMARK] * 3)
+    assert out.column(OP).to_pylist() == ["insert", "update", "update"]
+    assert row_tuples(out)[-1][:2] == (
+        300,
+        sum(p for p in rows.column("price").to_pylist() if p is not None),
+    )
+    assert state.num_rows == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    cuts=st.lists(st.integers(0, 300), max_size=6),
+    seed=st.integers(0, 2**16),
+    keys=st.sampled_from([("cat",), ("cat", "region"), ("region",)]),
+)
+def test_final_values_do_not_depend_on_epoch_split(
+    cuts: list[int], seed: int, keys: tuple[str, ...]
+) -> None:
+    """Any order, any cut: the changelog applied with upsert semantics gives the same values,
+    and they are DuckDB's; each key is inserted exactly once."""
+    rows = make_bids(300, seed=7)
+    rows = rows.take(pa.array(np.random.default_rng(seed).permutation(rows.num_rows)))
+    kernel = KeyedAggregateKernel(rows.schema, keys, AGGS, time="ts")
+    batches, _ = cut(with_kg(rows, keys), cuts)
+    out, _, metrics, _ = run_kernel(kernel, batches, [NO_WATERMARK] * len(batches), shuffle=seed)
+    final = final_values(out, keys)
+    assert_same_values(final, duckdb_final(rows, keys))
+    inserts = [
+        k
+        for k, op in zip(row_tuples(out, keys), out.column(OP).to_pylist(), strict=True)
+        if op == "insert"
+    ]
+    assert sorted(inserts, key=repr) == sorted(final, key=repr) and metrics["keys_inserted"] == len(
+        final
+    )
+
+
+def test_kernels_pickle_and_accept_non_nullable_input() -> None:
+    """Spark hands over non-nullable fields; kernels travel pickled to Python workers."""
+    import pickle
+
+    from eddyline.operators.dedup import DedupKernel
+    from eddyline.operators.session import SessionWindowKernel
+    from eddyline.operators.topk import TopKKernel
+
+    schema = pa.schema(
+        [pa.field("k", pa.int64(), nullable=False), pa.field("t", pa.int64(), nullable=False)]
+    )
+    kernels: list[Kernel] = [
+        TopKKernel(schema, ("k",), [("t", "desc")], 1, "t"),
+        DedupKernel(schema, ("k",), "t", 5),
+        SessionWindowKernel(schema, ("k",), "t", 5, (("n", "count", None),)),
+        KeyedAggregateKernel(schema, ("k",), [("n", "count", None), ("m", "max_by", "t", "t")]),
+    ]
+    rows = with_kg(pa.table({"k": [1, 1, 2], "t": [3, 4, 9]}, schema=schema), ("k",))
+    for kernel in kernels:
+        kernel = pickle.loads(pickle.dumps(kernel))
+        assert isinstance(kernel, Kernel) and kernel.primary_key[0] == KG
+        assert all(f.nullable for f in kernel.state_schema)
+        out, _, _, _ = run_kernel(kernel, [rows], [0])
+        assert out.num_rows > 0
