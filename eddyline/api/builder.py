@@ -31,7 +31,7 @@ from eddyline.api.spec import (
     StepSpec,
     Window,
 )
-from eddyline.api.validate import check_expressions, check_graph, format_errors
+from eddyline.api.validate import format_errors, spec_from_raw
 from eddyline.errors import SpecError
 
 if TYPE_CHECKING:
@@ -164,14 +164,7 @@ class Network:
             "steps": self._steps,
             "sinks": self._sinks,
         }
-        try:
-            spec = NetworkSpec.model_validate(raw)
-        except ValidationError as e:
-            raise SpecError(format_errors(e, raw)) from None
-        problems = check_graph(spec) + check_expressions(spec)
-        if problems:
-            raise SpecError(problems)
-        return spec
+        return spec_from_raw(raw)
 
     # ----------------------------------------------------------------- running
     def run(

@@ -41,6 +41,11 @@ def load_spec(source: str | Path | dict[str, Any]) -> NetworkSpec:
             raise SpecError(f"network: not valid YAML: {e}") from e
         if not isinstance(raw, dict):
             raise SpecError(f"network: expected a mapping with name, sources, steps, sinks; got {type(raw).__name__}")
+    return spec_from_raw(raw)
+
+
+def spec_from_raw(raw: dict[str, Any]) -> NetworkSpec:
+    """Structure, graph and expression syntax (no Spark); every problem named in one SpecError."""
     try:
         spec = NetworkSpec.model_validate(raw)
     except ValidationError as e:

@@ -73,16 +73,27 @@ class Source:
         return self.frames(spark, {"start": 0, "end": 0, "files": []}, 1).data
 
 
-class GeneratorSource(Source):
+class SyntheticSource(Source):
+    """Rows computed in Spark from their offsets (``generator`` and ``nexmark``): offsets become
+    available at the source's rate of event time, or all at once when ``unpaced``."""
+
     @property
-    def params(self) -> Generator:
-        assert self.spec.generator is not None
-        return self.spec.generator
+    def params(self) -> Generator | Nexmark:
+        p = self.spec.generator or self.spec.nexmark
+        assert p is not None
+        return p
+
+    def _functions(self) -> tuple[Any, Any]:
+        if self.spec.generator is not None:
+            from eddyline.io.generator import generator_available, generator_frame
+
+            return generator_available, generator_frame
+        from eddyline.io.nexmark import nexmark_available, nexmark_frame
+
+        return nexmark_available, nexmark_frame
 
     def available(self, elapsed_s: float) -> int:
-        from eddyline.io.generator import generator_available
-
-        return generator_available(self.params, elapsed_s)
+        return self._functions()[0](self.params, elapsed_s)
 
     def batch_limit(self) -> int:
         if self.spec.max_rows_per_epoch:
@@ -92,37 +103,8 @@ class GeneratorSource(Source):
     def frames(
         self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
     ) -> Frames:
-        from eddyline.io.generator import generator_frame
-
-        return Frames(
-            generator_frame(spark, self.params, planned["start"], planned["end"], partitions)
-        )
-
-
-class NexmarkSource(Source):
-    @property
-    def params(self) -> Nexmark:
-        assert self.spec.nexmark is not None
-        return self.spec.nexmark
-
-    def available(self, elapsed_s: float) -> int:
-        from eddyline.io.nexmark import nexmark_available
-
-        return nexmark_available(self.params, elapsed_s)
-
-    def batch_limit(self) -> int:
-        if self.spec.max_rows_per_epoch:
-            return self.spec.max_rows_per_epoch
-        return DEFAULT_UNPACED_BATCH if self.params.unpaced else 2**62
-
-    def frames(
-        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
-    ) -> Frames:
-        from eddyline.io.nexmark import nexmark_frame
-
-        return Frames(
-            nexmark_frame(spark, self.params, planned["start"], planned["end"], partitions)
-        )
+        frame = self._functions()[1]
+        return Frames(frame(spark, self.params, planned["start"], planned["end"], partitions))
 
 
 class FilesSource(Source):
@@ -266,4 +248,4 @@ def _read_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
 
 
 def make_source(spec: SourceSpec) -> Source:
-    return {"generator": GeneratorSource, "nexmark": NexmarkSource, "files": FilesSource}[spec.kind](spec)
+    return FilesSource(spec) if spec.kind == "files" else SyntheticSource(spec)
