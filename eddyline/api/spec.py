@@ -416,6 +416,22 @@ class KeyedAggregate(Model):
     time: str | None = None
 
 
+class OverAggregate(Model):
+    """SQL's ``AGG(col) OVER (PARTITION BY key ORDER BY time ROWS preceding PRECEDING)``: one
+    output row per input row, once the watermark passes it, with aggregates over it and up to
+    ``preceding`` earlier rows of its key."""
+
+    key: str | tuple[str, ...]
+    time: str
+    preceding: int = Field(ge=0)
+    aggregates: dict[Name, str] = Field(min_length=1)
+    watermark_delay: Duration = 0
+
+    @property
+    def parsed_aggregates(self) -> tuple[tuple[str, str, str | None], ...]:
+        return tuple((n, *parse_aggregate(t)) for n, t in self.aggregates.items())
+
+
 class PatternSpec(Model):
     """Complex event pattern per key; ``factory`` is ``"module:function"`` returning the pattern
     (e.g. ``eddyline.operators.pattern:tick_pattern``), called with ``args``."""
@@ -443,6 +459,7 @@ class StepSpec(Model):
     top_k: TopK | None = None
     session_window: SessionWindow | None = None
     aggregate: KeyedAggregate | None = None
+    over_aggregate: OverAggregate | None = None
     pattern: PatternSpec | None = None
 
     @model_validator(mode="after")
@@ -514,9 +531,12 @@ STEP_KINDS = (
     "top_k",
     "session_window",
     "aggregate",
+    "over_aggregate",
     "pattern",
 )
-STATEFUL_KINDS = ("window_aggregate", "join", "dedup", "top_k", "session_window", "aggregate", "pattern")
+STATEFUL_KINDS = (
+    "window_aggregate", "join", "dedup", "top_k", "session_window", "aggregate", "over_aggregate", "pattern",
+)
 
 # --------------------------------------------------------------------------- sinks
 

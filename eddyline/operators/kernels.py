@@ -54,6 +54,11 @@ def build(step: StepSpec, schema: pa.Schema) -> Kernel:
         return SessionWindowKernel(schema, _tuple(sw.key), sw.time, sw.gap, sw.parsed_aggregates)
     if step.aggregate is not None:
         return _keyed_aggregate(step, schema)
+    if step.over_aggregate is not None:
+        from eddyline.operators.over import OverAggregateKernel
+
+        o = step.over_aggregate
+        return OverAggregateKernel(schema, _tuple(o.key), o.time, o.preceding, o.parsed_aggregates)
     if step.pattern is not None:
         from eddyline.operators.pattern import PatternKernel
 

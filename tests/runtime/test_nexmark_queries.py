@@ -55,6 +55,15 @@ REFERENCE: dict[str, tuple[str, str]] = {
            SELECT c.auction, c.num, c.ws, c.ws + 10000 FROM c JOIN m USING (ws) WHERE c.num >= m.maxn""",
         f"SELECT auction, num, {MS.format('window_start')}, {MS.format('window_end')} FROM got",
     ),
+    "q6": (
+        """WITH closing AS (
+             SELECT A.id, A.seller, A.expires, max(B.price) AS final FROM auction A JOIN bid B
+             ON A.id = B.auction AND B.date_time BETWEEN A.date_time AND A.expires GROUP BY ALL)
+           SELECT seller, final, expires, round(avg(final) OVER (PARTITION BY seller ORDER BY expires, final
+                                                    ROWS BETWEEN 10 PRECEDING AND CURRENT ROW), 6)
+           FROM closing""",
+        "SELECT seller, final, expires, round(average, 6) FROM got",
+    ),
     "q7": (
         f"""WITH w AS (SELECT *, ({MS.format("date_time")} // 10000) * 10000 AS ws FROM bid),
              m AS (SELECT ws, max(price) AS top FROM w GROUP BY ws)

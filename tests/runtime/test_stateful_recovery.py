@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import signal
-from datetime import UTC, datetime
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
