@@ -432,6 +432,11 @@ class OverAggregate(Model):
         return tuple((n, *parse_aggregate(t)) for n, t in self.aggregates.items())
 
 
+class PatternSplit(Model):
+    stage: Literal[1, 2]
+    at: str = Field(min_length=1)  # the name of a Kleene-plus element
+
+
 class PatternSpec(Model):
     """Complex event pattern per key; ``factory`` is ``"module:function"`` returning the pattern
     (e.g. ``eddyline.operators.pattern:tick_pattern``), called with ``args``."""
@@ -443,6 +448,19 @@ class PatternSpec(Model):
     args: dict[str, Any] = Field(default_factory=dict)
     measures: dict[Name, tuple[str, str | None, str]] = Field(default_factory=dict)
     watermark_delay: Duration = 0
+    #: AnduIN's pipeline split P+ = P v (P P+) at the Kleene-plus element ``split.at``: stage 1
+    #: emits the partial matches that just bound it; stage 2 (``seeds``: the stage-1 step) extends
+    #: them. Both stages read the same events and give exactly the single-step matches.
+    split: PatternSplit | None = None
+    seeds: Name | None = None
+
+    @model_validator(mode="after")
+    def _split_fields(self) -> PatternSpec:
+        if self.split is not None and (self.split.stage == 2) != (self.seeds is not None):
+            raise ValueError("seeds: a stage-2 pattern names its stage-1 step in 'seeds'; only stage 2 does")
+        if self.split is None and self.seeds is not None:
+            raise ValueError("seeds: only a stage-2 pattern (split.stage: 2) reads seeds")
+        return self
 
 
 class StepSpec(Model):
@@ -489,6 +507,8 @@ class StepSpec(Model):
             return self.union
         if self.join is not None:
             return (self.join.left, self.join.right)
+        if self.pattern is not None and self.pattern.seeds is not None:
+            return (self.input, self.pattern.seeds)  # type: ignore[return-value]
         return (self.input,)  # type: ignore[return-value]
 
     @property
@@ -504,6 +524,8 @@ class StepSpec(Model):
         p = self.params
         if self.join is not None:
             return (self.join.left_time, self.join.right_time)
+        if self.pattern is not None and self.pattern.seeds is not None:
+            return (self.pattern.time, None)  # seeds follow the stage-1 step's watermark
         return (getattr(p, "time", None),)
 
     def input_fields(self) -> list[tuple[str, str]]:
@@ -512,6 +534,8 @@ class StepSpec(Model):
             return [("union", i) for i in self.union]
         if self.join is not None:
             return [("join.left", self.join.left), ("join.right", self.join.right)]
+        if self.pattern is not None and self.pattern.seeds is not None:
+            return [("input", self.input), ("pattern.seeds", self.pattern.seeds)]  # type: ignore[list-item]
         return [("input", self.input)]  # type: ignore[list-item]
 
     @property

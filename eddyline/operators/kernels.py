@@ -60,12 +60,18 @@ def build(step: StepSpec, schema: pa.Schema) -> Kernel:
         o = step.over_aggregate
         return OverAggregateKernel(schema, _tuple(o.key), o.time, o.preceding, o.parsed_aggregates)
     if step.pattern is not None:
-        from eddyline.operators.pattern import PatternKernel
+        from eddyline.operators.pattern import PatternKernel, Split
 
         p = step.pattern
         factory = _resolve(p.factory)
         pattern = factory(**p.args)
-        return PatternKernel(schema, _tuple(p.key), p.time, pattern, p.within, dict(p.measures))
+        split = None
+        if p.split is not None:
+            names = [e.name for e in pattern.elements]
+            if p.split.at not in names:
+                raise ValueError(f"split.at: unknown element {p.split.at!r}; the pattern has {', '.join(names)}")
+            split = Split(p.split.stage, names.index(p.split.at))
+        return PatternKernel(schema, _tuple(p.key), p.time, pattern, p.within, dict(p.measures), split=split)
     raise KeyError(f"no kernel for step kind {step.kind!r}")
 
 

@@ -24,7 +24,7 @@ from eddyline.errors import SpecError
 from eddyline.io.sources import Source
 from eddyline.operators.base import KG, Kernel
 from eddyline.operators.window import WINDOW_START, WindowConfig, WindowKernel
-from eddyline.plan.keygroups import RoutingTable
+from eddyline.plan.keygroups import RoutingTable, route_values
 from eddyline.runtime.lanes import LaneTask, run_lane
 
 if TYPE_CHECKING:
@@ -175,6 +175,8 @@ class EpochCompiler:
             ins = self._observe_event_time(epoch, step, ins, out)
         if step.join is not None:
             keyed, kernel = self._join(step, ins[0], ins[1], run)
+        elif step.pattern is not None and step.pattern.seeds is not None:
+            keyed, kernel = self._pattern_stage2(step, ins[0], ins[1], run)
         else:
             keyed, kernel = self._keyed(step, ins[0], run)
         return self._lanes(epoch, step.name, keyed, kernel, run, lanes, kill_driver_pid)
@@ -213,6 +215,30 @@ class EpochCompiler:
         except (ValueError, KeyError) as e:
             raise SpecError(f"step '{step.name}': {step.kind}: {e}") from None
         return keyed, kernel
+
+    def _pattern_stage2(self, step: StepSpec, events: DataFrame, seeds: DataFrame, run: StepRun) -> tuple[DataFrame, Kernel]:
+        """Stage 2 of a split pattern reads the events (``_seed`` null) and stage 1's seeds (event
+        columns null, the seed packed into ``_seed``) in one frame, keyed alike."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import StructType
+
+        from eddyline.operators.pattern import SEED
+
+        p = step.pattern
+        assert p is not None
+        keys = (p.key,) if isinstance(p.key, str) else tuple(p.key)
+        keyed, kernel = self._keyed(step, events, run)
+        seed_fields = [f for f in seeds.schema if f.name not in (KG, *keys)]
+        seed_type = StructType(seed_fields)
+        event_part = keyed.withColumn(SEED, F.lit(None).cast(seed_type))
+        seed_part = seeds.select(
+            *[
+                F.col(KG) if f.name == KG else F.col(f"`{f.name}`") if f.name in keys else F.lit(None).cast(f.dataType).alias(f.name)
+                for f in keyed.schema
+            ],
+            F.struct(*[F.col(f"`{f.name}`") for f in seed_fields]).alias(SEED),
+        )
+        return event_part.unionByName(seed_part), kernel
 
     def _join(self, step: StepSpec, left: DataFrame, right: DataFrame, run: StepRun) -> tuple[DataFrame, Kernel]:
         """Both sides in one frame: ``_kg``, ``_side`` (0 left, 1 right), ``l__*`` and ``r__*``
@@ -367,9 +393,25 @@ class EpochCompiler:
         """The shared back half of every stateful step: ``keyed`` (which has ``_kg`` and the
         kernel's input columns) is shuffled so that lane i is partition i, then each lane runs
         ``kernel`` against its key groups' state."""
+        from pyspark.sql import functions as F
+
         routes = ", ".join(f"{v}L" for v in run.routing.route_values())
+        lane_routes = ", ".join(f"{v}L" for v in route_values(lanes))
+        columns = [f for f in keyed.schema if f.name in kernel.input_schema.names]
+        # One heartbeat row per lane (_kg = -1 - lane) rides the same shuffle: a lane learns its
+        # number from its data (a task's partition id is shifted when a union follows the lane in
+        # the same Spark stage), and an empty lane still runs to fire its key groups' timers.
+        heartbeats = self.spark.range(lanes).select(
+            *[
+                F.expr("CAST(-1 - id AS INT)").alias(KG) if f.name == KG else F.lit(None).cast(f.dataType).alias(f.name)
+                for f in columns
+            ],
+            F.expr(f"element_at(array({lane_routes}), CAST(id AS INT) + 1)").alias(ROUTE),
+        )
         routed = (
             keyed.selectExpr("*", f"element_at(array({routes}), {KG} + 1) AS {ROUTE}")
+            .select(*[f"`{f.name}`" for f in columns], ROUTE)
+            .unionByName(heartbeats)
             .repartition(lanes, ROUTE)
             .select(*kernel.input_schema.names)
         )
@@ -426,9 +468,11 @@ def _ddl(ddl: str) -> Any:
 
 
 def _arrow_schema(struct: Any) -> pa.Schema:
+    """Spark schema → Arrow, every field nullable: a kernel sees rows of several origins (heartbeats,
+    the other side of a join, stage-2 seeds) whose columns may be null whatever Spark declares."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    return to_arrow_schema(struct, timezone="UTC")
+    return pa.schema([f.with_nullable(True) for f in to_arrow_schema(struct, timezone="UTC")])
 
 
 def _spark_schema(schema: pa.Schema) -> Any:

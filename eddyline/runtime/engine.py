@@ -38,7 +38,7 @@ from eddyline.io.sources import Source, make_source
 from eddyline.observe.progress import ProgressReporter, iso_ms
 from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
 from eddyline.plan.keygroups import RoutingTable
-from eddyline.runtime.compile import EpochCompiler, StepRun
+from eddyline.runtime.compile import EpochCompiler, StepRun, topological
 from eddyline.runtime.log import Checkpoint, EpochCommit, EpochPlan
 from eddyline.runtime.udf import task_error_line
 from eddyline.state.store import KeyGroupStore
@@ -90,7 +90,7 @@ class Engine:
             s.name: make_sink(s, reporter.console if reporter else None) for s in spec.sinks
         }
         self.compiler = EpochCompiler(spark, spec, self.sources, checkpoint)
-        self.stateful = [s for s in spec.steps if s.stateful]
+        self.stateful = [s for s in topological(spec) if s.stateful]  # inputs before their readers
         self.upstream = {s.name: _stateful_upstream(spec, s) for s in self.stateful}
         self.retain_epochs = retain_epochs
         self.crash_epoch, self.crash_point = _parse_crash(crash_at)
@@ -216,6 +216,10 @@ class Engine:
                 # ancestor emits in this epoch is then never late here (see the module docstring).
                 inherited = [last.steps[a]["watermark"] if last and a in last.steps else NO_WATERMARK for a in ancestors]
                 wm = min([*inherited, *([observed] if from_sources or not ancestors else [])])
+                if step.pattern is not None and step.pattern.seeds is not None:
+                    # A split pattern's stage 2 continues stage 1's seeds right after their last
+                    # row, so it must advance in lockstep with stage 1, in the same epoch.
+                    wm = out[step.pattern.seeds]
                 out[step.name] = max(wm, prev_wm)
             return out
 

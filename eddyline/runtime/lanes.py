@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from eddyline.operators.base import KG, Kernel
+from eddyline.runtime.udf import MARK
 from eddyline.state.store import KeyGroupStore, filesystem, process_cache, write_atomic
 
 
@@ -43,17 +44,21 @@ def manifest_path(checkpoint: str, epoch: int, step: str, lane: int) -> str:
 
 
 def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    from pyspark import TaskContext
-
     t0 = time.perf_counter()
-    lane = TaskContext.get().partitionId()
     received = list(batches)
     kernel = task.kernel
-    partials = (
-        pa.Table.from_batches(received).cast(kernel.input_schema)
-        if received
-        else kernel.input_schema.empty_table()
-    )
+    arrived = pa.Table.from_batches(received) if received else kernel.input_schema.empty_table()
+    # The lane's heartbeat row (_kg = -1 - lane) names the lane; it is not data (and its nulls
+    # must go before the cast to the kernel's schema, whose fields may be non-nullable).
+    kg_col = arrived.column(KG).to_numpy(zero_copy_only=False)
+    beats = np.unique(kg_col[kg_col < 0])
+    if beats.size != 1:
+        raise RuntimeError(
+            f"{MARK} step '{task.step}': a lane received {beats.size} heartbeats; the shuffle does not match "
+            "the routing table"
+        )
+    lane = int(-1 - beats[0])
+    partials = arrived.filter(pa.array(kg_col >= 0)).cast(kernel.input_schema)
     t_in = time.perf_counter()
     routing = np.asarray(task.routing)
     if partials.num_rows:
@@ -61,7 +66,7 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         strays = np.unique(kgs[routing[kgs] != lane])
         if strays.size:
             raise RuntimeError(
-                f"step '{task.step}' lane {lane}: received key groups {strays[:5].tolist()} routed "
+                f"{MARK} step '{task.step}' lane {lane}: received key groups {strays[:5].tolist()} routed "
                 "elsewhere; the shuffle does not match the routing table"
             )
     store = KeyGroupStore(

@@ -118,3 +118,27 @@ def test_crash_and_restore_at_other_lane_counts(spark, tmp_path: Path) -> None:
     assert "replayed" in last.stdout
     for what in ("matches", "pairs"):
         assert read(tmp_path / "out", what) == read(tmp_path / "ref", what), what
+
+
+def test_pattern_pipeline_split_across_two_stages_equals_one_step(spark, tmp_path: Path) -> None:
+    """AnduIN's P+ = P v (P P+) as two engine steps (stage 1 emits seeds, stage 2 extends them):
+    the same matches as the single pattern step, at each split point."""
+    raw = network(tmp_path / "single")
+    raw["steps"] = raw["steps"][:1]
+    raw["sinks"] = raw["sinks"][:1]
+    raw["sources"] = raw["sources"][:1]
+    Engine(load_spec(raw), spark, str(tmp_path / "ck-single")).run(until_idle=True)
+    single = read(tmp_path / "single", "matches")
+    assert len(single) > 50
+    for at in ("B", "D"):
+        split = network(tmp_path / f"split-{at}")
+        pattern = split["steps"][0]["pattern"]
+        split["sources"] = split["sources"][:1]
+        split["steps"] = [
+            {"name": "stage1", "input": "ticks", "pattern": {**pattern, "split": {"stage": 1, "at": at}}},
+            {"name": "ticks_found", "input": "ticks",
+             "pattern": {**pattern, "split": {"stage": 2, "at": at}, "seeds": "stage1"}},
+        ]
+        split["sinks"] = split["sinks"][:1]
+        Engine(load_spec(split), spark, str(tmp_path / f"ck-{at}"), lanes=3).run(until_idle=True)
+        assert read(tmp_path / f"split-{at}", "matches") == single, at
