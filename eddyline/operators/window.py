@@ -35,6 +35,9 @@ import pyarrow.compute as pc
 from eddyline.operators.base import KG, KernelResult
 
 WINDOW_START = "window_start"
+#: window start (ms) in partials and state; output names it WINDOW_START. Internal, so that a
+#: window over another window's output (which has a window_start column) does not clash.
+START_MS = "_wstart"
 WINDOW_END = "window_end"
 REVISION = "revision"
 REV = "_rev"  # state: how many times the window has been emitted
@@ -65,7 +68,7 @@ class WindowConfig:
 
     @property
     def primary_key(self) -> tuple[str, ...]:
-        return (KG, *self.keys, WINDOW_START)
+        return (KG, *self.keys, START_MS)
 
     # ----------------------------------------------------------------- partial columns
     def partial_columns(self) -> list[tuple[str, str, str | None, str]]:
@@ -96,7 +99,7 @@ class WindowConfig:
     def partial_schema(self, input_schema: pa.Schema) -> pa.Schema:
         fields = [pa.field(KG, pa.int32())]
         fields += [input_schema.field(k) for k in self.keys]
-        fields.append(pa.field(WINDOW_START, pa.int64()))
+        fields.append(pa.field(START_MS, pa.int64()))
         for pcol, func, col, _ in self.partial_columns():
             itype = input_schema.field(col).type if col else None
             fields.append(pa.field(pcol, self.partial_type(func, itype)))
@@ -153,7 +156,7 @@ def partial_aggregate(
     take = pa.array(row_idx, type=pa.int64())
     for key in cfg.keys:
         cols[key] = rows.column(key).take(take)
-    cols[WINDOW_START] = pa.array(starts, type=pa.int64())
+    cols[START_MS] = pa.array(starts, type=pa.int64())
     aggs = []
     one = "_one"
     cols[one] = pa.array(np.ones(len(row_idx), dtype=np.int64))
@@ -225,7 +228,7 @@ class WindowKernel:
             merged = pa.table(merged_cols)
         else:
             merged = both
-        start = merged.column(WINDOW_START).to_numpy()
+        start = merged.column(START_MS).to_numpy()
         end = start + cfg.size_ms
         rev = merged.column(REV).to_numpy(zero_copy_only=False)
         touched = merged.column(TOUCHED).to_numpy(zero_copy_only=False).astype(bool)
@@ -248,7 +251,7 @@ class WindowKernel:
 
     def _emit(self, fired: pa.Table, prior_revisions: np.ndarray) -> pa.Table:
         cfg = self.cfg
-        start = fired.column(WINDOW_START)
+        start = fired.column(START_MS)
         cols: dict[str, pa.Array | pa.ChunkedArray] = {k: fired.column(k) for k in cfg.keys}
         cols[WINDOW_START] = pc.cast(pc.multiply(start, 1000), TIMESTAMP)
         cols[WINDOW_END] = pc.cast(pc.multiply(pc.add(start, cfg.size_ms), 1000), TIMESTAMP)

@@ -23,7 +23,7 @@ from eddyline.api.spec import NetworkSpec, StepSpec, WindowAggregate
 from eddyline.errors import SpecError
 from eddyline.io.sources import Source
 from eddyline.operators.base import KG, Kernel
-from eddyline.operators.window import WINDOW_START, WindowConfig, WindowKernel
+from eddyline.operators.window import START_MS, WINDOW_END, WINDOW_START, WindowConfig, WindowKernel
 from eddyline.plan.keygroups import RoutingTable, route_values
 from eddyline.runtime.lanes import LaneTask, run_lane
 
@@ -361,12 +361,12 @@ class EpochCompiler:
         kg = self._key_group(cfg.keys, run.routing.key_groups)
         live = df.where(f"NOT {LATE}")  # rows without an event time count as late
         if k == 1:
-            live = live.selectExpr("*", f"{last_start} AS {WINDOW_START}", f"{kg} AS {KG}")
+            live = live.selectExpr("*", f"{last_start} AS {START_MS}", f"{kg} AS {KG}")
         else:
             live = live.selectExpr(
-                "*", f"explode(sequence({last_start} - {(k - 1) * slide}, {last_start}, {slide})) AS {WINDOW_START}"
+                "*", f"explode(sequence({last_start} - {(k - 1) * slide}, {last_start}, {slide})) AS {START_MS}"
             ).selectExpr("*", f"{kg} AS {KG}")
-            live = live.where(f"{WINDOW_START} + {size + lateness} > {wm}")
+            live = live.where(f"{START_MS} + {size + lateness} > {wm}")
         aggs: list[str] = []
         for pcol, func, col, _ in cfg.partial_columns():
             if func == "count":
@@ -377,7 +377,7 @@ class EpochCompiler:
                 aggs.append(f"sum({c}) AS `{pcol}`")
             else:
                 aggs.append(f"{func}(`{col}`) AS `{pcol}`")
-        partial = live.groupBy(KG, *cfg.keys, WINDOW_START).agg(*[F.expr(a) for a in aggs])
+        partial = live.groupBy(KG, *cfg.keys, START_MS).agg(*[F.expr(a) for a in aggs])
         return self._lanes(epoch, step.name, partial, WindowKernel(cfg, _arrow_schema(partial.schema)), run, lanes, kill_driver_pid)
 
     def _lanes(
@@ -439,6 +439,11 @@ def _check_window_columns(step: str, wa: WindowAggregate, df: DataFrame) -> None
     from pyspark.sql.types import NumericType
 
     have = {f.name: f.dataType for f in df.schema}
+    taken = [k for k in wa.keys if k in (WINDOW_START, WINDOW_END, "revision")]
+    if taken:
+        raise SpecError(
+            f"step '{step}': key: '{taken[0]}' is a name the window's output uses; rename it in a select first"
+        )
     if wa.time not in have:
         raise SpecError(f"step '{step}': time: unknown column '{wa.time}'; input has {', '.join(have)}")
     for k in wa.keys:

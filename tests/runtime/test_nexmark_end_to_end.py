@@ -63,3 +63,31 @@ def test_nexmark_windows_match_duckdb(spark, tmp_path: Path) -> None:
         f"SELECT channel, epoch_ms(window_start), n, lo FROM read_parquet('{tmp_path}/out/channels/*/*.parquet') ORDER BY ALL"
     ).fetchall()
     assert got_ch == want_ch
+
+
+def test_window_over_a_windows_output(spark, tmp_path: Path) -> None:
+    """Chained windows: bids per auction per 2 s, then per 10 s the busiest auction's 2 s count."""
+    s = load_spec({
+        "name": "chained", "trigger": 0, "lanes": 2, "key_groups": 16,
+        "sources": [{"name": "bids", "nexmark": {"stream": "bid", "rate": 2_000, "unpaced": True},
+                     "max_rows_per_epoch": 8_000, "limit": 40_000}],
+        "steps": [
+            {"name": "per_2s", "input": "bids", "window_aggregate": {
+                "key": "auction", "time": "date_time", "window": {"size": "2s"}, "aggregates": {"n": "count(*)"}}},
+            {"name": "per_10s", "input": "per_2s", "window_aggregate": {
+                "time": "window_start", "window": {"size": "10s"}, "aggregates": {"busiest": "max(n)", "total": "sum(n)"}}},
+        ],
+        "sinks": [{"name": "out", "input": "per_10s", "files": {"path": str(tmp_path / "out")}}],
+    })
+    Engine(s, spark, str(tmp_path / "ckpt")).run(until_idle=True)
+    bids = nexmark_frame(spark, Nexmark(stream="bid", rate=2_000, unpaced=True), 0, 40_000, 2).toArrow()
+    con = duckdb.connect()
+    con.register("bids", bids)
+    want = con.execute(
+        """WITH c AS (SELECT auction, (epoch_us(date_time) // 1000 // 2000) * 2000 AS ws, count(*) AS n FROM bids GROUP BY ALL)
+           SELECT (ws // 10000) * 10000, max(n), sum(n) FROM c GROUP BY 1 ORDER BY 1"""
+    ).fetchall()
+    got = con.execute(
+        f"SELECT epoch_ms(window_start), busiest, total FROM read_parquet('{tmp_path}/out/*/*.parquet') ORDER BY 1"
+    ).fetchall()
+    assert len(want) == 2 and got == want  # 40,000 events at 2,000 per second: 20 s
