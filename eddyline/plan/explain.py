@@ -32,8 +32,20 @@ def _describe_step(step: StepSpec, key_groups: int) -> list[str]:
         return [f"select  {', '.join(step.select)}   [Spark SQL, JVM]"]
     if step.union is not None:
         return [f"union of {', '.join(step.union)}   [Spark union, no shuffle]"]
+    if step.udf is not None:
+        return [f"udf {step.udf.function} ({step.udf.batch} batches)   [Python, mapInArrow, no shuffle]"]
+    if step.lookup is not None:
+        return [f"lookup in {step.lookup.table.path} on {step.lookup.key} = {step.lookup.table_key}   [broadcast join, versioned table]"]
     wa = step.window_aggregate
-    assert wa is not None
+    if wa is None:
+        params = step.params.model_dump(exclude_defaults=True, by_alias=True)
+        keyed = "both inputs keyed by their join keys, tagged _side" if step.join is not None else "rows keyed by key group"
+        return [
+            f"{step.kind}  {params}",
+            f"  1. JVM: {keyed}; _kg = pmod(xxhash64(keys), {key_groups})",
+            "  2. shuffle: repartition(lanes, routing value of _kg), one heartbeat row per lane",
+            f"  3. Python per lane (mapInArrow): the {step.kind} kernel against its key groups' state",
+        ]
     w = wa.window
     kind = f"sliding {format_duration_ms(w.size)} every {format_duration_ms(w.slide_ms)}" if w.slide else f"tumbling {format_duration_ms(w.size)}"
     keys = ", ".join(wa.keys) or "(global: one key group)"

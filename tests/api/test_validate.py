@@ -148,3 +148,17 @@ def test_cli_exit_code_2_and_message(tmp_path: Path) -> None:
     )
     assert ok.returncode == 0, ok.stderr
     assert "ok: network 'hot'" in ok.stdout
+
+
+def test_every_nexmark_spec_validates_offline_and_explains() -> None:
+    from eddyline.plan.explain import explain
+
+    specs = sorted((Path(__file__).resolve().parents[2] / "examples" / "nexmark").glob("q*.yaml"))
+    assert len(specs) == 11
+    for path in specs:
+        spec = load_spec(path)
+        text = explain(spec, 2)
+        for step in spec.steps:
+            assert f"{step.name} ← " in text
+            if step.stateful:
+                assert f"the {step.kind} kernel" in text or step.window_aggregate is not None
