@@ -14,7 +14,7 @@ A replay of the plan therefore reads exactly the same rows.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 #: Offsets per epoch for an unpaced synthetic source with no ``max_rows_per_epoch``.
 DEFAULT_UNPACED_BATCH = 1_000_000
 
-DEAD_LETTER_DDL = "source string, file string, line long, raw string, reason string"
-
 BadCounter = Callable[["DataFrame"], "DataFrame"] | None
 
 
@@ -42,7 +40,6 @@ class Frames:
 @dataclass
 class Source:
     spec: SourceSpec
-    checkpoint_hint: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -67,10 +64,6 @@ class Source:
         """The slice's rows; ``count_bad`` (if given) is applied to the frame of all parsed
         records, which has a boolean ``_bad`` column, before it splits into data and dead letters."""
         raise NotImplementedError
-
-    def schema_frame(self, spark: SparkSession) -> DataFrame:
-        """An empty frame with the source's schema (validation and ``explain``)."""
-        return self.frames(spark, {"start": 0, "end": 0, "files": []}, 1).data
 
 
 class SyntheticSource(Source):

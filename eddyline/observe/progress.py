@@ -67,9 +67,6 @@ class ProgressReporter:
         if self._live is not None:
             self._live.update(self._render())
 
-    def message(self, text: str) -> None:
-        self.console.print(text)
-
     def _render(self) -> Group:
         t = Table(title="eddyline · epochs", expand=False)
         for col in ("epoch", "input", "in/s", "proc/s", "duration / trigger", "watermark", "state rows", "state MB", "late", "dead"):
