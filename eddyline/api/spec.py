@@ -253,7 +253,17 @@ def parse_aggregate(text: str) -> tuple[str, str | None]:
     return func, col
 
 
-class WindowAggregate(Model):
+class _Aggregating:
+    """For steps with ``aggregates: {name: "func(col)"}``."""
+
+    aggregates: dict[str, str]
+
+    @property
+    def parsed_aggregates(self) -> tuple[tuple[str, str, str | None], ...]:
+        return tuple((n, *parse_aggregate(t)) for n, t in self.aggregates.items())
+
+
+class WindowAggregate(_Aggregating, Model):
     key: str | tuple[str, ...] | None = None
     time: str = Field(min_length=1)
     window: Window
@@ -282,9 +292,6 @@ class WindowAggregate(Model):
             return ()
         return (self.key,) if isinstance(self.key, str) else tuple(self.key)
 
-    @property
-    def parsed_aggregates(self) -> tuple[tuple[str, str, str | None], ...]:
-        return tuple((n, *parse_aggregate(t)) for n, t in self.aggregates.items())
 
 
 def _names(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
@@ -395,16 +402,13 @@ class TopK(Model):
         return tuple(out)
 
 
-class SessionWindow(Model):
+class SessionWindow(_Aggregating, Model):
     key: str | tuple[str, ...]
     time: str
     gap: Duration = Field(gt=0)
     aggregates: dict[Name, str] = Field(min_length=1)
     watermark_delay: Duration = 0
 
-    @property
-    def parsed_aggregates(self) -> tuple[tuple[str, str, str | None], ...]:
-        return tuple((n, *parse_aggregate(t)) for n, t in self.aggregates.items())
 
 
 class KeyedAggregate(Model):
@@ -416,7 +420,7 @@ class KeyedAggregate(Model):
     time: str | None = None
 
 
-class OverAggregate(Model):
+class OverAggregate(_Aggregating, Model):
     """SQL's ``AGG(col) OVER (PARTITION BY key ORDER BY time ROWS preceding PRECEDING)``: one
     output row per input row, once the watermark passes it, with aggregates over it and up to
     ``preceding`` earlier rows of its key."""
@@ -427,9 +431,6 @@ class OverAggregate(Model):
     aggregates: dict[Name, str] = Field(min_length=1)
     watermark_delay: Duration = 0
 
-    @property
-    def parsed_aggregates(self) -> tuple[tuple[str, str, str | None], ...]:
-        return tuple((n, *parse_aggregate(t)) for n, t in self.aggregates.items())
 
 
 class PatternSplit(Model):
