@@ -41,6 +41,8 @@ def main() -> None:
     ap.add_argument("--lanes", type=int, default=2)
     args = ap.parse_args()
 
+    from run_bench import eddyline_spec  # type: ignore[import-not-found]
+
     from eddyline.api.spec import Nexmark
     from eddyline.api.validate import load_spec
     from eddyline.io.nexmark import nexmark_frame
@@ -48,8 +50,6 @@ def main() -> None:
     from eddyline.plan.keygroups import RoutingTable
     from eddyline.runtime.engine import Engine
     from eddyline.runtime.session import get_spark
-
-    from run_bench import eddyline_spec  # type: ignore[import-not-found]
 
     spark = get_spark("local[2]", {"spark.sql.shuffle.partitions": str(args.lanes)})
     params = Nexmark(stream="bid", rate=args.rows / 2, unpaced=True)
