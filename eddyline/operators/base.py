@@ -22,11 +22,13 @@ store uses them to write deltas; ``changed_key_groups`` must name every key grou
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 KG = "_kg"
 
@@ -59,3 +61,14 @@ def changed_groups(*tables: pa.Table) -> list[int]:
         if t.num_rows:
             found.update(np.unique(t.column(KG).to_numpy()).tolist())
     return sorted(found)
+
+
+@functools.lru_cache(maxsize=256)
+def sortable(data_type: pa.DataType) -> bool:
+    """Whether Arrow can sort a column of ``data_type`` (lists and maps, say, cannot). Kernels
+    break ties by every sortable column so that arrival order never changes a result."""
+    try:
+        pc.sort_indices(pa.table({"x": pa.nulls(2, data_type)}), sort_keys=[("x", "ascending")])
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return False
+    return True

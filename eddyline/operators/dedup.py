@@ -38,10 +38,10 @@ import pyarrow as pa
 
 from eddyline.operators.base import KG, KernelResult
 from eddyline.operators.keyed import (
-    event_times,
     key_groups_of,
     normalize,
     nullable,
+    on_time,
     require_columns,
     run_starts,
     segments,
@@ -135,11 +135,7 @@ class DedupKernel:
         wm, ttl = watermark_ms, self.ttl_ms
 
         # 1. late rows
-        t_all, valid = event_times(batch.column(self.time))
-        live = valid & (t_all >= wm)
-        late = int(batch.num_rows - live.sum())
-        rows = batch.filter(pa.array(live)) if late else batch
-        t_rows = t_all[live]
+        rows, t_rows, late = on_time(batch, self.time, wm)
 
         # 2. touched state + batch, sorted
         touched, rest = split_by_key_groups(state, np.unique(key_groups_of(rows)))

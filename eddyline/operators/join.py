@@ -56,7 +56,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.operators.base import KG, KernelResult, changed_groups
+from eddyline.operators.base import KG, KernelResult, changed_groups, sortable
 from eddyline.operators.window import TIMESTAMP, WINDOW_END, WINDOW_START
 
 SIDE = "_side"
@@ -87,13 +87,23 @@ def ns_to_ms(ns: np.ndarray) -> np.ndarray:
     return np.floor_divide(ns, 1_000_000)
 
 
-def _sortable(data_type: pa.DataType) -> bool:
-    """Whether Arrow can sort a column of ``data_type`` (lists and maps, say, cannot)."""
-    try:
-        pc.sort_indices(pa.table({"x": pa.nulls(2, data_type)}), sort_keys=[("x", "ascending")])
-    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return False
-    return True
+def _result(
+    output: pa.Table, state: pa.Table, admitted: pa.Table, deletes: pa.Table, late: np.ndarray, dropped: np.ndarray
+) -> KernelResult:
+    """Stored rows never change, so the upserts are exactly the admitted rows."""
+    return KernelResult(
+        output,
+        state,
+        admitted,
+        deletes,
+        changed_groups(admitted, deletes),
+        {
+            "late_rows": int(late.sum()),
+            "dropped_rows": int(dropped.sum()),
+            "pairs_emitted": output.num_rows,
+            "rows_evicted": deletes.num_rows,
+        },
+    )
 
 
 def _output_names(left: Sequence[str], right: Sequence[str]) -> list[str]:
@@ -185,7 +195,7 @@ class _EquiJoin:
         self._sort_cols = [
             f.name
             for f in data
-            if _sortable(f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
+            if sortable(f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
         ]
 
     # ------------------------------------------------------------------ inputs
@@ -369,19 +379,7 @@ class WindowJoinKernel(_EquiJoin):
         admitted = self._admit(batch, ~late & ~dropped, end, state)
         kept = state.filter(pa.array(~fire))
         deletes = state.filter(pa.array(fire)).select(list(self.primary_key))
-        return KernelResult(
-            output,
-            pa.concat_tables([kept, admitted]),
-            admitted,
-            deletes,
-            changed_groups(admitted, deletes),
-            {
-                "late_rows": int(late.sum()),
-                "dropped_rows": int(dropped.sum()),
-                "pairs_emitted": output.num_rows,
-                "rows_evicted": deletes.num_rows,
-            },
-        )
+        return _result(output, pa.concat_tables([kept, admitted]), admitted, deletes, late, dropped)
 
 
 class _SymmetricJoin(_EquiJoin):
@@ -427,19 +425,7 @@ class _SymmetricJoin(_EquiJoin):
         if match is not None:
             i, j = i[match], j[match]
         output = self._emit(rows, i, j)
-        return KernelResult(
-            output,
-            rows,
-            admitted,
-            deletes,
-            changed_groups(admitted, deletes),
-            {
-                "late_rows": int(late.sum()),
-                "dropped_rows": int(dropped.sum()),
-                "pairs_emitted": output.num_rows,
-                "rows_evicted": deletes.num_rows,
-            },
-        )
+        return _result(output, rows, admitted, deletes, late, dropped)
 
 
 class IntervalJoinKernel(_SymmetricJoin):

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.operators.base import KG, KernelResult
+from eddyline.operators.base import KG, KernelResult, sortable
 from eddyline.operators.window import TIMESTAMP, event_time_ms
 
 OP = "_op"
@@ -74,6 +74,15 @@ def normalize(table: pa.Table | None, schema: pa.Schema) -> pa.Table:
     return table.select(schema.names).cast(schema).combine_chunks()
 
 
+def on_time(batch: pa.Table, time: str, watermark_ms: int) -> tuple[pa.Table, np.ndarray, int]:
+    """``(rows, their event times in ms, late count)``: rows without an event time, or behind the
+    watermark, are late."""
+    t_all, valid = event_times(batch.column(time))
+    live = valid & (t_all >= watermark_ms)
+    late = int(batch.num_rows - live.sum())
+    return (batch.filter(pa.array(live)) if late else batch), t_all[live], late
+
+
 def event_times(column: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """``(milliseconds, valid)`` per row: a row without an event time has ``valid`` False."""
     if len(column) == 0:
@@ -95,22 +104,6 @@ def split_by_key_groups(state: pa.Table, kgs: np.ndarray) -> tuple[pa.Table, pa.
     return state.filter(pa.array(mask)), state.filter(pa.array(~mask))
 
 
-def _sortable(t: pa.DataType) -> bool:
-    return (
-        pa.types.is_integer(t)
-        or pa.types.is_floating(t)
-        or pa.types.is_decimal(t)
-        or pa.types.is_boolean(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_fixed_size_binary(t)
-        or pa.types.is_temporal(t)
-        or pa.types.is_null(t)
-    )
-
-
 def orderable(column: ArrayLike) -> list[tuple[pa.Array, bool]]:
     """Arrays that sort and compare like ``column``, each with whether it follows the requested
     direction (a struct's null flag does not: nulls stay last).
@@ -123,7 +116,7 @@ def orderable(column: ArrayLike) -> list[tuple[pa.Array, bool]]:
     t = arr.type
     if pa.types.is_dictionary(t):
         return orderable(arr.cast(t.value_type))
-    if _sortable(t):
+    if sortable(t):
         return [(arr, True)]
     if pa.types.is_struct(t):
         parts: list[tuple[pa.Array, bool]] = [(pc.is_null(arr), False)]

@@ -87,7 +87,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.operators.base import KG, KernelResult, changed_groups
+from eddyline.operators.base import KG, KernelResult, changed_groups, sortable
 from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK, TIMESTAMP, event_time_ms
 
 Row = dict[str, Any]
@@ -1010,21 +1010,6 @@ def _key_index(
     )
 
 
-def _sortable(t: pa.DataType) -> bool:
-    return (
-        pa.types.is_integer(t)
-        or pa.types.is_floating(t)
-        or pa.types.is_boolean(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_fixed_size_binary(t)
-        or pa.types.is_temporal(t)
-        or pa.types.is_decimal(t)
-    )
-
-
 def _flatten(prefix: str, structs: pa.Array) -> dict[str, pa.Array]:
     """Struct rows → ``<prefix>.<field>`` columns (a null struct gives nulls)."""
     return {
@@ -1039,7 +1024,7 @@ def _canonical_order(
     """Indices sorting by ``leading`` then every sortable column of ``columns`` (nulls last): the
     total order that makes results independent of arrival order. Rows equal on all of these are
     interchangeable unless they differ in an unsortable (e.g. dictionary) column."""
-    arrays = [pa.array(a) for a in leading] + [c for c in columns if _sortable(c.type)]
+    arrays = [pa.array(a) for a in leading] + [c for c in columns if sortable(c.type)]
     table = pa.table({f"c{i}": a for i, a in enumerate(arrays)})
     return pc.sort_indices(table, [(f"c{i}", "ascending") for i in range(len(arrays))]).to_numpy()
 

@@ -34,13 +34,13 @@ import pyarrow as pa
 from eddyline.operators.base import KG, KernelResult
 from eddyline.operators.keyed import (
     aggregate_fields,
-    event_times,
     finish_aggregates,
     key_groups_of,
     merge_partials,
     ms_to_timestamp,
     normalize,
     nullable,
+    on_time,
     partial_columns,
     require_columns,
     row_partials,
@@ -150,11 +150,8 @@ class SessionWindowKernel:
         wm, gap = watermark_ms, self.gap_ms
 
         # 1. late rows, one-row sessions
-        t_all, valid = event_times(batch.column(self.time))
-        live = valid & (t_all >= wm)
-        late = int(batch.num_rows - live.sum())
-        rows = batch.filter(pa.array(live)) if late else batch
-        t = pa.array(t_all[live], pa.int64())
+        rows, t_rows, late = on_time(batch, self.time, wm)
+        t = pa.array(t_rows, pa.int64())
         one = pa.table(
             {
                 KG: rows.column(KG),
