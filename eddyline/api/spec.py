@@ -81,6 +81,28 @@ Duration = Annotated[
     PlainSerializer(format_duration_ms, return_type=str),
 ]
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb|kib|mib|gib)?\s*$", re.IGNORECASE)
+_UNIT_BYTES = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def parse_bytes(value: Any) -> int:
+    """Parse ``'64MiB'``, ``'500kb'``, ``'2GB'`` (or a whole number of bytes).
+
+    >>> parse_bytes("1KiB"), parse_bytes("1.5kb"), parse_bytes(7)
+    (1024, 1500, 7)
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m:
+            return int(round(float(m.group(1)) * _UNIT_BYTES[(m.group(2) or "b").lower()]))
+    raise ValueError(f"expected a size like '64MiB', got {value!r}")
+
+
+#: A size in bytes; accepts "64MiB"-style strings.
+ByteSize = Annotated[int, BeforeValidator(parse_bytes)]
+
 _NAME = r"^[A-Za-z_][A-Za-z0-9_\-]*$"
 Name = Annotated[str, Field(pattern=_NAME, min_length=1, max_length=64)]
 
@@ -594,6 +616,92 @@ SINK_KINDS = ("files", "console", "memory")
 # --------------------------------------------------------------------------- network
 
 
+# --------------------------------------------------------------------------- control
+
+
+class Balance(Model):
+    """Dynamic load balancing between lanes (seed 001): pair the most and least loaded lanes and
+    move key groups when their average loads differ by ``threshold`` × the mean lane load."""
+
+    method: Literal["one_way", "two_way", "global"] = "one_way"
+    threshold: float = Field(default=0.2, gt=0)
+    #: Evaluate every ``period`` epochs.
+    period: int = Field(default=2, ge=1)
+    #: At most this many key groups move per decision.
+    max_moves: int = Field(default=4, ge=1)
+    #: A moved key group stays put for this many evaluations.
+    cooldown: int = Field(default=3, ge=0)
+    #: Act only after the imbalance was seen at this many evaluations in a row.
+    patience: int = Field(default=2, ge=1)
+
+
+class Scale(Model):
+    """Elastic lanes from the rate model (DS2): lanes = arrival rate / (true per-lane rate ×
+    target utilisation), within [min_lanes, max_lanes]."""
+
+    min_lanes: int = Field(default=1, ge=1)
+    #: Default: the cores Spark offers (its default parallelism).
+    max_lanes: int | None = Field(default=None, ge=1)
+    target_utilization: float = Field(default=0.7, gt=0, le=1)
+    #: Epochs without another rescale after one (hysteresis).
+    cooldown: int = Field(default=3, ge=0)
+    #: Ignore utilisation changes within this fraction of the target.
+    tolerance: float = Field(default=0.15, ge=0, lt=1)
+    #: Planned rescales, epoch → lanes (e.g. before a known peak); applied as well as the model.
+    schedule: dict[int, int] = Field(default_factory=dict)
+    #: Whether the rate model decides at all (off: only ``schedule``).
+    auto: bool = True
+
+
+class Spread(Model):
+    """SPREADFIRE for hot key groups: when one key group's load exceeds ``hot_share`` of a fair
+    lane's load (so no move can balance it), its new rows are spread over ``fanout`` lanes while
+    its existing state stays where it is. Only steps whose kernel supports it (interval and
+    unbounded joins) are split; window aggregates already merge pre-aggregated partials."""
+
+    hot_share: float = Field(default=0.6, gt=0)
+    fanout: int = Field(default=2, ge=2, le=16)
+    #: Planned splits, epoch → key groups (drills and tests).
+    schedule: dict[int, tuple[int, ...]] = Field(default_factory=dict)
+    auto: bool = True
+
+
+class Chaos(Model):
+    """Relocation drills: random key-group moves during a run (deterministic per seed)."""
+
+    random_moves: int = Field(default=0, ge=0)
+    every: int = Field(default=1, ge=1)
+    seed: int = 0
+
+
+class Control(Model):
+    """How the running query is kept balanced and sized (see ``eddyline.control``)."""
+
+    #: Initial placement of key groups, once ``warmup_epochs`` of statistics exist (or from
+    #: ``profile``): uniform ranges, greedy (largest first), correlation-based, or resilient (ROD).
+    placement: Literal["uniform", "greedy", "correlation", "resilient"] = "uniform"
+    warmup_epochs: int = Field(default=3, ge=1)
+    #: A JSON load profile: {step: [[load per epoch] per key group]} (e.g. from ``--stats-out``).
+    profile: str | None = None
+    balance: Balance | None = None
+    scale: Scale | None = None
+    spread: Spread | None = None
+    chaos: Chaos | None = None
+    #: Memory budget for one lane's state; state beyond it stays on disk and is processed in
+    #: slices of key groups that fit.
+    state_budget: ByteSize | None = Field(default=None, gt=0)
+    #: Epochs of load statistics kept for the policies.
+    history: int = Field(default=30, ge=2)
+    #: The steps the control plane adapts (default: every stateful step).
+    steps: tuple[str, ...] | None = None
+
+    @property
+    def adaptive(self) -> bool:
+        return bool(
+            self.placement != "uniform" or self.profile or self.balance or self.scale or self.spread or self.chaos
+        )
+
+
 class NetworkSpec(Model):
     name: Name
     sources: tuple[SourceSpec, ...] = Field(min_length=1)
@@ -607,6 +715,8 @@ class NetworkSpec(Model):
     trigger: Duration = 1000
     #: Where malformed records go; default ``<checkpoint>/dead-letters``.
     dead_letters: Files | None = None
+    #: The control plane: placement, balancing, rescaling, hot-key splits, state budget.
+    control: Control = Control()
 
     def node(self, name: str) -> SourceSpec | StepSpec | SinkSpec:
         for n in (*self.sources, *self.steps, *self.sinks):

@@ -188,6 +188,32 @@ def check_graph(spec: NetworkSpec) -> list[str]:
     for st in spec.steps:
         if st.name not in consumed:
             problems.append(f"step '{st.name}': its output reaches no sink")
+    return problems + check_control(spec)
+
+
+def check_control(spec: NetworkSpec) -> list[str]:
+    """The control section must name stateful steps and key groups that exist."""
+    problems: list[str] = []
+    c = spec.control
+    stateful = [s.name for s in spec.steps if s.stateful]
+    for i, name in enumerate(c.steps or ()):
+        if name not in stateful:
+            problems.append(
+                f"control: steps.{i}: '{name}' is not a stateful step; expected one of {', '.join(stateful) or '(none)'}"
+            )
+    if c.scale is not None:
+        if c.scale.max_lanes is not None and c.scale.max_lanes < c.scale.min_lanes:
+            problems.append(f"control: scale.max_lanes: {c.scale.max_lanes} is below min_lanes {c.scale.min_lanes}")
+        for epoch, lanes in c.scale.schedule.items():
+            if epoch < 1 or lanes < 1:
+                problems.append(f"control: scale.schedule.{epoch}: expected epoch >= 1 and lanes >= 1, got {lanes}")
+    if c.spread is not None:
+        for epoch, groups in c.spread.schedule.items():
+            bad = [g for g in groups if not 0 <= g < spec.key_groups]
+            if epoch < 1 or bad:
+                problems.append(
+                    f"control: spread.schedule.{epoch}: expected epoch >= 1 and key groups in [0, {spec.key_groups}), got {list(groups)}"
+                )
     return problems
 
 

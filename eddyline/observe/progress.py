@@ -4,7 +4,10 @@ Field names follow Spark's ``StreamingQueryProgress`` where one exists (``batchI
 ``numInputRows``, ``inputRowsPerSecond``, ``processedRowsPerSecond``, ``durationMs``,
 ``eventTime.watermark``, ``stateOperators[].numRowsTotal`` / ``memoryUsedBytes`` /
 ``numRowsDroppedByWatermark``, ``sources[]``, ``sink``); Eddyline's own additions are
-``deadLetters``, ``lateRows``, ``routing`` and ``stateOperators[].customMetrics``.
+``deadLetters``, ``lateRows``, ``routing`` (per step: lanes, key groups per lane, split key
+groups), ``load`` (per step: lane busy times and shares of the makespan, per key group load),
+``decisions`` (the control plane's decisions taking effect in the epoch), ``recentDecisions``
+(the last few, with what they measured once known) and ``stateOperators[].customMetrics``.
 """
 
 from __future__ import annotations
@@ -92,7 +95,26 @@ class ProgressReporter:
         parts: list[Any] = [t]
         if self.rows:
             last = self.rows[-1]
-            routing = ", ".join(f"{s}: v{v['version']} over {v['lanes']} lanes" for s, v in last.get("routing", {}).items())
             sinks = ", ".join(f"{s['description']}={s['numOutputRows']}" for s in last.get("sinks", []))
-            parts.append(f"[dim]routing: {routing or '-'} · output rows this epoch: {sinks or '-'}[/dim]")
+            parts.append(f"[dim]output rows this epoch: {sinks or '-'}[/dim]")
+            for step, v in last.get("routing", {}).items():
+                load = last.get("load", {}).get(step, {})
+                shares = " ".join(f"{x:.2f}" for x in load.get("laneShareOfMakespan", []))
+                spread = f" · split: {v['spread']}" if v.get("spread") else ""
+                parts.append(
+                    f"[dim]{step}: routing v{v['version']}, {v['lanes']} lanes, key groups per lane "
+                    f"{v.get('keyGroupsPerLane')}, lane busy / makespan {shares or '-'}{spread}[/dim]"
+                )
+            for d in last.get("recentDecisions", [])[-3:]:
+                measured = d.get("measured") or {}
+                parts.append(
+                    f"[cyan]epoch {d['epoch']} {d['step']}: {d['kind']} {_brief(d['action'])} · why: {_brief(d['why'])} · "
+                    f"expected makespan {d['expected'].get('makespanMs', '-')} ms · measured "
+                    f"{measured.get('makespanMs', 'pending')}[/cyan]"
+                )
         return Group(*parts)
+
+
+def _brief(d: dict[str, Any], limit: int = 90) -> str:
+    text = ", ".join(f"{k}={v}" for k, v in d.items() if k not in ("laneLoadMs", "scores"))
+    return text if len(text) <= limit else text[: limit - 1] + "…"

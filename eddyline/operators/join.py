@@ -46,6 +46,29 @@ Output: all left columns under their names, then all right columns under theirs,
 whose name is taken getting ``_right`` appended (repeatedly, until unique); the window join adds
 ``window_start`` and ``window_end``. Output rows are ordered by ``(_kg, left _seq, right _seq)``,
 so a replay writes the same bytes.
+
+Spreading a hot key group (SPREADFIRE): the state of one key group ``g`` may be split into
+*fragments* on several lanes, fragment ``f`` being the virtual key group ``g + K * f`` (the kernel
+only sees distinct ``_kg`` values). A new row of a spread group is *stored* in exactly one
+fragment, its home, and sent as a *probe copy* (``_probe`` true, carrying the ``_kg`` of the
+fragment it is sent to) to every other fragment. ``_probe`` is an optional boolean batch column,
+not part of ``input_schema``: absent or null means false, and a batch without probes is processed
+exactly as before. Only the symmetric joins can be spread (``spreadable``); for them, per call:
+
+* every on-time, matchable batch row — store or probe — meets the state rows of the other side
+  in its ``_kg`` (state × batch);
+* two batch rows ``(l, r)`` pair only when ``l`` is a store row (``r`` may be either), so a pair
+  of two new rows is formed once, at ``l``'s home, whatever fragments the lane owns;
+* probe copies never enter the state and are never counted as late or dropped (their store copy
+  is), but pass the same late / null-key / time filters: a late probe copy matches nothing.
+
+Each pair (old row stored in one fragment, new row present in all) is therefore emitted exactly
+once over all fragments, and the union of their outputs equals the unsplit run's. For ordering,
+probe copies get transient ``_seq`` numbers after the admitted rows of their ``_kg`` (in the same
+canonical content order), so the output order is still ``(_kg, left _seq, right _seq)`` and
+depends only on the state and the multiset of batch rows. The window join emits pairs from the
+state when a window closes, so a split window would lose the pairs across fragments: it rejects
+probe rows with a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -56,7 +79,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.operators.base import KG, KernelResult, changed_groups, sortable
+from eddyline.operators.base import KG, PROBE, KernelResult, changed_groups, sortable
 from eddyline.operators.window import TIMESTAMP, WINDOW_END, WINDOW_START
 
 SIDE = "_side"
@@ -127,6 +150,9 @@ class _EquiJoin:
     Not a kernel by itself: subclasses decide when rows are late, when they expire and which
     pairs are emitted when.
     """
+
+    #: Whether a key group's state may be split into fragments fed with ``_probe`` copies.
+    spreadable: bool = False
 
     def __init__(
         self,
@@ -199,14 +225,26 @@ class _EquiJoin:
         ]
 
     # ------------------------------------------------------------------ inputs
-    def _normalize(self, batch: pa.Table, state: pa.Table | None) -> tuple[pa.Table, pa.Table]:
+    def _normalize(
+        self, batch: pa.Table, state: pa.Table | None
+    ) -> tuple[pa.Table, pa.Table, np.ndarray]:
+        """Batch and state in their schemas (other columns dropped), plus the batch's probe
+        mask: the optional ``_probe`` column, absent or null meaning false."""
+        if PROBE in batch.column_names:
+            probe = (
+                pc.fill_null(pc.cast(batch.column(PROBE), pa.bool_()), False)
+                .to_numpy(zero_copy_only=False)
+                .astype(bool)
+            )
+        else:
+            probe = np.zeros(batch.num_rows, dtype=bool)
         batch = batch.select(self.input_schema.names).cast(self.input_schema)
         state = (
             self.state_schema.empty_table()
             if state is None
             else state.select(self.state_schema.names).cast(self.state_schema)
         )
-        return batch, state
+        return batch, state, probe
 
     def _is_left(self, table: pa.Table) -> np.ndarray:
         return table.column(SIDE).to_numpy(zero_copy_only=False) == LEFT
@@ -221,21 +259,34 @@ class _EquiJoin:
         return bad
 
     def _admit(
-        self, batch: pa.Table, admit: np.ndarray, expire: np.ndarray, prior: pa.Table
+        self,
+        batch: pa.Table,
+        admit: np.ndarray,
+        expire: np.ndarray,
+        prior: pa.Table,
+        probe: np.ndarray | None = None,
     ) -> pa.Table:
         """The admitted batch rows as state rows, in canonical order, numbered after ``prior``.
 
         ``expire`` holds each batch row's ``_expire_ms`` (``NEVER``: kept forever, stored as
         null); ``prior`` is the state before this epoch's
         evictions, so a freshly deleted key is not handed out again in the same epoch.
+
+        With ``probe`` (a mask over the batch), the admitted probe copies are numbered too, after
+        the store rows of their key group, and returned behind them: the store rows are exactly
+        the first ``admit & ~probe`` rows (numbered as without probes), the rest are probe copies
+        with transient numbers for ordering the output only.
         """
         rows = batch.filter(pa.array(admit))
         exp = pa.array(expire[admit], type=pa.int64(), mask=expire[admit] == NEVER)
         rows = rows.add_column(2, EXPIRE, exp)
-        # 1. canonical order: key group, side, then content (independent of the batch's order)
+        # 1. canonical order: key group, (store rows before probe copies,) side, then content
+        #    (independent of the batch's order)
+        is_probe = probe[admit] if probe is not None and probe[admit].any() else None
         sort_table = pa.table(
             {
                 "k": rows.column(KG),
+                **({"p": pa.array(is_probe)} if is_probe is not None else {}),
                 "s": rows.column(SIDE),
                 **{
                     c: pc.cast(rows.column(c), rows.schema.field(c).type.value_type)
@@ -245,11 +296,12 @@ class _EquiJoin:
                 },
             }
         )
-        rows = rows.take(
-            pc.sort_indices(
-                sort_table, sort_keys=[(c, "ascending") for c in sort_table.column_names]
-            )
+        order = pc.sort_indices(
+            sort_table, sort_keys=[(c, "ascending") for c in sort_table.column_names]
         )
+        rows = rows.take(order)
+        if is_probe is not None:
+            is_probe = is_probe[order.to_numpy(zero_copy_only=False)]
         # 2. number rows per key group after the largest sequence number the group held
         kg = rows.column(KG).to_numpy(zero_copy_only=False)
         rank = np.arange(len(kg), dtype=np.int64) - np.searchsorted(kg, kg, side="left")
@@ -263,7 +315,10 @@ class _EquiJoin:
             pos = np.minimum(np.searchsorted(top_kg, kg), len(top_kg) - 1)
             base = np.where(top_kg[pos] == kg, top_seq[pos] + 1, 0)
         rows = rows.add_column(1, SEQ, pa.array(base + rank, type=pa.int64()))
-        return rows.select(self.state_schema.names).cast(self.state_schema)
+        rows = rows.select(self.state_schema.names).cast(self.state_schema)
+        if is_probe is not None:  # store rows first, each part still ordered by (key group, _seq)
+            rows = rows.take(pa.array(np.argsort(is_probe, kind="stable"), type=pa.int64()))
+        return rows
 
     # ------------------------------------------------------------------ pairing
     def _key_pairs(
@@ -325,7 +380,11 @@ class WindowJoinKernel(_EquiJoin):
 
     Because only the watermark decides when a window fires, and a window fires once with every
     row that arrived on time, the output does not depend on how the input is cut into epochs.
+
+    Not spreadable: a batch with a true ``_probe`` raises ``ValueError``.
     """
+
+    spreadable = False
 
     def __init__(
         self,
@@ -350,7 +409,13 @@ class WindowJoinKernel(_EquiJoin):
         self.left_time, self.right_time, self.size_ms = left_time, right_time, size_ms
 
     def process(self, batch: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
-        batch, state = self._normalize(batch, state)
+        batch, state, probe = self._normalize(batch, state)
+        if probe.any():
+            raise ValueError(
+                f"{type(self).__name__}: window join cannot be split across lanes; a window's "
+                "pairs are formed from the state when it closes, so every row of a key group "
+                "must be stored in one lane (got rows with _probe set)"
+            )
         # 1. each arriving row's window end (its expiry); late once the window has ended
         is_left = self._is_left(batch)
         lt, l_ok = time_ns(batch.column(LEFT_PREFIX + self.left_time))
@@ -387,7 +452,10 @@ class _SymmetricJoin(_EquiJoin):
 
     Subclasses say when an arriving row is late or unmatchable and when it expires
     (:meth:`_arrival`), and may narrow key-equal pairs by a condition (:meth:`_match`).
+    Spreadable: batches may hold ``_probe`` copies (see the module docstring).
     """
+
+    spreadable = True
 
     def _arrival(
         self, batch: pa.Table, is_left: np.ndarray, watermark_ms: int
@@ -400,32 +468,42 @@ class _SymmetricJoin(_EquiJoin):
         return None
 
     def process(self, batch: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
-        batch, state = self._normalize(batch, state)
+        batch, state, probe = self._normalize(batch, state)
         # 1. evict the state rows the watermark has reached: they can meet no on-time row
         expired = pc.fill_null(pc.less_equal(state.column(EXPIRE), watermark_ms), False).to_numpy(
             zero_copy_only=False
         )
         kept = state.filter(pa.array(~expired))
         deletes = state.filter(pa.array(expired)).select(list(self.primary_key))
-        # 2. admit arriving rows that are on time and can match (numbered after the old state)
+        # 2. admit arriving store rows that are on time and can match (numbered after the old
+        #    state); probe copies pass the same filters and are numbered after them, unstored
         is_left = self._is_left(batch)
         late, unmatchable, expire = self._arrival(batch, is_left, watermark_ms)
         dropped = ~late & (unmatchable | self._null_key(batch, is_left))
-        admitted = self._admit(batch, ~late & ~dropped, expire, state)
-        # 3. pair new left rows with all right rows, and old left rows with new right rows, so
-        #    that every pair with at least one new row comes out exactly once
-        rows = pa.concat_tables([kept, admitted])
-        new = np.arange(rows.num_rows) >= kept.num_rows
+        on_time = ~late & ~dropped
+        n_store = int((on_time & ~probe).sum())
+        arrived = self._admit(batch, on_time, expire, state, probe)
+        admitted = arrived.slice(0, n_store)
+        # 3. pair new store left rows with all right rows, old left rows with all new right rows
+        #    and new probe left rows with old right rows, so that every pair with at least one
+        #    new row comes out exactly once (over all fragments of a spread key group)
+        rows = pa.concat_tables([kept, arrived])
+        pos = np.arange(rows.num_rows)
+        old, store = pos < kept.num_rows, (pos >= kept.num_rows) & (pos < kept.num_rows + n_store)
         left = self._is_left(rows)
-        i1, j1 = self._key_pairs(rows, np.flatnonzero(left & new), np.flatnonzero(~left))
-        i2, j2 = self._key_pairs(rows, np.flatnonzero(left & ~new), np.flatnonzero(~left & new))
-        i, j = np.concatenate([i1, i2]), np.concatenate([j1, j2])
+        i1, j1 = self._key_pairs(rows, np.flatnonzero(left & store), np.flatnonzero(~left))
+        i2, j2 = self._key_pairs(rows, np.flatnonzero(left & old), np.flatnonzero(~left & ~old))
+        i3, j3 = self._key_pairs(
+            rows, np.flatnonzero(left & ~old & ~store), np.flatnonzero(~left & old)
+        )
+        i, j = np.concatenate([i1, i2, i3]), np.concatenate([j1, j2, j3])
         # 4. keep the pairs that satisfy the kernel's condition, emit in canonical order
         match = self._match(rows, i, j)
         if match is not None:
             i, j = i[match], j[match]
         output = self._emit(rows, i, j)
-        return _result(output, rows, admitted, deletes, late, dropped)
+        state = rows.slice(0, kept.num_rows + n_store)
+        return _result(output, state, admitted, deletes, late & ~probe, dropped & ~probe)
 
 
 class IntervalJoinKernel(_SymmetricJoin):

@@ -15,9 +15,11 @@ never needs code changes to move a key group.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
+
+import numpy as np
 
 _M32 = 0xFFFFFFFF
 _C1, _C2 = 0xCC9E2D51, 0x1B873593
@@ -83,11 +85,18 @@ def route_values(partitions: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class RoutingTable:
-    """Key group → lane for one stateful step; ``version`` grows with every change."""
+    """Key group → lane for one stateful step; ``version`` grows with every change.
+
+    ``spread`` holds the key groups split by SPREADFIRE: ``spread[g]`` lists the lanes of the
+    group's extra fragments. Fragment ``f`` of group ``g`` has the *virtual* key group id
+    ``g + K * f`` (fragment 0 is ``g`` itself, at ``assignment[g]``), so its state is stored and
+    relocated like any other key group's.
+    """
 
     lanes: int
     assignment: tuple[int, ...]  # assignment[kg] = lane
     version: int = 0
+    spread: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.lanes <= 0:
@@ -97,10 +106,21 @@ class RoutingTable:
         bad = [kg for kg, lane in enumerate(self.assignment) if not 0 <= lane < self.lanes]
         if bad:
             raise ValueError(f"key groups {bad[:5]} are routed outside lanes [0, {self.lanes})")
+        for kg, extra in self.spread.items():
+            if not 0 <= kg < len(self.assignment) or not extra or any(not 0 <= x < self.lanes for x in extra):
+                raise ValueError(f"spread key group {kg}: fragments {list(extra)} must name lanes in [0, {self.lanes})")
+
+    def __hash__(self) -> int:
+        return hash((self.lanes, self.assignment, self.version, tuple(sorted(self.spread.items()))))
 
     @property
     def key_groups(self) -> int:
         return len(self.assignment)
+
+    @property
+    def fragments(self) -> int:
+        """Fragments of the most split key group (1 when nothing is spread)."""
+        return 1 + max((len(x) for x in self.spread.values()), default=0)
 
     @classmethod
     def uniform(cls, key_groups: int, lanes: int, version: int = 0) -> RoutingTable:
@@ -112,23 +132,58 @@ class RoutingTable:
     def key_groups_of(self, lane: int) -> list[int]:
         return [kg for kg, owner in enumerate(self.assignment) if owner == lane]
 
+    def lane_of(self, virtual_kg: int) -> int:
+        """The lane holding a (possibly virtual) key group; fragments that no longer exist in the
+        table (the group was merged back) fall back to fragment 0's lane."""
+        kg, frag = virtual_kg % self.key_groups, virtual_kg // self.key_groups
+        extra = self.spread.get(kg, ())
+        return extra[frag - 1] if 0 < frag <= len(extra) else self.assignment[kg]
+
+    def owners(self) -> np.ndarray:
+        """Lane of every virtual key group id ``0 .. K * fragments - 1``."""
+        k = self.key_groups
+        out = np.tile(np.asarray(self.assignment, dtype=np.int64), self.fragments)
+        for kg, extra in self.spread.items():
+            for f, lane in enumerate(extra, start=1):
+                out[kg + k * f] = lane
+        return out
+
     def route_values(self) -> list[int]:
-        """Per key group, the value to shuffle on so the group lands in its lane's partition."""
+        """Per virtual key group, the value to shuffle on so the group lands in its lane's partition."""
         values = route_values(self.lanes)
-        return [values[lane] for lane in self.assignment]
+        return [values[lane] for lane in self.owners()]
 
     def moved(self, moves: dict[int, int]) -> RoutingTable:
         """A new version with ``moves`` (key group → new lane) applied."""
         assignment = list(self.assignment)
         for kg, lane in moves.items():
             assignment[kg] = lane
-        return RoutingTable(self.lanes, tuple(assignment), self.version + 1)
+        return RoutingTable(self.lanes, tuple(assignment), self.version + 1, dict(self.spread))
+
+    def with_spread(self, spread: Mapping[int, tuple[int, ...]]) -> RoutingTable:
+        return RoutingTable(self.lanes, self.assignment, self.version + 1, {int(k): tuple(v) for k, v in spread.items()})
+
+    def rescaled(self, lanes: int, assignment: Sequence[int]) -> RoutingTable:
+        """A new version on ``lanes`` lanes; spread fragments on lanes that went away fold onto
+        the remaining lanes (two fragments may then share a lane, which is still correct)."""
+        spread = {kg: tuple(x % lanes for x in extra) for kg, extra in self.spread.items()}
+        return RoutingTable(lanes, tuple(int(x) for x in assignment), self.version + 1, spread)
 
     def to_json(self) -> dict[str, object]:
-        return {"lanes": self.lanes, "version": self.version, "assignment": list(self.assignment)}
+        out: dict[str, object] = {"lanes": self.lanes, "version": self.version, "assignment": list(self.assignment)}
+        if self.spread:
+            out["spread"] = {str(k): list(v) for k, v in sorted(self.spread.items())}
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> RoutingTable:
         assignment = data["assignment"]
         assert isinstance(assignment, Sequence)
-        return cls(int(data["lanes"]), tuple(int(x) for x in assignment), int(data["version"]))  # type: ignore[arg-type]
+        spread = data.get("spread") or {}
+        assert isinstance(spread, Mapping)
+        return cls(
+            int(data["lanes"]),  # type: ignore[arg-type]
+            tuple(int(x) for x in assignment),
+            int(data["version"]),  # type: ignore[arg-type]
+            {int(k): tuple(int(x) for x in v) for k, v in spread.items()},
+        )

@@ -22,7 +22,7 @@ import pyarrow as pa
 from eddyline.api.spec import NetworkSpec, StepSpec, WindowAggregate
 from eddyline.errors import SpecError
 from eddyline.io.sources import Source
-from eddyline.operators.base import KG, Kernel
+from eddyline.operators.base import KG, PROBE, Kernel
 from eddyline.operators.window import START_MS, WINDOW_END, WINDOW_START, WindowConfig, WindowKernel
 from eddyline.plan.keygroups import RoutingTable, route_values
 from eddyline.runtime.lanes import LaneTask, run_lane
@@ -42,6 +42,10 @@ class StepRun:
     watermark_ms: int
     routing: RoutingTable
     index: dict[int, list]
+    #: per-lane state memory budget (None: unbounded)
+    state_budget: int | None = None
+    #: in-memory bytes of a state row as measured last epoch
+    bytes_per_row: float = 0.0
 
 
 @dataclass
@@ -271,7 +275,25 @@ class EpochCompiler:
             kernel = kernels.build_join(step, _arrow_schema(left.schema), _arrow_schema(right.schema))
         except (ValueError, KeyError) as e:
             raise SpecError(f"step '{step.name}': join: {e}") from None
-        return lpart.unionByName(rpart), kernel
+        both = lpart.unionByName(rpart)
+        if run.routing.spread:
+            both = self._spread(both, run.routing)
+        return both, kernel
+
+    def _spread(self, rows: DataFrame, routing: RoutingTable) -> DataFrame:
+        """SPREADFIRE: a new row of a split key group is *stored* in one fragment (chosen by a
+        hash of its content, so a replay chooses the same) and sent as a *probe* copy to every
+        other fragment, where it meets the rows those fragments stored earlier. Fragment ``f``
+        of group ``g`` is the virtual key group ``g + K*f``."""
+        k = routing.key_groups
+        cases = " ".join(f"WHEN {g} THEN {1 + len(extra)}" for g, extra in sorted(routing.spread.items()))
+        content = ", ".join(f"`{c}`" for c in rows.columns if c != KG)
+        cols = [f"`{c}`" for c in rows.columns if c != KG]
+        return (
+            rows.selectExpr("*", f"CASE {KG} {cases} ELSE 1 END AS _nfrag")
+            .selectExpr("*", f"CAST(pmod(xxhash64({content}), _nfrag) AS INT) AS _home", "explode(sequence(0, _nfrag - 1)) AS _frag")
+            .selectExpr(f"CAST({KG} + {k} * _frag AS INT) AS {KG}", *cols, f"_frag != _home AS {PROBE}")
+        )
 
     def _udf(self, step: StepSpec, df: DataFrame) -> DataFrame:
         from eddyline.runtime.udf import UdfRunner, resolve
@@ -395,9 +417,11 @@ class EpochCompiler:
         ``kernel`` against its key groups' state."""
         from pyspark.sql import functions as F
 
+        lanes = run.routing.lanes  # each step has its own number of lanes (elastic)
         routes = ", ".join(f"{v}L" for v in run.routing.route_values())
         lane_routes = ", ".join(f"{v}L" for v in route_values(lanes))
-        columns = [f for f in keyed.schema if f.name in kernel.input_schema.names]
+        wanted = [*kernel.input_schema.names, *([PROBE] if PROBE in keyed.columns else [])]
+        columns = [f for f in keyed.schema if f.name in wanted]
         # One heartbeat row per lane (_kg = -1 - lane) rides the same shuffle: a lane learns its
         # number from its data (a task's partition id is shifted when a union follows the lane in
         # the same Spark stage), and an empty lane still runs to fire its key groups' timers.
@@ -413,16 +437,18 @@ class EpochCompiler:
             .select(*[f"`{f.name}`" for f in columns], ROUTE)
             .unionByName(heartbeats)
             .repartition(lanes, ROUTE)
-            .select(*kernel.input_schema.names)
+            .select(*wanted)
         )
         task = LaneTask(
             step=step,
             epoch=epoch,
             checkpoint=self.checkpoint,
             kernel=kernel,
-            routing=run.routing.assignment,
+            routing=tuple(int(x) for x in run.routing.owners()),
             index=run.index,
             watermark_ms=run.watermark_ms,
+            state_budget=run.state_budget,
+            bytes_per_row=run.bytes_per_row,
             kill_driver_pid=kill_driver_pid,
         )
         return routed.mapInArrow(functools.partial(run_lane, task), _spark_schema(kernel.output_schema))

@@ -31,7 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from eddyline.api.spec import NetworkSpec
+from eddyline.control import policies
+from eddyline.control.manager import DistributionManager
+from eddyline.control.stats import step_load
 from eddyline.errors import CheckpointError, EddylineError, EngineError
 from eddyline.io.sinks import FilesTarget, Sink, make_sink, write_frame
 from eddyline.io.sources import Source, make_source
@@ -103,6 +108,9 @@ class Engine:
             for s in self.stateful
             if s.window_aggregate is not None and s.window_aggregate.late is not None
         }
+        self.manager = DistributionManager(spec, max_lanes=spark.sparkContext.defaultParallelism)
+        self._bytes_per_row: dict[str, float] = {}
+        self._last_epoch_start: float | None = None
         self.has_dead_letter_sources = any(
             s.files is not None and s.files.format != "parquet" for s in spec.sources
         )
@@ -134,6 +142,7 @@ class Engine:
             replayed = pending is not None
             if pending is not None:
                 plan, pending = pending, None
+                self.manager.adopt(plan.decisions)
             else:
                 plan = self._plan_next(last, time.time() - started_at, until_idle)
                 if plan is None:
@@ -236,16 +245,25 @@ class Engine:
             end_of_stream = True
             watermarks = watermarks_for(True)
         routing: dict[str, dict[str, Any]] = {}
+        decisions: list[dict[str, Any]] = []
+        elastic = self.spec.control.scale is not None
         for step in self.stateful:
             prev = last.steps.get(step.name) if last else None
             old = RoutingTable.from_json(prev["routing"]) if prev else None
-            if old is not None and old.lanes == self.lanes:
+            if old is None:
+                table = RoutingTable.uniform(self.spec.key_groups, self.lanes)
+            elif old.lanes == self.lanes or elastic:
                 table = old
-            else:
-                table = RoutingTable.uniform(self.spec.key_groups, self.lanes, old.version + 1 if old else 0)
+            else:  # restarted with another lane count: move as few key groups as possible
+                counts = np.zeros(old.key_groups)
+                for kg in prev["index"] if prev else ():
+                    counts[int(kg) % old.key_groups] += 1
+                table = old.rescaled(self.lanes, policies.rescale_assignment(counts, np.asarray(old.assignment), self.lanes))
+            table, made = self.manager.plan(epoch, step.name, table)
+            decisions.extend(d.to_json() for d in made)
             routing[step.name] = table.to_json()
         tables = self.compiler.tables.plan(last.tables if last else {})
-        return EpochPlan(epoch, slices, watermarks, routing, self.lanes, end_of_stream, tables)
+        return EpochPlan(epoch, slices, watermarks, routing, self.lanes, end_of_stream, tables, decisions)
 
     # ------------------------------------------------------------------ one epoch
     def _run_epoch(self, plan: EpochPlan, last: EpochCommit | None, replayed: bool) -> tuple[EpochCommit, dict[str, Any]]:
@@ -260,9 +278,13 @@ class Engine:
                 plan.watermarks[s.name],
                 RoutingTable.from_json(plan.routing[s.name]),
                 dict(last.steps[s.name]["index"]) if last and s.name in last.steps else {},
+                state_budget=self.spec.control.state_budget,
+                bytes_per_row=self._bytes_per_row.get(s.name, 0.0),
             )
             for s in self.stateful
         }
+        wall_s = t0 - self._last_epoch_start if self._last_epoch_start is not None else 0.0
+        self._last_epoch_start = t0
         kill_pid = os.getpid() if (self.crash_epoch == epoch and self.crash_point == "in_task") else None
         frames = self.compiler.build(epoch, plan.sources, runs, plan.lanes, kill_driver_pid=kill_pid, tables=plan.tables)
         persisted = self._persist_shared(frames.nodes, StorageLevel.MEMORY_AND_DISK)
@@ -315,10 +337,11 @@ class Engine:
         obs_values = {k: o.get for k, o in frames.observations.items()}
         steps_commit: dict[str, dict[str, Any]] = {}
         state_ops = []
+        loads = {}
         late_total = 0
         for s in self.stateful:
             run = runs[s.name]
-            manifests = self.ckpt.lane_manifests(epoch, s.name, plan.lanes)
+            manifests = self.ckpt.lane_manifests(epoch, s.name, run.routing.lanes)
             index = dict(run.index)
             for m in manifests:
                 for kg, chain in m["chains"].items():
@@ -338,6 +361,10 @@ class Engine:
             late = int(obs_values.get(f"step:{s.name}", {}).get("late") or 0)
             late += sum(int(m.get("metrics", {}).get("late_rows", 0)) for m in manifests)
             late_total += late
+            load = step_load(epoch, run.routing.lanes, manifests, wall_s)
+            loads[s.name] = load
+            if load.state_rows:
+                self._bytes_per_row[s.name] = load.state_bytes / load.state_rows
             steps_commit[s.name] = {
                 "index": index,
                 "input_max": input_max,
@@ -358,6 +385,9 @@ class Engine:
                         "deltas": sum(m["deltas"] for m in manifests),
                         "cacheHits": sum(m["cache_hits"] for m in manifests),
                         "cacheMisses": sum(m["cache_misses"] for m in manifests),
+                        "spilledBytes": load.spilled_bytes,
+                        "stateSlices": sum(m.get("slices", 1) for m in manifests),
+                        "workerPeakRssBytes": max((m["memory"]["peak"]["rss"] for m in manifests if "memory" in m), default=0),
                         **_summed_metrics(manifests),
                         "laneMs": [m["ms"] for m in manifests],
                         "laneInputRows": [m["input_rows"] for m in manifests],
@@ -376,6 +406,8 @@ class Engine:
         crash = _die if (self.crash_epoch == epoch and self.crash_point == "mid_commit") else None
         self.ckpt.write_commit(commit, crash=crash)
         t_commit = time.monotonic()
+        for name, load in loads.items():
+            self.manager.observe(name, load)
         self._maybe_crash(epoch, "after_commit")
         if epoch % self.retain_epochs == 0:
             self._cleanup(epoch)
@@ -412,7 +444,10 @@ class Engine:
             "sinks": [{"description": n, "numOutputRows": r} for n, r in sink_rows.items()],
             "deadLetters": dead,
             "lateRows": late_total,
-            "routing": {n: {"version": r["version"], "lanes": r["lanes"]} for n, r in plan.routing.items()},
+            "routing": {n: _routing_summary(r) for n, r in plan.routing.items()},
+            "load": {n: load.to_json() for n, load in loads.items()},
+            "decisions": plan.decisions,
+            "recentDecisions": self.manager.recent(5),
             "endOfStream": plan.end_of_stream,
         }
         return commit, record
@@ -475,6 +510,16 @@ def _stateful_upstream(spec: NetworkSpec, step: Any) -> tuple[list[str], bool]:
         else:
             frontier.extend(node.inputs)
     return sorted(ancestors), from_sources
+
+
+def _routing_summary(routing: dict[str, Any]) -> dict[str, Any]:
+    table = RoutingTable.from_json(routing)
+    return {
+        "version": table.version,
+        "lanes": table.lanes,
+        "keyGroupsPerLane": [len(table.key_groups_of(i)) for i in range(table.lanes)],
+        "spread": {str(k): [table.assignment[k], *v] for k, v in table.spread.items()},
+    }
 
 
 def _summed_metrics(manifests: list[dict[str, Any]]) -> dict[str, int]:

@@ -19,9 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from eddyline.operators.base import KG, Kernel
+from eddyline.operators.base import KG, PROBE, Kernel
 from eddyline.runtime.udf import MARK
-from eddyline.state.store import KeyGroupStore, filesystem, process_cache, write_atomic
+from eddyline.state.store import (
+    DEFAULT_CACHE_BYTES,
+    KeyGroupStore,
+    filesystem,
+    process_cache,
+    write_atomic,
+)
 
 
 @dataclass(frozen=True)
@@ -30,10 +36,14 @@ class LaneTask:
     epoch: int
     checkpoint: str
     kernel: Kernel
-    routing: tuple[int, ...]  # key group -> lane
+    routing: tuple[int, ...]  # virtual key group -> lane (RoutingTable.owners())
     index: dict[int, list]  # key group -> chain, as of the previous commit
     watermark_ms: int
     snapshot_every: int = 8
+    #: memory budget for this lane's state (None: load all of it at once)
+    state_budget: int | None = None
+    #: in-memory bytes of one state row, as measured in the previous epoch (for slicing)
+    bytes_per_row: float = 0.0
     #: test hook: SIGKILL the driver after this lane wrote its state (a crash mid-epoch)
     kill_driver_pid: int | None = None
 
@@ -43,11 +53,59 @@ def manifest_path(checkpoint: str, epoch: int, step: str, lane: int) -> str:
     return f"{base}/epochs/{epoch:010d}/{step}/lane-{lane:04d}.json"
 
 
+def state_file_id(lane: int, part: int) -> int:
+    """The id naming a lane's state file: one file per slice when the lane works in slices."""
+    return lane if part == 0 else (part << 16) | lane
+
+
+def memory_bytes() -> dict[str, int]:
+    """This process's resident memory (Linux ``/proc``; zeros elsewhere): all of it, and the
+    anonymous part, i.e. without file pages such as memory-mapped state files."""
+    out = {"rss": 0, "anon": 0}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    out["rss"] = int(line.split()[1]) * 1024
+                elif line.startswith("RssAnon:"):
+                    out["anon"] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def chain_rows(chain: list) -> int:
+    """Rows a chain materialises to, at most (its snapshot plus every delta row)."""
+    return sum(int(seg[4]) for seg in chain)
+
+
+def slices(groups: list[int], rows: dict[int, int], bytes_per_row: float, budget: int | None) -> list[list[int]]:
+    """Cut a lane's key groups into slices whose estimated state fits ``budget``. A single group
+    larger than the budget still gets a slice of its own (it is reported as over budget)."""
+    if budget is None or bytes_per_row <= 0:
+        return [groups] if groups else []
+    out: list[list[int]] = []
+    current: list[int] = []
+    size = 0.0
+    for kg in groups:
+        need = rows.get(kg, 0) * bytes_per_row
+        if current and size + need > budget:
+            out.append(current)
+            current, size = [], 0.0
+        current.append(kg)
+        size += need
+    if current:
+        out.append(current)
+    return out
+
+
 def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     t0 = time.perf_counter()
+    mem0 = memory_bytes()
     received = list(batches)
     kernel = task.kernel
     arrived = pa.Table.from_batches(received) if received else kernel.input_schema.empty_table()
+    del received
     # The lane's heartbeat row (_kg = -1 - lane) names the lane; it is not data (and its nulls
     # must go before the cast to the kernel's schema, whose fields may be non-nullable).
     kg_col = arrived.column(KG).to_numpy(zero_copy_only=False)
@@ -58,12 +116,17 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
             "the routing table"
         )
     lane = int(-1 - beats[0])
-    partials = arrived.filter(pa.array(kg_col >= 0)).cast(kernel.input_schema)
+    schema = kernel.input_schema
+    if PROBE in arrived.column_names and PROBE not in schema.names:
+        schema = schema.append(pa.field(PROBE, pa.bool_()))
+    partials = arrived.filter(pa.array(kg_col >= 0)).cast(schema)
+    del arrived
     t_in = time.perf_counter()
-    routing = np.asarray(task.routing)
-    if partials.num_rows:
-        kgs = partials.column(KG).to_numpy()
-        strays = np.unique(kgs[routing[kgs] != lane])
+    mem_in = memory_bytes()
+    owners = np.asarray(task.routing)
+    kgs = partials.column(KG).to_numpy() if partials.num_rows else np.zeros(0, dtype=np.int32)
+    if kgs.size:
+        strays = np.unique(kgs[owners[kgs] != lane])
         if strays.size:
             raise RuntimeError(
                 f"{MARK} step '{task.step}' lane {lane}: received key groups {strays[:5].tolist()} routed "
@@ -77,42 +140,98 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         snapshot_every=task.snapshot_every,
     )
     cache = process_cache()
+    # With a budget, resident state (the cache) and the slice being worked on share it.
+    cache.resize(DEFAULT_CACHE_BYTES if task.state_budget is None else task.state_budget // 2)
     hits0, misses0 = cache.hits, cache.misses
-    mine = [kg for kg in task.index if task.routing[kg] == lane]
-    state = store.load(task.index, mine)
-    t_load = time.perf_counter()
-    result = kernel.process(partials, state, task.watermark_ms)
-    t_kernel = time.perf_counter()
-    written = store.write(
-        task.epoch,
-        lane,
-        task.index,
-        result.state,
-        result.upserts,
-        result.deletes,
-        result.changed_key_groups,
+    mine = [kg for kg in task.index if kg < owners.size and owners[kg] == lane]
+    in_counts = np.bincount(kgs, minlength=1) if kgs.size else np.zeros(1, dtype=np.int64)
+    arriving = np.flatnonzero(in_counts).tolist()
+    groups = sorted(set(mine) | set(arriving))
+    state_rows_before = {kg: chain_rows(task.index[kg]) for kg in mine}
+    work = slices(
+        groups,
+        state_rows_before,
+        task.bytes_per_row,
+        None if task.state_budget is None else task.state_budget // 2,
     )
-    t_write = time.perf_counter()
+    ms = {"load": 0.0, "kernel": 0.0, "write": 0.0}
+    chains: dict[str, list | None] = {}
+    state_rows = state_bytes = output_rows = bytes_written = snapshots = deltas = 0
+    metrics: dict[str, int] = {}
+    kg_state: dict[str, int] = {}
+    peak = dict(mem_in)
+    if kgs.size:
+        order = np.argsort(kgs, kind="stable")
+        partials = partials.take(order)
+        kgs = kgs[order]
+    for part, group in enumerate(work):
+        t_a = time.perf_counter()
+        if len(work) == 1:
+            chunk = partials
+        else:
+            lo, hi = np.searchsorted(kgs, group[0], "left"), np.searchsorted(kgs, group[-1], "right")
+            chunk = partials.slice(lo, hi - lo)
+        state = store.load(task.index, [kg for kg in group if kg in task.index])
+        t_b = time.perf_counter()
+        result = kernel.process(chunk, state, task.watermark_ms)
+        t_c = time.perf_counter()
+        written = store.write(
+            task.epoch,
+            state_file_id(lane, part),
+            task.index,
+            result.state,
+            result.upserts,
+            result.deletes,
+            result.changed_key_groups,
+        )
+        t_d = time.perf_counter()
+        ms["load"] += t_b - t_a
+        ms["kernel"] += t_c - t_b
+        ms["write"] += t_d - t_c
+        chains.update({str(k): v for k, v in written.chains.items()})
+        if result.state.num_rows:
+            counts = np.bincount(result.state.column(KG).to_numpy(zero_copy_only=False))
+            kg_state.update({str(k): int(counts[k]) for k in np.flatnonzero(counts)})
+        state_rows += result.state.num_rows
+        state_bytes += result.state.nbytes
+        output_rows += result.output.num_rows
+        bytes_written += written.bytes_written
+        snapshots += written.snapshots
+        deltas += written.deltas
+        for k, v in result.metrics.items():
+            metrics[k] = metrics.get(k, 0) + int(v)
+        output = result.output
+        del state, result, chunk
+        if len(work) > 1:
+            pa.default_memory_pool().release_unused()
+        now = memory_bytes()
+        peak = {k: max(peak[k], now[k]) for k in peak}
+        yield from output.to_batches()
+        del output
+    resident = cache.resident_bytes(store.root, store.step, [int(k) for k in kg_state])
     manifest = {
         "lane": lane,
-        "chains": {str(k): v for k, v in written.chains.items()},
+        "chains": chains,
         "input_rows": partials.num_rows,
-        "state_rows": result.state.num_rows,
-        "state_bytes": result.state.nbytes,
-        "output_rows": result.output.num_rows,
-        "metrics": result.metrics,
-        "bytes_written": written.bytes_written,
-        "snapshots": written.snapshots,
-        "deltas": written.deltas,
+        "state_rows": state_rows,
+        "state_bytes": state_bytes,
+        "output_rows": output_rows,
+        "metrics": metrics,
+        "bytes_written": bytes_written,
+        "snapshots": snapshots,
+        "deltas": deltas,
         "cache_hits": cache.hits - hits0,
         "cache_misses": cache.misses - misses0,
         "cache_bytes": cache.used,
-        "key_groups": len(set(mine) | set(np.unique(partials.column(KG).to_numpy()).tolist())),
+        "key_groups": len(groups),
+        "kg_rows": {str(k): int(in_counts[k]) for k in arriving},
+        "kg_state_rows": kg_state,
+        "slices": len(work),
+        "spilled_bytes": max(0, state_bytes - resident),
+        "memory": {"start": mem0, "received": mem_in, "peak": peak},
         "ms": {
             "receive": round((t_in - t0) * 1000, 2),
-            "load": round((t_load - t_in) * 1000, 2),
-            "kernel": round((t_kernel - t_load) * 1000, 2),
-            "write": round((t_write - t_kernel) * 1000, 2),
+            **{k: round(v * 1000, 2) for k, v in ms.items()},
         },
         "pid": os.getpid(),
     }
@@ -122,4 +241,3 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     write_atomic(fs, path, json.dumps(manifest).encode())
     if task.kill_driver_pid is not None and lane == 0:
         os.kill(task.kill_driver_pid, signal.SIGKILL)
-    yield from result.output.to_batches()

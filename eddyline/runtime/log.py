@@ -38,6 +38,8 @@ class EpochPlan:
     end_of_stream: bool = False
     #: lookup step -> the table version this epoch joins against
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the control plane's decisions taking effect in this epoch (explained; see eddyline.control)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
     planned_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:

@@ -94,8 +94,27 @@ class StateCache:
             self.evictions += 1
 
 
+    def resize(self, budget_bytes: int) -> None:
+        """Set the budget, evicting the least recently used groups beyond it."""
+        self.budget = budget_bytes
+        while self.used > self.budget and self._entries:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self.used -= evicted.nbytes
+            self.evictions += 1
+
+    def resident_bytes(self, root: str, step: str, key_groups: Iterable[int]) -> int:
+        """Bytes of these key groups' state held in memory (the rest is on disk only)."""
+        total = 0
+        for kg in key_groups:
+            entry = self._entries.get((root, step, kg))
+            if entry is not None:
+                total += entry[1].nbytes
+        return total
+
+
 #: One cache per Python worker process; Spark reuses workers across tasks and epochs.
-_CACHE = StateCache(int(os.environ.get("EDDYLINE_STATE_CACHE_BYTES", str(512 << 20))))
+DEFAULT_CACHE_BYTES = int(os.environ.get("EDDYLINE_STATE_CACHE_BYTES", str(512 << 20)))
+_CACHE = StateCache(DEFAULT_CACHE_BYTES)
 
 
 def process_cache() -> StateCache:

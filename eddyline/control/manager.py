@@ -1,0 +1,266 @@
+"""The distribution manager: monitor → decide → reconfigure, one epoch at a time.
+
+Before each epoch the engine asks :meth:`DistributionManager.plan` for every stateful step's
+routing table. The manager starts from the committed table and may change it:
+
+* **placement** (once): after ``warmup_epochs`` of statistics, or at once from a declared
+  profile, key groups are placed by the greedy, correlation-based or resilient (ROD) policy;
+* **rescale**: the DS2 rate model (or a scheduled change) sets a new number of lanes, moving as
+  little load as possible;
+* **balance**: pairwise one-way / two-way moves between the most and least loaded lanes;
+* **spread** (SPREADFIRE): a key group hotter than a fair lane's share, which no move can
+  balance, has its new rows split over more lanes while its state stays put;
+* **chaos**: random moves, for relocation drills.
+
+Every change is a :class:`Decision` that says why (the statistics), what it expected (predicted
+lane loads and makespan) and — a few epochs later — what was measured. Decisions travel in the
+epoch plan, which is logged before the epoch runs: a replay after a crash applies the very same
+routing, so moves are exactly-once like everything else.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from eddyline.api.spec import NetworkSpec
+from eddyline.control import policies
+from eddyline.control.stats import LoadHistory, StepLoad
+from eddyline.plan.keygroups import RoutingTable
+
+#: Epochs after a decision at which its effect is measured.
+MEASURE_AFTER = 2
+
+
+@dataclass
+class Decision:
+    epoch: int  # the first epoch that runs with it
+    step: str
+    kind: str  # placement | rescale | balance | spread | chaos
+    action: dict[str, Any]
+    why: dict[str, Any]
+    expected: dict[str, Any]
+    measured: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Decision:
+        return cls(**data)
+
+
+def _round(xs: Any) -> list[float]:
+    return [round(float(x), 1) for x in xs]
+
+
+@dataclass
+class DistributionManager:
+    spec: NetworkSpec
+    max_lanes: int
+    history: LoadHistory = field(init=False)
+    decisions: list[Decision] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        c = self.spec.control
+        self.history = LoadHistory(self.spec.key_groups, c.history)
+        steps = [s for s in self.spec.steps if s.stateful]
+        self.steps = {s.name for s in steps if c.steps is None or s.name in c.steps}
+        self.spreadable = {
+            s.name for s in steps if s.join is not None and s.join.kind in ("interval", "unbounded")
+        }
+        self.balancers = {
+            n: policies.Balancer(
+                threshold=c.balance.threshold,
+                period=c.balance.period,
+                max_moves=c.balance.max_moves,
+                method=c.balance.method,
+                cooldown=c.balance.cooldown,
+                patience=c.balance.patience,
+            )
+            for n in self.steps
+            if c.balance is not None
+        }
+        scale_max = c.scale.max_lanes if c.scale and c.scale.max_lanes else self.max_lanes
+        self.scalers = {
+            n: policies.Scaler(
+                target_utilization=c.scale.target_utilization,
+                min_lanes=c.scale.min_lanes,
+                max_lanes=scale_max,
+                cooldown=c.scale.cooldown,
+                tolerance=c.scale.tolerance,
+            )
+            for n in self.steps
+            if c.scale is not None
+        }
+        self.placed: set[str] = set()
+        self.profile = _read_profile(c.profile) if c.profile else {}
+
+    # ------------------------------------------------------------------ monitor
+    def observe(self, step: str, load: StepLoad) -> None:
+        """Record an epoch's statistics and measure decisions old enough to judge."""
+        self.history.add(step, load)
+        for d in self.decisions:
+            if d.step == step and d.measured is None and load.epoch >= d.epoch + MEASURE_AFTER - 1:
+                since = [x for x in self.history.epochs(step) if x.epoch >= d.epoch]
+                lanes = max(x.lanes for x in since)
+                busy = np.mean([np.pad(x.lane_busy_ms, (0, lanes - len(x.lane_busy_ms))) for x in since], axis=0)
+                d.measured = {
+                    "epochs": [since[0].epoch, since[-1].epoch],
+                    "laneBusyMs": _round(busy),
+                    "makespanMs": round(float(busy.max()), 1),
+                }
+
+    def recent(self, n: int = 5) -> list[dict[str, Any]]:
+        return [d.to_json() for d in self.decisions[-n:]]
+
+    def adopt(self, decisions: list[dict[str, Any]]) -> None:
+        """Take over the decisions of a logged plan (a replay after a crash)."""
+        for raw in decisions:
+            d = Decision.from_json(raw)
+            if not any(x.epoch == d.epoch and x.step == d.step and x.kind == d.kind for x in self.decisions):
+                self.decisions.append(d)
+            if d.kind == "placement":
+                self.placed.add(d.step)
+
+    # ------------------------------------------------------------------ decide
+    def plan(self, epoch: int, step: str, table: RoutingTable) -> tuple[RoutingTable, list[Decision]]:
+        if step not in self.steps:
+            return table, []
+        out: list[Decision] = []
+        c = self.spec.control
+        series = self.history.series(step)
+        # placement: once, from a profile at once or after the warm-up
+        if step not in self.placed and c.placement != "uniform":
+            prof = self.profile.get(step)
+            if prof is not None or series.shape[1] >= c.warmup_epochs:
+                basis = np.asarray(prof, dtype=float) if prof is not None else series
+                new = self._placement(c.placement, basis, table.lanes)
+                self.placed.add(step)
+                moves = {kg: int(x) for kg, x in enumerate(new) if x != table.assignment[kg]}
+                if moves:
+                    d = self._decision(epoch, step, "placement", table, moves, basis,
+                                       {"policy": c.placement, "source": "profile" if prof is not None else f"{series.shape[1]} epochs"})
+                    table = table.moved(moves)
+                    out.append(d)
+        elif c.placement == "uniform":
+            self.placed.add(step)
+        # rescale
+        rescaled = False
+        if c.scale is not None:
+            target = c.scale.schedule.get(epoch)
+            why: dict[str, Any] = {"reason": "schedule"}
+            if target is None and c.scale.auto and series.shape[1] >= 2:
+                arrival, true_rate = self.history.rates(step)
+                target = self.scalers[step].decide(epoch, table.lanes, arrival, true_rate)
+                why = {
+                    "reason": "rate model (DS2)",
+                    "arrivalRowsPerSec": round(arrival, 1),
+                    "trueRowsPerSecPerLane": round(true_rate, 1),
+                    "targetUtilization": c.scale.target_utilization,
+                    "utilization": round(arrival / (true_rate * table.lanes), 3) if true_rate else None,
+                }
+            if target is not None and target != table.lanes:
+                loads = series[:, -3:].mean(axis=1) if series.size else np.zeros(table.key_groups)
+                assignment = policies.rescale_assignment(loads, np.asarray(table.assignment), target)
+                new_table = table.rescaled(target, assignment)
+                moved = int(np.sum(np.asarray(table.assignment) != assignment))
+                after = policies.lane_loads(series[:, -3:], assignment, target).mean(axis=1) if series.size else np.zeros(target)
+                d = Decision(
+                    epoch, step, "rescale", {"lanes": [table.lanes, target], "keyGroupsMoved": moved},
+                    {**why, "laneBusyMs": _round(self._lane_busy(step))},
+                    {"laneLoadMs": _round(after), "makespanMs": round(float(after.max()), 1) if after.size else 0.0},
+                )
+                table = new_table
+                out.append(d)
+                rescaled = True
+        # balance
+        if not rescaled and step in self.balancers and series.shape[1] >= 2 and table.lanes > 1:
+            window = series[:, -c.history:]
+            moves = self.balancers[step].decide(epoch, window, np.asarray(table.assignment), table.lanes)
+            if moves:
+                mv = {m.item: m.dst for m in moves}
+                d = self._decision(epoch, step, "balance", table, mv, window,
+                                   {"policy": c.balance.method if c.balance else "", "threshold": c.balance.threshold if c.balance else 0,
+                                    "scores": {str(m.item): round(m.score, 3) for m in moves}})
+                table = table.moved(mv)
+                out.append(d)
+        # spread (SPREADFIRE)
+        if c.spread is not None and step in self.spreadable and table.lanes > 1:
+            wanted = [int(g) for g in c.spread.schedule.get(epoch, ())]
+            why = {"reason": "schedule"}
+            if not wanted and c.spread.auto and series.shape[1] >= 2:
+                recent = series[:, -3:].mean(axis=1)
+                fair = recent.sum() / table.lanes
+                hot = int(np.argmax(recent))
+                if fair > 0 and recent[hot] > c.spread.hot_share * fair and hot not in table.spread:
+                    wanted = [hot]
+                    why = {"reason": "hot key group", "keyGroupLoadMs": round(float(recent[hot]), 1),
+                           "fairLaneLoadMs": round(float(fair), 1), "hotShare": c.spread.hot_share,
+                           "rows": int(self.history.rows_series(step, 3)[hot].sum())}
+            wanted = [g for g in wanted if g not in table.spread]
+            if wanted:
+                lane_load = policies.lane_loads(series[:, -3:], np.asarray(table.assignment), table.lanes).mean(axis=1) if series.size else np.zeros(table.lanes)
+                spread = dict(table.spread)
+                for g in wanted:
+                    others = [ln for ln in np.argsort(lane_load, kind="stable").tolist() if ln != table.assignment[g]]
+                    spread[g] = tuple(int(x) for x in others[: c.spread.fanout - 1]) or (table.assignment[g],)
+                table = table.with_spread(spread)
+                out.append(Decision(epoch, step, "spread", {"keyGroups": {str(g): [table.assignment[g], *spread[g]] for g in wanted}},
+                                    {**why, "laneBusyMs": _round(self._lane_busy(step))},
+                                    {"fragments": c.spread.fanout, "note": "new rows split; old state stays and is probed"}))
+        # chaos (relocation drills)
+        if c.chaos is not None and c.chaos.random_moves and epoch % c.chaos.every == 0 and table.lanes > 1:
+            rng = np.random.default_rng([c.chaos.seed, epoch, zlib.crc32(step.encode())])
+            kgs = rng.choice(table.key_groups, size=min(c.chaos.random_moves, table.key_groups), replace=False)
+            mv = {int(g): int((table.assignment[g] + rng.integers(1, table.lanes)) % table.lanes) for g in kgs}
+            out.append(Decision(epoch, step, "chaos", {"moves": [[g, table.assignment[g], d] for g, d in sorted(mv.items())]},
+                                {"reason": "relocation drill", "seed": c.chaos.seed}, {}))
+            table = table.moved(mv)
+        self.decisions.extend(out)
+        del self.decisions[:-200]
+        return table, out
+
+    # ------------------------------------------------------------------ helpers
+    def _placement(self, policy: str, basis: np.ndarray, lanes: int) -> np.ndarray:
+        if policy == "greedy":
+            return policies.greedy_placement(basis.mean(axis=1), lanes)
+        if policy == "correlation":
+            return policies.correlation_placement(basis, lanes)
+        # resilient: every observed epoch is a load condition; its key groups' shares of that
+        # epoch's total are the coefficients, so the placement keeps every lane near 1/n of the
+        # load under all the mixes seen (ROD's "wide feasible region", over observed mixes)
+        totals = basis.sum(axis=0)
+        coeff = np.divide(basis, totals, out=np.zeros_like(basis), where=totals > 0)
+        return policies.resilient_placement(coeff, lanes)
+
+    def _lane_busy(self, step: str) -> list[float]:
+        last = self.history.latest(step)
+        return last.lane_busy_ms if last else []
+
+    def _decision(self, epoch: int, step: str, kind: str, table: RoutingTable, moves: dict[int, int],
+                  series: np.ndarray, why: dict[str, Any]) -> Decision:
+        window = series[:, -3:] if series.size else series
+        before = policies.lane_loads(window, np.asarray(table.assignment), table.lanes).mean(axis=1)
+        after_assign = np.asarray(table.assignment).copy()
+        for kg, lane in moves.items():
+            after_assign[kg] = lane
+        after = policies.lane_loads(window, after_assign, table.lanes).mean(axis=1)
+        return Decision(
+            epoch, step, kind,
+            {"moves": [[kg, table.assignment[kg], lane] for kg, lane in sorted(moves.items())]},
+            {**why, "laneLoadMs": _round(before), "makespanMs": round(float(before.max()), 1) if before.size else 0.0},
+            {"laneLoadMs": _round(after), "makespanMs": round(float(after.max()), 1) if after.size else 0.0},
+        )
+
+
+def _read_profile(path: str) -> dict[str, list[list[float]]]:
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"control.profile: {path}: expected a JSON object {{step: [[load per epoch] per key group]}}")
+    return data

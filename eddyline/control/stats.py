@@ -1,0 +1,163 @@
+"""Load statistics: what the policies see, folded from the lanes' manifests after each epoch.
+
+A lane measures its own phases (receive, load, kernel, write) and counts rows per key group; it
+cannot time one key group alone, because its kernel runs vectorised over all of them. A key
+group's *load* is therefore the lane's measured time shared out by a cost model: receiving and the
+kernel in proportion to the group's input rows, loading and writing state in proportion to its
+state rows. Summed over a lane's groups it is exactly the lane's busy time.
+
+:class:`LoadHistory` keeps a sliding window of these per step, so policies get load time series,
+their correlation coefficients (seed 001), lane shares of the makespan and the DS2 rates.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepLoad:
+    """One stateful step in one epoch."""
+
+    epoch: int
+    lanes: int
+    #: estimated busy milliseconds per (virtual) key group
+    kg_load: dict[int, float]
+    kg_rows: dict[int, int]
+    kg_state_rows: dict[int, int]
+    #: measured busy milliseconds per lane (index = lane)
+    lane_busy_ms: list[float]
+    input_rows: int
+    state_rows: int
+    state_bytes: int
+    spilled_bytes: int
+    #: wall-clock seconds this epoch's input took to arrive (since the previous epoch started)
+    wall_s: float
+
+    @property
+    def makespan_ms(self) -> float:
+        return max(self.lane_busy_ms, default=0.0)
+
+    @property
+    def busy_ms(self) -> float:
+        return float(sum(self.lane_busy_ms))
+
+    def lane_shares(self) -> list[float]:
+        """Each lane's busy time as a share of the stage's makespan (1.0 = the slowest lane)."""
+        span = self.makespan_ms
+        return [round(b / span, 3) if span else 0.0 for b in self.lane_busy_ms]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "lanes": self.lanes,
+            "inputRows": self.input_rows,
+            "stateRows": self.state_rows,
+            "stateBytes": self.state_bytes,
+            "spilledBytes": self.spilled_bytes,
+            "laneBusyMs": [round(b, 1) for b in self.lane_busy_ms],
+            "laneShareOfMakespan": self.lane_shares(),
+            "keyGroupLoadMs": {str(k): round(v, 2) for k, v in sorted(self.kg_load.items())},
+        }
+
+
+def step_load(epoch: int, lanes: int, manifests: Iterable[Mapping[str, Any]], wall_s: float) -> StepLoad:
+    """Fold one step's lane manifests of one epoch into a :class:`StepLoad`."""
+    kg_load: dict[int, float] = {}
+    kg_rows: dict[int, int] = {}
+    kg_state: dict[int, int] = {}
+    busy = [0.0] * lanes
+    rows = state_rows = state_bytes = spilled = 0
+    for m in manifests:
+        ms = m["ms"]
+        lane_busy = float(sum(ms.values()))
+        if 0 <= m["lane"] < lanes:
+            busy[m["lane"]] = lane_busy
+        rows += m["input_rows"]
+        state_rows += m["state_rows"]
+        state_bytes += m["state_bytes"]
+        spilled += m.get("spilled_bytes", 0)
+        in_rows = {int(k): int(v) for k, v in m.get("kg_rows", {}).items()}
+        st_rows = {int(k): int(v) for k, v in m.get("kg_state_rows", {}).items()}
+        row_ms = ms.get("receive", 0.0) + ms.get("kernel", 0.0)
+        state_ms = ms.get("load", 0.0) + ms.get("write", 0.0)
+        total_in, total_st = sum(in_rows.values()), sum(st_rows.values())
+        if not total_in:  # nothing arrived: the kernel's time went to the state (timers)
+            state_ms, row_ms = state_ms + row_ms, 0.0
+        if not total_st:
+            row_ms, state_ms = row_ms + state_ms, 0.0
+        for kg in set(in_rows) | set(st_rows):
+            share = 0.0
+            if total_in:
+                share += row_ms * in_rows.get(kg, 0) / total_in
+            if total_st:
+                share += state_ms * st_rows.get(kg, 0) / total_st
+            kg_load[kg] = kg_load.get(kg, 0.0) + share
+        for kg, n in in_rows.items():
+            kg_rows[kg] = kg_rows.get(kg, 0) + n
+        for kg, n in st_rows.items():
+            kg_state[kg] = kg_state.get(kg, 0) + n
+    return StepLoad(epoch, lanes, kg_load, kg_rows, kg_state, busy, rows, state_rows, state_bytes, spilled, wall_s)
+
+
+@dataclass
+class LoadHistory:
+    """The last ``depth`` epochs of every stateful step's load."""
+
+    key_groups: int
+    depth: int = 30
+    _steps: dict[str, deque[StepLoad]] = field(default_factory=dict)
+
+    def add(self, step: str, load: StepLoad) -> None:
+        q = self._steps.setdefault(step, deque(maxlen=self.depth))
+        if q and q[-1].epoch >= load.epoch:  # a replayed epoch replaces what a crash left
+            while q and q[-1].epoch >= load.epoch:
+                q.pop()
+        q.append(load)
+
+    def epochs(self, step: str) -> list[StepLoad]:
+        return list(self._steps.get(step, ()))
+
+    def latest(self, step: str) -> StepLoad | None:
+        q = self._steps.get(step)
+        return q[-1] if q else None
+
+    def series(self, step: str, last: int | None = None) -> np.ndarray:
+        """Load per key group (fragments folded onto their group) × epoch: shape (K, T)."""
+        loads = self.epochs(step)[-last:] if last else self.epochs(step)
+        out = np.zeros((self.key_groups, len(loads)))
+        for t, load in enumerate(loads):
+            for kg, v in load.kg_load.items():
+                out[kg % self.key_groups, t] += v
+        return out
+
+    def rows_series(self, step: str, last: int | None = None) -> np.ndarray:
+        loads = self.epochs(step)[-last:] if last else self.epochs(step)
+        out = np.zeros((self.key_groups, len(loads)))
+        for t, load in enumerate(loads):
+            for kg, v in load.kg_rows.items():
+                out[kg % self.key_groups, t] += v
+        return out
+
+    def correlations(self, step: str) -> np.ndarray:
+        """Pearson coefficients between the key groups' load series (0 where one is constant)."""
+        s = self.series(step)
+        if s.shape[1] < 2:
+            return np.zeros((s.shape[0], s.shape[0]))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            c = np.corrcoef(s)
+        return np.nan_to_num(c)
+
+    def rates(self, step: str, last: int = 3) -> tuple[float, float]:
+        """DS2's two rates over the last epochs: arrival (rows per wall second) and the true
+        processing rate of one lane (rows per second of that lane's busy time)."""
+        loads = self.epochs(step)[-last:]
+        rows = sum(x.input_rows for x in loads)
+        wall = sum(x.wall_s for x in loads)
+        busy_s = sum(x.busy_ms for x in loads) / 1000
+        return (rows / wall if wall > 0 else 0.0, rows / busy_s if busy_s > 0 else 0.0)

@@ -1,0 +1,121 @@
+"""The distribution manager on synthetic statistics (no Spark): what it decides and how it explains it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from eddyline.api.validate import load_spec
+from eddyline.control.manager import DistributionManager
+from eddyline.control.stats import LoadHistory, StepLoad, step_load
+from eddyline.plan.keygroups import RoutingTable
+
+K = 8
+
+
+def spec(control: dict, join: bool = False) -> object:
+    step = (
+        {"name": "s", "join": {"left": "a", "right": "b", "left_key": "key", "right_key": "key"}}
+        if join
+        else {"name": "s", "input": "a", "dedup": {"key": "key", "time": "event_time", "ttl": "1m"}}
+    )
+    return load_spec({
+        "name": "t", "key_groups": K, "lanes": 2,
+        "sources": [{"name": "a", "generator": {}}, *([{"name": "b", "generator": {}}] if join else [])],
+        "steps": [step],
+        "sinks": [{"name": "o", "input": "s", "memory": {}}],
+        "control": control,
+    })
+
+
+def load(epoch: int, table: RoutingTable, per_kg: dict[int, float], rows_per_ms: float = 10.0, wall_s: float = 1.0) -> StepLoad:
+    busy = [0.0] * table.lanes
+    for kg, v in per_kg.items():
+        busy[table.lane_of(kg)] += v
+    rows = {kg: int(v * rows_per_ms) for kg, v in per_kg.items()}
+    return StepLoad(epoch, table.lanes, dict(per_kg), rows, {}, busy, sum(rows.values()), 0, 0, 0, wall_s)
+
+
+def test_step_load_shares_lane_time_out_by_rows_and_state() -> None:
+    manifests = [
+        {"lane": 0, "ms": {"receive": 10, "kernel": 30, "load": 5, "write": 15}, "input_rows": 40, "state_rows": 10,
+         "state_bytes": 100, "kg_rows": {"0": 30, "1": 10}, "kg_state_rows": {"0": 5, "2": 5}},
+        {"lane": 1, "ms": {"receive": 1, "kernel": 1, "load": 1, "write": 1}, "input_rows": 0, "state_rows": 4,
+         "state_bytes": 40, "kg_rows": {}, "kg_state_rows": {"3": 4}},
+    ]
+    s = step_load(7, 2, manifests, wall_s=2.0)
+    assert s.lane_busy_ms == [60.0, 4.0]
+    assert s.kg_load == pytest.approx({0: 30 + 10, 1: 10, 2: 10, 3: 4})
+    assert sum(s.kg_load.values()) == pytest.approx(sum(s.lane_busy_ms))  # nothing lost, nothing invented
+    assert s.lane_shares() == [1.0, round(4 / 60, 3)]
+    h = LoadHistory(K)
+    h.add("x", s)
+    assert h.rates("x") == pytest.approx((40 / 2.0, 40 / 0.064))
+
+
+def test_balance_moves_load_off_the_hot_lane_and_explains_it() -> None:
+    m = DistributionManager(spec({"balance": {"threshold": 0.2, "period": 1, "patience": 1, "max_moves": 2}}), max_lanes=2)
+    table = RoutingTable.uniform(K, 2)  # kgs 0-3 on lane 0, 4-7 on lane 1
+    made = []
+    for epoch in range(1, 6):
+        table, made = m.plan(epoch, "s", table)
+        if made:
+            break
+        m.observe("s", load(epoch, table, {0: 40, 1: 30, 2: 20, 3: 10, 4: 5, 5: 5, 6: 5, 7: 5}))
+    assert len(made) == 1 and made[0].kind == "balance"
+    d = made[0]
+    assert 1 <= len(d.action["moves"]) <= 2
+    assert all(src == 0 and dst == 1 for _, src, dst in d.action["moves"])
+    assert d.expected["makespanMs"] < d.why["makespanMs"]
+    # a few epochs later the manager measures what happened
+    for epoch in range(d.epoch, d.epoch + 2):
+        m.observe("s", load(epoch, table, {0: 40, 1: 30, 2: 20, 3: 10, 4: 5, 5: 5, 6: 5, 7: 5}))
+    assert d.measured is not None and d.measured["makespanMs"] == pytest.approx(d.expected["makespanMs"], abs=0.2)
+
+
+def test_noisy_balanced_load_causes_no_moves() -> None:
+    rng = np.random.default_rng(3)
+    m = DistributionManager(spec({"balance": {"threshold": 0.2, "period": 1, "patience": 2}}), max_lanes=2)
+    table = RoutingTable.uniform(K, 2)
+    for epoch in range(1, 40):
+        table, made = m.plan(epoch, "s", table)
+        assert not made
+        m.observe("s", load(epoch, table, {kg: 10 + rng.normal(0, 1.5) for kg in range(K)}))
+
+
+def test_placement_after_warmup_then_rate_model_rescales() -> None:
+    m = DistributionManager(spec({"placement": "greedy", "warmup_epochs": 2,
+                                  "scale": {"max_lanes": 4, "cooldown": 1, "target_utilization": 0.5}}), max_lanes=4)
+    table = RoutingTable.uniform(K, 2)
+    skewed = {0: 50, 1: 40, 2: 5, 3: 5, 4: 5, 5: 5, 6: 5, 7: 5}
+    kinds = []
+    for epoch in range(1, 8):
+        table, made = m.plan(epoch, "s", table)
+        kinds += [d.kind for d in made]
+        # each lane is busy 1 ms per 10 rows; 1 s of wall time per epoch: utilisation is high
+        m.observe("s", load(epoch, table, {kg: v * 10 for kg, v in skewed.items()}, wall_s=0.6))
+    assert kinds[0] == "placement"
+    assert table.assignment[0] != table.assignment[1]  # the two heavy groups were split up
+    assert "rescale" in kinds and table.lanes == 4
+    rescale = next(d for d in m.decisions if d.kind == "rescale")
+    assert rescale.why["reason"] == "rate model (DS2)" and rescale.why["utilization"] > 0.5
+
+
+def test_hot_key_group_of_a_join_is_spread_once() -> None:
+    m = DistributionManager(spec({"spread": {"hot_share": 0.6, "fanout": 2}}, join=True), max_lanes=2)
+    table = RoutingTable.uniform(K, 2)
+    hot = {kg: 5.0 for kg in range(K)} | {6: 100.0}
+    spreads = []
+    for epoch in range(1, 6):
+        table, made = m.plan(epoch, "s", table)
+        spreads += [d for d in made if d.kind == "spread"]
+        m.observe("s", load(epoch, table, hot))
+    assert len(spreads) == 1
+    assert table.spread == {6: (0,)}  # its new rows also go to the other lane; the state stays on lane 1
+    assert spreads[0].why["reason"] == "hot key group"
+
+
+def test_spread_is_only_for_kernels_that_can_split() -> None:
+    m = DistributionManager(spec({"spread": {"schedule": {1: [3]}}}), max_lanes=2)  # a dedup
+    table, made = m.plan(1, "s", RoutingTable.uniform(K, 2))
+    assert not made and not table.spread
