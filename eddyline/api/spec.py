@@ -588,12 +588,21 @@ STATEFUL_KINDS = (
 # --------------------------------------------------------------------------- sinks
 
 
+class Qos(Model):
+    """A query output's service level: its epochs should take at most ``latency``; when load
+    must be shed, one of its rows is worth ``utility``."""
+
+    latency: Duration = Field(gt=0)
+    utility: float = Field(default=1.0, ge=0)
+
+
 class SinkSpec(Model):
     name: Name
     input: Name
     files: Files | None = None
     console: Console | None = None
     memory: Memory | None = None
+    qos: Qos | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> SinkSpec:
@@ -674,6 +683,47 @@ class Chaos(Model):
     seed: int = 0
 
 
+class CostModel(Model):
+    """Declared epoch costs (e.g. from a benchmark of this network), instead of measured ones:
+    an epoch takes ``fixed_ms + read_ms_per_row × rows read + Σ step_ms_per_row[s] × rows s keeps``."""
+
+    fixed_ms: float = Field(default=0.0, ge=0)
+    read_ms_per_row: float = Field(default=0.0, ge=0)
+    step_ms_per_row: dict[str, float] = Field(default_factory=dict)
+
+
+class Overload(Model):
+    """What to do when arrival outruns capacity (needs a ``qos`` latency on some sink).
+
+    Admission control takes fewer offsets per epoch so an epoch fits the latency bound (the
+    backlog stays in the replayable source and is reported as lag). Shedding drops rows before
+    stateful steps instead, where it costs the least utility: ``lp`` solves the coordinated
+    shedding LP, ``uniform`` keeps one fraction everywhere, ``off`` only defers.
+    """
+
+    shedding: Literal["lp", "uniform", "off"] = "lp"
+    #: ``random``: a pure function of (seed, epoch, row content); ``semantic``: keep the rows of
+    #: highest ``utility`` (a SQL expression per step), cut at last epoch's quantiles.
+    mode: Literal["random", "semantic"] = "random"
+    utility: dict[str, str] = Field(default_factory=dict)
+    seed: int = 0
+    #: Aim for this fraction of the latency bound.
+    headroom: float = Field(default=0.8, gt=0, le=1)
+    #: Never keep less than this fraction at a shed point.
+    min_keep: float = Field(default=0.02, gt=0, le=1)
+    #: Window aggregates behind a shed point scale counts and sums by 1 / keep and report the
+    #: half-width of their confidence interval in ``<name>_error`` columns.
+    estimate: bool = True
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+    #: Shed rows go here (with their step and epoch) for later reprocessing.
+    shed_sink: Files | None = None
+    #: Use these costs instead of fitting them to the epochs' measurements.
+    cost_model: CostModel | None = None
+    #: Admission control's first epochs take at most this many offsets, then at most twice
+    #: what the previous epoch took within the bound (slow start).
+    probe_rows: int = Field(default=10_000, gt=0)
+
+
 class Control(Model):
     """How the running query is kept balanced and sized (see ``eddyline.control``)."""
 
@@ -687,6 +737,7 @@ class Control(Model):
     scale: Scale | None = None
     spread: Spread | None = None
     chaos: Chaos | None = None
+    overload: Overload | None = None
     #: Memory budget for one lane's state; state beyond it stays on disk and is processed in
     #: slices of key groups that fit.
     state_budget: ByteSize | None = Field(default=None, gt=0)
@@ -699,6 +750,7 @@ class Control(Model):
     def adaptive(self) -> bool:
         return bool(
             self.placement != "uniform" or self.profile or self.balance or self.scale or self.spread or self.chaos
+            or self.overload
         )
 
 
@@ -729,6 +781,12 @@ class NetworkSpec(Model):
         if not isinstance(n, StepSpec):
             raise KeyError(name)
         return n
+
+    @property
+    def latency_bound(self) -> int | None:
+        """The tightest declared latency of any query output (ms), if any."""
+        bounds = [s.qos.latency for s in self.sinks if s.qos is not None]
+        return min(bounds) if bounds else None
 
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint must agree on with the network that resumes it."""

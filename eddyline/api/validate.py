@@ -207,6 +207,17 @@ def check_control(spec: NetworkSpec) -> list[str]:
         for epoch, lanes in c.scale.schedule.items():
             if epoch < 1 or lanes < 1:
                 problems.append(f"control: scale.schedule.{epoch}: expected epoch >= 1 and lanes >= 1, got {lanes}")
+    if c.overload is not None:
+        if spec.latency_bound is None:
+            problems.append("control: overload: needs a latency bound; give some sink a qos.latency")
+        for name in c.overload.utility:
+            if name not in stateful:
+                problems.append(f"control: overload.utility.{name}: not a stateful step; expected one of {', '.join(stateful)}")
+        for name in (c.overload.cost_model.step_ms_per_row if c.overload.cost_model else {}):
+            if name not in stateful:
+                problems.append(f"control: overload.cost_model.step_ms_per_row.{name}: not a stateful step")
+        if c.overload.mode == "semantic" and not c.overload.utility:
+            problems.append("control: overload.utility: semantic shedding needs a utility expression per step")
     if c.spread is not None:
         for epoch, groups in c.spread.schedule.items():
             bad = [g for g in groups if not 0 <= g < spec.key_groups]

@@ -97,6 +97,11 @@ class DistributionManager:
             for n in self.steps
             if c.scale is not None
         }
+        #: steps of parallelism 1 (a global window: every row in key group 0), placed as whole boxes
+        self.boxes = sorted(
+            s.name for s in steps if s.name in self.steps and s.window_aggregate is not None and not s.window_aggregate.keys
+        )
+        self._box_lanes: dict[str, int] = {}
         self.placed: set[str] = set()
         self.profile = _read_profile(c.profile) if c.profile else {}
 
@@ -135,7 +140,17 @@ class DistributionManager:
         c = self.spec.control
         series = self.history.series(step)
         # placement: once, from a profile at once or after the warm-up
-        if step not in self.placed and c.placement != "uniform":
+        if step in self.boxes and step not in self.placed and c.placement != "uniform":
+            if series.shape[1] >= c.warmup_epochs:
+                lane = self._place_box(step, table.lanes)
+                self.placed.add(step)
+                if lane != table.assignment[0]:
+                    d = self._decision(epoch, step, "placement", table, {0: lane}, series,
+                                       {"policy": c.placement, "box": "parallelism 1: the whole step is placed",
+                                        "boxes": self.boxes})
+                    table = table.moved({0: lane})
+                    out.append(d)
+        elif step not in self.placed and c.placement != "uniform":
             prof = self.profile.get(step)
             if prof is not None or series.shape[1] >= c.warmup_epochs:
                 basis = np.asarray(prof, dtype=float) if prof is not None else series
@@ -201,7 +216,9 @@ class DistributionManager:
                     wanted = [hot]
                     why = {"reason": "hot key group", "keyGroupLoadMs": round(float(recent[hot]), 1),
                            "fairLaneLoadMs": round(float(fair), 1), "hotShare": c.spread.hot_share,
-                           "rows": int(self.history.rows_series(step, 3)[hot].sum())}
+                           "rows": int(self.history.rows_series(step, 3)[hot].sum()),
+                           "hotKeys": [h for h in (self.history.latest(step).hot_keys if self.history.latest(step) else [])
+                                       if int(h["kg"]) % table.key_groups == hot]}
             wanted = [g for g in wanted if g not in table.spread]
             if wanted:
                 lane_load = policies.lane_loads(series[:, -3:], np.asarray(table.assignment), table.lanes).mean(axis=1) if series.size else np.zeros(table.lanes)
@@ -237,6 +254,16 @@ class DistributionManager:
         totals = basis.sum(axis=0)
         coeff = np.divide(basis, totals, out=np.zeros_like(basis), where=totals > 0)
         return policies.resilient_placement(coeff, lanes)
+
+    def _place_box(self, step: str, lanes: int) -> int:
+        """Place all parallelism-1 steps together, each as one item, by the placement policy."""
+        if step not in self._box_lanes:
+            series = [self.history.series(b).sum(axis=0) for b in self.boxes]
+            width = min(len(x) for x in series)
+            basis = np.stack([x[-width:] for x in series]) if width else np.zeros((len(self.boxes), 1))
+            placed = self._placement(self.spec.control.placement, basis, lanes)
+            self._box_lanes.update({b: int(lane) for b, lane in zip(self.boxes, placed, strict=True)})
+        return self._box_lanes[step]
 
     def _lane_busy(self, step: str) -> list[float]:
         last = self.history.latest(step)

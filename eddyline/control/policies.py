@@ -928,6 +928,7 @@ def rescale_assignment(loads: Any, assignment: Any, new_lanes: int) -> np.ndarra
       emptiest such lane repeatedly takes, from the most loaded lane that has one, the largest
       item that brings it closer to the mean lane load and is smaller than the gap between the
       two lanes (so the donor never ends below the receiver). A lane is done when no item fits.
+      No item moves twice.
 
     With all-zero loads the same procedure balances item *counts*. Moving items only to fill
     new lanes moves about ``1 - old/new`` of the load on scale out, against ``1 - 1/new`` of the
@@ -949,6 +950,9 @@ def rescale_assignment(loads: Any, assignment: Any, new_lanes: int) -> np.ndarra
         out[j] = lane
         load[lane] += w[j]
         count[lane] += 1
+    # an item moves at most once (which also bounds the loop below), and items too light to
+    # change any lane's load beyond rounding never move to fill a lane
+    movable = kept & (w > _REL_TOL * float(w.sum()))
     receivers = {int(i) for i in np.flatnonzero(count == 0)}
     mean = float(load.sum()) / new_lanes
     lane_idx = np.arange(new_lanes)
@@ -960,11 +964,12 @@ def rescale_assignment(loads: Any, assignment: Any, new_lanes: int) -> np.ndarra
             gap = load[d] - load[r]
             if d == r or gap <= _tol(load[d]):
                 break
-            on_d = np.flatnonzero(out == d)
-            fit = on_d[(w[on_d] > 0) & (w[on_d] < gap) & (w[on_d] < 2.0 * (mean - load[r]))]
+            on_d = np.flatnonzero((out == d) & movable)
+            fit = on_d[(w[on_d] < gap) & (w[on_d] < 2.0 * (mean - load[r]))]
             if fit.size:
                 j = int(fit[np.lexsort((fit, -w[fit]))[0]])
                 out[j] = r
+                movable[j] = False
                 load[d] -= w[j]
                 load[r] += w[j]
                 count[d] -= 1

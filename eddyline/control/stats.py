@@ -38,6 +38,8 @@ class StepLoad:
     spilled_bytes: int
     #: wall-clock seconds this epoch's input took to arrive (since the previous epoch started)
     wall_s: float
+    #: heavy hitters: the most frequent key of each lane's busiest key groups
+    hot_keys: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def makespan_ms(self) -> float:
@@ -62,6 +64,7 @@ class StepLoad:
             "spilledBytes": self.spilled_bytes,
             "laneBusyMs": [round(b, 1) for b in self.lane_busy_ms],
             "laneShareOfMakespan": self.lane_shares(),
+            "hotKeys": self.hot_keys,
             "keyGroupLoadMs": {str(k): round(v, 2) for k, v in sorted(self.kg_load.items())},
         }
 
@@ -73,7 +76,9 @@ def step_load(epoch: int, lanes: int, manifests: Iterable[Mapping[str, Any]], wa
     kg_state: dict[int, int] = {}
     busy = [0.0] * lanes
     rows = state_rows = state_bytes = spilled = 0
+    hot: list[dict[str, Any]] = []
     for m in manifests:
+        hot.extend(m.get("hot_keys", []))
         ms = m["ms"]
         lane_busy = float(sum(ms.values()))
         if 0 <= m["lane"] < lanes:
@@ -102,7 +107,8 @@ def step_load(epoch: int, lanes: int, manifests: Iterable[Mapping[str, Any]], wa
             kg_rows[kg] = kg_rows.get(kg, 0) + n
         for kg, n in st_rows.items():
             kg_state[kg] = kg_state.get(kg, 0) + n
-    return StepLoad(epoch, lanes, kg_load, kg_rows, kg_state, busy, rows, state_rows, state_bytes, spilled, wall_s)
+    hot.sort(key=lambda h: -int(h["rows"]))
+    return StepLoad(epoch, lanes, kg_load, kg_rows, kg_state, busy, rows, state_rows, state_bytes, spilled, wall_s, hot[:4])
 
 
 @dataclass

@@ -49,11 +49,13 @@ class Source:
         """How many offsets exist now (the end of the readable range)."""
         raise NotImplementedError
 
-    def plan(self, start: int, elapsed_s: float, cursor: str | None = None) -> dict[str, Any]:
+    def plan(self, start: int, elapsed_s: float, cursor: str | None = None, cap: int | None = None) -> dict[str, Any]:
         """The epoch's slice: ``{"start", "end"}`` plus anything a replay needs (files: the
-        names, and ``cursor``, the last name read, which the commit keeps for the next plan)."""
-        end = min(self.available(elapsed_s), start + self.batch_limit(), self.spec.limit or 2**62)
-        return {"start": start, "end": max(start, end)}
+        names, and ``cursor``, the last name read, which the commit keeps for the next plan).
+        ``cap`` is admission control's limit for this epoch; ``backlog`` is what stays waiting."""
+        ready = min(self.available(elapsed_s), self.spec.limit or 2**62)
+        end = min(ready, start + self.batch_limit(), start + cap if cap is not None else 2**62)
+        return {"start": start, "end": max(start, end), "backlog": max(0, ready - max(start, end))}
 
     def batch_limit(self) -> int:
         return self.spec.max_rows_per_epoch or DEFAULT_UNPACED_BATCH
@@ -125,7 +127,7 @@ class FilesSource(Source):
     def batch_limit(self) -> int:
         return self.spec.max_rows_per_epoch or self.params.max_files_per_epoch or 2**62
 
-    def plan(self, start: int, elapsed_s: float, cursor: str | None = None) -> dict[str, Any]:
+    def plan(self, start: int, elapsed_s: float, cursor: str | None = None, cap: int | None = None) -> dict[str, Any]:
         names = self._listing()
         pending = [n for n in names if cursor is None or n > cursor]
         if len(names) - len(pending) != start:
@@ -135,8 +137,9 @@ class FilesSource(Source):
                 f"{cursor!r}, which was already read; files must arrive in name order "
                 "(e.g. names that start with a timestamp or a sequence number)"
             )
-        take = pending[: self.batch_limit()]
-        return {"start": start, "end": start + len(take), "files": take, "cursor": take[-1] if take else cursor}
+        take = pending[: self.batch_limit()]  # files: admission control does not cut inside files
+        return {"start": start, "end": start + len(take), "files": take, "cursor": take[-1] if take else cursor,
+                "backlog": len(pending) - len(take)}
 
     def frames(
         self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None

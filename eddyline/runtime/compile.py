@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -51,6 +52,8 @@ class StepRun:
 @dataclass
 class EpochFrames:
     nodes: dict[str, DataFrame] = field(default_factory=dict)
+    #: per (step, input): the rows shed there (only when a shed sink is configured)
+    shed: dict[str, DataFrame] = field(default_factory=dict)
     #: per source: rows; per stateful step: rows in, max event time, late rows
     observations: dict[str, Observation] = field(default_factory=dict)
     dead_letters: dict[str, DataFrame] = field(default_factory=dict)
@@ -107,6 +110,7 @@ class EpochCompiler:
         observe: bool = True,
         kill_driver_pid: int | None = None,
         tables: dict[str, dict[str, Any]] | None = None,
+        shed: dict[str, dict[str, Any]] | None = None,
     ) -> EpochFrames:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
@@ -131,8 +135,11 @@ class EpochCompiler:
             out.nodes[src.name] = df
             if frames.dead_letters is not None:
                 out.dead_letters[src.name] = frames.dead_letters
+        overload = self.spec.control.overload
         for step in topological(self.spec):
             ins = [out.nodes[i] for i in step.inputs]
+            if overload is not None and step.stateful:
+                ins = self._shed_inputs(epoch, step, ins, (shed or {}).get(step.name), out, observe)
             try:
                 out.nodes[step.name] = self._step(epoch, step, ins, steps.get(step.name), lanes, out, observe, kill_driver_pid)
             except SpecError:
@@ -183,7 +190,60 @@ class EpochCompiler:
             keyed, kernel = self._pattern_stage2(step, ins[0], ins[1], run)
         else:
             keyed, kernel = self._keyed(step, ins[0], run)
-        return self._lanes(epoch, step.name, keyed, kernel, run, lanes, kill_driver_pid)
+        return self._lanes(epoch, step.name, keyed, kernel, run, lanes, kill_driver_pid, _key_columns(step))
+
+    def _shed_inputs(
+        self,
+        epoch: int,
+        step: StepSpec,
+        ins: list[DataFrame],
+        plan: dict[str, Any] | None,
+        out: EpochFrames,
+        observe: bool,
+    ) -> list[DataFrame]:
+        """Drop rows before a stateful step as the epoch plan says (a replay drops the same).
+
+        Random shedding keeps a row when a hash of (epoch seed, row content) falls below the keep
+        fraction; semantic shedding keeps rows whose utility reaches last epoch's quantile for it.
+        Offered and kept rows are observed per input; a window step gets a weight ``_w`` (1 /
+        keep) for its scaled estimates."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        from eddyline.operators.shed import random_keep_sql
+
+        cfg = self.spec.control.overload
+        assert cfg is not None
+        utility = cfg.utility.get(step.name)
+        shed_out = []
+        for i, df in enumerate(ins):
+            keep = float(plan["keep"][i]) if plan else 1.0
+            cond = "true"
+            if keep < 1.0 and plan is not None:
+                cut = (plan.get("thresholds") or [None] * len(ins))[i]
+                if plan["mode"] == "semantic" and utility is not None and cut is not None:
+                    cond = f"coalesce(({utility}) >= {cut!r}, false)"
+                else:
+                    content = ", ".join(f"`{c}`" for c in df.columns)
+                    cond = random_keep_sql(f"xxhash64({content})", keep, int(plan["seed"]) + i)
+            df = df.selectExpr("*", f"{cond} AS _keep")
+            if observe:
+                obs = Observation(f"e{epoch}-shed-{step.name}-{i}")
+                aggs = [F.expr("count(1)").alias("offered"), F.expr("count_if(_keep)").alias("kept")]
+                if utility is not None:
+                    aggs.append(F.expr(f"percentile_approx(CAST(({utility}) AS DOUBLE), array({', '.join(str(q / 20) for q in range(21))}), 1000)").alias("q"))
+                df = df.observe(obs, *aggs)
+                out.observations[f"shed:{step.name}:{i}"] = obs
+            if cfg.shed_sink is not None and keep < 1.0:
+                out.shed[f"{step.name}:{i}"] = df.where("NOT _keep").drop("_keep").selectExpr(
+                    f"'{step.name}' AS _step", f"{i} AS _input", f"{epoch}L AS _epoch", "*"
+                )
+            df = df.where("_keep").drop("_keep")
+            if step.window_aggregate is not None and cfg.estimate:
+                weight = 1.0 / keep if (plan is not None and plan["mode"] == "random") else 1.0
+                df = df.selectExpr("*", f"CAST({weight!r} AS DOUBLE) AS {WEIGHT}")
+            shed_out.append(df)
+        return shed_out
 
     def _observe_event_time(self, epoch: int, step: StepSpec, ins: list[DataFrame], out: EpochFrames) -> list[DataFrame]:
         """Observe the newest event time reaching the step (its watermark follows it)."""
@@ -352,8 +412,11 @@ class EpochCompiler:
         from pyspark.sql import functions as F
         from pyspark.sql.types import TimestampNTZType, TimestampType
 
-        cfg = window_config(wa)
         _check_window_columns(step.name, wa, df)
+        estimate = WEIGHT in df.columns
+        if estimate:
+            wa, df = _weighted(wa, df)
+        cfg = window_config(wa)
         time_type = df.schema[wa.time].dataType
         if not isinstance(time_type, TimestampType | TimestampNTZType):
             raise SpecError(
@@ -400,7 +463,16 @@ class EpochCompiler:
             else:
                 aggs.append(f"{func}(`{col}`) AS `{pcol}`")
         partial = live.groupBy(KG, *cfg.keys, START_MS).agg(*[F.expr(a) for a in aggs])
-        return self._lanes(epoch, step.name, partial, WindowKernel(cfg, _arrow_schema(partial.schema)), run, lanes, kill_driver_pid)
+        result = self._lanes(
+            epoch, step.name, partial, WindowKernel(cfg, _arrow_schema(partial.schema)), run, lanes, kill_driver_pid, cfg.keys[:1]
+        )
+        if estimate:  # the variance sums become confidence half-widths
+            z = NormalDist().inv_cdf(0.5 + self.spec.control.overload.confidence / 2)  # type: ignore[union-attr]
+            result = result.selectExpr(*[
+                f"CAST({z!r} * sqrt(`{c}`) AS DOUBLE) AS `{c[: -len(VAR)]}_error`" if c.endswith(VAR) else f"`{c}`"
+                for c in result.columns
+            ])
+        return result
 
     def _lanes(
         self,
@@ -411,6 +483,7 @@ class EpochCompiler:
         run: StepRun,
         lanes: int,
         kill_driver_pid: int | None,
+        key_columns: tuple[str, ...] = (),
     ) -> DataFrame:
         """The shared back half of every stateful step: ``keyed`` (which has ``_kg`` and the
         kernel's input columns) is shuffled so that lane i is partition i, then each lane runs
@@ -449,6 +522,7 @@ class EpochCompiler:
             watermark_ms=run.watermark_ms,
             state_budget=run.state_budget,
             bytes_per_row=run.bytes_per_row,
+            key_columns=key_columns,
             kill_driver_pid=kill_driver_pid,
         )
         return routed.mapInArrow(functools.partial(run_lane, task), _spark_schema(kernel.output_schema))
@@ -459,6 +533,44 @@ class EpochCompiler:
             return "CAST(0 AS INT)"
         cols = ", ".join(f"`{k}`" for k in keys)
         return f"CAST(pmod(xxhash64({cols}), {key_groups}) AS INT)"
+
+
+WEIGHT = "_w"
+VAR = "__var"
+
+
+def _weighted(wa: WindowAggregate, df: DataFrame) -> tuple[WindowAggregate, DataFrame]:
+    """Horvitz-Thompson estimates behind a shed point: every kept row stands for ``_w`` = 1 /
+    keep rows, so counts become sums of ``_w`` and sums of ``x`` sums of ``x * _w``; the variance
+    of each estimate is the sum of ``x² (_w² - _w)`` over kept rows (zero when nothing was shed).
+    Minimum, maximum and average are left as they are (an average is a ratio of the two)."""
+    extra: list[str] = []
+    aggregates: dict[str, str] = {}
+    for name, func, col in wa.parsed_aggregates:
+        if func == "count":
+            w = WEIGHT if col is None else f"CASE WHEN `{col}` IS NULL THEN NULL ELSE {WEIGHT} END"
+            extra += [f"CAST({w} AS DOUBLE) AS `__hw_{name}`", f"CAST(({w}) * ({w}) - ({w}) AS DOUBLE) AS `__hv_{name}`"]
+        elif func == "sum":
+            extra += [f"CAST(`{col}` AS DOUBLE) * {WEIGHT} AS `__hw_{name}`",
+                      f"CAST(`{col}` AS DOUBLE) * CAST(`{col}` AS DOUBLE) * ({WEIGHT} * {WEIGHT} - {WEIGHT}) AS `__hv_{name}`"]
+        else:
+            aggregates[name] = wa.aggregates[name]
+            continue
+        aggregates[name] = f"sum(__hw_{name})"
+        aggregates[f"{name}{VAR}"] = f"sum(__hv_{name})"
+    return wa.model_copy(update={"aggregates": aggregates}), df.selectExpr("*", *extra)
+
+
+def _key_columns(step: StepSpec) -> tuple[str, ...]:
+    """The lane input column(s) naming a row's key (first key column; a join's from either side)."""
+    if step.join is not None:
+        lk, rk = step.join.left_key, step.join.right_key
+        return (f"l__{lk if isinstance(lk, str) else lk[0]}", f"r__{rk if isinstance(rk, str) else rk[0]}")
+    p = step.params
+    keys = p.partition_by if step.top_k is not None else getattr(p, "key", None)
+    if not keys:
+        return ()
+    return ((keys,) if isinstance(keys, str) else tuple(keys))[:1]
 
 
 def _check_window_columns(step: str, wa: WindowAggregate, df: DataFrame) -> None:

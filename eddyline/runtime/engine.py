@@ -36,6 +36,7 @@ import numpy as np
 from eddyline.api.spec import NetworkSpec
 from eddyline.control import policies
 from eddyline.control.manager import DistributionManager
+from eddyline.control.overload import EpochCost, OverloadController
 from eddyline.control.stats import step_load
 from eddyline.errors import CheckpointError, EddylineError, EngineError
 from eddyline.io.sinks import FilesTarget, Sink, make_sink, write_frame
@@ -109,6 +110,12 @@ class Engine:
             if s.window_aggregate is not None and s.window_aggregate.late is not None
         }
         self.manager = DistributionManager(spec, max_lanes=spark.sparkContext.defaultParallelism)
+        self.overload = OverloadController(spec) if spec.control.overload is not None else None
+        self.shed_target = (
+            FilesTarget(spec.control.overload.shed_sink)
+            if spec.control.overload is not None and spec.control.overload.shed_sink is not None
+            else None
+        )
         self._bytes_per_row: dict[str, float] = {}
         self._last_epoch_start: float | None = None
         self.has_dead_letter_sources = any(
@@ -208,6 +215,25 @@ class Engine:
                 )
                 for name, src in self.sources.items()
             }
+        shed: dict[str, dict[str, Any]] = {}
+        overload_decision: dict[str, Any] | None = None
+        if self.overload is not None and not ended:
+            available = {n: s["end"] - s["start"] for n, s in slices.items()}
+            verdict = self.overload.plan(epoch, available)
+            shed = verdict["shed"]
+            if verdict["caps"]:
+                for name, cap in verdict["caps"].items():
+                    if self.sources[name].spec.files is None:
+                        slices[name] = self.sources[name].plan(
+                            last.source_ends.get(name, 0) if last else 0, elapsed_s,
+                            last.cursors.get(name) if last else None, cap=cap,
+                        )
+            overload_decision = {
+                "epoch": epoch, "step": "*", "kind": "overload",
+                "action": {"caps": verdict["caps"], "shed": {k: v["keep"] for k, v in shed.items()}},
+                "why": {**verdict["explain"], "hotSpots": self.overload.hot_spots()},
+                "expected": {"epochMs": verdict["explain"].get("predictedMs")}, "measured": None,
+            }
         new_rows = any(s["end"] > s["start"] for s in slices.values())
 
         def watermarks_for(flush: bool) -> dict[str, int]:
@@ -263,7 +289,9 @@ class Engine:
             decisions.extend(d.to_json() for d in made)
             routing[step.name] = table.to_json()
         tables = self.compiler.tables.plan(last.tables if last else {})
-        return EpochPlan(epoch, slices, watermarks, routing, self.lanes, end_of_stream, tables, decisions)
+        if overload_decision is not None and (shed or overload_decision["action"]["caps"]):
+            decisions.append(overload_decision)
+        return EpochPlan(epoch, slices, watermarks, routing, self.lanes, end_of_stream, tables, decisions, shed)
 
     # ------------------------------------------------------------------ one epoch
     def _run_epoch(self, plan: EpochPlan, last: EpochCommit | None, replayed: bool) -> tuple[EpochCommit, dict[str, Any]]:
@@ -286,7 +314,9 @@ class Engine:
         wall_s = t0 - self._last_epoch_start if self._last_epoch_start is not None else 0.0
         self._last_epoch_start = t0
         kill_pid = os.getpid() if (self.crash_epoch == epoch and self.crash_point == "in_task") else None
-        frames = self.compiler.build(epoch, plan.sources, runs, plan.lanes, kill_driver_pid=kill_pid, tables=plan.tables)
+        frames = self.compiler.build(
+            epoch, plan.sources, runs, plan.lanes, kill_driver_pid=kill_pid, tables=plan.tables, shed=plan.shed
+        )
         persisted = self._persist_shared(frames.nodes, StorageLevel.MEMORY_AND_DISK)
         t_plan = time.monotonic()
 
@@ -320,6 +350,12 @@ class Engine:
             write_frame(dl, self.dead_letters, epoch)
         for step_name, late_df in frames.late.items():
             write_frame(late_df, self.late_targets[step_name], epoch)
+        if self.shed_target is not None and frames.shed:
+            shed_rows = None
+            for df in frames.shed.values():
+                shed_rows = df if shed_rows is None else shed_rows.unionByName(df, allowMissingColumns=True)
+            assert shed_rows is not None
+            write_frame(shed_rows, self.shed_target, epoch)
         for df in persisted:
             df.unpersist()
         t_run = time.monotonic()
@@ -331,6 +367,8 @@ class Engine:
             self.dead_letters.publish(epoch)
         for target in self.late_targets.values():
             target.publish(epoch)
+        if self.shed_target is not None and frames.shed:
+            self.shed_target.publish(epoch)
         t_pub = time.monotonic()
         self._maybe_crash(epoch, "after_publish")
 
@@ -408,6 +446,7 @@ class Engine:
         t_commit = time.monotonic()
         for name, load in loads.items():
             self.manager.observe(name, load)
+        overload_record = self._observe_overload(plan, obs_values, loads, steps_commit, sink_rows, (t_commit - t0) * 1000, wall_s)
         self._maybe_crash(epoch, "after_commit")
         if epoch % self.retain_epochs == 0:
             self._cleanup(epoch)
@@ -448,9 +487,65 @@ class Engine:
             "load": {n: load.to_json() for n, load in loads.items()},
             "decisions": plan.decisions,
             "recentDecisions": self.manager.recent(5),
+            **({"overload": overload_record} if overload_record is not None else {}),
+            "backlog": {n: s.get("backlog", 0) for n, s in plan.sources.items()},
             "endOfStream": plan.end_of_stream,
         }
         return commit, record
+
+    def _observe_overload(
+        self,
+        plan: EpochPlan,
+        obs: dict[str, dict[str, Any]],
+        loads: dict[str, Any],
+        steps_commit: dict[str, dict[str, Any]],
+        sink_rows: dict[str, int],
+        duration_ms: float,
+        wall_s: float,
+    ) -> dict[str, Any] | None:
+        """Feed the overload controller; report shed fractions and quality per query output."""
+        if self.overload is None:
+            return None
+        offered: dict[str, list[int]] = {}
+        kept: dict[str, list[int]] = {}
+        quantiles: dict[str, list[float]] = {}
+        for s in self.stateful:
+            o, k = [], []
+            for i in range(len(s.inputs)):
+                v = obs.get(f"shed:{s.name}:{i}", {})
+                o.append(int(v.get("offered") or 0))
+                k.append(int(v.get("kept") or 0))
+                if v.get("q"):
+                    quantiles[s.name] = [float(x) for x in v["q"] if x is not None]
+            offered[s.name], kept[s.name] = o, k
+        read = {n: int(obs.get(f"source:{n}", {}).get("rows") or 0) for n in self.sources}
+        out_rows = {s.name: sum(m["output_rows"] for m in self.ckpt.lane_manifests(plan.epoch, s.name, loads[s.name].lanes))
+                    for s in self.stateful if s.name in loads}
+        self.overload.observe(
+            EpochCost(
+                plan.epoch, duration_ms, read, offered, kept,
+                {n: load.makespan_ms for n, load in loads.items()},
+                {n: load.busy_ms for n, load in loads.items()},
+                {n: load.lanes for n, load in loads.items()},
+                out_rows, dict(sink_rows), wall_s,
+            ),
+            quantiles,
+        )
+        quality = {}
+        for sink in self.spec.sinks:
+            ratio = 1.0
+            for a in _stateful_ancestors(self.spec, sink.input):
+                o, k = sum(offered.get(a, [])), sum(kept.get(a, []))
+                if o:
+                    ratio *= k / o
+            quality[sink.name] = {"shedFraction": round(1 - ratio, 4), "keptFraction": round(ratio, 4)}
+        return {
+            "boundMs": self.overload.bound_ms,
+            "withinBound": duration_ms <= self.overload.bound_ms,
+            "shed": {s: {"keep": v["keep"], "offered": offered.get(s), "kept": kept.get(s)} for s, v in plan.shed.items()},
+            "quality": quality,
+            "hotSpots": self.overload.hot_spots(),
+        }
 
     def _persist_shared(self, nodes: dict[str, DataFrame], level: Any) -> list[DataFrame]:
         """Cache a stateful step's output when more than one Spark action reads it, so its
@@ -510,6 +605,21 @@ def _stateful_upstream(spec: NetworkSpec, step: Any) -> tuple[list[str], bool]:
         else:
             frontier.extend(node.inputs)
     return sorted(ancestors), from_sources
+
+
+def _stateful_ancestors(spec: NetworkSpec, name: str) -> list[str]:
+    """Every stateful step upstream of ``name`` (itself included)."""
+    out, frontier, seen = [], [name], set()
+    while frontier:
+        n = frontier.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        node = spec.node(n)
+        if getattr(node, "stateful", False):
+            out.append(n)
+        frontier.extend(node.inputs)
+    return sorted(out)
 
 
 def _routing_summary(routing: dict[str, Any]) -> dict[str, Any]:

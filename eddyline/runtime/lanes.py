@@ -44,6 +44,9 @@ class LaneTask:
     state_budget: int | None = None
     #: in-memory bytes of one state row, as measured in the previous epoch (for slicing)
     bytes_per_row: float = 0.0
+    #: input columns holding the key (alternatives, coalesced: a join's left and right key), for
+    #: naming heavy hitters
+    key_columns: tuple[str, ...] = ()
     #: test hook: SIGKILL the driver after this lane wrote its state (a crash mid-epoch)
     kill_driver_pid: int | None = None
 
@@ -96,6 +99,32 @@ def slices(groups: list[int], rows: dict[int, int], bytes_per_row: float, budget
         size += need
     if current:
         out.append(current)
+    return out
+
+
+def heavy_hitters(
+    partials: pa.Table, kgs: np.ndarray, counts: np.ndarray, key_columns: tuple[str, ...], top: int = 2
+) -> list[dict[str, object]]:
+    """The most frequent key in each of the lane's busiest key groups (rows sorted by ``_kg``)."""
+    if not key_columns or not kgs.size:
+        return []
+    import pyarrow.compute as pc
+
+    out: list[dict[str, object]] = []
+    for kg in np.argsort(counts, kind="stable")[::-1][:top]:
+        if counts[kg] == 0:
+            break
+        lo = int(np.searchsorted(kgs, kg, "left"))
+        rows = partials.slice(lo, int(counts[kg]))
+        cols = [rows.column(c) for c in key_columns if c in rows.column_names]
+        if not cols:
+            break
+        key = pc.coalesce(*cols) if len(cols) > 1 else cols[0]
+        vc = pc.value_counts(key)
+        n = vc.field("counts").to_numpy()
+        i = int(np.argmax(n))
+        out.append({"kg": int(kg), "key": str(vc.field("values")[i].as_py()), "rows": int(n[i]),
+                    "share": round(float(n[i]) / partials.num_rows, 4)})
     return out
 
 
@@ -164,6 +193,7 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         order = np.argsort(kgs, kind="stable")
         partials = partials.take(order)
         kgs = kgs[order]
+    hot_keys = heavy_hitters(partials, kgs, in_counts, task.key_columns)
     for part, group in enumerate(work):
         t_a = time.perf_counter()
         if len(work) == 1:
@@ -226,6 +256,7 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         "key_groups": len(groups),
         "kg_rows": {str(k): int(in_counts[k]) for k in arriving},
         "kg_state_rows": kg_state,
+        "hot_keys": hot_keys,
         "slices": len(work),
         "spilled_bytes": max(0, state_bytes - resident),
         "memory": {"start": mem0, "received": mem_in, "peak": peak},

@@ -40,6 +40,8 @@ class EpochPlan:
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: the control plane's decisions taking effect in this epoch (explained; see eddyline.control)
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    #: stateful step -> {"keep": [per input], "seed", "mode", "thresholds"}: rows to shed
+    shed: dict[str, dict[str, Any]] = field(default_factory=dict)
     planned_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:

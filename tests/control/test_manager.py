@@ -119,3 +119,29 @@ def test_spread_is_only_for_kernels_that_can_split() -> None:
     m = DistributionManager(spec({"spread": {"schedule": {1: [3]}}}), max_lanes=2)  # a dedup
     table, made = m.plan(1, "s", RoutingTable.uniform(K, 2))
     assert not made and not table.spread
+
+
+def test_parallelism_one_steps_are_placed_as_whole_boxes() -> None:
+    """Two global windows (all rows in key group 0) start on the same lane; after the warm-up
+    the placement policy puts the two boxes on different lanes."""
+    raw = {
+        "name": "t", "key_groups": K, "lanes": 2,
+        "sources": [{"name": "a", "generator": {}}],
+        "steps": [
+            {"name": f"total_{i}", "input": "a", "window_aggregate": {
+                "time": "event_time", "window": {"size": "1s"}, "aggregates": {"n": "count(*)"}}}
+            for i in range(2)
+        ],
+        "sinks": [{"name": f"o{i}", "input": f"total_{i}", "memory": {}} for i in range(2)],
+        "control": {"placement": "correlation", "warmup_epochs": 3},
+    }
+    m = DistributionManager(load_spec(raw), max_lanes=2)
+    tables = {s: RoutingTable.uniform(K, 2) for s in ("total_0", "total_1")}
+    assert tables["total_0"].assignment[0] == tables["total_1"].assignment[0] == 0
+    rng = np.random.default_rng(1)
+    for epoch in range(1, 6):
+        for s in tables:
+            tables[s], _ = m.plan(epoch, s, tables[s])
+            m.observe(s, load(epoch, tables[s], {0: 50 + rng.normal(0, 5)}))
+    assert tables["total_0"].assignment[0] != tables["total_1"].assignment[0]
+    assert any(d.kind == "placement" and "parallelism 1" in d.why.get("box", "") for d in m.decisions)

@@ -1,0 +1,276 @@
+"""Overload: hot spots, admission control and coordinated shedding, decided once per epoch.
+
+**The cost model** comes from the statistics of recent epochs. An epoch takes
+
+    D = F + a * N + sum_S c_S * K_S
+
+milliseconds: ``F`` is the fixed overhead of an epoch (Spark jobs, planning, commit), ``a`` the
+cost of reading and routing one source row in the JVM, and ``c_S`` the cost of one row kept for
+stateful step ``S``, measured at the step's *slowest lane* (its makespan per row: skew counts).
+``K_S`` are the rows the step keeps after shedding. ``F`` and ``a`` are fitted to the part of
+``D`` the lanes do not explain.
+
+**Hot spots** (rate-based, seed 003): a step whose arrival rate exceeds its true processing rate
+(rows per second of its lanes' busy time, times its lanes) is a hot spot; the critical path is the
+chain of steps with the largest cost per source row.
+
+**Admission control** takes at most ``N`` offsets so that ``D`` fits ``headroom × bound``
+(shedding off), or so that reading alone fits (shedding on: what is read and cannot be processed
+is shed rather than left waiting). Backlog stays in the source and is reported as lag.
+
+**Coordinated shedding** builds the network as the LP of :mod:`eddyline.control.shedding` sees
+it: sources with this epoch's rows, each stateful step on the node ``epoch`` with its cost and
+selectivity, the stateless chains between them as zero-cost steps with their measured
+selectivities, and every query output (sink) with its utility. Shed points are the input arcs of
+stateful steps (a join sheds its second input only, so its output stays linear in the keep
+fraction); the LP decides where dropping costs the least utility, upstream steps included.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from eddyline.api.spec import NetworkSpec, Overload
+from eddyline.control import shedding as lp
+
+
+@dataclass(frozen=True)
+class EpochCost:
+    """What one epoch measured, for the cost model."""
+
+    epoch: int
+    duration_ms: float
+    read_rows: dict[str, int]  # per source
+    offered: dict[str, list[int]]  # per stateful step, per input: rows reaching it
+    kept: dict[str, list[int]]  # per stateful step, per input: rows it kept
+    makespan_ms: dict[str, float]  # per stateful step: its slowest lane's busy time
+    busy_ms: dict[str, float]  # per stateful step: all lanes' busy time
+    lanes: dict[str, int]
+    out_rows: dict[str, int]  # per stateful step
+    sink_rows: dict[str, int]
+    wall_s: float
+
+
+@dataclass
+class OverloadController:
+    spec: NetworkSpec
+    depth: int = 8
+    history: deque[EpochCost] = field(init=False)
+
+    def __post_init__(self) -> None:
+        assert self.spec.control.overload is not None
+        self.cfg: Overload = self.spec.control.overload
+        self.bound_ms = float(self.spec.latency_bound or 0)
+        self.history = deque(maxlen=self.depth)
+        self.stateful = [s for s in self.spec.steps if s.stateful]
+        self.thresholds: dict[str, list[float]] = {}  # semantic: utility quantiles seen last epoch
+
+    # ------------------------------------------------------------------ monitor
+    def observe(self, cost: EpochCost, quantiles: dict[str, list[float]] | None = None) -> None:
+        if self.history and self.history[-1].epoch >= cost.epoch:
+            while self.history and self.history[-1].epoch >= cost.epoch:
+                self.history.pop()
+        self.history.append(cost)
+        for step, q in (quantiles or {}).items():
+            if q:
+                self.thresholds[step] = q
+
+    def model(self) -> dict[str, Any] | None:
+        """F, a and per-step c_S, selectivities and input fractions, from the recent epochs.
+
+        Fixed costs are taken at their smallest over the history (a slow epoch is slow for
+        reasons a row count does not explain, e.g. a cold JVM; the fastest shows what an epoch
+        costs at least), per-row costs as medians of what is left per row. A lane's fixed
+        cost (start, state files) is part of F: shedding rows cannot remove it."""
+        hist = list(self.history)
+        if len([h for h in hist if sum(h.read_rows.values()) > 0]) < 2:
+            return None
+        recent = hist[-4:]
+        cost: dict[str, float] = {}
+        sel: dict[str, float] = {}
+        frac: dict[str, list[float]] = {}
+        for s in self.stateful:
+            spans = [h.makespan_ms.get(s.name, 0.0) for h in hist]
+            fixed = min(spans) if spans else 0.0
+            per_row = [(h.makespan_ms.get(s.name, 0.0) - fixed) / sum(h.kept.get(s.name, [])) for h in recent
+                       if sum(h.kept.get(s.name, [])) > 0]
+            cost[s.name] = float(np.median(per_row)) if per_row else 0.0
+            kept = sum(sum(h.kept.get(s.name, [])) for h in recent)
+            sel[s.name] = sum(h.out_rows.get(s.name, 0) for h in recent) / kept if kept else 1.0
+            read = sum(sum(h.read_rows.values()) for h in recent)
+            offered = np.sum([h.offered.get(s.name, [0] * len(s.inputs)) for h in recent], axis=0)
+            frac[s.name] = [float(x) / read if read else 0.0 for x in np.atleast_1d(offered)]
+        declared = self.cfg.cost_model
+        if declared is not None:
+            cost = {k: float(declared.step_ms_per_row.get(k, 0.0)) for k in cost}
+            f, a = declared.fixed_ms, declared.read_ms_per_row
+        else:
+            n = np.array([sum(h.read_rows.values()) for h in hist], dtype=float)
+            rest = np.array([h.duration_ms - sum(cost[k] * sum(h.kept.get(k, [])) for k in cost) for h in hist])
+            f = float(rest.min())
+            slopes = [(r - f) / x for r, x in zip(rest[-4:], n[-4:], strict=True) if x > 0]
+            a = float(np.median(slopes)) if slopes else 0.0
+        sink_sel = {}
+        for q in self.spec.sinks:
+            up = self._producer(q.input)
+            base = (sum(h.out_rows.get(up, 0) for h in recent) if up in cost
+                    else sum(sum(h.read_rows.values()) for h in recent))
+            sink_sel[q.name] = sum(h.sink_rows.get(q.name, 0) for h in recent) / base if base else 0.0
+        return {"F": f, "a": a, "cost": cost, "selectivity": sel, "input_fraction": frac, "sink_selectivity": sink_sel}
+
+    def hot_spots(self) -> list[dict[str, Any]]:
+        """Steps whose arrival rate exceeds their true processing rate (rows/s)."""
+        out = []
+        recent = list(self.history)[-3:]
+        wall = sum(h.wall_s for h in recent)
+        for s in self.stateful:
+            rows = sum(sum(h.kept.get(s.name, [])) for h in recent)
+            busy_s = sum(h.busy_ms.get(s.name, 0.0) for h in recent) / 1000
+            lanes = recent[-1].lanes.get(s.name, 1) if recent else 1
+            if not rows or not wall or not busy_s:
+                continue
+            arrival = sum(sum(h.offered.get(s.name, [])) for h in recent) / wall
+            true_rate = rows / busy_s * lanes
+            out.append({"step": s.name, "arrivalRowsPerSec": round(arrival, 1), "trueRowsPerSec": round(true_rate, 1),
+                        "hot": arrival > true_rate})
+        return out
+
+    # ------------------------------------------------------------------ decide
+    def plan(self, epoch: int, available: dict[str, int]) -> dict[str, Any]:
+        """Caps per source (offsets to take) and keep fractions per step input, explained."""
+        m = self.model()
+        total = sum(available.values())
+        budget = self.cfg.headroom * self.bound_ms
+        decision: dict[str, Any] = {"boundMs": self.bound_ms, "budgetMs": round(budget, 1), "availableRows": total}
+        # Slow start: never take more than twice what the last epoch took (and met the bound
+        # with), so the cost model is not extrapolated far beyond what it has seen.
+        last = self.history[-1] if self.history else None
+        taken = sum(last.read_rows.values()) if last else 0
+        probe = max(self.cfg.probe_rows, 2 * taken if last and last.duration_ms <= budget else taken)
+        if self.cfg.cost_model is not None:  # declared costs need no probing
+            probe = total
+        if m is None or total == 0:
+            caps = _split(available, probe) if total > probe else {}
+            return {"caps": caps, "shed": {}, "explain": {**decision, "reason": "warming up (slow start)" if m is None else "no input",
+                                                          "takeRows": min(total, probe)}}
+        # processing cost per source row, if nothing is shed (upstream selectivities are already
+        # in the measured input fractions)
+        per_row_processing = sum(m["cost"][s] * sum(m["input_fraction"][s]) for s in m["cost"])
+        predicted = m["F"] + (m["a"] + per_row_processing) * total
+        decision.update({"model": {k: (round(v, 4) if isinstance(v, float) else _rounded(v)) for k, v in m.items()},
+                         "predictedMsAllRows": round(predicted, 1)})
+        if predicted <= budget:
+            caps = _split(available, probe) if total > probe else {}
+            return {"caps": caps, "shed": {}, "explain": {**decision, "reason": "fits the bound", "takeRows": min(total, probe)}}
+        if budget <= m["F"]:
+            # Even an empty epoch overruns the bound: neither deferring nor shedding can meet
+            # it, so keep up with the input as well as possible and say why.
+            caps = _split(available, probe) if total > probe else {}
+            return {"caps": caps, "shed": {}, "explain": {**decision, "reason": "bound below the fixed epoch overhead",
+                                                          "takeRows": min(total, probe)}}
+        if self.cfg.shedding == "off" or not m["cost"]:
+            n = max(1, int((budget - m["F"]) / max(m["a"] + per_row_processing, 1e-9)))
+            caps = _split(available, min(n, total, probe))
+            return {"caps": caps, "shed": {}, "explain": {**decision, "reason": "admission control", "takeRows": sum(caps.values()),
+                                                          "predictedMs": round(m["F"] + (m["a"] + per_row_processing) * sum(caps.values()), 1)}}
+        # Shedding: read what is waiting (so the backlog does not grow), as far as reading alone
+        # fits the budget, and shed processing so the epoch fits the rest.
+        n_read = min(total, probe)
+        if m["a"] > 0 and m["F"] + m["a"] * n_read > budget:
+            n_read = min(n_read, max(self.cfg.probe_rows, int((budget - m["F"]) / m["a"] * 0.9)))
+        caps = _split(available, n_read) if n_read < total else {}
+        capacity = max(0.0, budget - m["F"] - m["a"] * n_read)
+        problem = self.problem(m, {s: c for s, c in (caps or available).items()}, capacity)
+        plan = lp.solve(problem) if self.cfg.shedding == "lp" else lp.uniform_plan(problem)
+        keep: dict[str, list[float]] = {}
+        for s in self.stateful:
+            ks = []
+            for i in range(len(s.inputs)):
+                k = plan.keep.get(lp.arc(f"{s.name}#{i}", s.name), 1.0)
+                ks.append(round(max(self.cfg.min_keep, min(1.0, k)), 4) if k < 0.999 else 1.0)
+            if any(k < 1.0 for k in ks):
+                keep[s.name] = ks
+        shed = {
+            s: {"keep": ks, "seed": self.seed(epoch, s), "mode": self.cfg.mode,
+                **({"thresholds": self._cuts(s, ks)} if self.cfg.mode == "semantic" else {})}
+            for s, ks in keep.items()
+        }
+        decision.update({
+            "reason": f"shedding ({self.cfg.shedding})", "takeRows": n_read, "capacityMs": round(capacity, 1),
+            "status": plan.status, "keep": {s: v["keep"] for s, v in shed.items()},
+            "expectedUtility": round(plan.utility, 2), "expectedThroughput": {k: round(v, 1) for k, v in plan.throughput.items()},
+            "predictedMs": round(m["F"] + m["a"] * n_read + plan.node_load.get("epoch", 0.0), 1),
+        })
+        return {"caps": caps, "shed": shed, "explain": decision}
+
+    def problem(self, m: dict[str, Any], rows: dict[str, int], capacity: float) -> lp.ShedProblem:
+        """The network as the shedding LP sees it, for this epoch's rows."""
+        read = sum(rows.values())
+        steps: list[lp.StepLoad] = []
+        points: list[str] = []
+        src = "rows"
+        rates = {src: float(read)}
+        for s in self.stateful:
+            inputs = []
+            for i, name in enumerate(s.inputs):
+                producer = self._producer(name)
+                tail = producer if producer in m["cost"] else src
+                frac = m["input_fraction"][s.name][i] if i < len(m["input_fraction"][s.name]) else 0.0
+                base = 1.0 if tail == src else max(m["selectivity"][tail] * _fraction_sum(m, tail), 1e-12)
+                steps.append(lp.StepLoad(f"{s.name}#{i}", "jvm", 0.0, frac / base, (tail,)))
+                inputs.append(f"{s.name}#{i}")
+                if s.join is None or i == 1:
+                    points.append(lp.arc(f"{s.name}#{i}", s.name))
+            steps.append(lp.StepLoad(s.name, "epoch", m["cost"][s.name], m["selectivity"][s.name], tuple(inputs)))
+        utilities = {}
+        for q in self.spec.sinks:
+            producer = self._producer(q.input)
+            tail = producer if producer in m["cost"] else src
+            steps.append(lp.StepLoad(f"q:{q.name}", "jvm", 0.0, m["sink_selectivity"][q.name], (tail,)))
+            utilities[f"q:{q.name}"] = q.qos.utility if q.qos else 1.0
+        return lp.ShedProblem(rates, tuple(steps), {"epoch": capacity, "jvm": 1e18}, utilities, tuple(points))
+
+    def seed(self, epoch: int, step: str) -> int:
+        return zlib.crc32(f"{self.cfg.seed}:{epoch}:{step}".encode()) & 0x7FFFFFFF
+
+    def _cuts(self, step: str, keep: list[float]) -> list[float | None]:
+        """Semantic shedding: the utility above which a row is kept, from last epoch's quantiles."""
+        q = self.thresholds.get(step)
+        if not q:
+            return [None for _ in keep]
+        return [None if k >= 1.0 else float(q[min(len(q) - 1, int(round((1 - k) * (len(q) - 1))))]) for k in keep]
+
+    def _producer(self, name: str) -> str:
+        """The nearest source or stateful step a node's rows come from (through stateless steps)."""
+        while True:
+            node = self.spec.node(name)
+            if not node.inputs or getattr(node, "stateful", False):
+                return name
+            name = node.inputs[0]
+
+
+def _fraction_sum(m: dict[str, Any], step: str) -> float:
+    return float(sum(m["input_fraction"][step]))
+
+
+def _split(available: dict[str, int], n: int) -> dict[str, int]:
+    """Share ``n`` offsets among sources in proportion to what each has waiting."""
+    total = sum(available.values())
+    if total <= n:
+        return dict(available)
+    return {k: max(1 if v else 0, int(v * n / total)) for k, v in available.items()}
+
+
+def _rounded(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _rounded(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_rounded(x) for x in v]
+    if isinstance(v, float):
+        return round(v, 4)
+    return v

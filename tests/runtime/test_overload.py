@@ -1,0 +1,140 @@
+"""Overload end to end: shedding under a declared cost model (so decisions do not depend on this
+machine's speed), scaled estimates against the exact answer, replay after a crash, a burst.
+
+Latency itself is a benchmark matter (bench/overload); here the cost model is declared, which
+makes every shedding decision a function of the input alone.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+
+from eddyline.api.validate import load_spec
+from eddyline.observe.progress import ProgressReporter
+from eddyline.runtime.engine import Engine
+
+ROWS = 40_000
+
+
+def network(out: Path, *, overload: bool, source: dict | None = None, per_row_ms: float = 0.1) -> dict:
+    spec: dict = {
+        "name": "overload", "trigger": 0, "lanes": 2, "key_groups": 16,
+        "sources": [source or {"name": "clicks", "generator": {"rate": 4000, "keys": 20, "unpaced": True, "seed": 9},
+                               "limit": ROWS, "max_rows_per_epoch": 8000}],
+        "steps": [{"name": "per_key", "input": "clicks", "window_aggregate": {
+            "key": "key", "time": "event_time", "window": {"size": "1s"},
+            "aggregates": {"n": "count(*)", "total": "sum(value)", "hi": "max(value)"}}}],
+        "sinks": [{"name": "out", "input": "per_key", "files": {"path": str(out)},
+                   "qos": {"latency": "500ms", "utility": 1.0}}],
+    }
+    if overload:
+        spec["control"] = {"overload": {
+            "shedding": "lp", "seed": 3, "headroom": 0.8,
+            "cost_model": {"fixed_ms": 0, "read_ms_per_row": 0, "step_ms_per_row": {"per_key": per_row_ms}},
+            "shed_sink": {"path": str(out.parent / f"{out.name}-shed")},
+        }}
+    return spec
+
+
+def windows(out: Path) -> dict[tuple, tuple]:
+    rows = duckdb.connect().execute(
+        f"SELECT * FROM read_parquet('{out}/epoch=*/*.parquet', hive_partitioning = false)"
+    ).fetchall()
+    cols = [c[0] for c in duckdb.connect().execute(
+        f"DESCRIBE SELECT * FROM read_parquet('{out}/epoch=*/*.parquet', hive_partitioning = false)").fetchall()]
+    return {(r[cols.index("key")], r[cols.index("window_start")]): dict(zip(cols, r, strict=True)) for r in rows}
+
+
+def test_shedding_scales_aggregates_within_their_reported_error(spark, tmp_path: Path) -> None:
+    Engine(load_spec(network(tmp_path / "exact", overload=False)), spark, str(tmp_path / "ck-exact")).run(until_idle=True)
+    records: list[dict] = []
+
+    class Keep(ProgressReporter):
+        def report(self, record: dict) -> None:
+            records.append(record)
+
+    spec = load_spec(network(tmp_path / "shed", overload=True))
+    Engine(spec, spark, str(tmp_path / "ck-shed"), reporter=Keep()).run(until_idle=True)  # type: ignore[arg-type]
+
+    # 8000 rows at 0.1 ms each would take 800 ms; the budget is 0.8 x 500 ms: keep half
+    shedding = [r for r in records if r.get("overload", {}).get("shed")]
+    assert len(shedding) >= 3
+    for r in shedding:
+        s = r["overload"]["shed"]["per_key"]
+        assert s["keep"] == [0.5]
+        assert abs(s["kept"][0] / s["offered"][0] - 0.5) < 0.03  # deterministic hash sampling
+        assert abs(r["overload"]["quality"]["out"]["shedFraction"] - 0.5) < 0.03
+        why = next(d for d in r["decisions"] if d["kind"] == "overload")["why"]
+        assert why["reason"] == "shedding (lp)" and why["status"] == "optimal"
+    # the dropped rows went to the shed sink, nothing lost silently
+    dropped = duckdb.connect().execute(
+        f"SELECT count(*) FROM read_json('{tmp_path}/shed-shed/epoch=*/*.json', format='newline_delimited')"
+    ).fetchone()[0] if list((tmp_path / "shed-shed").glob("epoch=*/*.json")) else duckdb.connect().execute(
+        f"SELECT count(*) FROM read_parquet('{tmp_path}/shed-shed/epoch=*/*.parquet', hive_partitioning = false)"
+    ).fetchone()[0]
+    assert dropped == sum(r["overload"]["shed"]["per_key"]["offered"][0] - r["overload"]["shed"]["per_key"]["kept"][0]
+                          for r in shedding)
+
+    exact, est = windows(tmp_path / "exact"), windows(tmp_path / "shed")
+    assert set(est) <= set(exact) and len(est) >= 0.95 * len(exact)
+    inside = {"n": 0, "total": 0}
+    for k, e in est.items():
+        for agg in inside:
+            inside[agg] += abs(e[agg] - exact[k][agg]) <= e[f"{agg}_error"] + 1e-9
+    for agg, hits in inside.items():  # 95 % intervals: most windows' exact answer lies inside
+        assert hits >= 0.88 * len(est), (agg, hits, len(est))
+    assert sum(e["n_error"] for e in est.values()) > 0
+
+
+@pytest.mark.slow
+def test_crash_while_shedding_replays_the_same_drops(spark, tmp_path: Path) -> None:
+    Engine(load_spec(network(tmp_path / "ref", overload=True)), spark, str(tmp_path / "ck-ref")).run(until_idle=True)
+    spec_file = tmp_path / "net.yaml"
+    spec_file.write_text(yaml.safe_dump(network(tmp_path / "out", overload=True)))
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec_file), "--checkpoint", str(tmp_path / "ck"),
+               "--until-idle", "--no-live", "--master", "local[2]", *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+
+    first = run("--crash-at", "3:in_task")
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    plan = json.loads((tmp_path / "ck" / "plans" / f"{3:010d}.json").read_text())
+    assert plan["shed"]["per_key"]["keep"] == [0.5]
+    last = run()
+    assert last.returncode == 0, last.stderr[-2000:]
+    assert windows(tmp_path / "out") == windows(tmp_path / "ref")
+
+
+def test_a_burst_is_shed_and_shedding_stops_after_it(spark, tmp_path: Path) -> None:
+    """A paced source at 3000 rows/s with a 3x burst; the declared capacity is about twice the
+    normal rate, so the burst (and only the burst) is shed."""
+    rate = 3000
+    phases = [{"duration": "4s"}, {"duration": "4s", "rate": 3 * rate}, {"duration": "6s"}]
+    source = {"name": "clicks", "generator": {"rate": rate, "keys": 20, "seed": 9, "phases": phases},
+              "limit": rate * 4 + 3 * rate * 4 + rate * 6}
+    raw = network(tmp_path / "out", overload=True, source=source, per_row_ms=400 / (2 * rate * 1.0))
+    raw["trigger"] = 1000
+    records: list[dict] = []
+
+    class Keep(ProgressReporter):
+        def report(self, record: dict) -> None:
+            records.append(record)
+
+    Engine(load_spec(raw), spark, str(tmp_path / "ck"), reporter=Keep()).run(until_idle=True)  # type: ignore[arg-type]
+    burst_end = rate * 4 + 3 * rate * 4
+    shed = [r for r in records if r.get("overload", {}).get("shed")]
+    assert shed, [r["sources"][0]["endOffset"] - r["sources"][0]["startOffset"] for r in records]
+    assert all(r["overload"]["quality"]["out"]["shedFraction"] > 0 for r in shed)
+    after = [i for i, r in enumerate(records) if r["sources"][0]["startOffset"] >= burst_end]
+    assert after, "the run should go on after the burst"
+    late_shedding = [records[i]["batchId"] for i in after[3:] if records[i].get("overload", {}).get("shed")]
+    assert not late_shedding, late_shedding
