@@ -470,7 +470,8 @@ def one_way(series: Any, assignment: Any, a: int, b: int, *, target: float | Non
     ``target`` is the average load to move; by default half of the difference between A and B,
     which equalises them. It is clipped to ``[0, difference]`` so that the moves never leave the
     pair more imbalanced than before. Moves come in the order taken; each one, applied after
-    the ones before, reduces the pair's difference.
+    the ones before, does not widen the pair's difference (with the default target it narrows
+    it).
     """
     s = _as_series(series)
     a_ = _as_assignment(assignment, s.shape[0], None)
@@ -636,7 +637,8 @@ def balance(
     Items in ``frozen`` (cooling down after an earlier move) never move, but their load counts.
     At most ``max_moves`` moves are returned; one_way plans are cut in score order, two_way
     plans keep their largest-load moves. An item moved more than once appears once, from its
-    original lane to its final one (an item that ends where it started does not appear).
+    original lane to its final one, with the score of its last move (an item that ends where it
+    started does not appear).
 
     Guarantees: every handled pair's difference shrinks and its total stays the same, so the
     makespan never grows and the spread of lane loads shrinks.
@@ -961,8 +963,8 @@ def rescale_assignment(loads: Any, assignment: Any, new_lanes: int) -> np.ndarra
         took = False
         for d in np.lexsort((lane_idx, -load)):
             d = int(d)
-            gap = load[d] - load[r]
-            if d == r or gap <= _tol(load[d]):
+            gap = load[d] - load[r] - _tol(load[d])  # an item the size of the gap only swaps them
+            if d == r or gap <= 0:
                 break
             on_d = np.flatnonzero((out == d) & movable)
             fit = on_d[(w[on_d] < gap) & (w[on_d] < 2.0 * (mean - load[r]))]

@@ -158,6 +158,8 @@ def test_one_way_worked_example():
     np.testing.assert_allclose(predicted_lane_loads(series, assignment, 2, moves), [6, 5])
     # an explicit target: 3.5 of load -> o1 (3), then nothing fits into the remaining 0.5
     assert [m.item for m in one_way(series, assignment, 0, 1, target=3.5)] == [1]
+    # target 6: o1 (3 left), o3 (2 left), o0 (4) is skipped, o2 (2) still fits
+    assert [m.item for m in one_way(series, assignment, 0, 1, target=6.0)] == [1, 3, 2]
     # equal loads: nothing to do
     assert one_way(np.ones((2, 3)), np.array([0, 1]), 0, 1) == []
 
@@ -426,6 +428,18 @@ def test_balancer_patience_and_cooldown():
     assert acted == {2: [0, 1], 6: [2, 3], 10: [0, 1]}
 
 
+def test_balancer_counts_only_evaluations_above_the_threshold():
+    """A 10 % imbalance (below the 20 % threshold) does not count towards patience: after it, a
+    strong one (lanes 50 | 20, 86 %) must be seen twice before the balancer acts."""
+    assignment = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    mild = np.array([[10.5] * 4 + [9.5] * 4]).T  # lanes 42 | 38: (42 - 38) / 40 = 10 %
+    strong = np.array([[12.5] * 4 + [5.0] * 4]).T
+    b = Balancer(period=1, patience=2)
+    assert b.decide(0, mild, assignment, 2) == []
+    assert b.decide(1, strong, assignment, 2) == []
+    assert b.decide(2, strong, assignment, 2) != []
+
+
 def test_balancer_settles_once_moves_are_applied_and_state_round_trips():
     series = np.full((8, 4), 10.0)
     assignment = np.array([0, 0, 0, 0, 0, 0, 1, 1])
@@ -527,6 +541,18 @@ def test_rescale_in_and_counts():
     out = rescale_assignment(np.zeros(12), np.arange(12) % 2, 4)
     assert np.bincount(out, minlength=4).tolist() == [3, 3, 3, 3]
     assert int(np.count_nonzero(out != np.arange(12) % 2)) == 6
+
+
+@pytest.mark.timeout(20)
+def test_rescale_terminates_when_an_item_equals_the_gap():
+    """Regression: scaling 1 -> 3 lanes, the 27.03 item filled lane 1 to 117.72 while lane 2 held
+    90.69, a gap of exactly that item; rounding made it "fit", so it swapped between the two
+    new lanes forever. Now an item moves at most once and must be smaller than the gap."""
+    loads = np.array([0.0, 47.13569924672233, 90.69466171236303, 0.0, 27.02569406128162,
+                      90.69466171236303, 34.53144054254041, 5.960464477539063e-08, 62.06614135891838])
+    out = rescale_assignment(loads, np.zeros(9, dtype=np.int64), 3)
+    assert np.bincount(out, weights=loads, minlength=3).max() < loads.sum() / 2
+    assert 0 < np.count_nonzero(out) <= 5
 
 
 @settings(max_examples=150, deadline=None)
