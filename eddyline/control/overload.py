@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -79,6 +79,17 @@ class OverloadController:
         for step, q in (quantiles or {}).items():
             if q:
                 self.thresholds[step] = q
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able history, kept in each commit: decisions after a restart then equal those of
+        an uninterrupted run (they change the output, unlike routing)."""
+        return {"history": [asdict(h) for h in self.history], "thresholds": self.thresholds}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.history.clear()
+        for h in state.get("history", []):
+            self.history.append(EpochCost(**h))
+        self.thresholds = dict(state.get("thresholds", {}))
 
     def model(self) -> dict[str, Any] | None:
         """F, a and per-step c_S, selectivities and input fractions, from the recent epochs.
@@ -139,6 +150,25 @@ class OverloadController:
             out.append({"step": s.name, "arrivalRowsPerSec": round(arrival, 1), "trueRowsPerSec": round(true_rate, 1),
                         "hot": arrival > true_rate})
         return out
+
+    def critical_path(self) -> dict[str, Any] | None:
+        """The source-to-output chain of stateful steps with the largest cost per source row."""
+        m = self.model()
+        if m is None:
+            return None
+        best: dict[str, Any] | None = None
+        for q in self.spec.sinks:
+            chain, name = [], q.input
+            while True:
+                producer = self._producer(name)
+                if producer not in m["cost"]:
+                    break
+                chain.append(producer)
+                name = self.spec.node(producer).inputs[-1]
+            ms = sum(m["cost"][s] * sum(m["input_fraction"][s]) for s in chain)
+            if best is None or ms > best["msPerSourceRow"]:
+                best = {"output": q.name, "steps": chain[::-1], "msPerSourceRow": round(ms, 5)}
+        return best
 
     # ------------------------------------------------------------------ decide
     def plan(self, epoch: int, available: dict[str, int]) -> dict[str, Any]:

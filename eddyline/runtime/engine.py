@@ -134,6 +134,8 @@ class Engine:
         meta = self.ckpt.open(self.spec.fingerprint())
         started_at = float(meta["started_at"])
         last = self.ckpt.latest_commit()
+        if last is not None and self.overload is not None and "overload" in last.control:
+            self.overload.restore(last.control["overload"])
         pending = self.ckpt.pending_plan(last.epoch if last else 0)
         summary = RunSummary()
         t_start = time.monotonic()
@@ -432,6 +434,9 @@ class Engine:
                     },
                 }
             )
+        overload_record = self._observe_overload(
+            plan, obs_values, loads, steps_commit, sink_rows, (time.monotonic() - t0) * 1000, wall_s
+        )
         commit = EpochCommit(
             epoch=epoch,
             source_ends={n: s["end"] for n, s in plan.sources.items()},
@@ -440,13 +445,13 @@ class Engine:
             end_of_stream=plan.end_of_stream,
             cursors={n: s["cursor"] for n, s in plan.sources.items() if s.get("cursor") is not None},
             tables=plan.tables,
+            control={"overload": self.overload.state()} if self.overload is not None else {},
         )
         crash = _die if (self.crash_epoch == epoch and self.crash_point == "mid_commit") else None
         self.ckpt.write_commit(commit, crash=crash)
         t_commit = time.monotonic()
         for name, load in loads.items():
             self.manager.observe(name, load)
-        overload_record = self._observe_overload(plan, obs_values, loads, steps_commit, sink_rows, (t_commit - t0) * 1000, wall_s)
         self._maybe_crash(epoch, "after_commit")
         if epoch % self.retain_epochs == 0:
             self._cleanup(epoch)
@@ -539,9 +544,16 @@ class Engine:
                 if o:
                     ratio *= k / o
             quality[sink.name] = {"shedFraction": round(1 - ratio, 4), "keptFraction": round(ratio, 4)}
+        expected = next((d["why"].get("predictedMs") for d in plan.decisions if d["kind"] == "overload"), None)
+        arrival = sum(read.values()) / wall_s if wall_s > 0 else 0.0
+        backlog = sum(int(s.get("backlog", 0)) for s in plan.sources.values())
         return {
             "boundMs": self.overload.bound_ms,
             "withinBound": duration_ms <= self.overload.bound_ms,
+            "expectedMs": expected,
+            "measuredMs": round(duration_ms, 1),
+            "lagSeconds": round(backlog / arrival, 2) if arrival else None,
+            "criticalPath": self.overload.critical_path(),
             "shed": {s: {"keep": v["keep"], "offered": offered.get(s), "kept": kept.get(s)} for s, v in plan.shed.items()},
             "quality": quality,
             "hotSpots": self.overload.hot_spots(),

@@ -63,6 +63,9 @@ class EpochCommit:
     #: per source, where reading resumes besides the offset (files: the last name read)
     cursors: dict[str, Any] = field(default_factory=dict)
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: control-plane state whose decisions change the output (the overload controller's
+    #: history), so a restart decides as the uninterrupted run would have
+    control: dict[str, Any] = field(default_factory=dict)
     committed_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:

@@ -122,3 +122,23 @@ def test_sigkill_in_the_middle_of_a_move_replays_it(spark, tmp_path: Path) -> No
     assert json.loads((ckpt / "plans" / f"{4:010d}.json").read_text())["routing"] == moving["routing"]
     for what in ("windows", "firsts", "pairs"):
         assert read(tmp_path / "out", what) == read(tmp_path / "ref", what), what
+
+
+def test_the_adaptive_example_runs_and_explains_itself(spark, tmp_path: Path) -> None:
+    """examples/adaptive-join.yaml for a few epochs (paced sources, so only a few seconds)."""
+    from eddyline.observe.progress import ProgressReporter
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "adaptive-join.yaml").read_text())
+    raw["sinks"][0]["files"]["path"] = str(tmp_path / "out")
+    raw["control"]["overload"]["shed_sink"]["path"] = str(tmp_path / "shed")
+    progress = tmp_path / "progress.jsonl"
+    with ProgressReporter(live=False, json_path=str(progress)) as reporter:
+        Engine(load_spec(raw), spark, str(tmp_path / "ckpt"), reporter=reporter).run(epochs=5)
+    records = [json.loads(line) for line in progress.read_text().splitlines()]
+    assert len(records) == 5
+    last = records[-1]
+    assert set(last["routing"]) == {"bids_while_open", "per_auction"}
+    assert len(last["load"]["bids_while_open"]["laneShareOfMakespan"]) == last["routing"]["bids_while_open"]["lanes"]
+    assert any(d["kind"] == "placement" for r in records for d in r["decisions"])
+    placement = next(d for r in records for d in r["decisions"] if d["kind"] == "placement")
+    assert placement["why"]["policy"] == "greedy" and "makespanMs" in placement["expected"]

@@ -138,3 +138,21 @@ def test_a_burst_is_shed_and_shedding_stops_after_it(spark, tmp_path: Path) -> N
     assert after, "the run should go on after the burst"
     late_shedding = [records[i]["batchId"] for i in after[3:] if records[i].get("overload", {}).get("shed")]
     assert not late_shedding, late_shedding
+
+
+def test_semantic_shedding_drops_the_least_valuable_rows(spark, tmp_path: Path) -> None:
+    """With ``mode: semantic`` and ``utility: value``, a shed row never has a higher value than
+    the epoch's cut, which comes from last epoch's quantiles of the value."""
+    raw = network(tmp_path / "out", overload=True)
+    raw["control"]["overload"].update({"mode": "semantic", "utility": {"per_key": "value"}})
+    Engine(load_spec(raw), spark, str(tmp_path / "ck")).run(until_idle=True)
+    plans = [json.loads(p.read_text()) for p in sorted((tmp_path / "ck" / "plans").glob("*.json"))]
+    cuts = {p["epoch"]: p["shed"]["per_key"]["thresholds"][0] for p in plans if p["shed"]}
+    assert len(cuts) >= 3 and all(c is not None for c in cuts.values())
+    con = duckdb.connect()
+    for epoch, cut in cuts.items():
+        lo, hi, n = con.execute(
+            f"SELECT min(value), max(value), count(*) FROM read_parquet('{tmp_path}/out-shed/epoch={epoch:010d}/*.parquet')"
+        ).fetchone()
+        assert hi < cut, (epoch, hi, cut)  # only rows below the cut were shed
+        assert 0.4 * 8000 <= n <= 0.6 * 8000, n  # about half, as planned (the cut is a quantile)
