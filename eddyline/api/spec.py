@@ -642,6 +642,8 @@ class Balance(Model):
     cooldown: int = Field(default=3, ge=0)
     #: Act only after the imbalance was seen at this many evaluations in a row.
     patience: int = Field(default=2, ge=1)
+    #: Epochs of load the decision looks at (recent ones: an old balance must not hide a new skew).
+    window: int = Field(default=4, ge=2)
 
 
 class Scale(Model):
@@ -731,6 +733,8 @@ class Control(Model):
     #: ``profile``): uniform ranges, greedy (largest first), correlation-based, or resilient (ROD).
     placement: Literal["uniform", "greedy", "correlation", "resilient"] = "uniform"
     warmup_epochs: int = Field(default=3, ge=1)
+    #: A placement is applied only if it lowers the predicted makespan by this fraction.
+    min_gain: float = Field(default=0.05, ge=0)
     #: A JSON load profile: {step: [[load per epoch] per key group]} (e.g. from ``--stats-out``).
     profile: str | None = None
     balance: Balance | None = None

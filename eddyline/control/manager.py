@@ -157,6 +157,10 @@ class DistributionManager:
                 new = self._placement(c.placement, basis, table.lanes)
                 self.placed.add(step)
                 moves = {kg: int(x) for kg, x in enumerate(new) if x != table.assignment[kg]}
+                now = policies.lane_loads(basis, np.asarray(table.assignment), table.lanes).mean(axis=1).max()
+                then = policies.lane_loads(basis, new, table.lanes).mean(axis=1).max()
+                if now <= 0 or then > now * (1 - c.min_gain):
+                    moves = {}  # not worth moving state for: the current placement is as good
                 if moves:
                     d = self._decision(epoch, step, "placement", table, moves, basis,
                                        {"policy": c.placement, "source": "profile" if prof is not None else f"{series.shape[1]} epochs"})
@@ -195,7 +199,7 @@ class DistributionManager:
                 rescaled = True
         # balance
         if not rescaled and step in self.balancers and series.shape[1] >= 2 and table.lanes > 1:
-            window = series[:, -c.history:]
+            window = series[:, -c.balance.window:] if c.balance else series
             moves = self.balancers[step].decide(epoch, window, np.asarray(table.assignment), table.lanes)
             if moves:
                 mv = {m.item: m.dst for m in moves}

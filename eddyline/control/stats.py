@@ -2,9 +2,9 @@
 
 A lane measures its own phases (receive, load, kernel, write) and counts rows per key group; it
 cannot time one key group alone, because its kernel runs vectorised over all of them. A key
-group's *load* is therefore the lane's measured time shared out by a cost model: receiving and the
-kernel in proportion to the group's input rows, loading and writing state in proportion to its
-state rows. Summed over a lane's groups it is exactly the lane's busy time.
+group's *load* is therefore the step's measured time shared out by a cost model: receiving and
+the kernel in proportion to the group's input rows, loading and writing state in proportion to
+its state rows. Summed over all groups it is exactly the step's busy time.
 
 :class:`LoadHistory` keeps a sliding window of these per step, so policies get load time series,
 their correlation coefficients (seed 001), lane shares of the makespan and the DS2 rates.
@@ -70,43 +70,43 @@ class StepLoad:
 
 
 def step_load(epoch: int, lanes: int, manifests: Iterable[Mapping[str, Any]], wall_s: float) -> StepLoad:
-    """Fold one step's lane manifests of one epoch into a :class:`StepLoad`."""
-    kg_load: dict[int, float] = {}
+    """Fold one step's lane manifests of one epoch into a :class:`StepLoad`.
+
+    A key group's load is the step's measured time per input row times its rows, plus the time
+    per state row times its state rows, with both rates taken over *all* lanes of the step: on a
+    shared machine one lane's clock is noisy (another process may have had its core), while row
+    counts are exact, so the load follows the rows and the clocks only set the scale."""
     kg_rows: dict[int, int] = {}
     kg_state: dict[int, int] = {}
     busy = [0.0] * lanes
     rows = state_rows = state_bytes = spilled = 0
+    row_ms = state_ms = 0.0
     hot: list[dict[str, Any]] = []
     for m in manifests:
         hot.extend(m.get("hot_keys", []))
         ms = m["ms"]
-        lane_busy = float(sum(ms.values()))
         if 0 <= m["lane"] < lanes:
-            busy[m["lane"]] = lane_busy
+            busy[m["lane"]] = float(sum(ms.values()))
         rows += m["input_rows"]
         state_rows += m["state_rows"]
         state_bytes += m["state_bytes"]
         spilled += m.get("spilled_bytes", 0)
-        in_rows = {int(k): int(v) for k, v in m.get("kg_rows", {}).items()}
-        st_rows = {int(k): int(v) for k, v in m.get("kg_state_rows", {}).items()}
-        row_ms = ms.get("receive", 0.0) + ms.get("kernel", 0.0)
-        state_ms = ms.get("load", 0.0) + ms.get("write", 0.0)
-        total_in, total_st = sum(in_rows.values()), sum(st_rows.values())
-        if not total_in:  # nothing arrived: the kernel's time went to the state (timers)
-            state_ms, row_ms = state_ms + row_ms, 0.0
-        if not total_st:
-            row_ms, state_ms = row_ms + state_ms, 0.0
-        for kg in set(in_rows) | set(st_rows):
-            share = 0.0
-            if total_in:
-                share += row_ms * in_rows.get(kg, 0) / total_in
-            if total_st:
-                share += state_ms * st_rows.get(kg, 0) / total_st
-            kg_load[kg] = kg_load.get(kg, 0.0) + share
-        for kg, n in in_rows.items():
-            kg_rows[kg] = kg_rows.get(kg, 0) + n
-        for kg, n in st_rows.items():
-            kg_state[kg] = kg_state.get(kg, 0) + n
+        row_ms += ms.get("receive", 0.0) + ms.get("kernel", 0.0)
+        state_ms += ms.get("load", 0.0) + ms.get("write", 0.0)
+        for k, v in m.get("kg_rows", {}).items():
+            kg_rows[int(k)] = kg_rows.get(int(k), 0) + int(v)
+        for k, v in m.get("kg_state_rows", {}).items():
+            kg_state[int(k)] = kg_state.get(int(k), 0) + int(v)
+    total_in, total_st = sum(kg_rows.values()), sum(kg_state.values())
+    if not total_in:  # nothing arrived: the kernel's time went to the state (timers)
+        state_ms, row_ms = state_ms + row_ms, 0.0
+    if not total_st:
+        row_ms, state_ms = row_ms + state_ms, 0.0
+    per_row = row_ms / total_in if total_in else 0.0
+    per_state_row = state_ms / total_st if total_st else 0.0
+    kg_load = {
+        kg: kg_rows.get(kg, 0) * per_row + kg_state.get(kg, 0) * per_state_row for kg in set(kg_rows) | set(kg_state)
+    }
     hot.sort(key=lambda h: -int(h["rows"]))
     return StepLoad(epoch, lanes, kg_load, kg_rows, kg_state, busy, rows, state_rows, state_bytes, spilled, wall_s, hot[:4])
 

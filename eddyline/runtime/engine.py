@@ -455,9 +455,10 @@ class Engine:
         self._maybe_crash(epoch, "after_commit")
         if epoch % self.retain_epochs == 0:
             self._cleanup(epoch)
+        t_cleanup = time.monotonic()
 
         input_rows = sum(int(obs_values.get(f"source:{n}", {}).get("rows") or 0) for n in self.sources)
-        total_ms = (t_commit - t0) * 1000
+        total_ms = (t_cleanup - t0) * 1000
         watermark = min(plan.watermarks.values()) if plan.watermarks else None
         record = {
             "id": self.spec.name,
@@ -472,6 +473,7 @@ class Engine:
                 "execution": round((t_run - t_plan) * 1000, 1),
                 "publish": round((t_pub - t_run) * 1000, 1),
                 "commit": round((t_commit - t_pub) * 1000, 1),
+                "cleanup": round((t_cleanup - t_commit) * 1000, 1),
             },
             "triggerMs": self.spec.trigger,
             "eventTime": {"watermark": iso_ms(watermark)},

@@ -36,7 +36,7 @@ def load(epoch: int, table: RoutingTable, per_kg: dict[int, float], rows_per_ms:
     return StepLoad(epoch, table.lanes, dict(per_kg), rows, {}, busy, sum(rows.values()), 0, 0, 0, wall_s)
 
 
-def test_step_load_shares_lane_time_out_by_rows_and_state() -> None:
+def test_step_load_shares_the_steps_time_out_by_rows_and_state() -> None:
     manifests = [
         {"lane": 0, "ms": {"receive": 10, "kernel": 30, "load": 5, "write": 15}, "input_rows": 40, "state_rows": 10,
          "state_bytes": 100, "kg_rows": {"0": 30, "1": 10}, "kg_state_rows": {"0": 5, "2": 5}},
@@ -45,7 +45,10 @@ def test_step_load_shares_lane_time_out_by_rows_and_state() -> None:
     ]
     s = step_load(7, 2, manifests, wall_s=2.0)
     assert s.lane_busy_ms == [60.0, 4.0]
-    assert s.kg_load == pytest.approx({0: 30 + 10, 1: 10, 2: 10, 3: 4})
+    # the step's time per input row (42 ms / 40 rows) and per state row (22 ms / 14 rows), over
+    # both lanes: a load follows the group's rows, the clocks only set the scale
+    per_row, per_state = 42 / 40, 22 / 14
+    assert s.kg_load == pytest.approx({0: 30 * per_row + 5 * per_state, 1: 10 * per_row, 2: 5 * per_state, 3: 4 * per_state})
     assert sum(s.kg_load.values()) == pytest.approx(sum(s.lane_busy_ms))  # nothing lost, nothing invented
     assert s.lane_shares() == [1.0, round(4 / 60, 3)]
     h = LoadHistory(K)
@@ -145,3 +148,18 @@ def test_parallelism_one_steps_are_placed_as_whole_boxes() -> None:
             m.observe(s, load(epoch, tables[s], {0: 50 + rng.normal(0, 5)}))
     assert tables["total_0"].assignment[0] != tables["total_1"].assignment[0]
     assert any(d.kind == "placement" and "parallelism 1" in d.why.get("box", "") for d in m.decisions)
+
+
+def test_placement_that_would_not_pay_off_moves_nothing() -> None:
+    """Evenly loaded key groups: a fresh correlation placement might shuffle half of them for a
+    gain below ``min_gain``; it must leave the routing alone."""
+    rng = np.random.default_rng(1)
+    raw = spec({"placement": "correlation", "warmup_epochs": 2}).model_dump(by_alias=True)  # type: ignore[attr-defined]
+    m = DistributionManager(load_spec({**raw, "key_groups": 128}), max_lanes=2)
+    table = RoutingTable.uniform(128, 2)
+    made = []
+    for epoch in range(1, 5):
+        table, d = m.plan(epoch, "s", table)
+        made += d
+        m.observe("s", load(epoch, table, {kg: 10 * rng.normal(1, 0.05) for kg in range(128)}))
+    assert not made and table.version == 0

@@ -22,7 +22,7 @@ from eddyline.api.validate import load_spec
 from eddyline.runtime.engine import Engine
 from tests.runtime.test_stateful_recovery import normal
 
-ROWS = 6_000
+ROWS = 4_500
 
 
 def network(out: Path, control: dict | None = None, *, lanes: int = 2) -> dict:
@@ -61,8 +61,8 @@ def network(out: Path, control: dict | None = None, *, lanes: int = 2) -> dict:
 #: join's hottest key groups: on schedule at epoch 3, and by the hot-key detector afterwards.
 CHURN = {
     "chaos": {"random_moves": 3, "seed": 11},
-    "scale": {"schedule": {4: 3, 7: 1}, "auto": False, "max_lanes": 3},
-    "spread": {"schedule": {3: [0, 5]}, "fanout": 3, "hot_share": 0.3},
+    "scale": {"schedule": {3: 3, 5: 1}, "auto": False, "max_lanes": 3},
+    "spread": {"schedule": {2: [0, 5]}, "fanout": 3, "hot_share": 0.3},
 }
 
 
@@ -89,11 +89,11 @@ def test_moves_rescales_and_splits_leave_the_output_unchanged(spark, tmp_path: P
 
     logged = plans(tmp_path / "ckpt")
     kinds = [d["kind"] for p in logged for d in p["decisions"]]
-    assert kinds.count("chaos") >= 3 * 6, kinds  # every epoch while there are 2 or 3 lanes
+    assert kinds.count("chaos") >= 3 * 4, kinds  # every epoch while there are 2 or 3 lanes
     lanes = [p["routing"]["per_key"]["lanes"] for p in logged]
-    assert lanes[:3] == [2, 2, 2] and 3 in lanes and lanes[-1] == 1, lanes
+    assert lanes[:2] == [2, 2] and lanes[2:4] == [3, 3] and lanes[-1] == 1, lanes
     spread = [p["routing"]["bids_in_auction"].get("spread", {}) for p in logged]
-    assert {"0", "5"} <= set(spread[2]), spread[:4]
+    assert {"0", "5"} <= set(spread[1]), spread[:4]
     assert any(d["kind"] == "spread" and d["why"]["reason"] == "schedule" for p in logged for d in p["decisions"])
 
 
@@ -111,34 +111,44 @@ def test_sigkill_in_the_middle_of_a_move_replays_it(spark, tmp_path: Path) -> No
                "--no-live", "--master", "local[2]", *extra]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=400)
 
-    first = run("--crash-at", "4:in_task")  # the rescale 2 → 3 epoch, state half written
+    first = run("--crash-at", "3:in_task")  # the rescale 2 → 3 epoch, state half written
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
-    moving = json.loads((ckpt / "plans" / f"{4:010d}.json").read_text())
+    moving = json.loads((ckpt / "plans" / f"{3:010d}.json").read_text())
     assert {d["kind"] for d in moving["decisions"]} >= {"rescale", "chaos"}
-    second = run("--crash-at", "7:mid_commit")  # the rescale 3 → 1 epoch, dies while committing
+    second = run("--crash-at", "5:mid_commit")  # the rescale 3 → 1 epoch, dies while committing
     assert second.returncode == -signal.SIGKILL, second.stderr[-2000:]
     last = run()
     assert last.returncode == 0, last.stderr[-2000:]
-    assert json.loads((ckpt / "plans" / f"{4:010d}.json").read_text())["routing"] == moving["routing"]
+    assert json.loads((ckpt / "plans" / f"{3:010d}.json").read_text())["routing"] == moving["routing"]
     for what in ("windows", "firsts", "pairs"):
         assert read(tmp_path / "out", what) == read(tmp_path / "ref", what), what
 
 
 def test_the_adaptive_example_runs_and_explains_itself(spark, tmp_path: Path) -> None:
     """examples/adaptive-join.yaml for a few epochs (paced sources, so only a few seconds)."""
+    from rich.console import Console
+
     from eddyline.observe.progress import ProgressReporter
 
     raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "adaptive-join.yaml").read_text())
     raw["sinks"][0]["files"]["path"] = str(tmp_path / "out")
     raw["control"]["overload"]["shed_sink"]["path"] = str(tmp_path / "shed")
+    raw["control"]["chaos"] = {"random_moves": 1, "every": 2}  # make sure there are decisions to show
     progress = tmp_path / "progress.jsonl"
-    with ProgressReporter(live=False, json_path=str(progress)) as reporter:
+    console = Console(record=True, width=200)
+    with ProgressReporter(live=False, json_path=str(progress), console=console) as reporter:
         Engine(load_spec(raw), spark, str(tmp_path / "ckpt"), reporter=reporter).run(epochs=5)
     records = [json.loads(line) for line in progress.read_text().splitlines()]
     assert len(records) == 5
     last = records[-1]
     assert set(last["routing"]) == {"bids_while_open", "per_auction"}
     assert len(last["load"]["bids_while_open"]["laneShareOfMakespan"]) == last["routing"]["bids_while_open"]["lanes"]
-    assert any(d["kind"] == "placement" for r in records for d in r["decisions"])
-    placement = next(d for r in records for d in r["decisions"] if d["kind"] == "placement")
-    assert placement["why"]["policy"] == "greedy" and "makespanMs" in placement["expected"]
+    assert last["overload"]["boundMs"] == 3000 and "quality" in last["overload"]
+    moves = [d for r in records for d in r["decisions"] if d["kind"] == "chaos"]
+    assert moves and all(d["why"]["reason"] == "relocation drill" for d in moves)
+    measured = [d for d in last["recentDecisions"] if d.get("measured")]
+    assert measured and "makespanMs" in measured[0]["measured"]
+    # the terminal shows the routing and the latest decisions
+    console.print(reporter._render())
+    text = console.export_text()
+    assert "bids_while_open: routing v" in text and "chaos" in text
