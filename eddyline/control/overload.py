@@ -71,14 +71,18 @@ class OverloadController:
         self.thresholds: dict[str, list[float]] = {}  # semantic: utility quantiles seen last epoch
 
     # ------------------------------------------------------------------ monitor
-    def observe(self, cost: EpochCost, quantiles: dict[str, list[float]] | None = None) -> None:
+    def observe(self, cost: EpochCost, quantiles: dict[str, list[float]] | None = None, *, cold: bool = False) -> None:
+        """Record an epoch; a ``cold`` one (the first of a process: JVM and Python workers warm
+        up) only updates the semantic thresholds, its timing would mislead the cost model."""
+        for step, q in (quantiles or {}).items():
+            if q:
+                self.thresholds[step] = q
+        if cold and self.cfg.cost_model is None:
+            return
         if self.history and self.history[-1].epoch >= cost.epoch:
             while self.history and self.history[-1].epoch >= cost.epoch:
                 self.history.pop()
         self.history.append(cost)
-        for step, q in (quantiles or {}).items():
-            if q:
-                self.thresholds[step] = q
 
     def state(self) -> dict[str, Any]:
         """JSON-able history, kept in each commit: decisions after a restart then equal those of
@@ -110,7 +114,7 @@ class OverloadController:
             fixed = min(spans) if spans else 0.0
             per_row = [(h.makespan_ms.get(s.name, 0.0) - fixed) / sum(h.kept.get(s.name, [])) for h in recent
                        if sum(h.kept.get(s.name, [])) > 0]
-            cost[s.name] = float(np.median(per_row)) if per_row else 0.0
+            cost[s.name] = max(0.0, float(np.median(per_row))) if per_row else 0.0
             kept = sum(sum(h.kept.get(s.name, [])) for h in recent)
             sel[s.name] = sum(h.out_rows.get(s.name, 0) for h in recent) / kept if kept else 1.0
             read = sum(sum(h.read_rows.values()) for h in recent)
@@ -123,15 +127,20 @@ class OverloadController:
         else:
             n = np.array([sum(h.read_rows.values()) for h in hist], dtype=float)
             rest = np.array([h.duration_ms - sum(cost[k] * sum(h.kept.get(k, [])) for k in cost) for h in hist])
-            f = float(rest.min())
+            f = max(0.0, float(rest.min()))
             slopes = [(r - f) / x for r, x in zip(rest[-4:], n[-4:], strict=True) if x > 0]
-            a = float(np.median(slopes)) if slopes else 0.0
+            a = max(0.0, float(np.median(slopes))) if slopes else 0.0
         sink_sel = {}
         for q in self.spec.sinks:
             up = self._producer(q.input)
             base = (sum(h.out_rows.get(up, 0) for h in recent) if up in cost
                     else sum(sum(h.read_rows.values()) for h in recent))
-            sink_sel[q.name] = sum(h.sink_rows.get(q.name, 0) for h in recent) / base if base else 0.0
+            if up in cost:
+                # A query is worth its utility per *input* row its step keeps, not per output
+                # row: a window emits one row per key and window however many rows it kept.
+                sink_sel[q.name] = 1.0 / sel[up] if sel[up] > 0 else 0.0
+            else:
+                sink_sel[q.name] = sum(h.sink_rows.get(q.name, 0) for h in recent) / base if base else 0.0
         return {"F": f, "a": a, "cost": cost, "selectivity": sel, "input_fraction": frac, "sink_selectivity": sink_sel}
 
     def hot_spots(self) -> list[dict[str, Any]]:
@@ -210,13 +219,17 @@ class OverloadController:
                                                           "predictedMs": round(m["F"] + (m["a"] + per_row_processing) * sum(caps.values()), 1)}}
         # Shedding: read what is waiting (so the backlog does not grow), as far as reading alone
         # fits the budget, and shed processing so the epoch fits the rest.
-        n_read = min(total, probe)
+        n_read = total  # while shedding, read what waits: the backlog must not grow
         if m["a"] > 0 and m["F"] + m["a"] * n_read > budget:
             n_read = min(n_read, max(self.cfg.probe_rows, int((budget - m["F"]) / m["a"] * 0.9)))
         caps = _split(available, n_read) if n_read < total else {}
         capacity = max(0.0, budget - m["F"] - m["a"] * n_read)
         problem = self.problem(m, {s: c for s, c in (caps or available).items()}, capacity)
-        plan = lp.solve(problem) if self.cfg.shedding == "lp" else lp.uniform_plan(problem)
+        if self.cfg.shedding == "lp":
+            plan = lp.solve(problem)
+        else:  # one keep fraction at every shed point: the baseline the LP is measured against
+            x = float(lp.uniform_plan(problem).explanation["keep_fraction"])
+            plan = lp.evaluate(problem, {a: x for a in problem.shed_points or ()}, scale_overloaded=False)
         keep: dict[str, list[float]] = {}
         for s in self.stateful:
             ks = []

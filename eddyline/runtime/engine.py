@@ -118,6 +118,7 @@ class Engine:
         )
         self._bytes_per_row: dict[str, float] = {}
         self._last_epoch_start: float | None = None
+        self._cold = True  # the first epoch of this process
         self.has_dead_letter_sources = any(
             s.files is not None and s.files.format != "parquet" for s in spec.sources
         )
@@ -537,7 +538,9 @@ class Engine:
                 out_rows, dict(sink_rows), wall_s,
             ),
             quantiles,
+            cold=self._cold,
         )
+        self._cold = False
         quality = {}
         for sink in self.spec.sinks:
             ratio = 1.0

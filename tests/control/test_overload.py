@@ -80,3 +80,19 @@ def test_hot_spots_compare_arrival_with_true_rate() -> None:
                             {"a": 1000}, {"a": 2}, {"a": 10_000}, {"out": 10_000}, 1.0))
     (spot,) = c.hot_spots()
     assert spot["arrivalRowsPerSec"] == 10_000 and spot["trueRowsPerSec"] == 20_000 and not spot["hot"]
+
+
+def test_uniform_shedding_keeps_one_fraction_everywhere() -> None:
+    c = OverloadController(spec({"shedding": "uniform", "cost_model": {"step_ms_per_row": {"a": 0.001, "b": 0.01}}},
+                                chain=True))
+    for e in (1, 2):
+        c.observe(epoch(e, 1000, chain=True))
+    verdict = c.plan(3, {"src": 160_000})
+    keeps = {s: v["keep"][0] for s, v in verdict["shed"].items()}
+    assert set(keeps) == {"a", "b"} and keeps["a"] == keeps["b"] < 1.0
+    assert verdict["explain"]["reason"] == "shedding (uniform)"
+    lp = OverloadController(spec({"cost_model": {"step_ms_per_row": {"a": 0.001, "b": 0.01}}}, chain=True))
+    for e in (1, 2):
+        lp.observe(epoch(e, 1000, chain=True))
+    # at the same epoch budget, the LP keeps more of what the query values
+    assert lp.plan(3, {"src": 160_000})["explain"]["expectedUtility"] > verdict["explain"]["expectedUtility"]
