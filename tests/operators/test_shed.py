@@ -3,9 +3,7 @@ keep masks, the Spark SQL mirror of the random mask, and ``shed``."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import struct
 
 import numpy as np
@@ -124,37 +122,19 @@ def test_spark_xxhash64_skips_nulls_and_accepts_any_integer_input() -> None:
         spark_xxhash64(9, np.array([2**63], dtype=np.uint64))
 
 
-@pytest.mark.skipif(
-    not os.environ.get("EDDYLINE_SPARK_VECTORS"),
-    reason="set EDDYLINE_SPARK_VECTORS to a JSON file of vectors produced by Spark",
-)
-def test_matches_spark_xxhash64() -> None:
-    """Compare with values computed by Spark itself.
-
-    ``EDDYLINE_SPARK_VECTORS`` names a JSON file holding a list of objects
-    ``{"seed": s, "id": i, "xxhash64": h}``, optionally with ``"keep": k, "kept": b``, where
-    ``h`` is Spark's ``xxhash64(CAST(s AS BIGINT), CAST(i AS BIGINT))`` and ``b`` is the value
-    of ``random_keep_sql("id", k, s)`` for that row. For example, in PySpark::
-
-        rows = []
-        for s in (0, 7, -1, 2**40):
-            for k in (0.0, 0.1, 0.5, 0.999, 1.0):
-                df = spark.range(-500, 500).selectExpr(
-                    f"{s} AS seed", "id", f"CAST({k} AS DOUBLE) AS keep",
-                    f"xxhash64(CAST({s} AS BIGINT), CAST(id AS BIGINT)) AS xxhash64",
-                    f"{random_keep_sql('id', k, s)} AS kept")
-                rows += [r.asDict() for r in df.collect()]
-        json.dump(rows, open("spark_vectors.json", "w"))
-    """
-    with open(os.environ["EDDYLINE_SPARK_VECTORS"], encoding="utf-8") as fh:
-        rows = json.load(fh)
-    assert rows, "no vectors in the file"
-    for row in rows:
-        seed, value = int(row["seed"]), int(row["id"])
-        assert spark_xxhash64(seed, value).tolist() == [int(row["xxhash64"])], row
-        if "kept" in row:
-            mask = keep_mask_random(np.array([value]), float(row["keep"]), seed)
-            assert bool(mask[0]) == bool(row["kept"]), row
+def test_matches_spark_xxhash64(spark) -> None:
+    """The numpy hash and keep mask agree with what Spark computes for the same SQL, so the
+    runtime's shed filter (Spark SQL) and the pure mask make the same decisions."""
+    for seed in (0, 7, -1, 2**40):
+        for keep in (0.0, 0.1, 0.5, 0.999, 1.0):
+            rows = spark.range(-300, 300).selectExpr(
+                "id",
+                f"xxhash64(CAST({seed} AS BIGINT), CAST(id AS BIGINT)) AS h",
+                f"{random_keep_sql('id', keep, seed)} AS kept",
+            ).collect()
+            ids = np.array([r["id"] for r in rows], dtype=np.int64)
+            assert spark_xxhash64(seed, ids).tolist() == [r["h"] for r in rows]
+            assert keep_mask_random(ids, keep, seed).tolist() == [r["kept"] for r in rows]
 
 
 # --------------------------------------------------------------------------- random mask
