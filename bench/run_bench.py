@@ -192,6 +192,22 @@ def _ts(text: str) -> float:
 
 
 # ----------------------------------------------------------------------------- report
+def write_section(markers: tuple[str, str], tables: tuple[str, str], generated: str, new_section: str) -> None:
+    """Replace the generated tables (between ``tables`` markers) inside a RESULTS.md section
+    (between ``markers``); when the section is missing, append it: ``new_section`` is its heading
+    and prose, the tables follow. Hand-written prose around the tables is kept."""
+    path = HERE / "RESULTS.md"
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    block = f"{tables[0]}\n{generated}\n{tables[1]}"
+    if markers[0] in text and tables[0] in text:
+        text = text[: text.index(tables[0])] + block + text[text.index(tables[1]) + len(tables[1]) :]
+    elif markers[0] not in text:
+        text = text.rstrip("\n") + f"\n\n{markers[0]}\n{new_section}{block}\n{markers[1]}\n"
+    else:
+        raise SystemExit(f"{path}: the section {markers[0]} lacks {tables[0]}; not rewriting it")
+    path.write_text(text)
+
+
 def write_results_md() -> None:
     rows = []
     for path in sorted(RESULTS.glob("*.json")):

@@ -54,7 +54,7 @@ SPECS = (
 STREAMS = ("person", "auction", "bid")
 
 sys.path.insert(0, str(BENCH))
-from run_bench import _lane_medians, _ts  # noqa: E402  (the issue #2 benchmark's helpers)
+from run_bench import _lane_medians, _ts, write_section  # noqa: E402  (the issue #2 benchmark's helpers)
 
 
 # ----------------------------------------------------------------------------- the data set
@@ -731,22 +731,12 @@ TABLE_START, TABLE_END = "<!-- nexmark-table:start -->", "<!-- nexmark-table:end
 
 def write_results_md(result: dict[str, Any]) -> None:
     """Replace the generated tables inside the nexmark section; create the section if absent."""
-    path = BENCH / "RESULTS.md"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    block = f"{TABLE_START}\n{tables_md(result)}\n{TABLE_END}"
-    if SECTION_START in text and TABLE_START in text:
-        text = (
-            text[: text.index(TABLE_START)] + block + text[text.index(TABLE_END) + len(TABLE_END) :]
-        )
-    elif SECTION_START not in text:
-        text = (
-            text.rstrip("\n")
-            + f"\n\n{SECTION_START}\n## Nexmark queries (`bench/nexmark/run_nexmark.py`, issue #3)\n\n"
-            + f"See `bench/nexmark/README.md` for the method.\n\n{block}\n{SECTION_END}\n"
-        )
-    else:
-        raise SystemExit(f"{path}: the nexmark section lacks {TABLE_START}; not rewriting it")
-    path.write_text(text)
+    write_section(
+        (SECTION_START, SECTION_END),
+        (TABLE_START, TABLE_END),
+        tables_md(result),
+        "## Nexmark queries (`bench/nexmark/run_nexmark.py`, issue #3)\n\nSee `bench/nexmark/README.md` for the method.\n\n",
+    )
 
 
 # ----------------------------------------------------------------------------- main

@@ -292,7 +292,10 @@ class Engine:
             decisions.extend(d.to_json() for d in made)
             routing[step.name] = table.to_json()
         tables = self.compiler.tables.plan(last.tables if last else {})
-        if overload_decision is not None and (shed or overload_decision["action"]["caps"]):
+        quiet = ("fits the bound", "no input", "warming up (slow start)")
+        if overload_decision is not None and (
+            shed or overload_decision["action"]["caps"] or overload_decision["why"].get("reason") not in quiet
+        ):  # also say when the bound cannot be met at all
             decisions.append(overload_decision)
         return EpochPlan(epoch, slices, watermarks, routing, self.lanes, end_of_stream, tables, decisions, shed)
 
