@@ -786,6 +786,16 @@ class NetworkSpec(Model):
             raise KeyError(name)
         return n
 
+    def upstream(self, name: str) -> set[str]:
+        """``name`` and every node whose rows reach it."""
+        reach, frontier = set(), [name]
+        while frontier:
+            n = frontier.pop()
+            if n not in reach:
+                reach.add(n)
+                frontier.extend(self.node(n).inputs)
+        return reach
+
     @property
     def latency_bound(self) -> int | None:
         """The tightest declared latency of any query output (ms), if any."""

@@ -172,16 +172,7 @@ def check_graph(spec: NetworkSpec) -> list[str]:
         problems.append(f"step '{name}': input: part of a cycle ({' → '.join(_cycle_from(spec, name))})")
     if problems:
         return problems
-    consumed: set[str] = set()
-    frontier = [s.input for s in spec.sinks]
-    while frontier:
-        n = frontier.pop()
-        if n in consumed:
-            continue
-        consumed.add(n)
-        node = spec.node(n)
-        if isinstance(node, StepSpec):
-            frontier.extend(node.inputs)
+    consumed = set().union(*(spec.upstream(s.input) for s in spec.sinks))
     for s in spec.sources:
         if s.name not in consumed:
             problems.append(f"source '{s.name}': its rows reach no sink")

@@ -141,7 +141,7 @@ class EpochCompiler:
             if overload is not None and step.stateful:
                 ins = self._shed_inputs(epoch, step, ins, (shed or {}).get(step.name), out, observe)
             try:
-                out.nodes[step.name] = self._step(epoch, step, ins, steps.get(step.name), lanes, out, observe, kill_driver_pid)
+                out.nodes[step.name] = self._step(epoch, step, ins, steps.get(step.name), out, observe, kill_driver_pid)
             except SpecError:
                 raise
             except Exception as e:  # analysis errors name the step
@@ -154,7 +154,6 @@ class EpochCompiler:
         step: StepSpec,
         ins: list[DataFrame],
         run: StepRun | None,
-        lanes: int,
         out: EpochFrames,
         observe: bool,
         kill_driver_pid: int | None,
@@ -181,7 +180,7 @@ class EpochCompiler:
             return first
         assert run is not None, f"no plan for stateful step {step.name}"
         if step.window_aggregate is not None:
-            return self._window(epoch, step, step.window_aggregate, ins[0], run, lanes, out, observe, kill_driver_pid)
+            return self._window(epoch, step, step.window_aggregate, ins[0], run, out, observe, kill_driver_pid)
         if observe:
             ins = self._observe_event_time(epoch, step, ins, out)
         if step.join is not None:
@@ -190,7 +189,7 @@ class EpochCompiler:
             keyed, kernel = self._pattern_stage2(step, ins[0], ins[1], run)
         else:
             keyed, kernel = self._keyed(step, ins[0], run)
-        return self._lanes(epoch, step.name, keyed, kernel, run, lanes, kill_driver_pid, _key_columns(step))
+        return self._lanes(epoch, step.name, keyed, kernel, run, kill_driver_pid, _key_columns(step))
 
     def _shed_inputs(
         self,
@@ -403,7 +402,6 @@ class EpochCompiler:
         wa: WindowAggregate,
         df: DataFrame,
         run: StepRun,
-        lanes: int,
         out: EpochFrames,
         observe: bool,
         kill_driver_pid: int | None,
@@ -464,7 +462,7 @@ class EpochCompiler:
                 aggs.append(f"{func}(`{col}`) AS `{pcol}`")
         partial = live.groupBy(KG, *cfg.keys, START_MS).agg(*[F.expr(a) for a in aggs])
         result = self._lanes(
-            epoch, step.name, partial, WindowKernel(cfg, _arrow_schema(partial.schema)), run, lanes, kill_driver_pid, cfg.keys[:1]
+            epoch, step.name, partial, WindowKernel(cfg, _arrow_schema(partial.schema)), run, kill_driver_pid, cfg.keys[:1]
         )
         if estimate:  # the variance sums become confidence half-widths
             z = NormalDist().inv_cdf(0.5 + self.spec.control.overload.confidence / 2)  # type: ignore[union-attr]
@@ -481,7 +479,6 @@ class EpochCompiler:
         keyed: DataFrame,
         kernel: Kernel,
         run: StepRun,
-        lanes: int,
         kill_driver_pid: int | None,
         key_columns: tuple[str, ...] = (),
     ) -> DataFrame:
@@ -490,7 +487,7 @@ class EpochCompiler:
         ``kernel`` against its key groups' state."""
         from pyspark.sql import functions as F
 
-        lanes = run.routing.lanes  # each step has its own number of lanes (elastic)
+        lanes = run.routing.lanes  # each step has its own number of lanes (elastic lanes)
         routes = ", ".join(f"{v}L" for v in run.routing.route_values())
         lane_routes = ", ".join(f"{v}L" for v in route_values(lanes))
         wanted = [*kernel.input_schema.names, *([PROBE] if PROBE in keyed.columns else [])]

@@ -382,6 +382,7 @@ class Engine:
         steps_commit: dict[str, dict[str, Any]] = {}
         state_ops = []
         loads = {}
+        out_rows: dict[str, int] = {}
         late_total = 0
         for s in self.stateful:
             run = runs[s.name]
@@ -407,6 +408,7 @@ class Engine:
             late_total += late
             load = step_load(epoch, run.routing.lanes, manifests, wall_s)
             loads[s.name] = load
+            out_rows[s.name] = sum(m["output_rows"] for m in manifests)
             if load.state_rows:
                 self._bytes_per_row[s.name] = load.state_bytes / load.state_rows
             steps_commit[s.name] = {
@@ -439,7 +441,7 @@ class Engine:
                 }
             )
         overload_record = self._observe_overload(
-            plan, obs_values, loads, steps_commit, sink_rows, (time.monotonic() - t0) * 1000, wall_s
+            plan, obs_values, loads, out_rows, sink_rows, (time.monotonic() - t0) * 1000, wall_s
         )
         commit = EpochCommit(
             epoch=epoch,
@@ -509,7 +511,7 @@ class Engine:
         plan: EpochPlan,
         obs: dict[str, dict[str, Any]],
         loads: dict[str, Any],
-        steps_commit: dict[str, dict[str, Any]],
+        out_rows: dict[str, int],
         sink_rows: dict[str, int],
         duration_ms: float,
         wall_s: float,
@@ -530,8 +532,6 @@ class Engine:
                     quantiles[s.name] = [float(x) for x in v["q"] if x is not None]
             offered[s.name], kept[s.name] = o, k
         read = {n: int(obs.get(f"source:{n}", {}).get("rows") or 0) for n in self.sources}
-        out_rows = {s.name: sum(m["output_rows"] for m in self.ckpt.lane_manifests(plan.epoch, s.name, loads[s.name].lanes))
-                    for s in self.stateful if s.name in loads}
         self.overload.observe(
             EpochCost(
                 plan.epoch, duration_ms, read, offered, kept,
@@ -547,7 +547,7 @@ class Engine:
         quality = {}
         for sink in self.spec.sinks:
             ratio = 1.0
-            for a in _stateful_ancestors(self.spec, sink.input):
+            for a in sorted(n for n in self.spec.upstream(sink.input) if getattr(self.spec.node(n), "stateful", False)):
                 o, k = sum(offered.get(a, [])), sum(kept.get(a, []))
                 if o:
                     ratio *= k / o
@@ -572,13 +572,7 @@ class Engine:
         lanes run once per epoch (a second run would be correct, only wasted)."""
         readers: dict[str, int] = {}
         for sink in self.spec.sinks:
-            reach, frontier = set(), [sink.input]
-            while frontier:
-                name = frontier.pop()
-                if name not in reach:
-                    reach.add(name)
-                    frontier.extend(self.spec.node(name).inputs)
-            for name in reach:
+            for name in self.spec.upstream(sink.input):
                 readers[name] = readers.get(name, 0) + 1
         persisted = []
         for s in self.stateful:
@@ -625,21 +619,6 @@ def _stateful_upstream(spec: NetworkSpec, step: Any) -> tuple[list[str], bool]:
         else:
             frontier.extend(node.inputs)
     return sorted(ancestors), from_sources
-
-
-def _stateful_ancestors(spec: NetworkSpec, name: str) -> list[str]:
-    """Every stateful step upstream of ``name`` (itself included)."""
-    out, frontier, seen = [], [name], set()
-    while frontier:
-        n = frontier.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        node = spec.node(n)
-        if getattr(node, "stateful", False):
-            out.append(n)
-        frontier.extend(node.inputs)
-    return sorted(out)
 
 
 def _routing_summary(routing: dict[str, Any]) -> dict[str, Any]:
