@@ -99,6 +99,7 @@ class EpochCompiler:
         self.checkpoint = checkpoint
         self.tables = LookupTables(spec, checkpoint)
         self._table_versions: dict[str, dict[str, Any]] = {}
+        self._heartbeats: dict[tuple[Any, ...], DataFrame] = {}
 
     def build(
         self,
@@ -495,19 +496,24 @@ class EpochCompiler:
         # One heartbeat row per lane (_kg = -1 - lane) rides the same shuffle: a lane learns its
         # number from its data (a task's partition id is shifted when a union follows the lane in
         # the same Spark stage), and an empty lane still runs to fire its key groups' timers.
-        heartbeats = self.spark.range(lanes).select(
-            *[
-                F.expr("CAST(-1 - id AS INT)").alias(KG) if f.name == KG else F.lit(None).cast(f.dataType).alias(f.name)
-                for f in columns
-            ],
-            F.expr(f"element_at(array({lane_routes}), CAST(id AS INT) + 1)").alias(ROUTE),
-        )
+        # The heartbeat frame depends only on the lane count and the columns, so it is built
+        # once and reused by later epochs (each DataFrame built costs a JVM analysis round).
+        beat_key = (lanes, tuple((f.name, f.dataType.simpleString()) for f in columns))
+        heartbeats = self._heartbeats.get(beat_key)
+        if heartbeats is None:
+            heartbeats = self.spark.range(0, lanes, 1, 1).select(
+                *[
+                    F.expr("CAST(-1 - id AS INT)").alias(KG) if f.name == KG else F.lit(None).cast(f.dataType).alias(f.name)
+                    for f in columns
+                ],
+                F.expr(f"element_at(array({lane_routes}), CAST(id AS INT) + 1)").alias(ROUTE),
+            )
+            self._heartbeats[beat_key] = heartbeats
+        # Lanes pick their columns by name, so the routing column rides along to them.
         routed = (
-            keyed.selectExpr("*", f"element_at(array({routes}), {KG} + 1) AS {ROUTE}")
-            .select(*[f"`{f.name}`" for f in columns], ROUTE)
-            .unionByName(heartbeats)
+            keyed.selectExpr(*[f"`{f.name}`" for f in columns], f"element_at(array({routes}), {KG} + 1) AS {ROUTE}")
+            .union(heartbeats)
             .repartition(lanes, ROUTE)
-            .select(*wanted)
         )
         task = LaneTask(
             step=step,

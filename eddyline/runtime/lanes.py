@@ -148,7 +148,7 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     schema = kernel.input_schema
     if PROBE in arrived.column_names and PROBE not in schema.names:
         schema = schema.append(pa.field(PROBE, pa.bool_()))
-    partials = arrived.filter(pa.array(kg_col >= 0)).cast(schema)
+    partials = arrived.filter(pa.array(kg_col >= 0)).select(schema.names).cast(schema)
     del arrived
     t_in = time.perf_counter()
     mem_in = memory_bytes()
