@@ -692,6 +692,10 @@ class CostModel(Model):
     fixed_ms: float = Field(default=0.0, ge=0)
     read_ms_per_row: float = Field(default=0.0, ge=0)
     step_ms_per_row: dict[str, float] = Field(default_factory=dict)
+    #: What to do when epochs take more than 1.5x (or less than 1/1.5 of) what the model
+    #: predicts, twice running: ``refit`` switches to the model fitted from the epochs (and says
+    #: so in the decision's ``modelCheck``), ``report`` keeps the declared model and only reports.
+    on_miss: Literal["refit", "report"] = "refit"
 
 
 class Overload(Model):

@@ -69,6 +69,8 @@ class OverloadController:
         self.history = deque(maxlen=self.depth)
         self.stateful = [s for s in self.spec.steps if s.stateful]
         self.thresholds: dict[str, list[float]] = {}  # semantic: utility quantiles seen last epoch
+        self._declared_off = False  # a declared cost model that measurements contradicted
+        self.model_check: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ monitor
     def observe(self, cost: EpochCost, quantiles: dict[str, list[float]] | None = None, *, cold: bool = False) -> None:
@@ -82,18 +84,43 @@ class OverloadController:
         if self.history and self.history[-1].epoch >= cost.epoch:
             while self.history and self.history[-1].epoch >= cost.epoch:
                 self.history.pop()
+        before = self.model() if self.history else None
         self.history.append(cost)
+        if before is not None and sum(cost.read_rows.values()) > 0:
+            self._check(before, cost, cold)
+
+    def _check(self, m: dict[str, Any], cost: EpochCost, cold: bool) -> None:
+        """Compare the epoch with what the model predicted for its rows. A declared model that
+        misses by more than 1.5x either way in two epochs running gives way to the fitted one
+        (and says so): the cost of a step can grow with its state, and a machine can slow down."""
+        predicted = m["F"] + m["a"] * sum(cost.read_rows.values()) + sum(
+            c * sum(cost.kept.get(k, [])) for k, c in m["cost"].items()
+        )
+        ratio = cost.duration_ms / predicted if predicted > 0 else None
+        declared = self.cfg.cost_model is not None and not self._declared_off
+        missed = ratio is not None and not cold and (ratio > 1.5 or ratio < 1 / 1.5)
+        misses = (self.model_check or {}).get("misses", 0) + 1 if missed else 0
+        self.model_check = {"epoch": cost.epoch, "model": "declared" if declared else "fitted",
+                            "predictedMs": round(predicted, 1), "measuredMs": round(cost.duration_ms, 1),
+                            "ratio": round(ratio, 3) if ratio is not None else None, "misses": misses}
+        refit = self.cfg.cost_model is not None and self.cfg.cost_model.on_miss == "refit"
+        if declared and refit and misses >= 2 and len([h for h in self.history if sum(h.read_rows.values()) > 0]) >= 2:
+            self._declared_off = True
+            self.model_check["switched"] = "the declared cost model missed twice by more than 1.5x: fitted from now on"
 
     def state(self) -> dict[str, Any]:
         """JSON-able history, kept in each commit: decisions after a restart then equal those of
         an uninterrupted run (they change the output, unlike routing)."""
-        return {"history": [asdict(h) for h in self.history], "thresholds": self.thresholds}
+        return {"history": [asdict(h) for h in self.history], "thresholds": self.thresholds,
+                "declared_off": self._declared_off, "model_check": self.model_check}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.history.clear()
         for h in state.get("history", []):
             self.history.append(EpochCost(**h))
         self.thresholds = dict(state.get("thresholds", {}))
+        self._declared_off = bool(state.get("declared_off", False))
+        self.model_check = state.get("model_check")
 
     def model(self) -> dict[str, Any] | None:
         """F, a and per-step c_S, selectivities and input fractions, from the recent epochs.
@@ -111,25 +138,38 @@ class OverloadController:
         frac: dict[str, list[float]] = {}
         for s in self.stateful:
             spans = [h.makespan_ms.get(s.name, 0.0) for h in hist]
-            fixed = min(spans) if spans else 0.0
-            per_row = [(h.makespan_ms.get(s.name, 0.0) - fixed) / sum(h.kept.get(s.name, [])) for h in recent
-                       if sum(h.kept.get(s.name, [])) > 0]
-            cost[s.name] = max(0.0, float(np.median(per_row))) if per_row else 0.0
+            line = _line([float(sum(h.kept.get(s.name, []))) for h in hist], spans)
+            if line is not None:
+                cost[s.name] = line[1]
+            else:
+                fixed = min(spans) if spans else 0.0
+                per_row = [(h.makespan_ms.get(s.name, 0.0) - fixed) / sum(h.kept.get(s.name, [])) for h in recent
+                           if sum(h.kept.get(s.name, [])) > 0]
+                cost[s.name] = max(0.0, float(np.median(per_row))) if per_row else 0.0
             kept = sum(sum(h.kept.get(s.name, [])) for h in recent)
             sel[s.name] = sum(h.out_rows.get(s.name, 0) for h in recent) / kept if kept else 1.0
             read = sum(sum(h.read_rows.values()) for h in recent)
             offered = np.sum([h.offered.get(s.name, [0] * len(s.inputs)) for h in recent], axis=0)
             frac[s.name] = [float(x) / read if read else 0.0 for x in np.atleast_1d(offered)]
         declared = self.cfg.cost_model
-        if declared is not None:
+        jvm: dict[str, float] = {}
+        if declared is not None and not self._declared_off:
             cost = {k: float(declared.step_ms_per_row.get(k, 0.0)) for k in cost}
             f, a = declared.fixed_ms, declared.read_ms_per_row
         else:
             n = np.array([sum(h.read_rows.values()) for h in hist], dtype=float)
             rest = np.array([h.duration_ms - sum(cost[k] * sum(h.kept.get(k, [])) for k in cost) for h in hist])
-            f = max(0.0, float(rest.min()))
-            slopes = [(r - f) / x for r, x in zip(rest[-4:], n[-4:], strict=True) if x > 0]
-            a = max(0.0, float(np.median(slopes))) if slopes else 0.0
+            line = _line(n.tolist(), rest.tolist())
+            if line is not None:
+                f, a = line
+            else:
+                f = max(0.0, float(rest.min()))
+                slopes = [(r - f) / x for r, x in zip(rest[-4:], n[-4:], strict=True) if x > 0]
+                a = max(0.0, float(np.median(slopes))) if slopes else 0.0
+            split = self._split_jvm(hist, rest)
+            if split is not None:
+                f, a, jvm = split
+                cost = {k: cost[k] + jvm.get(k, 0.0) for k in cost}
         sink_sel = {}
         for q in self.spec.sinks:
             up = self._producer(q.input)
@@ -141,7 +181,35 @@ class OverloadController:
                 sink_sel[q.name] = 1.0 / sel[up] if sel[up] > 0 else 0.0
             else:
                 sink_sel[q.name] = sum(h.sink_rows.get(q.name, 0) for h in recent) / base if base else 0.0
-        return {"F": f, "a": a, "cost": cost, "selectivity": sel, "input_fraction": frac, "sink_selectivity": sink_sel}
+        return {"F": f, "a": a, "cost": cost, "selectivity": sel, "input_fraction": frac, "sink_selectivity": sink_sel,
+                **({"jvm": jvm} if jvm else {})}
+
+    def _split_jvm(self, hist: list[EpochCost], rest: np.ndarray) -> tuple[float, float, dict[str, float]] | None:
+        """Separate the JVM's work per *kept* row of each stateful step from the cost of reading.
+
+        The part of an epoch the lanes do not explain, ``rest = F + a·N + Σ j_S·K_S``, mixes
+        reading a row with the step's own JVM work behind its shed point (the window's partial
+        aggregation, the shuffle of a dedup's rows). While nothing is shed ``K_S`` is a fixed
+        share of ``N`` and the two cannot be told apart, so all of it counts as reading (the
+        cautious side: shedding looks less effective than it is). Once the history holds epochs
+        that shed, ``K_S`` varies apart from ``N`` and a non-negative least-squares fit tells them
+        apart; it is used only when it explains the epochs at least as well as reading alone."""
+        from scipy.optimize import nnls
+
+        names = [s.name for s in self.stateful]
+        shed_epochs = [h for h in hist if any(sum(h.kept.get(k, [])) < 0.95 * sum(h.offered.get(k, [])) for k in names)]
+        if len(shed_epochs) < 2 or len(hist) < 4:
+            return None
+        cols = [np.ones(len(hist)), np.array([sum(h.read_rows.values()) for h in hist], dtype=float)]
+        cols += [np.array([sum(h.kept.get(k, [])) for h in hist], dtype=float) for k in names]
+        design = np.column_stack(cols)
+        scale = np.maximum(design.max(axis=0), 1.0)  # rows are ~1e6, the intercept 1: condition it
+        coef, residual = nnls(design / scale, rest)
+        coef = coef / scale
+        reading_only, res_reading = nnls(design[:, :2] / scale[:2], rest)
+        if residual > res_reading * 1.0001:
+            return None
+        return float(coef[0]), float(coef[1]), {k: float(c) for k, c in zip(names, coef[2:], strict=True) if c > 0}
 
     def hot_spots(self) -> list[dict[str, Any]]:
         """Steps whose arrival rate exceeds their true processing rate (rows/s)."""
@@ -185,13 +253,14 @@ class OverloadController:
         m = self.model()
         total = sum(available.values())
         budget = self.cfg.headroom * self.bound_ms
-        decision: dict[str, Any] = {"boundMs": self.bound_ms, "budgetMs": round(budget, 1), "availableRows": total}
+        decision: dict[str, Any] = {"boundMs": self.bound_ms, "budgetMs": round(budget, 1), "availableRows": total,
+                                    **({"modelCheck": self.model_check} if self.model_check else {})}
         # Slow start: never take more than twice what the last epoch took (and met the bound
         # with), so the cost model is not extrapolated far beyond what it has seen.
         last = self.history[-1] if self.history else None
         taken = sum(last.read_rows.values()) if last else 0
         probe = max(self.cfg.probe_rows, 2 * taken if last and last.duration_ms <= budget else taken)
-        if self.cfg.cost_model is not None:  # declared costs need no probing
+        if self.cfg.cost_model is not None and not self._declared_off:  # declared costs need no probing
             probe = total
         if m is None or total == 0:
             caps = _split(available, probe) if total > probe else {}
@@ -295,6 +364,20 @@ class OverloadController:
             if not node.inputs or getattr(node, "stateful", False):
                 return name
             name = node.inputs[0]
+
+
+def _line(x: list[float], y: list[float]) -> tuple[float, float] | None:
+    """``y ≈ intercept + slope·x`` with both non-negative (least squares), when the epochs' row
+    counts spread enough (largest ≥ 1.5× smallest) to tell a fixed cost from a per-row one;
+    otherwise None and the caller falls back to smallest-epoch / median estimates."""
+    from scipy.optimize import nnls
+
+    xs = np.asarray(x, dtype=float)
+    if xs.size < 3 or xs.min() <= 0 or xs.max() < 1.5 * xs.min():
+        return None
+    scale = xs.max()
+    coef, _ = nnls(np.column_stack([np.ones_like(xs), xs / scale]), np.asarray(y, dtype=float))
+    return float(coef[0]), float(coef[1] / scale)
 
 
 def _fraction_sum(m: dict[str, Any], step: str) -> float:

@@ -96,3 +96,51 @@ def test_uniform_shedding_keeps_one_fraction_everywhere() -> None:
         lp.observe(epoch(e, 1000, chain=True))
     # at the same epoch budget, the LP keeps more of what the query values
     assert lp.plan(3, {"src": 160_000})["explain"]["expectedUtility"] > verdict["explain"]["expectedUtility"]
+
+
+def _shed_epoch(e: int, read: int, keep: float, *, f: float = 1000.0, a: float = 0.0005, j: float = 0.001,
+                c: float = 0.0005) -> EpochCost:
+    """An epoch of a one-step network whose true cost is F + a·read + (j + c)·kept: ``c`` is the
+    lanes' part (measured), ``j`` the step's JVM work behind the shed point (not measured)."""
+    kept = int(read * keep)
+    return EpochCost(e, f + a * read + (j + c) * kept, {"src": read}, {"a": [read]}, {"a": [kept]},
+                     {"a": c * kept}, {"a": 2 * c * kept}, {"a": 2}, {"a": kept}, {"out": kept}, 1.0)
+
+
+def test_the_jvm_work_behind_a_shed_point_is_told_apart_from_reading_once_epochs_shed() -> None:
+    c = OverloadController(spec({}))
+    for e, rows in enumerate((300_000, 600_000, 1_000_000, 800_000), start=1):
+        c.observe(_shed_epoch(e, rows, 1.0))
+    m = c.model()
+    assert "jvm" not in m and m["a"] > 0.0012  # nothing shed yet: the step's JVM work counts as reading
+    for e, (rows, keep) in enumerate(((2_000_000, 0.3), (1_800_000, 0.45)), start=5):
+        c.observe(_shed_epoch(e, rows, keep))
+    m = c.model()
+    assert m["a"] == pytest.approx(0.0005, rel=0.02)
+    assert m["jvm"]["a"] == pytest.approx(0.001, rel=0.02)
+    assert m["cost"]["a"] == pytest.approx(0.0015, rel=0.02)
+    assert m["F"] == pytest.approx(1000, rel=0.02)
+
+
+def test_a_declared_cost_model_that_misses_twice_gives_way_to_the_fitted_one() -> None:
+    c = OverloadController(spec({"cost_model": {"fixed_ms": 100, "step_ms_per_row": {"a": 0.0001}}}))
+    for e in (1, 2, 3):  # each epoch takes 800 ms; the declared model says 100 + 0.0001 * 1000 = 100.1 ms
+        c.observe(epoch(e, 1000))
+    assert c.model_check["misses"] == 1 and c.model_check["model"] == "declared"
+    assert c.model()["F"] == 100
+    c.observe(epoch(4, 1000))
+    assert c.model_check["misses"] == 2 and "switched" in c.model_check
+    assert c.model()["F"] == pytest.approx(800.0)  # fitted: every epoch took 800 ms for the same rows
+    verdict = c.plan(5, {"src": 1000})
+    assert verdict["explain"]["modelCheck"]["ratio"] > 1.5
+    # the switch is part of the controller's state, so a restart decides the same way
+    again = OverloadController(c.spec)
+    again.restore(c.state())
+    assert again.model() == c.model()
+
+    # on_miss: report keeps the declared model and only says how far off it is
+    kept = OverloadController(spec({"cost_model": {"fixed_ms": 100, "step_ms_per_row": {"a": 0.0001}, "on_miss": "report"}}))
+    for e in (1, 2, 3, 4, 5):
+        kept.observe(epoch(e, 1000))
+    assert kept.model_check["misses"] == 3 and "switched" not in kept.model_check
+    assert kept.model()["F"] == 100
