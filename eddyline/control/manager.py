@@ -200,6 +200,7 @@ class DistributionManager:
         # balance
         if not rescaled and step in self.balancers and series.shape[1] >= 2 and table.lanes > 1:
             window = series[:, -c.balance.window:] if c.balance else series
+            window = window[:, -policies.since_shift(window):]  # only what came after a shift of the hot set
             moves = self.balancers[step].decide(epoch, window, np.asarray(table.assignment), table.lanes)
             if moves:
                 mv = {m.item: m.dst for m in moves}

@@ -603,6 +603,28 @@ def _select_improving(
     return taken if end < start - tol else []
 
 
+def since_shift(series: Any, threshold: float = 0.2) -> int:
+    """Epochs (columns) at the end of ``series`` that come after its latest load shift.
+
+    A shift is an epoch whose load *distribution* over the items (each item's share of the
+    epoch's total) is at total-variation distance ``threshold`` or more from the average share
+    of the epochs before it: the hot keys moved, not just the rate. Averaging over a window that
+    straddles a shift would balance for a mix of the old and the new load and take several rounds
+    to catch up; the epochs since the shift describe the load that will come. Without a shift
+    the whole series counts."""
+    s = _as_series(series)
+    t = s.shape[1]
+    totals = s.sum(axis=0)
+    shares = np.divide(s, totals, out=np.zeros_like(s), where=totals > 0)
+    for j in range(t - 1, 0, -1):
+        if totals[j] <= 0 or not np.any(totals[:j] > 0):
+            continue
+        before = shares[:, :j][:, totals[:j] > 0].mean(axis=1)
+        if 0.5 * float(np.abs(shares[:, j] - before).sum()) >= threshold:
+            return t - j
+    return t
+
+
 def _imbalance(avg_lane: np.ndarray) -> float:
     """(max - min) / mean of the lanes' average loads; 0.0 without load or with one lane."""
     if avg_lane.size < 2:

@@ -163,3 +163,20 @@ def test_placement_that_would_not_pay_off_moves_nothing() -> None:
         made += d
         m.observe("s", load(epoch, table, {kg: 10 * rng.normal(1, 0.05) for kg in range(128)}))
     assert not made and table.version == 0
+
+
+def test_after_the_hot_set_moves_balancing_follows_the_new_load_not_the_window_average() -> None:
+    """Three epochs with the hot key groups on lane 0, then one with them on lane 1: a 4-epoch
+    average still calls lane 0 the heavier one; the epochs after the shift say lane 1."""
+    m = DistributionManager(spec({"balance": {"threshold": 0.2, "period": 1, "patience": 1, "max_moves": 2,
+                                              "window": 4}}), max_lanes=2)
+    table = RoutingTable.uniform(K, 2)  # kgs 0-3 on lane 0, 4-7 on lane 1
+    old = {0: 60, 1: 60, 2: 10, 3: 10, 4: 10, 5: 10, 6: 10, 7: 10}   # lane 0: 140, lane 1: 40
+    new = {0: 10, 1: 10, 2: 10, 3: 10, 4: 60, 5: 50, 6: 10, 7: 10}   # lane 0: 40, lane 1: 130
+    for epoch in (1, 2, 3):
+        m.observe("s", load(epoch, table, old))
+    m.observe("s", load(4, table, new))
+    table, made = m.plan(5, "s", table)
+    (d,) = made
+    assert d.kind == "balance"
+    assert d.action["moves"] and all(src == 1 and dst == 0 for _, src, dst in d.action["moves"])

@@ -574,3 +574,18 @@ def test_rescale_properties(loads, old_lanes, new_lanes, seed):
     if np.bincount(out, minlength=new_lanes).min() > 0:
         # nothing left to fill: rescaling to the same size again is a no-op
         assert rescale_assignment(w, out, new_lanes).tolist() == out.tolist()
+
+
+def test_since_shift_finds_where_the_hot_set_moved_and_ignores_noise_and_rate() -> None:
+    from eddyline.control.policies import since_shift
+
+    rng = np.random.default_rng(5)
+    base = np.array([50.0, 5, 5, 5, 5, 5, 5, 5])
+    moved = np.array([5.0, 5, 5, 5, 5, 5, 5, 50])
+    noisy = np.stack([base * rng.uniform(0.9, 1.1, 8) for _ in range(6)], axis=1)
+    assert since_shift(noisy) == 6  # noise is not a shift
+    assert since_shift(noisy * np.array([1, 1, 2, 2, 3, 3])) == 6  # nor is a higher rate
+    shifted = np.concatenate([noisy[:, :4], np.stack([moved, moved * 1.05], axis=1)], axis=1)
+    assert since_shift(shifted) in (1, 2)  # only epochs after the shift (the newest may stand alone)
+    assert since_shift(shifted[:, :5]) == 1
+    assert since_shift(np.zeros((8, 3))) == 3
