@@ -445,7 +445,7 @@ def _one_way_plan(
     dst_series = s[a == dst].sum(axis=0)
     rest = src_series[None, :] - s[cand]
     score = _row_correlations(s[cand], rest) - _row_correlations(s[cand], dst_series[None, :])
-    order = np.lexsort((cand, -_quantize(score)))
+    order = np.lexsort((cand, -avg[cand], -_quantize(score)))  # ties: the larger item, then the lower index
     moves: list[Move] = []
     left = budget
     slack = _tol(budget)
@@ -463,7 +463,8 @@ def one_way(series: Any, assignment: Any, a: int, b: int, *, target: float | Non
     The more loaded lane of the pair (call it A; equal loads: no moves) sends load to the other
     (B). A's items are ranked by ``score(o) = corr(o, A - o) - corr(o, B)``: an item that rises
     and falls with the rest of A but not with B flattens both lanes by moving. In that order
-    (ties: lower index), items are moved while the moved total stays within the budget; an item
+    (ties: the larger item first, so a bounded number of moves carries as much load as it can
+    when the series is too short to correlate; then the lower index), items are moved while the moved total stays within the budget; an item
     larger than what is left of the budget is skipped and the next one tried. Items with zero
     load are never moved (moving them changes nothing but costs a migration).
 

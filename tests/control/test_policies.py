@@ -589,3 +589,13 @@ def test_since_shift_finds_where_the_hot_set_moved_and_ignores_noise_and_rate() 
     assert since_shift(shifted) in (1, 2)  # only epochs after the shift (the newest may stand alone)
     assert since_shift(shifted[:, :5]) == 1
     assert since_shift(np.zeros((8, 3))) == 3
+
+
+def test_one_way_on_a_single_epoch_moves_the_largest_item_that_fits_first() -> None:
+    """One epoch (just after a shift) has no correlations to rank by: the larger item goes first,
+    so a bound on moves per epoch still carries as much load as it can."""
+    from eddyline.control.policies import one_way
+
+    series = np.array([[1.0], [1.0], [2.5], [1.0], [1.0], [0.5]])
+    moves = one_way(series, [0, 0, 0, 0, 0, 1], 0, 1)
+    assert [m.item for m in moves] == [2]  # 2.5 of the 3.0 budget in one move, not 1 + 1 + 1
