@@ -1,0 +1,75 @@
+"""What handing raw rows to Python lanes costs, against Spark's own deduplication.
+
+Times Spark jobs over the adaptive benchmark's Parquet slices (two files, 400,000 rows per job,
+``local[2]``, a ``noop`` sink), each one layer longer than the last:
+
+1. read the two files;
+2. + a shuffle on ``key`` into 2 partitions (what the lane shuffle costs);
+3. + ``mapInArrow`` with a function that receives every batch and returns nothing (the hand-off
+   to Python, with no kernel);
+4. Spark's ``dropDuplicates`` with a watermark on the same files, as a batch job (the JVM
+   state-store dedup's work without its streaming bookkeeping).
+
+Usage: ``python bench/adaptive/arrow_handoff.py [--data DIR] [--repeat 6]``; ``DIR`` defaults to
+the data set cached by ``run_adaptive.py``. Prints the median build (driver) and run ms per layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+def _drop(batches: Iterator[Any]) -> Iterator[Any]:
+    for _ in batches:
+        pass
+    return iter(())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    default = sorted(glob.glob(os.path.join(tempfile.gettempdir(), "eddyline-adaptive-400000-*", "events")))
+    ap.add_argument("--data", default=default[0] if default else None)
+    ap.add_argument("--repeat", type=int, default=6)
+    args = ap.parse_args()
+    if not args.data:
+        raise SystemExit("no data: run bench/adaptive/run_adaptive.py once, or give --data")
+
+    from eddyline.runtime.session import get_spark
+
+    spark = get_spark("local[2]", {"spark.sql.shuffle.partitions": "2"})
+    files = sorted(os.listdir(args.data))
+    schema = spark.read.parquet(os.path.join(args.data, files[0])).schema
+    turn = [0]
+
+    def read() -> Any:  # the next two files, like consecutive epochs
+        turn[0] = (turn[0] + 2) % (len(files) - 1)
+        return spark.read.schema(schema).parquet(*(os.path.join(args.data, f) for f in files[turn[0]: turn[0] + 2]))
+
+    def timed(name: str, build: Callable[[], Any]) -> None:
+        samples = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            df = build()
+            t1 = time.perf_counter()
+            df.write.format("noop").mode("overwrite").save()
+            samples.append((t1 - t0, time.perf_counter() - t1))
+        warm = samples[2:] or samples
+        print(f"{name:48s} build {statistics.median(a for a, _ in warm) * 1000:6.0f} ms"
+              f"   run {statistics.median(b for _, b in warm) * 1000:6.0f} ms")
+
+    timed("read", read)
+    timed("read + shuffle", lambda: read().repartition(2, "key"))
+    timed("read + shuffle + mapInArrow (drop)", lambda: read().repartition(2, "key").mapInArrow(_drop, "offset long"))
+    timed("Spark dropDuplicates with watermark (batch)",
+          lambda: read().withWatermark("event_time", "2 seconds").dropDuplicates(["key"]))
+
+
+if __name__ == "__main__":
+    main()
