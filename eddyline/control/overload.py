@@ -299,14 +299,26 @@ class OverloadController:
         else:  # one keep fraction at every shed point: the baseline the LP is measured against
             x = float(lp.uniform_plan(problem).explanation["keep_fraction"])
             plan = lp.evaluate(problem, {a: x for a in problem.shed_points or ()}, scale_overloaded=False)
+        # While shedding goes on, a keep fraction may at most double (or rise by 0.15) from one
+        # epoch to the next: the model was fitted on epochs that kept fewer rows, and a step's
+        # cost per kept row can grow with what it keeps (its state). Falling is never limited.
+        previous = self._applied_keep(last)
+        limited: dict[str, list[float]] = {}
         keep: dict[str, list[float]] = {}
         for s in self.stateful:
             ks = []
             for i in range(len(s.inputs)):
                 k = plan.keep.get(lp.arc(f"{s.name}#{i}", s.name), 1.0)
+                prev = previous.get(s.name, [1.0] * len(s.inputs))[i]
+                if prev < 0.999 and k > max(2 * prev, prev + 0.15):
+                    k = max(2 * prev, prev + 0.15)
+                    limited.setdefault(s.name, [1.0] * len(s.inputs))[i] = round(k, 4)
                 ks.append(round(max(self.cfg.min_keep, min(1.0, k)), 4) if k < 0.999 else 1.0)
             if any(k < 1.0 for k in ks):
                 keep[s.name] = ks
+        if limited:
+            plan = lp.evaluate(problem, {lp.arc(f"{s}#{i}", s): k for s, ks in keep.items() for i, k in enumerate(ks)},
+                               scale_overloaded=False)
         shed = {
             s: {"keep": ks, "seed": self.seed(epoch, s), "mode": self.cfg.mode,
                 **({"thresholds": self._cuts(s, ks)} if self.cfg.mode == "semantic" else {})}
@@ -317,8 +329,19 @@ class OverloadController:
             "status": plan.status, "keep": {s: v["keep"] for s, v in shed.items()},
             "expectedUtility": round(plan.utility, 2), "expectedThroughput": {k: round(v, 1) for k, v in plan.throughput.items()},
             "predictedMs": round(m["F"] + m["a"] * n_read + plan.node_load.get("epoch", 0.0), 1),
+            **({"keepRiseLimited": limited} if limited else {}),
         })
         return {"caps": caps, "shed": shed, "explain": decision}
+
+    def _applied_keep(self, last: EpochCost | None) -> dict[str, list[float]]:
+        """The keep fraction each stateful step's inputs had in the last epoch (kept / offered)."""
+        if last is None:
+            return {}
+        out = {}
+        for s, offered in last.offered.items():
+            kept = last.kept.get(s, offered)
+            out[s] = [k / o if o else 1.0 for k, o in zip(kept, offered, strict=False)]
+        return out
 
     def problem(self, m: dict[str, Any], rows: dict[str, int], capacity: float) -> lp.ShedProblem:
         """The network as the shedding LP sees it, for this epoch's rows."""

@@ -144,3 +144,20 @@ def test_a_declared_cost_model_that_misses_twice_gives_way_to_the_fitted_one() -
         kept.observe(epoch(e, 1000))
     assert kept.model_check["misses"] == 3 and "switched" not in kept.model_check
     assert kept.model()["F"] == 100
+
+
+def test_a_keep_fraction_rises_at_most_twofold_per_epoch_while_shedding() -> None:
+    c = OverloadController(spec({"cost_model": {"step_ms_per_row": {"a": 0.01}}}))
+    c.observe(epoch(1, 1000))
+    # the last epoch kept a fifth of what reached the step
+    c.observe(EpochCost(2, 800, {"src": 100_000}, {"a": [100_000]}, {"a": [20_000]}, {"a": 500.0},
+                        {"a": 1000.0}, {"a": 2}, {"a": 20_000}, {"out": 20_000}, 1.0))
+    verdict = c.plan(3, {"src": 100_000})  # the LP alone would keep 0.8 (800 ms / 0.01 ms per row)
+    assert verdict["shed"]["a"]["keep"] == [0.4]
+    assert verdict["explain"]["keepRiseLimited"] == {"a": [0.4]}
+    assert verdict["explain"]["predictedMs"] == pytest.approx(400, abs=1)  # what the limited plan costs
+    # a fall is never limited, and without shedding last epoch nothing is limited either
+    c.observe(EpochCost(3, 800, {"src": 100_000}, {"a": [100_000]}, {"a": [100_000]}, {"a": 500.0},
+                        {"a": 1000.0}, {"a": 2}, {"a": 100_000}, {"out": 100_000}, 1.0))
+    free = c.plan(4, {"src": 100_000})
+    assert free["shed"]["a"]["keep"] == [0.8] and "keepRiseLimited" not in free["explain"]
