@@ -191,14 +191,18 @@ class OverloadController:
         reading a row with the step's own JVM work behind its shed point (the window's partial
         aggregation, the shuffle of a dedup's rows). While nothing is shed ``K_S`` is a fixed
         share of ``N`` and the two cannot be told apart, so all of it counts as reading (the
-        cautious side: shedding looks less effective than it is). Once the history holds epochs
-        that shed, ``K_S`` varies apart from ``N`` and a non-negative least-squares fit tells them
+        cautious side: shedding looks less effective than it is). Once the history holds an epoch
+        that shed (two, unless the other epochs' row counts spread enough to pin ``F`` and ``a``),
+        ``K_S`` varies apart from ``N`` and a non-negative least-squares fit tells them
         apart; it is used only when it explains the epochs at least as well as reading alone."""
         from scipy.optimize import nnls
 
         names = [s.name for s in self.stateful]
         shed_epochs = [h for h in hist if any(sum(h.kept.get(k, [])) < 0.95 * sum(h.offered.get(k, [])) for k in names)]
-        if len(shed_epochs) < 2 or len(hist) < 4:
+        unshed = [sum(h.read_rows.values()) for h in hist if h not in shed_epochs]
+        spread = bool(unshed) and min(unshed) > 0 and max(unshed) >= 1.5 * min(unshed)
+        # one shedding epoch suffices when the others pin F and a (their row counts spread)
+        if not shed_epochs or (len(shed_epochs) < 2 and not spread) or len(hist) < 4:
             return None
         cols = [np.ones(len(hist)), np.array([sum(h.read_rows.values()) for h in hist], dtype=float)]
         cols += [np.array([sum(h.kept.get(k, [])) for h in hist], dtype=float) for k in names]

@@ -161,3 +161,18 @@ def test_a_keep_fraction_rises_at_most_twofold_per_epoch_while_shedding() -> Non
                         {"a": 1000.0}, {"a": 2}, {"a": 100_000}, {"out": 100_000}, 1.0))
     free = c.plan(4, {"src": 100_000})
     assert free["shed"]["a"]["keep"] == [0.8] and "keepRiseLimited" not in free["explain"]
+
+
+def test_one_shedding_epoch_separates_the_jvm_work_when_the_other_epochs_pin_f_and_a() -> None:
+    c = OverloadController(spec({}))
+    for e, rows in enumerate((300_000, 600_000, 1_000_000), start=1):
+        c.observe(_shed_epoch(e, rows, 1.0))
+    c.observe(_shed_epoch(4, 2_000_000, 0.3))
+    m = c.model()
+    assert m["a"] == pytest.approx(0.0005, rel=0.02) and m["jvm"]["a"] == pytest.approx(0.001, rel=0.02)
+    # with every unshed epoch the same size, one shedding epoch is not enough
+    same = OverloadController(spec({}))
+    for e in (1, 2, 3):
+        same.observe(_shed_epoch(e, 600_000, 1.0))
+    same.observe(_shed_epoch(4, 2_000_000, 0.3))
+    assert "jvm" not in same.model()
