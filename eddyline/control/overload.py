@@ -306,6 +306,11 @@ class OverloadController:
         # While shedding goes on, a keep fraction may at most double (or rise by 0.15) from one
         # epoch to the next: the model was fitted on epochs that kept fewer rows, and a step's
         # cost per kept row can grow with what it keeps (its state). Falling is never limited.
+        # Likewise a step is never handed more than twice the most rows it kept in any epoch of
+        # the history: its cost per row was measured on smaller epochs and need not extrapolate
+        # (the first shedding epoch of a burst is where that bites). A declared model says its
+        # costs are linear, so it is not held to what was seen.
+        fitted = self.cfg.cost_model is None or self._declared_off
         previous = self._applied_keep(last)
         limited: dict[str, list[float]] = {}
         keep: dict[str, list[float]] = {}
@@ -313,9 +318,16 @@ class OverloadController:
             ks = []
             for i in range(len(s.inputs)):
                 k = plan.keep.get(lp.arc(f"{s.name}#{i}", s.name), 1.0)
+                cap = 1.0
                 prev = previous.get(s.name, [1.0] * len(s.inputs))[i]
-                if prev < 0.999 and k > max(2 * prev, prev + 0.15):
-                    k = max(2 * prev, prev + 0.15)
+                if prev < 0.999:
+                    cap = max(2 * prev, prev + 0.15)
+                most = max((h.kept.get(s.name, [])[i] for h in self.history if len(h.kept.get(s.name, [])) > i), default=0)
+                offered = n_read * (m["input_fraction"][s.name][i] if i < len(m["input_fraction"][s.name]) else 0.0)
+                if fitted and most > 0 and offered > 2 * most:
+                    cap = min(cap, 2 * most / offered)
+                if k > cap:
+                    k = cap
                     limited.setdefault(s.name, [1.0] * len(s.inputs))[i] = round(k, 4)
                 ks.append(round(max(self.cfg.min_keep, min(1.0, k)), 4) if k < 0.999 else 1.0)
             if any(k < 1.0 for k in ks):

@@ -176,3 +176,16 @@ def test_one_shedding_epoch_separates_the_jvm_work_when_the_other_epochs_pin_f_a
         same.observe(_shed_epoch(e, 600_000, 1.0))
     same.observe(_shed_epoch(4, 2_000_000, 0.3))
     assert "jvm" not in same.model()
+
+
+def test_a_fitted_model_never_hands_a_step_more_than_twice_the_rows_it_ever_kept() -> None:
+    c = OverloadController(spec({}))
+    for e, rows in enumerate((100_000, 200_000, 150_000), start=1):  # 1 ms per 1000 rows, F 100 ms
+        c.observe(EpochCost(e, 100 + rows / 1000, {"src": rows}, {"a": [rows]}, {"a": [rows]}, {"a": rows / 1000},
+                            {"a": 2 * rows / 1000}, {"a": 2}, {"a": rows}, {"out": rows}, 1.0))
+    # budget 800 ms, F 100 ms, 1 µs per kept row: the fit alone would keep 0.7 of 1M rows, but the
+    # step never kept more than 200k rows in an epoch, so it gets at most 400k
+    verdict = c.plan(4, {"src": 1_000_000})
+    assert verdict["shed"]["a"]["keep"] == [0.4]
+    assert verdict["explain"]["keepRiseLimited"] == {"a": [0.4]}
+    assert verdict["caps"] == {}  # everything is still read
