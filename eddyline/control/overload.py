@@ -297,42 +297,40 @@ class OverloadController:
             n_read = min(n_read, max(self.cfg.probe_rows, int((budget - m["F"]) / m["a"] * 0.9)))
         caps = _split(available, n_read) if n_read < total else {}
         capacity = max(0.0, budget - m["F"] - m["a"] * n_read)
-        problem = self.problem(m, {s: c for s, c in (caps or available).items()}, capacity)
-        if self.cfg.shedding == "lp":
-            plan = lp.solve(problem)
-        else:  # one keep fraction at every shed point: the baseline the LP is measured against
-            x = float(lp.uniform_plan(problem).explanation["keep_fraction"])
-            plan = lp.evaluate(problem, {a: x for a in problem.shed_points or ()}, scale_overloaded=False)
         # While shedding goes on, a keep fraction may at most double (or rise by 0.15) from one
         # epoch to the next: the model was fitted on epochs that kept fewer rows, and a step's
         # cost per kept row can grow with what it keeps (its state). Falling is never limited.
         # Likewise a step is never handed more than twice the most rows it kept in any epoch of
         # the history: its cost per row was measured on smaller epochs and need not extrapolate
         # (the first shedding epoch of a burst is where that bites). A declared model says its
-        # costs are linear, so it is not held to what was seen.
-        fitted = self.cfg.cost_model is None or self._declared_off
-        previous = self._applied_keep(last)
+        # costs are linear, so it is not held to what was seen. The LP gets these as upper
+        # bounds, so the capacity a bounded step cannot use goes to the others.
+        bounds = self._keep_bounds(m, n_read, last)
+        offered_rows = {(s.name, i): n_read * _at(m["input_fraction"][s.name], i) for s in self.stateful
+                        for i in range(len(s.inputs))}
+        problem = self.problem(m, {s: c for s, c in (caps or available).items()}, capacity,
+                               {lp.arc(f"{s}#{i}", s): b * offered_rows[(s, i)] for (s, i), b in bounds.items()})
+        if self.cfg.shedding == "lp":
+            plan = lp.solve(problem)
+        else:  # one keep fraction at every shed point: the baseline the LP is measured against
+            x = float(lp.uniform_plan(problem).explanation["keep_fraction"])
+            plan = lp.evaluate(problem, {a: x for a in problem.shed_points or ()}, scale_overloaded=False)
         limited: dict[str, list[float]] = {}
         keep: dict[str, list[float]] = {}
+        clamped = False
         for s in self.stateful:
             ks = []
             for i in range(len(s.inputs)):
                 k = plan.keep.get(lp.arc(f"{s.name}#{i}", s.name), 1.0)
-                cap = 1.0
-                prev = previous.get(s.name, [1.0] * len(s.inputs))[i]
-                if prev < 0.999:
-                    cap = max(2 * prev, prev + 0.15)
-                most = max((h.kept.get(s.name, [])[i] for h in self.history if len(h.kept.get(s.name, [])) > i), default=0)
-                offered = n_read * (m["input_fraction"][s.name][i] if i < len(m["input_fraction"][s.name]) else 0.0)
-                if fitted and most > 0 and offered > 2 * most:
-                    cap = min(cap, 2 * most / offered)
-                if k > cap:
-                    k = cap
+                bound = bounds.get((s.name, i))
+                if bound is not None and k >= bound * 0.999:
+                    clamped = clamped or k > bound * 1.001  # the uniform baseline ignores the LP's bounds
+                    k = min(k, bound)
                     limited.setdefault(s.name, [1.0] * len(s.inputs))[i] = round(k, 4)
                 ks.append(round(max(self.cfg.min_keep, min(1.0, k)), 4) if k < 0.999 else 1.0)
             if any(k < 1.0 for k in ks):
                 keep[s.name] = ks
-        if limited:
+        if clamped:
             plan = lp.evaluate(problem, {lp.arc(f"{s}#{i}", s): k for s, ks in keep.items() for i, k in enumerate(ks)},
                                scale_overloaded=False)
         shed = {
@@ -349,6 +347,25 @@ class OverloadController:
         })
         return {"caps": caps, "shed": shed, "explain": decision}
 
+    def _keep_bounds(self, m: dict[str, Any], n_read: int, last: EpochCost | None) -> dict[tuple[str, int], float]:
+        """Upper bounds on the keep fraction of each stateful step's inputs (see :meth:`plan`)."""
+        fitted = self.cfg.cost_model is None or self._declared_off
+        previous = self._applied_keep(last)
+        out: dict[tuple[str, int], float] = {}
+        for s in self.stateful:
+            for i in range(len(s.inputs)):
+                cap = 1.0
+                prev = previous.get(s.name, [1.0] * len(s.inputs))[i]
+                if prev < 0.999:
+                    cap = max(2 * prev, prev + 0.15)
+                most = max((h.kept[s.name][i] for h in self.history if len(h.kept.get(s.name, [])) > i), default=0)
+                offered = n_read * _at(m["input_fraction"][s.name], i)
+                if fitted and most > 0 and offered > 2 * most:
+                    cap = min(cap, 2 * most / offered)
+                if cap < 1.0:
+                    out[(s.name, i)] = cap
+        return out
+
     def _applied_keep(self, last: EpochCost | None) -> dict[str, list[float]]:
         """The keep fraction each stateful step's inputs had in the last epoch (kept / offered)."""
         if last is None:
@@ -359,7 +376,8 @@ class OverloadController:
             out[s] = [k / o if o else 1.0 for k, o in zip(kept, offered, strict=False)]
         return out
 
-    def problem(self, m: dict[str, Any], rows: dict[str, int], capacity: float) -> lp.ShedProblem:
+    def problem(self, m: dict[str, Any], rows: dict[str, int], capacity: float,
+                max_admitted: dict[str, float] | None = None) -> lp.ShedProblem:
         """The network as the shedding LP sees it, for this epoch's rows."""
         read = sum(rows.values())
         steps: list[lp.StepLoad] = []
@@ -384,7 +402,8 @@ class OverloadController:
             tail = producer if producer in m["cost"] else src
             steps.append(lp.StepLoad(f"q:{q.name}", "jvm", 0.0, m["sink_selectivity"][q.name], (tail,)))
             utilities[f"q:{q.name}"] = q.qos.utility if q.qos else 1.0
-        return lp.ShedProblem(rates, tuple(steps), {"epoch": capacity, "jvm": 1e18}, utilities, tuple(points))
+        return lp.ShedProblem(rates, tuple(steps), {"epoch": capacity, "jvm": 1e18}, utilities, tuple(points),
+                              {a: v for a, v in (max_admitted or {}).items() if a in points} or None)
 
     def seed(self, epoch: int, step: str) -> int:
         return zlib.crc32(f"{self.cfg.seed}:{epoch}:{step}".encode()) & 0x7FFFFFFF
@@ -417,6 +436,10 @@ def _line(x: list[float], y: list[float]) -> tuple[float, float] | None:
     scale = xs.max()
     coef, _ = nnls(np.column_stack([np.ones_like(xs), xs / scale]), np.asarray(y, dtype=float))
     return float(coef[0]), float(coef[1] / scale)
+
+
+def _at(values: list[float], i: int) -> float:
+    return float(values[i]) if i < len(values) else 0.0
 
 
 def _fraction_sum(m: dict[str, Any], step: str) -> float:

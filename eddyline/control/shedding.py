@@ -130,6 +130,9 @@ class ShedProblem:
     capacities: dict[str, float]
     utilities: dict[str, float]
     shed_points: tuple[str, ...] | None = None
+    #: optional upper bounds on the rate admitted through a shed arc (e.g. no more than a step
+    #: has ever been measured at); the LP spends the capacity this leaves elsewhere
+    max_admitted: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -472,6 +475,7 @@ class _LinearModel:
     loads: dict[str, np.ndarray]  # per node
     objective: np.ndarray  # sum_q w_q out_q
     capacities: dict[str, float]
+    max_admitted: dict[str, float]
 
     def rows(self) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]], np.ndarray]:
         """``A_ub``, ``b_ub`` and a description of each row, plus the variables' upper bounds."""
@@ -494,6 +498,8 @@ class _LinearModel:
                 meta.append({"kind": "flow", "arc": name})
             else:
                 upper[i] = float(offered[0])
+            if name in self.max_admitted:
+                upper[i] = min(upper[i], max(0.0, float(self.max_admitted[name])))
         a_ub = np.array(a_rows, dtype=float).reshape(len(a_rows), m)
         return a_ub, np.array(b_rows, dtype=float), meta, upper
 
@@ -535,6 +541,7 @@ def _linear_model(net: _Network) -> _LinearModel:
         loads=loads,
         objective=objective,
         capacities={n: float(c) for n, c in problem.capacities.items()},
+        max_admitted=dict(problem.max_admitted or {}),
     )
 
 

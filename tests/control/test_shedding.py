@@ -426,3 +426,24 @@ def test_confidence_intervals_cover_the_truth(keep: float, n: int) -> None:
     # Nominal 95 %: 90 % is about four standard deviations of the hit rate below it.
     assert count_hits >= 0.9 * trials
     assert sum_hits >= 0.9 * trials
+
+
+def test_an_upper_bound_on_an_arc_sends_the_capacity_it_frees_elsewhere() -> None:
+    """Two queries on one node: q1 (utility 3) and q2 (utility 1), each 1 unit per tuple, 1 tuple
+    each, capacity 1. The LP keeps all of q1; bounded to half of it, it spends the rest on q2."""
+    def problem(bound: dict[str, float] | None) -> ShedProblem:
+        return ShedProblem(
+            rates={"in1": 1.0, "in2": 1.0},
+            steps=(StepLoad("q1", "N", 1.0, 1.0, ("in1",)), StepLoad("q2", "N", 1.0, 1.0, ("in2",))),
+            capacities={"N": 1.0},
+            utilities={"q1": 3.0, "q2": 1.0},
+            shed_points=("in1->q1", "in2->q2"),
+            max_admitted=bound,
+        )
+
+    free = solve(problem(None))
+    assert free.keep["in1->q1"] == pytest.approx(1.0) and free.keep["in2->q2"] == pytest.approx(0.0, abs=1e-9)
+    bounded = solve(problem({"in1->q1": 0.5}))
+    assert bounded.keep["in1->q1"] == pytest.approx(0.5)
+    assert bounded.keep["in2->q2"] == pytest.approx(0.5)  # the freed half of the capacity
+    assert bounded.utility == pytest.approx(2.0)
