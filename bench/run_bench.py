@@ -192,6 +192,23 @@ def _ts(text: str) -> float:
 
 
 # ----------------------------------------------------------------------------- report
+def cached_data_set(data: Path, wanted: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest of the data set cached in ``data`` when it was made with ``wanted``;
+    otherwise None, with ``data`` cleared for a new one (see :func:`save_manifest`)."""
+    path = data / "manifest.json"
+    if path.exists():
+        manifest = json.loads(path.read_text())
+        if all(manifest.get(k) == v for k, v in wanted.items()):
+            return manifest
+    shutil.rmtree(data, ignore_errors=True)
+    return None
+
+
+def save_manifest(data: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    (data / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
 def write_section(markers: tuple[str, str], tables: tuple[str, str], generated: str, new_section: str) -> None:
     """Replace the generated tables (between ``tables`` markers) inside a RESULTS.md section
     (between ``markers``); when the section is missing, append it: ``new_section`` is its heading

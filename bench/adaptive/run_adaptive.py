@@ -70,7 +70,7 @@ STEP = "firsts"
 
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH / "nexmark"))
-from run_bench import _ts, write_section  # noqa: E402
+from run_bench import _ts, cached_data_set, save_manifest, write_section  # noqa: E402
 from run_nexmark import code_version, worker_eddyline  # noqa: E402
 
 
@@ -236,12 +236,9 @@ def generate(
     gen = generator_params(args, shifts)
     epochs = 4 * args.epochs_per_phase
     wanted = {"generator": gen, "rows_per_epoch": args.rows, "epochs": epochs}
-    manifest_path = data / "manifest.json"
-    if manifest_path.exists():
-        manifest = json.loads(manifest_path.read_text())
-        if all(manifest.get(k) == v for k, v in wanted.items()):
-            return manifest
-    shutil.rmtree(data, ignore_errors=True)
+    cached = cached_data_set(data, wanted)
+    if cached is not None:
+        return cached
     (data / "events").mkdir(parents=True)
     params = Generator(**gen)
     t0 = time.perf_counter()
@@ -268,8 +265,7 @@ def generate(
         "top_key_share_per_epoch": hot_rows,
         "generate_s": round(time.perf_counter() - t0, 1),
     }
-    manifest_path.write_text(json.dumps(manifest, indent=2))
-    return manifest
+    return save_manifest(data, manifest)
 
 
 def warm_copy(data: Path, epochs: int) -> Path:

@@ -54,7 +54,7 @@ SPECS = (
 STREAMS = ("person", "auction", "bid")
 
 sys.path.insert(0, str(BENCH))
-from run_bench import _lane_medians, _ts, write_section  # noqa: E402  (the issue #2 benchmark's helpers)
+from run_bench import _lane_medians, _ts, cached_data_set, save_manifest, write_section  # noqa: E402  (the issue #2 benchmark's helpers)
 
 
 # ----------------------------------------------------------------------------- the data set
@@ -66,12 +66,9 @@ def generate(spark: Any, data: Path, events: int, files: int, rate: float) -> di
     from eddyline.io.nexmark import _stream_events_before, nexmark_frame
 
     wanted = {"events": events, "files": files, "rate": rate}
-    manifest_path = data / "manifest.json"
-    if manifest_path.exists():
-        manifest = json.loads(manifest_path.read_text())
-        if all(manifest.get(k) == v for k, v in wanted.items()):
-            return manifest
-    shutil.rmtree(data, ignore_errors=True)
+    cached = cached_data_set(data, wanted)
+    if cached is not None:
+        return cached
     per_file = -(-events // files)
     t0 = time.perf_counter()
     rows: dict[str, list[int]] = {}
@@ -97,8 +94,7 @@ def generate(spark: Any, data: Path, events: int, files: int, rate: float) -> di
         "rows": rows,
         "generate_s": round(time.perf_counter() - t0, 1),
     }
-    manifest_path.write_text(json.dumps(manifest, indent=2))
-    return manifest
+    return save_manifest(data, manifest)
 
 
 def warm_copy(data: Path, files: int) -> Path:

@@ -104,7 +104,7 @@ class OverloadController:
                             "predictedMs": round(predicted, 1), "measuredMs": round(cost.duration_ms, 1),
                             "ratio": round(ratio, 3) if ratio is not None else None, "misses": misses}
         refit = self.cfg.cost_model is not None and self.cfg.cost_model.on_miss == "refit"
-        if declared and refit and misses >= 2 and len([h for h in self.history if sum(h.read_rows.values()) > 0]) >= 2:
+        if declared and refit and misses >= 2:  # a model existed before this epoch, so a fitted one does too
             self._declared_off = True
             self.model_check["switched"] = "the declared cost model missed twice by more than 1.5x: fitted from now on"
 
@@ -193,8 +193,7 @@ class OverloadController:
         share of ``N`` and the two cannot be told apart, so all of it counts as reading (the
         cautious side: shedding looks less effective than it is). Once the history holds an epoch
         that shed (two, unless the other epochs' row counts spread enough to pin ``F`` and ``a``),
-        ``K_S`` varies apart from ``N`` and a non-negative least-squares fit tells them
-        apart; it is used only when it explains the epochs at least as well as reading alone."""
+        ``K_S`` varies apart from ``N`` and a non-negative least-squares fit tells them apart."""
         from scipy.optimize import nnls
 
         names = [s.name for s in self.stateful]
@@ -208,11 +207,7 @@ class OverloadController:
         cols += [np.array([sum(h.kept.get(k, [])) for h in hist], dtype=float) for k in names]
         design = np.column_stack(cols)
         scale = np.maximum(design.max(axis=0), 1.0)  # rows are ~1e6, the intercept 1: condition it
-        coef, residual = nnls(design / scale, rest)
-        coef = coef / scale
-        reading_only, res_reading = nnls(design[:, :2] / scale[:2], rest)
-        if residual > res_reading * 1.0001:
-            return None
+        coef = nnls(design / scale, rest)[0] / scale
         return float(coef[0]), float(coef[1]), {k: float(c) for k, c in zip(names, coef[2:], strict=True) if c > 0}
 
     def hot_spots(self) -> list[dict[str, Any]]:
@@ -305,9 +300,9 @@ class OverloadController:
         # (the first shedding epoch of a burst is where that bites). A declared model says its
         # costs are linear, so it is not held to what was seen. The LP gets these as upper
         # bounds, so the capacity a bounded step cannot use goes to the others.
-        bounds = self._keep_bounds(m, n_read, last)
         offered_rows = {(s.name, i): n_read * _at(m["input_fraction"][s.name], i) for s in self.stateful
                         for i in range(len(s.inputs))}
+        bounds = self._keep_bounds(offered_rows, last)
         problem = self.problem(m, {s: c for s, c in (caps or available).items()}, capacity,
                                {lp.arc(f"{s}#{i}", s): b * offered_rows[(s, i)] for (s, i), b in bounds.items()})
         if self.cfg.shedding == "lp":
@@ -347,8 +342,9 @@ class OverloadController:
         })
         return {"caps": caps, "shed": shed, "explain": decision}
 
-    def _keep_bounds(self, m: dict[str, Any], n_read: int, last: EpochCost | None) -> dict[tuple[str, int], float]:
-        """Upper bounds on the keep fraction of each stateful step's inputs (see :meth:`plan`)."""
+    def _keep_bounds(self, offered_rows: dict[tuple[str, int], float], last: EpochCost | None) -> dict[tuple[str, int], float]:
+        """Upper bounds on the keep fraction of each stateful step's inputs (see :meth:`plan`),
+        given the rows expected to reach each input this epoch."""
         fitted = self.cfg.cost_model is None or self._declared_off
         previous = self._applied_keep(last)
         out: dict[tuple[str, int], float] = {}
@@ -359,7 +355,7 @@ class OverloadController:
                 if prev < 0.999:
                     cap = max(2 * prev, prev + 0.15)
                 most = max((h.kept[s.name][i] for h in self.history if len(h.kept.get(s.name, [])) > i), default=0)
-                offered = n_read * _at(m["input_fraction"][s.name], i)
+                offered = offered_rows[(s.name, i)]
                 if fitted and most > 0 and offered > 2 * most:
                     cap = min(cap, 2 * most / offered)
                 if cap < 1.0:

@@ -464,8 +464,9 @@ def one_way(series: Any, assignment: Any, a: int, b: int, *, target: float | Non
     (B). A's items are ranked by ``score(o) = corr(o, A - o) - corr(o, B)``: an item that rises
     and falls with the rest of A but not with B flattens both lanes by moving. In that order
     (ties: the larger item first, so a bounded number of moves carries as much load as it can
-    when the series is too short to correlate; then the lower index), items are moved while the moved total stays within the budget; an item
-    larger than what is left of the budget is skipped and the next one tried. Items with zero
+    when the series is too short to correlate; then the lower index), items are moved while the
+    moved total stays within the budget; an item larger than what is left of the budget is
+    skipped and the next one tried. Items with zero
     load are never moved (moving them changes nothing but costs a migration).
 
     ``target`` is the average load to move; by default half of the difference between A and B,

@@ -126,12 +126,11 @@ class FilesSource(Source):
     def available(self, elapsed_s: float) -> int:
         return len(self._listing())
 
-    def _read_parquet(self, spark: SparkSession, fs: pafs.FileSystem, base: str, names: list[str]) -> DataFrame:
+    def _read_parquet(self, spark: SparkSession, fs: pafs.FileSystem, paths: list[str]) -> DataFrame:
         """``spark.read.parquet`` infers the schema from the files' footers, a JVM round of 60-120
         ms per epoch. The schema Spark inferred for the first read is kept with the footer schema
         it came from; a later read whose files all have that footer schema (read here with
         pyarrow, well under a millisecond per file) passes it to the reader instead."""
-        paths = [f"{base}/{n}" for n in names]
         try:
             footers = [_footer_schema(fs, x) for x in paths]
             same = all(f.equals(footers[0]) for f in footers[1:])
@@ -171,7 +170,7 @@ class FilesSource(Source):
         paths = [f"{base}/{n}" for n in planned.get("files", [])]
         if p.format == "parquet":
             if paths:
-                df = self._read_parquet(spark, fs, base, planned["files"])
+                df = self._read_parquet(spark, fs, paths)
                 if p.schema_:
                     df = df.select(
                         *[F.col(f.name).cast(f.dataType) for f in _ddl_struct(spark, p.schema_)]
