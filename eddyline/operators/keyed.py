@@ -171,6 +171,30 @@ def same_values(left: Sequence[ArrayLike], right: Sequence[ArrayLike], n: int) -
     return same
 
 
+def key_codes(state_keys: Sequence[ArrayLike], row_keys: Sequence[ArrayLike]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Dense integer codes for the keys of state rows and of batch rows, from one hash encoding
+    of both, so equal keys get equal codes (null equals null, as in :func:`run_starts`):
+    ``(state codes, row codes, number of codes)``. O(rows + state), no sort: kernels use it to
+    settle the rows that state or an earlier row of their key already decides before they sort
+    the rest."""
+    ns = len(state_keys[0]) if state_keys else 0
+    nr = len(row_keys[0]) if row_keys else 0
+    if not state_keys:  # no key columns: one key
+        return np.zeros(ns, np.int64), np.zeros(nr, np.int64), 1
+    code = np.zeros(ns + nr, dtype=np.int64)
+    size = 1
+    for s, r in zip(state_keys, row_keys, strict=True):
+        s = s.combine_chunks() if isinstance(s, pa.ChunkedArray) else s
+        r = r.combine_chunks() if isinstance(r, pa.ChunkedArray) else r
+        for part, _ in orderable(pa.concat_arrays([s, r.cast(s.type)])):
+            enc = pc.dictionary_encode(part, null_encoding="encode")
+            code = code * len(enc.dictionary) + enc.indices.to_numpy(zero_copy_only=False)
+            if size > 1:  # keep the codes dense (and far from overflowing)
+                code = np.unique(code, return_inverse=True)[1].astype(np.int64)
+            size = int(code.max()) + 1 if code.size else 1
+    return code[:ns], code[ns:], size
+
+
 def run_starts(columns: Sequence[ArrayLike], n: int) -> np.ndarray:
     """For sorted rows: True where a row differs from the previous one in any of ``columns``
     (the first row always starts a run)."""
