@@ -85,6 +85,7 @@ def control_section(args: argparse.Namespace) -> dict[str, Any]:
             "max_moves": args.max_moves,
             "cooldown": 2,
             "patience": 1,
+            "lookahead": args.lookahead,
         },
     }
     if args.history:
@@ -871,6 +872,12 @@ def main() -> None:
     ap.add_argument("--method", default="one_way", choices=("one_way", "two_way", "global"))
     ap.add_argument("--max-moves", type=int, default=8)
     ap.add_argument(
+        "--lookahead",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="control.balance.lookahead: balance for an epoch's own input when it shifted",
+    )
+    ap.add_argument(
         "--history",
         type=int,
         default=4,
@@ -881,7 +888,7 @@ def main() -> None:
         "--tolerance", type=float, default=0.10, help="noise allowance of the recovery goal"
     )
     ap.add_argument(
-        "--warmup-epochs", type=int, default=3, help="epochs of each system's warm-up run"
+        "--warmup-epochs", type=int, default=8, help="epochs of each system's warm-up run"
     )
     ap.add_argument("--key-groups", type=int, default=128)
     ap.add_argument("--lanes", type=int, default=2)

@@ -644,6 +644,10 @@ class Balance(Model):
     patience: int = Field(default=2, ge=1)
     #: Epochs of load the decision looks at (recent ones: an old balance must not hide a new skew).
     window: int = Field(default=4, ge=2)
+    #: Look at the epoch's input before it runs: when its rows per key group have shifted from
+    #: the last epoch's, balance for them in the same epoch instead of one epoch later. Works
+    #: where that is cheap: a step fed directly by a Parquet ``files`` source, on BIGINT keys.
+    lookahead: bool = False
 
 
 class Scale(Model):

@@ -133,7 +133,11 @@ class DistributionManager:
                 self.placed.add(d.step)
 
     # ------------------------------------------------------------------ decide
-    def plan(self, epoch: int, step: str, table: RoutingTable) -> tuple[RoutingTable, list[Decision]]:
+    def plan(
+        self, epoch: int, step: str, table: RoutingTable, upcoming: np.ndarray | None = None
+    ) -> tuple[RoutingTable, list[Decision]]:
+        """``upcoming``: the epoch's input rows per key group, when the engine could read them
+        ahead (``balance.lookahead``)."""
         if step not in self.steps:
             return table, []
         out: list[Decision] = []
@@ -201,12 +205,18 @@ class DistributionManager:
         if not rescaled and step in self.balancers and series.shape[1] >= 2 and table.lanes > 1:
             window = series[:, -c.balance.window:] if c.balance else series
             window = window[:, -policies.since_shift(window):]  # only what came after a shift of the hot set
+            ahead = self._ahead(step, series, upcoming)
+            if ahead is not None:
+                window = ahead[:, None]
             moves = self.balancers[step].decide(epoch, window, np.asarray(table.assignment), table.lanes)
             if moves:
                 mv = {m.item: m.dst for m in moves}
                 d = self._decision(epoch, step, "balance", table, mv, window,
                                    {"policy": c.balance.method if c.balance else "", "threshold": c.balance.threshold if c.balance else 0,
-                                    "scores": {str(m.item): round(m.score, 3) for m in moves}})
+                                    "scores": {str(m.item): round(m.score, 3) for m in moves},
+                                    **({"lookahead": {"rows": int(upcoming.sum()) if upcoming is not None else 0,
+                                                      "note": "the epoch's own input shifted; load = its rows x last epoch's ms per row"}}
+                                       if ahead is not None else {})})
                 table = table.moved(mv)
                 out.append(d)
         # spread (SPREADFIRE)
@@ -248,6 +258,22 @@ class DistributionManager:
         return table, out
 
     # ------------------------------------------------------------------ helpers
+    def _ahead(self, step: str, series: np.ndarray, upcoming: np.ndarray | None) -> np.ndarray | None:
+        """The coming epoch's load per key group, estimated from its input rows at the last
+        epoch's cost per row, when that input has shifted (``since_shift``) from the recent
+        epochs; otherwise None, and balancing looks at the measured epochs as usual."""
+        if upcoming is None or series.shape[1] == 0 or upcoming.sum() <= 0:
+            return None
+        rows = self.history.rows_series(step, 1)[:, -1]
+        load = series[:, -1]
+        if rows.sum() <= 0 or load.sum() <= 0:
+            return None
+        ahead = np.asarray(upcoming, dtype=float) * (load.sum() / rows.sum())
+        recent = series[:, -(self.spec.control.balance.window if self.spec.control.balance else 4):]
+        if policies.since_shift(np.column_stack([recent, ahead])) != 1:
+            return None
+        return ahead
+
     def _placement(self, policy: str, basis: np.ndarray, lanes: int) -> np.ndarray:
         if policy == "greedy":
             return policies.greedy_placement(basis.mean(axis=1), lanes)

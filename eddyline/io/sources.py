@@ -60,6 +60,11 @@ class Source:
     def batch_limit(self) -> int:
         return self.spec.max_rows_per_epoch or DEFAULT_UNPACED_BATCH
 
+    def peek(self, planned: dict[str, Any], columns: tuple[str, ...]) -> Any:
+        """``columns`` of the planned slice as an Arrow table, read in the driver before the epoch
+        runs, or None when this source cannot do that cheaply (the balancer's look-ahead)."""
+        return None
+
     def frames(
         self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
     ) -> Frames:
@@ -145,6 +150,23 @@ class FilesSource(Source):
 
     def batch_limit(self) -> int:
         return self.spec.max_rows_per_epoch or self.params.max_files_per_epoch or 2**62
+
+    def peek(self, planned: dict[str, Any], columns: tuple[str, ...]) -> Any:
+        """Parquet files without a declared schema: the key columns of the slice's files, read
+        with pyarrow (a few ms for a few hundred thousand keys). Anything unreadable: None, and
+        Spark reads and reports it when the epoch runs."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        p = self.params
+        names = planned.get("files") or []
+        if p.format != "parquet" or p.schema_ or not names:
+            return None
+        fs, base = _fs(p.path)
+        try:
+            return pq.read_table([f"{base}/{n}" for n in names], columns=list(columns), filesystem=fs)
+        except (OSError, ValueError, KeyError, pa.ArrowException):
+            return None
 
     def plan(self, start: int, elapsed_s: float, cursor: str | None = None, cap: int | None = None) -> dict[str, Any]:
         names = self._listing()

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -187,3 +188,20 @@ class RoutingTable:
             int(data["version"]),  # type: ignore[arg-type]
             {int(k): tuple(int(x) for x in v) for k, v in spread.items()},
         )
+
+
+def key_group_counts(table: Any, keys: Sequence[str], key_groups: int) -> np.ndarray | None:
+    """Rows per key group of ``table``, with the key group the epoch will compute in Spark
+    (``pmod(xxhash64(keys), K)``) reproduced in numpy. Only for BIGINT (int64) key columns, whose
+    hash :func:`~eddyline.operators.shed.spark_xxhash64` mirrors exactly; None for other types."""
+    import pyarrow as pa
+
+    from eddyline.operators.shed import spark_xxhash64
+
+    if not keys or any(not pa.types.is_int64(table.schema.field(k).type) for k in keys):
+        return None
+    if table.num_rows == 0:
+        return np.zeros(key_groups, dtype=np.int64)
+    kg = np.mod(spark_xxhash64(*[table.column(k) for k in keys]), key_groups)  # numpy mod = pmod
+    return np.bincount(kg, minlength=key_groups)
+

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from eddyline.api.spec import NetworkSpec
+from eddyline.api.spec import NetworkSpec, StepSpec
 from eddyline.control import policies
 from eddyline.control.manager import DistributionManager
 from eddyline.control.overload import EpochCost, OverloadController
@@ -43,7 +43,7 @@ from eddyline.io.sinks import FilesTarget, Sink, make_sink, write_frame
 from eddyline.io.sources import Source, make_source
 from eddyline.observe.progress import ProgressReporter, iso_ms
 from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
-from eddyline.plan.keygroups import RoutingTable
+from eddyline.plan.keygroups import RoutingTable, key_group_counts
 from eddyline.runtime.compile import EpochCompiler, StepRun, topological
 from eddyline.runtime.log import Checkpoint, EpochCommit, EpochPlan
 from eddyline.runtime.udf import task_error_line
@@ -288,7 +288,8 @@ class Engine:
                 for kg in prev["index"] if prev else ():
                     counts[int(kg) % old.key_groups] += 1
                 table = old.rescaled(self.lanes, policies.rescale_assignment(counts, np.asarray(old.assignment), self.lanes))
-            table, made = self.manager.plan(epoch, step.name, table)
+            upcoming = None if end_of_stream else self._lookahead(step, slices)
+            table, made = self.manager.plan(epoch, step.name, table, upcoming)
             decisions.extend(d.to_json() for d in made)
             routing[step.name] = table.to_json()
         tables = self.compiler.tables.plan(last.tables if last else {})
@@ -298,6 +299,22 @@ class Engine:
         ):  # also say when the bound cannot be met at all
             decisions.append(overload_decision)
         return EpochPlan(epoch, slices, watermarks, routing, self.lanes, end_of_stream, tables, decisions, shed)
+
+    def _lookahead(self, step: StepSpec, slices: dict[str, dict[str, Any]]) -> np.ndarray | None:
+        """The epoch's input rows per key group of ``step``, read before it runs, where that is
+        cheap: ``balance.lookahead`` is on and the step is keyed on BIGINT columns of a source
+        that can be peeked at (see :meth:`Source.peek`)."""
+        balance = self.spec.control.balance
+        if balance is None or not balance.lookahead or step.name not in self.manager.steps:
+            return None
+        if step.window_aggregate is not None or step.join is not None or step.input not in self.sources:
+            return None
+        keys = step.params.partition_by if step.top_k is not None else getattr(step.params, "key", None)
+        if not keys:
+            return None
+        keys = (keys,) if isinstance(keys, str) else tuple(keys)
+        table = self.sources[step.input].peek(slices[step.input], keys)
+        return None if table is None else key_group_counts(table, keys, self.spec.key_groups)
 
     # ------------------------------------------------------------------ one epoch
     def _run_epoch(self, plan: EpochPlan, last: EpochCommit | None, replayed: bool) -> tuple[EpochCommit, dict[str, Any]]:

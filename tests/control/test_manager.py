@@ -180,3 +180,32 @@ def test_after_the_hot_set_moves_balancing_follows_the_new_load_not_the_window_a
     (d,) = made
     assert d.kind == "balance"
     assert d.action["moves"] and all(src == 1 and dst == 0 for _, src, dst in d.action["moves"])
+
+
+def test_lookahead_balances_the_epoch_whose_input_shifted_before_it_runs() -> None:
+    """Balanced epochs, then an epoch whose input (read ahead) puts the hot key groups on lane
+    0: with the look-ahead the moves come before that epoch runs; without it, nothing moves (the
+    measured epochs are balanced); an input like the last epoch's moves nothing either."""
+    control = {"balance": {"threshold": 0.2, "period": 1, "patience": 1, "max_moves": 4, "lookahead": True}}
+    even = {kg: 20.0 for kg in range(K)}
+    hot = np.array([3000, 2000, 200, 200, 200, 200, 200, 200], dtype=float)  # rows: lane 0 has 5400 of 6200
+
+    def manager() -> tuple[DistributionManager, RoutingTable]:
+        m = DistributionManager(spec(control), max_lanes=2)
+        table = RoutingTable.uniform(K, 2)
+        for epoch in (1, 2, 3):
+            m.observe("s", load(epoch, table, even))  # 200 rows and 20 ms per key group
+        return m, table
+
+    m, table = manager()
+    new, made = m.plan(4, "s", table, upcoming=hot)
+    (d,) = made
+    assert d.kind == "balance" and "lookahead" in d.why and d.why["lookahead"]["rows"] == int(hot.sum())
+    assert all(src == 0 and dst == 1 for _, src, dst in d.action["moves"])
+    lane0 = sum(hot[kg] for kg in range(K) if new.lane_of(kg) == 0)
+    assert lane0 < 0.75 * hot.sum() and d.expected["makespanMs"] < d.why["makespanMs"]
+
+    m, table = manager()
+    assert m.plan(4, "s", table)[1] == []  # no look-ahead: the history is balanced
+    m, table = manager()
+    assert m.plan(4, "s", table, upcoming=np.full(K, 200.0))[1] == []  # the input did not shift
