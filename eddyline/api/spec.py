@@ -646,7 +646,8 @@ class Balance(Model):
     window: int = Field(default=4, ge=2)
     #: Look at the epoch's input before it runs: when its rows per key group have shifted from
     #: the last epoch's, balance for them in the same epoch instead of one epoch later. Works
-    #: where that is cheap: a step fed directly by a Parquet ``files`` source, on BIGINT keys.
+    #: where that is cheap: a step fed by a Parquet ``files`` source (directly or through
+    #: filters and selects that keep the keys), on BIGINT keys.
     lookahead: bool = False
 
 

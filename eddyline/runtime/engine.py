@@ -303,17 +303,30 @@ class Engine:
     def _lookahead(self, step: StepSpec, slices: dict[str, dict[str, Any]]) -> np.ndarray | None:
         """The epoch's input rows per key group of ``step``, read before it runs, where that is
         cheap: ``balance.lookahead`` is on and the step is keyed on BIGINT columns of a source
-        that can be peeked at (see :meth:`Source.peek`)."""
+        that can be peeked at (see :meth:`Source.peek`), directly or through filters and selects
+        that keep the key columns as they are."""
         balance = self.spec.control.balance
         if balance is None or not balance.lookahead or step.name not in self.manager.steps:
             return None
-        if step.window_aggregate is not None or step.join is not None or step.input not in self.sources:
+        if step.window_aggregate is not None or step.join is not None or step.input is None:
             return None
         keys = step.params.partition_by if step.top_k is not None else getattr(step.params, "key", None)
         if not keys:
             return None
         keys = (keys,) if isinstance(keys, str) else tuple(keys)
-        table = self.sources[step.input].peek(slices[step.input], keys)
+        # Up to the source through filters and selects that pass the keys on unchanged (a filter
+        # only thins the rows, so the source's counts still tell where the load goes).
+        node, by_name = step.input, {s.name: s for s in self.spec.steps}
+        while node not in self.sources:
+            up = by_name.get(node)
+            if up is None or up.input is None:
+                return None
+            if up.select is not None and not all(any(e.strip() in ("*", k, f"`{k}`") for e in up.select) for k in keys):
+                return None
+            if up.filter is None and up.select is None:
+                return None
+            node = up.input
+        table = self.sources[node].peek(slices[node], keys)
         return None if table is None else key_group_counts(table, keys, self.spec.key_groups)
 
     # ------------------------------------------------------------------ one epoch

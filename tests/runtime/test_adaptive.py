@@ -152,3 +152,52 @@ def test_the_adaptive_example_runs_and_explains_itself(spark, tmp_path: Path) ->
     console.print(reporter._render())
     text = console.export_text()
     assert "bids_while_open: routing v" in text and "chaos" in text
+
+
+def test_lookahead_moves_key_groups_before_the_epoch_that_brings_the_hot_keys(spark, tmp_path: Path) -> None:
+    """Parquet files, one per epoch: three with uniform keys, then three whose keys all lie in
+    lane 0's key groups. With ``balance.lookahead`` the balancer reads epoch 4's keys before it
+    runs and moves key groups to lane 1 in that same epoch; the heavier lane's rows drop at once.
+    The output equals a run with static routing."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from eddyline.operators.shed import spark_xxhash64
+
+    groups, rows = 16, 2_000
+    candidates = np.arange(1, 400, dtype=np.int64)
+    lane0 = candidates[np.mod(spark_xxhash64(candidates), groups) < groups // 2]  # uniform table: lane 0
+    rng = np.random.default_rng(3)
+    data = tmp_path / "in"
+    data.mkdir()
+    for f in range(6):
+        keys = rng.choice(candidates if f < 3 else lane0, rows)
+        ms = 1_767_225_600_000 + f * 2_000 + np.sort(rng.integers(0, 2_000, rows))
+        pq.write_table(pa.table({"key": pa.array(keys, pa.int64()),
+                                 "t": pa.array(ms.astype("datetime64[ms]"), pa.timestamp("ms"))}),
+                       str(data / f"{f:03d}.parquet"))
+
+    def run(name: str, control: dict | None) -> list[dict]:
+        spec = {
+            "name": name, "trigger": 0, "lanes": 2, "key_groups": groups,
+            "sources": [{"name": "events", "files": {"path": str(data), "format": "parquet", "max_files_per_epoch": 1}}],
+            "steps": [{"name": "some", "input": "events", "filter": "key <> 1"},  # the look-ahead sees through it
+                      {"name": "firsts", "input": "some", "dedup": {"key": "key", "time": "t", "ttl": "1s"}}],
+            "sinks": [{"name": "out", "input": "firsts", "files": {"path": str(tmp_path / name / "firsts")}}],
+            **({"control": control} if control else {}),
+        }
+        Engine(load_spec(spec), spark, str(tmp_path / name / "ckpt")).run(epochs=6)
+        return plans(tmp_path / name / "ckpt")
+
+    control = {"placement": "uniform", "balance": {"threshold": 0.2, "period": 1, "patience": 1, "max_moves": 8,
+                                                   "cooldown": 0, "lookahead": True}}
+    logged = run("ahead", control)
+    run("static", None)
+    balance = [d for p in logged for d in p["decisions"] if d["kind"] == "balance"]
+    assert balance and balance[0]["epoch"] == 4 and "lookahead" in balance[0]["why"], balance
+    assert balance[0]["why"]["lookahead"]["rows"] == rows  # what the source holds, before the filter
+    owners = logged[3]["routing"]["firsts"]["assignment"]  # epoch 4 runs with the moves
+    hot = np.bincount(np.mod(spark_xxhash64(lane0), groups), minlength=groups)
+    assert sum(hot[g] for g in range(groups) if owners[g] == 1) > 0  # some of the hot groups moved away
+    assert read(tmp_path / "ahead", "firsts") == read(tmp_path / "static", "firsts")
