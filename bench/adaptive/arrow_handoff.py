@@ -4,9 +4,11 @@ Times Spark jobs over the adaptive benchmark's Parquet slices (two files, 400,00
 ``local[2]``, a ``noop`` sink), each one layer longer than the last:
 
 1. read the two files;
-2. + a shuffle on ``key`` into 2 partitions (what the lane shuffle costs);
+2. + the key group and routing columns and a shuffle on the routing column into 2 partitions
+   (what the lane shuffle costs);
 3. + ``mapInArrow`` with a function that receives every batch and returns nothing (the hand-off
-   to Python, with no kernel);
+   to Python, with no kernel), once with all 6 columns, once without the routing column (what
+   the engine hands over since it drops that column after the shuffle), once with only 2;
 4. Spark's ``dropDuplicates`` with a watermark on the same files, as a batch job (the JVM
    state-store dedup's work without its streaming bookkeeping).
 
@@ -64,9 +66,15 @@ def main() -> None:
         print(f"{name:48s} build {statistics.median(a for a, _ in warm) * 1000:6.0f} ms"
               f"   run {statistics.median(b for _, b in warm) * 1000:6.0f} ms")
 
+    def routed() -> Any:  # as the engine routes: key group, routing value, shuffle on it
+        return (read().selectExpr("*", "CAST(pmod(xxhash64(key), 128) AS INT) AS _kg")
+                .selectExpr("*", "element_at(array(0L, 1L), (_kg % 2) + 1) AS _route").repartition(2, "_route"))
+
     timed("read", read)
-    timed("read + shuffle", lambda: read().repartition(2, "key"))
-    timed("read + shuffle + mapInArrow (drop)", lambda: read().repartition(2, "key").mapInArrow(_drop, "offset long"))
+    timed("read + shuffle", routed)
+    timed("read + shuffle + mapInArrow (drop), 6 columns", lambda: routed().mapInArrow(_drop, "offset long"))
+    timed("  ... 5 columns (_route dropped after the shuffle)", lambda: routed().drop("_route").mapInArrow(_drop, "offset long"))
+    timed("  ... 2 columns (key, _kg)", lambda: routed().select("key", "_kg").mapInArrow(_drop, "offset long"))
     timed("Spark dropDuplicates with watermark (batch)",
           lambda: read().withWatermark("event_time", "2 seconds").dropDuplicates(["key"]))
 

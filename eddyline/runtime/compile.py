@@ -509,11 +509,14 @@ class EpochCompiler:
                 F.expr(f"element_at(array({lane_routes}), CAST(id AS INT) + 1)").alias(ROUTE),
             )
             self._heartbeats[beat_key] = heartbeats
-        # Lanes pick their columns by name, so the routing column rides along to them.
+        # The routing column is dropped after the shuffle: every column handed to Python costs
+        # the JVM's Arrow conversion time per row (bench/adaptive/arrow_handoff.py: 15-45 ms an
+        # epoch of 400,000 rows for this one, over four measurements).
         routed = (
             keyed.selectExpr(*[f"`{f.name}`" for f in columns], f"element_at(array({routes}), {KG} + 1) AS {ROUTE}")
             .union(heartbeats)
             .repartition(lanes, ROUTE)
+            .drop(ROUTE)
         )
         task = LaneTask(
             step=step,
