@@ -204,4 +204,3 @@ def key_group_counts(table: Any, keys: Sequence[str], key_groups: int) -> np.nda
         return np.zeros(key_groups, dtype=np.int64)
     kg = np.mod(spark_xxhash64(*[table.column(k) for k in keys]), key_groups)  # numpy mod = pmod
     return np.bincount(kg, minlength=key_groups)
-
