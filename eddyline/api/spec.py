@@ -539,6 +539,12 @@ class StepSpec(Model):
         return getattr(self, self.kind)
 
     @property
+    def key_columns(self) -> tuple[str, ...]:
+        """The key columns of a single-input keyed step (a top-k's ``partition_by``, otherwise
+        its ``key``); () for steps without one."""
+        return _names(self.top_k.partition_by if self.top_k is not None else getattr(self.params, "key", None))
+
+    @property
     def watermark_delay(self) -> int:
         return int(getattr(self.params, "watermark_delay", 0) or 0)
 

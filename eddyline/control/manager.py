@@ -203,9 +203,9 @@ class DistributionManager:
                 rescaled = True
         # balance
         if not rescaled and step in self.balancers and series.shape[1] >= 2 and table.lanes > 1:
-            window = series[:, -c.balance.window:] if c.balance else series
-            window = window[:, -policies.since_shift(window):]  # only what came after a shift of the hot set
-            ahead = self._ahead(step, series, upcoming)
+            recent = series[:, -c.balance.window:] if c.balance else series
+            window = recent[:, -policies.since_shift(recent):]  # only what came after a shift of the hot set
+            ahead = self._ahead(step, recent, upcoming)
             if ahead is not None:
                 window = ahead[:, None]
             moves = self.balancers[step].decide(epoch, window, np.asarray(table.assignment), table.lanes)
@@ -214,7 +214,7 @@ class DistributionManager:
                 d = self._decision(epoch, step, "balance", table, mv, window,
                                    {"policy": c.balance.method if c.balance else "", "threshold": c.balance.threshold if c.balance else 0,
                                     "scores": {str(m.item): round(m.score, 3) for m in moves},
-                                    **({"lookahead": {"rows": int(upcoming.sum()) if upcoming is not None else 0,
+                                    **({"lookahead": {"rows": int(upcoming.sum()),  # type: ignore[union-attr]
                                                       "note": "the epoch's own input shifted; load = its rows x last epoch's ms per row"}}
                                        if ahead is not None else {})})
                 table = table.moved(mv)
@@ -258,18 +258,17 @@ class DistributionManager:
         return table, out
 
     # ------------------------------------------------------------------ helpers
-    def _ahead(self, step: str, series: np.ndarray, upcoming: np.ndarray | None) -> np.ndarray | None:
+    def _ahead(self, step: str, recent: np.ndarray, upcoming: np.ndarray | None) -> np.ndarray | None:
         """The coming epoch's load per key group, estimated from its input rows at the last
-        epoch's cost per row, when that input has shifted (``since_shift``) from the recent
+        epoch's cost per row, when that input has shifted (``since_shift``) from the ``recent``
         epochs; otherwise None, and balancing looks at the measured epochs as usual."""
-        if upcoming is None or series.shape[1] == 0 or upcoming.sum() <= 0:
+        if upcoming is None or recent.shape[1] == 0 or upcoming.sum() <= 0:
             return None
         rows = self.history.rows_series(step, 1)[:, -1]
-        load = series[:, -1]
+        load = recent[:, -1]
         if rows.sum() <= 0 or load.sum() <= 0:
             return None
         ahead = np.asarray(upcoming, dtype=float) * (load.sum() / rows.sum())
-        recent = series[:, -(self.spec.control.balance.window if self.spec.control.balance else 4):]
         if policies.since_shift(np.column_stack([recent, ahead])) != 1:
             return None
         return ahead

@@ -72,6 +72,11 @@ class OverloadController:
         self._declared_off = False  # a declared cost model that measurements contradicted
         self.model_check: dict[str, Any] | None = None
 
+    @property
+    def _declared(self) -> bool:
+        """Whether the declared ``cost_model`` is in force (one exists and was not switched off)."""
+        return self.cfg.cost_model is not None and not self._declared_off
+
     # ------------------------------------------------------------------ monitor
     def observe(self, cost: EpochCost, quantiles: dict[str, list[float]] | None = None, *, cold: bool = False) -> None:
         """Record an epoch; a ``cold`` one (the first of a process: JVM and Python workers warm
@@ -97,7 +102,7 @@ class OverloadController:
             c * sum(cost.kept.get(k, [])) for k, c in m["cost"].items()
         )
         ratio = cost.duration_ms / predicted if predicted > 0 else None
-        declared = self.cfg.cost_model is not None and not self._declared_off
+        declared = self._declared
         missed = ratio is not None and not cold and (ratio > 1.5 or ratio < 1 / 1.5)
         misses = (self.model_check or {}).get("misses", 0) + 1 if missed else 0
         self.model_check = {"epoch": cost.epoch, "model": "declared" if declared else "fitted",
@@ -151,9 +156,9 @@ class OverloadController:
             read = sum(sum(h.read_rows.values()) for h in recent)
             offered = np.sum([h.offered.get(s.name, [0] * len(s.inputs)) for h in recent], axis=0)
             frac[s.name] = [float(x) / read if read else 0.0 for x in np.atleast_1d(offered)]
-        declared = self.cfg.cost_model
+        declared = self.cfg.cost_model if self._declared else None
         jvm: dict[str, float] = {}
-        if declared is not None and not self._declared_off:
+        if declared is not None:
             cost = {k: float(declared.step_ms_per_row.get(k, 0.0)) for k in cost}
             f, a = declared.fixed_ms, declared.read_ms_per_row
         else:
@@ -194,8 +199,6 @@ class OverloadController:
         cautious side: shedding looks less effective than it is). Once the history holds an epoch
         that shed (two, unless the other epochs' row counts spread enough to pin ``F`` and ``a``),
         ``K_S`` varies apart from ``N`` and a non-negative least-squares fit tells them apart."""
-        from scipy.optimize import nnls
-
         names = [s.name for s in self.stateful]
         shed_epochs = [h for h in hist if any(sum(h.kept.get(k, [])) < 0.95 * sum(h.offered.get(k, [])) for k in names)]
         unshed = [sum(h.read_rows.values()) for h in hist if h not in shed_epochs]
@@ -205,9 +208,7 @@ class OverloadController:
             return None
         cols = [np.ones(len(hist)), np.array([sum(h.read_rows.values()) for h in hist], dtype=float)]
         cols += [np.array([sum(h.kept.get(k, [])) for h in hist], dtype=float) for k in names]
-        design = np.column_stack(cols)
-        scale = np.maximum(design.max(axis=0), 1.0)  # rows are ~1e6, the intercept 1: condition it
-        coef = nnls(design / scale, rest)[0] / scale
+        coef = _nnls(np.column_stack(cols), rest)
         return float(coef[0]), float(coef[1]), {k: float(c) for k, c in zip(names, coef[2:], strict=True) if c > 0}
 
     def hot_spots(self) -> list[dict[str, Any]]:
@@ -259,7 +260,7 @@ class OverloadController:
         last = self.history[-1] if self.history else None
         taken = sum(last.read_rows.values()) if last else 0
         probe = max(self.cfg.probe_rows, 2 * taken if last and last.duration_ms <= budget else taken)
-        if self.cfg.cost_model is not None and not self._declared_off:  # declared costs need no probing
+        if self._declared:  # declared costs need no probing
             probe = total
         if m is None or total == 0:
             caps = _split(available, probe) if total > probe else {}
@@ -345,7 +346,7 @@ class OverloadController:
     def _keep_bounds(self, offered_rows: dict[tuple[str, int], float], last: EpochCost | None) -> dict[tuple[str, int], float]:
         """Upper bounds on the keep fraction of each stateful step's inputs (see :meth:`plan`),
         given the rows expected to reach each input this epoch."""
-        fitted = self.cfg.cost_model is None or self._declared_off
+        fitted = not self._declared
         previous = self._applied_keep(last)
         out: dict[tuple[str, int], float] = {}
         for s in self.stateful:
@@ -424,14 +425,20 @@ def _line(x: list[float], y: list[float]) -> tuple[float, float] | None:
     """``y ≈ intercept + slope·x`` with both non-negative (least squares), when the epochs' row
     counts spread enough (largest ≥ 1.5× smallest) to tell a fixed cost from a per-row one;
     otherwise None and the caller falls back to smallest-epoch / median estimates."""
-    from scipy.optimize import nnls
-
     xs = np.asarray(x, dtype=float)
     if xs.size < 3 or xs.min() <= 0 or xs.max() < 1.5 * xs.min():
         return None
-    scale = xs.max()
-    coef, _ = nnls(np.column_stack([np.ones_like(xs), xs / scale]), np.asarray(y, dtype=float))
-    return float(coef[0]), float(coef[1] / scale)
+    coef = _nnls(np.column_stack([np.ones_like(xs), xs]), np.asarray(y, dtype=float))
+    return float(coef[0]), float(coef[1])
+
+
+def _nnls(design: np.ndarray, y: Any) -> np.ndarray:
+    """Non-negative least squares with each column scaled to at most 1 first (row counts are
+    ~1e6, an intercept column is 1: unscaled, the fit is badly conditioned)."""
+    from scipy.optimize import nnls
+
+    scale = np.maximum(design.max(axis=0), 1.0)
+    return nnls(design / scale, np.asarray(y, dtype=float))[0] / scale
 
 
 def _at(values: list[float], i: int) -> float:

@@ -266,9 +266,7 @@ class EpochCompiler:
         """Single-input stateful steps: rows keep their columns and gain their key group."""
         from eddyline.operators import kernels
 
-        p = step.params
-        keys = p.partition_by if step.top_k is not None else p.key
-        keys = (keys,) if isinstance(keys, str) else tuple(keys)
+        keys = step.key_columns
         unknown = [k for k in keys if k not in df.columns]
         if unknown:
             what = "partition_by" if step.top_k is not None else "key"
@@ -572,11 +570,7 @@ def _key_columns(step: StepSpec) -> tuple[str, ...]:
     if step.join is not None:
         lk, rk = step.join.left_key, step.join.right_key
         return (f"l__{lk if isinstance(lk, str) else lk[0]}", f"r__{rk if isinstance(rk, str) else rk[0]}")
-    p = step.params
-    keys = p.partition_by if step.top_k is not None else getattr(p, "key", None)
-    if not keys:
-        return ()
-    return ((keys,) if isinstance(keys, str) else tuple(keys))[:1]
+    return step.key_columns[:1]
 
 
 def _check_window_columns(step: str, wa: WindowAggregate, df: DataFrame) -> None:

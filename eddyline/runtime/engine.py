@@ -310,20 +310,18 @@ class Engine:
             return None
         if step.window_aggregate is not None or step.join is not None or step.input is None:
             return None
-        keys = step.params.partition_by if step.top_k is not None else getattr(step.params, "key", None)
+        keys = step.key_columns
         if not keys:
             return None
-        keys = (keys,) if isinstance(keys, str) else tuple(keys)
         # Up to the source through filters and selects that pass the keys on unchanged (a filter
         # only thins the rows, so the source's counts still tell where the load goes).
-        node, by_name = step.input, {s.name: s for s in self.spec.steps}
+        node = step.input
         while node not in self.sources:
-            up = by_name.get(node)
-            if up is None or up.input is None:
-                return None
-            if up.select is not None and not all(any(e.strip() in ("*", k, f"`{k}`") for e in up.select) for k in keys):
-                return None
-            if up.filter is None and up.select is None:
+            up = self.spec.step(node)
+            passes = up.filter is not None or (
+                up.select is not None and all(any(e.strip() in ("*", k, f"`{k}`") for e in up.select) for k in keys)
+            )
+            if not passes:
                 return None
             node = up.input
         table = self.sources[node].peek(slices[node], keys)
