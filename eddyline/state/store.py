@@ -233,41 +233,38 @@ class KeyGroupStore:
         new_state = _sorted_by_kg(new_state.cast(self.schema))
         upserts = _sorted_by_kg(upserts.cast(self.schema))
         deletes = _sorted_by_kg(deletes.select(self.primary_key))
-        segments: list[pa.Table] = []
+        groups = np.array(sorted(set(changed_key_groups)), dtype=np.int64)
+        full_kg, ups_kg, dels_kg = (_kgs(t) for t in (new_state, upserts, deletes))
+        full_at, full_n = _ranges(full_kg, groups)
+        _, ups_n = _ranges(ups_kg, groups)
+        _, dels_n = _ranges(dels_kg, groups)
+        chain_len = np.array([len(index.get(int(kg)) or []) for kg in groups], dtype=np.int64)
+        # A delta costs a join when it is loaded cold (another worker process, a restart, a
+        # relocated key group); it pays off only when it is much smaller than the snapshot.
+        snapshot = (chain_len == 0) | (chain_len >= self.snapshot_every) | (2 * (ups_n + dels_n) >= full_n)
+        live = full_n > 0
+        # One table for the lane's file, each group's rows contiguous: a snapshot's rows, or a
+        # delta's upserts then deletes (the concatenation order, kept by a stable sort on _kg).
+        parts = [
+            _with_op(new_state.filter(pa.array(np.isin(full_kg, groups[live & snapshot]))), 0, self.file_schema),
+            _with_op(upserts.filter(pa.array(np.isin(ups_kg, groups[live & ~snapshot]))), 0, self.file_schema),
+            _with_op(deletes.filter(pa.array(np.isin(dels_kg, groups[live & ~snapshot]))), 1, self.file_schema),
+        ]
+        table = _sorted_by_kg(pa.concat_tables(parts))
+        offsets, rows = _ranges(_kgs(table), groups)
         chains: dict[int, Chain | None] = {}
-        offset = snapshots = deltas = 0
-        for kg in sorted(set(changed_key_groups)):
-            full = _kg_slice(new_state, kg)
-            chain = list(index.get(kg) or [])
-            if full.num_rows == 0:
+        for i, kg in enumerate(groups.tolist()):
+            full = new_state.slice(int(full_at[i]), int(full_n[i]))
+            if not live[i]:
                 chains[kg] = None
                 self.cache.put((self.root, self.step, kg), ("empty", epoch), full)
                 continue
-            ups, dels = _kg_slice(upserts, kg), _kg_slice(deletes, kg)
-            # A delta costs a join when it is loaded cold (another worker process, a restart, a
-            # relocated key group); it pays off only when it is much smaller than the snapshot.
-            use_snapshot = (
-                not chain
-                or len(chain) >= self.snapshot_every
-                or 2 * (ups.num_rows + dels.num_rows) >= full.num_rows
-            )
-            if use_snapshot:
-                seg = _with_op(full, 0, self.file_schema)
-                chain = [[epoch, lane, SNAPSHOT, offset, seg.num_rows]]
-                snapshots += 1
-            else:
-                seg = pa.concat_tables(
-                    [_with_op(ups, 0, self.file_schema), _with_op(dels, 1, self.file_schema)]
-                )
-                chain = [*chain, [epoch, lane, DELTA, offset, seg.num_rows]]
-                deltas += 1
-            segments.append(seg)
-            offset += seg.num_rows
-            chains[kg] = chain
-            self.cache.put((self.root, self.step, kg), tuple(chain[-1]), full)
+            entry = [epoch, lane, SNAPSHOT if snapshot[i] else DELTA, int(offsets[i]), int(rows[i])]
+            chains[kg] = [entry] if snapshot[i] else [*(index.get(kg) or []), entry]
+            self.cache.put((self.root, self.step, kg), tuple(entry), full)
+        snapshots, deltas = int((live & snapshot).sum()), int((live & ~snapshot).sum())
         written = 0
-        if segments:
-            table = pa.concat_tables(segments)
+        if table.num_rows:
             sink = pa.BufferOutputStream()
             with pa.ipc.new_file(sink, self.file_schema) as writer:
                 writer.write_table(table)
@@ -307,6 +304,16 @@ def _sorted_by_kg(table: pa.Table) -> pa.Table:
     if np.all(kg[:-1] <= kg[1:]):
         return table
     return table.take(pa.array(np.argsort(kg, kind="stable")))
+
+
+def _kgs(table: pa.Table) -> np.ndarray:
+    return table.column(KG).to_numpy(zero_copy_only=False) if table.num_rows else np.zeros(0, dtype=np.int32)
+
+
+def _ranges(sorted_kg: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ``groups`` starts in a ``_kg`` column sorted ascending, and how many rows."""
+    lo = np.searchsorted(sorted_kg, groups, "left")
+    return lo, np.searchsorted(sorted_kg, groups, "right") - lo
 
 
 def _kg_slice(table: pa.Table, kg: int) -> pa.Table:
