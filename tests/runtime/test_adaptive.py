@@ -201,3 +201,41 @@ def test_lookahead_moves_key_groups_before_the_epoch_that_brings_the_hot_keys(sp
     hot = np.bincount(np.mod(spark_xxhash64(lane0), groups), minlength=groups)
     assert sum(hot[g] for g in range(groups) if owners[g] == 1) > 0  # some of the hot groups moved away
     assert read(tmp_path / "ahead", "firsts") == read(tmp_path / "static", "firsts")
+
+
+def test_a_hot_key_reaches_its_window_lane_as_one_partial_row_per_window(spark, tmp_path: Path) -> None:
+    """SPREADFIRE's window case without a split: the JVM aggregates every (key group, key, window)
+    before the lane shuffle, so a key with 90 % of the rows sends its lane one row per window and
+    epoch, however hot it is. Each epoch's lanes together receive exactly the epoch's distinct
+    (key, window) pairs, and the windows equal DuckDB's."""
+    import duckdb
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(5)
+    data, files, rows = tmp_path / "in", 3, 3_000
+    data.mkdir()
+    for f in range(files):
+        keys = np.where(rng.random(rows) < 0.9, 7, rng.integers(100, 150, rows))
+        ms = 1_767_225_600_000 + f * 3_000 + np.sort(rng.integers(0, 3_000, rows))
+        pq.write_table(pa.table({"key": pa.array(keys, pa.int64()), "value": pa.array(rng.integers(0, 100, rows)),
+                                 "t": pa.array(ms.astype("datetime64[ms]"), pa.timestamp("ms"))}),
+                       str(data / f"{f:03d}.parquet"))
+    spec = {
+        "name": "hot-windows", "trigger": 0, "lanes": 2, "key_groups": 16,
+        "sources": [{"name": "events", "files": {"path": str(data), "format": "parquet", "max_files_per_epoch": 1}}],
+        "steps": [{"name": "per_key", "input": "events", "window_aggregate": {
+            "key": "key", "time": "t", "window": {"size": "1s"}, "aggregates": {"n": "count(*)", "total": "sum(value)"}}}],
+        "sinks": [{"name": "out", "input": "per_key", "files": {"path": str(tmp_path / "out")}}],
+    }
+    Engine(load_spec(spec), spark, str(tmp_path / "ckpt")).run(until_idle=True)
+
+    con = duckdb.connect()
+    for f in range(files):
+        lanes = [json.loads(p.read_text()) for p in sorted((tmp_path / "ckpt" / "epochs" / f"{f + 1:010d}" / "per_key").glob("lane-*.json"))]
+        pairs = con.execute(f"SELECT count(DISTINCT (key, epoch_ms(t) // 1000)) FROM read_parquet('{data}/{f:03d}.parquet')").fetchone()[0]
+        assert sum(m["input_rows"] for m in lanes) == pairs < 200  # of 3,000 rows, 2,700 of them key 7's
+    got = con.execute(f"SELECT key, epoch_ms(window_start), n, total FROM read_parquet('{tmp_path}/out/epoch=*/*.parquet') ORDER BY ALL").fetchall()
+    want = con.execute(f"SELECT key, epoch_ms(t) // 1000 * 1000 AS ws, count(*), sum(value) FROM read_parquet('{data}/*.parquet') GROUP BY ALL ORDER BY ALL").fetchall()
+    assert got == want and len(want) > 100
