@@ -9,9 +9,11 @@ task or a replayed epoch writes the same bytes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from eddyline.state.store import (
     KeyGroupStore,
     filesystem,
     process_cache,
+    read_json,
     write_atomic,
 )
 
@@ -100,6 +103,47 @@ def slices(groups: list[int], rows: dict[int, int], bytes_per_row: float, budget
     if current:
         out.append(current)
     return out
+
+
+def warm_other_lanes(task: LaneTask, store: KeyGroupStore, lane: int, wait_s: float = 5.0) -> int:
+    """Load into this worker's state cache what the step's other lanes wrote in this epoch.
+
+    The cache lives in the Python worker process, and Spark gives a lane's task whichever idle
+    worker it has, so the workers trade lanes from time to time; the lane's next task then
+    loads its whole state from the checkpoint. Warmed with the other lanes' new versions (read
+    from their manifests as they appear, at most ``wait_s`` seconds), the worker has every
+    lane's state at hand. Only what fits in the cache's free room is loaded, so a worker never
+    evicts its own lane's state for it. Returns the state rows loaded."""
+    owners = np.asarray(task.routing)
+    others = set(np.unique(owners).tolist()) - {lane}
+    fs, _ = filesystem(task.checkpoint)
+    loaded = 0
+    deadline = time.monotonic() + wait_s
+    while others and time.monotonic() < deadline:
+        for other in sorted(others):
+            try:
+                manifest = read_json(fs, manifest_path(task.checkpoint, task.epoch, task.step, other))
+            except OSError:  # not written yet
+                continue
+            others.discard(other)
+            if store.cache.used + int(manifest["state_bytes"]) > store.cache.budget:
+                continue
+            index = {kg: chain for kg, chain in task.index.items() if kg < owners.size and owners[kg] == other}
+            for kg, chain in manifest["chains"].items():
+                if chain:
+                    index[int(kg)] = chain
+                else:
+                    index.pop(int(kg), None)
+            loaded += store.load(index, list(index)).num_rows
+        if others:
+            time.sleep(0.01)
+    return loaded
+
+
+def _warm_quietly(task: LaneTask, store: KeyGroupStore, lane: int) -> None:
+    # only a speed-up: the cache checks every group's chain tip before using what it holds
+    with contextlib.suppress(Exception):
+        warm_other_lanes(task, store, lane)
 
 
 def heavy_hitters(
@@ -270,5 +314,7 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     path = manifest_path(task.checkpoint, task.epoch, task.step, lane)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     write_atomic(fs, path, json.dumps(manifest).encode())
+    if task.state_budget is None:
+        threading.Thread(target=_warm_quietly, args=(task, store, lane), daemon=True).start()
     if task.kill_driver_pid is not None and lane == 0:
         os.kill(task.kill_driver_pid, signal.SIGKILL)

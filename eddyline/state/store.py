@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -62,53 +63,58 @@ def read_json(fs: pafs.FileSystem, path: str) -> object:
 
 
 class StateCache:
-    """LRU of materialised key groups, bounded in bytes (the lane's memory budget)."""
+    """LRU of materialised key groups, bounded in bytes (the lane's memory budget). Thread-safe:
+    a worker may warm it in the background (see ``lanes.warm_other_lanes``) while a task runs."""
 
     def __init__(self, budget_bytes: int):
         self.budget = budget_bytes
         self.used = 0
         self._entries: OrderedDict[tuple[str, str, int], tuple[tuple, pa.Table]] = OrderedDict()
         self.hits = self.misses = self.evictions = 0
+        self._lock = threading.Lock()
 
     def get(self, key: tuple[str, str, int], tip: tuple) -> pa.Table | None:
-        entry = self._entries.get(key)
-        if entry is None or entry[0] != tip:
-            self.misses += 1
-            return None
-        self._entries.move_to_end(key)
-        self.hits += 1
-        return entry[1]
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry[0] != tip:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry[1]
 
     def put(self, key: tuple[str, str, int], tip: tuple, table: pa.Table) -> None:
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.used -= old[1].nbytes
-        size = table.nbytes
-        if size > self.budget:
-            return
-        self._entries[key] = (tip, table)
-        self.used += size
-        while self.used > self.budget:
-            _, (_, evicted) = self._entries.popitem(last=False)
-            self.used -= evicted.nbytes
-            self.evictions += 1
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.used -= old[1].nbytes
+            size = table.nbytes
+            if size > self.budget:
+                return
+            self._entries[key] = (tip, table)
+            self.used += size
+            self._evict()
 
-
-    def resize(self, budget_bytes: int) -> None:
-        """Set the budget, evicting the least recently used groups beyond it."""
-        self.budget = budget_bytes
+    def _evict(self) -> None:
         while self.used > self.budget and self._entries:
             _, (_, evicted) = self._entries.popitem(last=False)
             self.used -= evicted.nbytes
             self.evictions += 1
 
+    def resize(self, budget_bytes: int) -> None:
+        """Set the budget, evicting the least recently used groups beyond it."""
+        with self._lock:
+            self.budget = budget_bytes
+            self._evict()
+
     def resident_bytes(self, root: str, step: str, key_groups: Iterable[int]) -> int:
         """Bytes of these key groups' state held in memory (the rest is on disk only)."""
         total = 0
-        for kg in key_groups:
-            entry = self._entries.get((root, step, kg))
-            if entry is not None:
-                total += entry[1].nbytes
+        with self._lock:
+            for kg in key_groups:
+                entry = self._entries.get((root, step, kg))
+                if entry is not None:
+                    total += entry[1].nbytes
         return total
 
 
