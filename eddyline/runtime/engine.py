@@ -47,7 +47,7 @@ from eddyline.plan.keygroups import RoutingTable, key_group_counts
 from eddyline.runtime.compile import EpochCompiler, StepRun, topological
 from eddyline.runtime.log import Checkpoint, EpochCommit, EpochPlan
 from eddyline.runtime.udf import task_error_line
-from eddyline.state.store import KeyGroupStore
+from eddyline.state.store import KeyGroupStore, with_chains
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -417,11 +417,7 @@ class Engine:
             manifests = self.ckpt.lane_manifests(epoch, s.name, run.routing.lanes)
             index = dict(run.index)
             for m in manifests:
-                for kg, chain in m["chains"].items():
-                    if chain is None:
-                        index.pop(int(kg), None)
-                    else:
-                        index[int(kg)] = chain
+                index = with_chains(index, m["chains"])
             # Each input's newest event time so far; the step's watermark follows the slowest.
             prev = last.steps.get(s.name) if last else None
             n_inputs = 1 if s.window_aggregate is not None else len(s.time_columns())

@@ -29,6 +29,7 @@ from eddyline.state.store import (
     filesystem,
     process_cache,
     read_json,
+    with_chains,
     write_atomic,
 )
 
@@ -128,12 +129,10 @@ def warm_other_lanes(task: LaneTask, store: KeyGroupStore, lane: int, wait_s: fl
             others.discard(other)
             if store.cache.used + int(manifest["state_bytes"]) > store.cache.budget:
                 continue
-            index = {kg: chain for kg, chain in task.index.items() if kg < owners.size and owners[kg] == other}
-            for kg, chain in manifest["chains"].items():
-                if chain:
-                    index[int(kg)] = chain
-                else:
-                    index.pop(int(kg), None)
+            index = with_chains(
+                {kg: chain for kg, chain in task.index.items() if kg < owners.size and owners[kg] == other},
+                manifest["chains"],
+            )
             loaded += store.load(index, list(index)).num_rows
         if others:
             time.sleep(0.01)

@@ -190,8 +190,9 @@ class KeyGroupStore:
                 parts.append(table)
         if missing:
             loaded = self._materialise(missing)
-            for kg, chain in missing.items():
-                table = _kg_slice(loaded, kg)
+            starts, counts = _ranges(_kgs(loaded), np.fromiter(missing, dtype=np.int64))
+            for (kg, chain), lo, n in zip(missing.items(), starts.tolist(), counts.tolist(), strict=True):
+                table = loaded.slice(lo, n)
                 self.cache.put((self.root, self.step, kg), tuple(chain[-1]), table)
                 parts.append(table)
         if not parts:
@@ -303,6 +304,18 @@ class KeyGroupStore:
         return removed
 
 
+def with_chains(index: Mapping[int, Chain], chains: Mapping[str, Chain | None]) -> StateIndex:
+    """``index`` after a lane's new ``chains`` (a manifest's, keyed by the group as a string;
+    None: the group's state is now empty)."""
+    out = dict(index)
+    for kg, chain in chains.items():
+        if chain is None:
+            out.pop(int(kg), None)
+        else:
+            out[int(kg)] = chain
+    return out
+
+
 def _sorted_by_kg(table: pa.Table) -> pa.Table:
     if table.num_rows < 2:
         return table
@@ -320,13 +333,6 @@ def _ranges(sorted_kg: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.n
     """Where each of ``groups`` starts in a ``_kg`` column sorted ascending, and how many rows."""
     lo = np.searchsorted(sorted_kg, groups, "left")
     return lo, np.searchsorted(sorted_kg, groups, "right") - lo
-
-
-def _kg_slice(table: pa.Table, kg: int) -> pa.Table:
-    """Rows of one key group from a table sorted by ``_kg``."""
-    col = table.column(KG).to_numpy()
-    lo, hi = np.searchsorted(col, kg, "left"), np.searchsorted(col, kg, "right")
-    return table.slice(int(lo), int(hi - lo))
 
 
 def _with_op(table: pa.Table, op: int, file_schema: pa.Schema) -> pa.Table:
