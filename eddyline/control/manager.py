@@ -215,7 +215,8 @@ class DistributionManager:
                                    {"policy": c.balance.method if c.balance else "", "threshold": c.balance.threshold if c.balance else 0,
                                     "scores": {str(m.item): round(m.score, 3) for m in moves},
                                     **({"lookahead": {"rows": int(upcoming.sum()),  # type: ignore[union-attr]
-                                                      "note": "the epoch's own input shifted; load = its rows x last epoch's ms per row"}}
+                                                      "note": "the coming epoch's work shifted: its input read ahead (and the held "
+                                                              "input the watermark releases) x last epoch's ms per row worked on"}}
                                        if ahead is not None else {})})
                 table = table.moved(mv)
                 out.append(d)
@@ -259,16 +260,35 @@ class DistributionManager:
 
     # ------------------------------------------------------------------ helpers
     def _ahead(self, step: str, recent: np.ndarray, upcoming: np.ndarray | None) -> np.ndarray | None:
-        """The coming epoch's load per key group, estimated from its input rows at the last
-        epoch's cost per row, when that input has shifted (``since_shift``) from the ``recent``
-        epochs; otherwise None, and balancing looks at the measured epochs as usual."""
+        """The coming epoch's load per key group, when it has shifted (``since_shift``) from the
+        ``recent`` epochs; otherwise None, and balancing looks at the measured epochs as usual.
+
+        The coming work per group is the epoch's input rows (read ahead) that the kernel will
+        work on at once, plus the input it held back that the watermark will release, each at
+        the last epoch's shares: a kernel that holds rows until the watermark passes them works
+        in this epoch on what arrived in the last one, so a shift of the input reaches its work
+        one epoch later. The estimate is priced at the last epoch's cost per row worked on."""
         if upcoming is None or recent.shape[1] == 0 or upcoming.sum() <= 0:
             return None
-        rows = self.history.rows_series(step, 1)[:, -1]
-        load = recent[:, -1]
-        if rows.sum() <= 0 or load.sum() <= 0:
+        last = self.history.latest(step)
+        if last is None:
             return None
-        ahead = np.asarray(upcoming, dtype=float) * (load.sum() / rows.sum())
+        work = self.history.rows_series(step, 1, of="work")[:, -1]
+        load = recent[:, -1]
+        if work.sum() <= 0 or load.sum() <= 0:
+            return None
+        upcoming = np.asarray(upcoming, dtype=float)
+        if last.kg_work is None:  # the kernel works on its input as it arrives
+            coming = upcoming
+        else:
+            held = self.history.rows_series(step, 1, of="kg_held")[:, -1]
+            # of last epoch's work, the part that was new input; of the held input, the part released
+            fresh = max(work.sum() - last.held_worked, 0.0) / max(last.input_rows, 1)
+            released = last.held_worked / last.held_before if last.held_before else 1.0
+            coming = min(fresh, 1.0) * upcoming + min(released, 1.0) * held
+        if coming.sum() <= 0:
+            return None
+        ahead = coming * (load.sum() / work.sum())
         if policies.since_shift(np.column_stack([recent, ahead])) != 1:
             return None
         return ahead

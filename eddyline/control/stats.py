@@ -2,9 +2,11 @@
 
 A lane measures its own phases (receive, load, kernel, write) and counts rows per key group; it
 cannot time one key group alone, because its kernel runs vectorised over all of them. A key
-group's *load* is therefore the step's measured time shared out by a cost model: receiving and
-the kernel in proportion to the group's input rows, loading and writing state in proportion to
-its state rows. Summed over all groups it is exactly the step's busy time.
+group's *load* is therefore the step's measured time shared out by a cost model: receiving in
+proportion to the group's input rows, the kernel in proportion to the rows it worked on (its
+input rows, unless the kernel holds input back until the watermark passes it: then the rows it
+released, see :func:`eddyline.operators.base.deferred_counts`), loading and writing state in
+proportion to its state rows. Summed over all groups it is exactly the step's busy time.
 
 :class:`LoadHistory` keeps a sliding window of these per step, so policies get load time series,
 their correlation coefficients (seed 001), lane shares of the makespan and the DS2 rates.
@@ -40,6 +42,17 @@ class StepLoad:
     wall_s: float
     #: heavy hitters: the most frequent key of each lane's busiest key groups
     hot_keys: list[dict[str, Any]] = field(default_factory=list)
+    #: rows the kernel worked on per key group (= kg_rows unless it holds input back)
+    kg_work: dict[int, int] | None = None
+    #: input rows held back per key group at the end of the epoch (a deferring kernel)
+    kg_held: dict[int, int] = field(default_factory=dict)
+    #: of the rows held at the start of the epoch: how many, and how many were worked on
+    held_before: int = 0
+    held_worked: int = 0
+
+    @property
+    def work(self) -> dict[int, int]:
+        return self.kg_rows if self.kg_work is None else self.kg_work
 
     @property
     def makespan_ms(self) -> float:
@@ -65,6 +78,8 @@ class StepLoad:
             "laneBusyMs": [round(b, 1) for b in self.lane_busy_ms],
             "laneShareOfMakespan": self.lane_shares(),
             "hotKeys": self.hot_keys,
+            **({"workRows": sum(self.kg_work.values()), "heldRows": sum(self.kg_held.values())}
+               if self.kg_work is not None else {}),
             "keyGroupLoadMs": {str(k): round(v, 2) for k, v in sorted(self.kg_load.items())},
         }
 
@@ -78,9 +93,13 @@ def step_load(epoch: int, lanes: int, manifests: Iterable[Mapping[str, Any]], wa
     counts are exact, so the load follows the rows and the clocks only set the scale."""
     kg_rows: dict[int, int] = {}
     kg_state: dict[int, int] = {}
+    kg_work: dict[int, int] = {}
+    kg_held: dict[int, int] = {}
+    defers = False
+    held_before = held_worked = 0
     busy = [0.0] * lanes
     rows = state_rows = state_bytes = spilled = 0
-    row_ms = state_ms = 0.0
+    row_ms = work_ms = state_ms = 0.0
     hot: list[dict[str, Any]] = []
     for m in manifests:
         hot.extend(m.get("hot_keys", []))
@@ -91,24 +110,45 @@ def step_load(epoch: int, lanes: int, manifests: Iterable[Mapping[str, Any]], wa
         state_rows += m["state_rows"]
         state_bytes += m["state_bytes"]
         spilled += m.get("spilled_bytes", 0)
-        row_ms += ms.get("receive", 0.0) + ms.get("kernel", 0.0)
+        row_ms += ms.get("receive", 0.0)
+        work_ms += ms.get("kernel", 0.0)
         state_ms += ms.get("load", 0.0) + ms.get("write", 0.0)
-        for k, v in m.get("kg_rows", {}).items():
-            kg_rows[int(k)] = kg_rows.get(int(k), 0) + int(v)
-        for k, v in m.get("kg_state_rows", {}).items():
-            kg_state[int(k)] = kg_state.get(int(k), 0) + int(v)
-    total_in, total_st = sum(kg_rows.values()), sum(kg_state.values())
-    if not total_in:  # nothing arrived: the kernel's time went to the state (timers)
+        _fold(kg_rows, m.get("kg_rows", {}))
+        _fold(kg_state, m.get("kg_state_rows", {}))
+        if "kg_work" in m:
+            defers = True
+            _fold(kg_work, m["kg_work"])
+            _fold(kg_held, m.get("kg_held", {}))
+            held_before += int(m.get("held_before", 0))
+            held_worked += int(m.get("held_worked", 0))
+    work = kg_work if defers else kg_rows
+    total_in, total_work, total_st = sum(kg_rows.values()), sum(work.values()), sum(kg_state.values())
+    if not total_work:  # no row worked on: the kernel's time went to the state (timers)
+        state_ms, work_ms = state_ms + work_ms, 0.0
+    if not total_in:
         state_ms, row_ms = state_ms + row_ms, 0.0
-    if not total_st:
-        row_ms, state_ms = row_ms + state_ms, 0.0
+    if not total_st:  # no state: its time follows the rows
+        if total_work:
+            work_ms, state_ms = work_ms + state_ms, 0.0
+        elif total_in:
+            row_ms, state_ms = row_ms + state_ms, 0.0
     per_row = row_ms / total_in if total_in else 0.0
+    per_work = work_ms / total_work if total_work else 0.0
     per_state_row = state_ms / total_st if total_st else 0.0
     kg_load = {
-        kg: kg_rows.get(kg, 0) * per_row + kg_state.get(kg, 0) * per_state_row for kg in set(kg_rows) | set(kg_state)
+        kg: kg_rows.get(kg, 0) * per_row + work.get(kg, 0) * per_work + kg_state.get(kg, 0) * per_state_row
+        for kg in set(kg_rows) | set(work) | set(kg_state)
     }
     hot.sort(key=lambda h: -int(h["rows"]))
-    return StepLoad(epoch, lanes, kg_load, kg_rows, kg_state, busy, rows, state_rows, state_bytes, spilled, wall_s, hot[:4])
+    return StepLoad(
+        epoch, lanes, kg_load, kg_rows, kg_state, busy, rows, state_rows, state_bytes, spilled, wall_s, hot[:4],
+        kg_work if defers else None, kg_held, held_before, held_worked,
+    )
+
+
+def _fold(into: dict[int, int], counts: Mapping[str, Any]) -> None:
+    for k, v in counts.items():
+        into[int(k)] = into.get(int(k), 0) + int(v)
 
 
 @dataclass
@@ -142,11 +182,13 @@ class LoadHistory:
                 out[kg % self.key_groups, t] += v
         return out
 
-    def rows_series(self, step: str, last: int | None = None) -> np.ndarray:
+    def rows_series(self, step: str, last: int | None = None, of: str = "kg_rows") -> np.ndarray:
+        """Input rows per key group × epoch; ``of="work"``: the rows the kernel worked on,
+        ``of="kg_held"``: the input it held back at the end of each epoch."""
         loads = self.epochs(step)[-last:] if last else self.epochs(step)
         out = np.zeros((self.key_groups, len(loads)))
         for t, load in enumerate(loads):
-            for kg, v in load.kg_rows.items():
+            for kg, v in getattr(load, of).items():
                 out[kg % self.key_groups, t] += v
         return out
 

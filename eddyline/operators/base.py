@@ -18,6 +18,12 @@ differently), so a replayed epoch writes the same state and output. Kernels must
 The state is a table keyed by ``primary_key`` (which starts with ``_kg``); ``upserts`` are the
 rows of the new state that changed this epoch, ``deletes`` the primary keys that left it. The
 store uses them to write deltas; ``changed_key_groups`` must name every key group touched.
+
+A kernel that holds input rows back until the watermark passes them (a pattern buffers rows
+until their order is final) may also define ``deferred(state) -> numpy bool mask``: the state
+rows that are input still waiting to be processed. The lanes then count, per key group, the rows
+the kernel actually worked on in the epoch, so the load statistics charge the kernel's time to
+the key groups and epoch that did the work, and the balancer can foresee the coming epoch's work.
 """
 
 from __future__ import annotations
@@ -55,6 +61,18 @@ class Kernel(Protocol):
     output_schema: pa.Schema
 
     def process(self, batch: pa.Table, state: pa.Table, watermark_ms: int) -> KernelResult: ...
+
+
+def deferred_counts(kernel: Kernel, state: pa.Table) -> np.ndarray | None:
+    """Per key group (index = key group), the input rows ``state`` still holds back for a later
+    epoch; None when the kernel defers nothing (it has no ``deferred``)."""
+    deferred = getattr(kernel, "deferred", None)
+    if deferred is None:
+        return None
+    if not state.num_rows:
+        return np.zeros(0, dtype=np.int64)
+    mask = np.asarray(deferred(state), dtype=bool)
+    return np.bincount(state.column(KG).to_numpy(zero_copy_only=False)[mask], minlength=0).astype(np.int64)
 
 
 def changed_groups(*tables: pa.Table) -> list[int]:

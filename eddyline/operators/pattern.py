@@ -383,6 +383,10 @@ class PatternKernel:
     def empty_state(self) -> pa.Table:
         return self.state_schema.empty_table()
 
+    def deferred(self, state: pa.Table) -> np.ndarray:
+        """The buffered rows: input the watermark has not passed yet, matched in a later epoch."""
+        return state.column(KIND).to_numpy(zero_copy_only=False) == BUFFERED
+
     # ------------------------------------------------------------------- schema helpers
     @property
     def _stage(self) -> int:

@@ -17,11 +17,12 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from eddyline.operators.base import KG, PROBE, Kernel
+from eddyline.operators.base import KG, PROBE, Kernel, deferred_counts
 from eddyline.runtime.udf import MARK
 from eddyline.state.store import (
     DEFAULT_CACHE_BYTES,
@@ -145,6 +146,33 @@ def _warm_quietly(task: LaneTask, store: KeyGroupStore, lane: int) -> None:
         warm_other_lanes(task, store, lane)
 
 
+def _add_counts(a: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    if b is None or not b.size:
+        return a
+    if b.size > a.size:
+        a, b = b, a
+    out = a.copy()
+    out[: b.size] += b
+    return out
+
+
+def _deferral(arrived: np.ndarray, before: np.ndarray, after: np.ndarray) -> dict[str, Any]:
+    """The manifest's account of a deferring kernel's work, per key group: ``kg_work`` (rows
+    worked on: arrived + held before - held after), ``kg_held`` (input held back for later), and
+    the lane's totals of rows held before and of those worked on (a held row is older than any
+    arriving one, so the watermark frees it first: the work of a group goes first to its held
+    rows)."""
+    n = max(arrived.size, before.size, after.size)
+    a, b, c = (np.pad(x, (0, n - x.size)) for x in (arrived, before, after))
+    work = np.maximum(a + b - c, 0)
+    return {
+        "kg_work": {str(k): int(work[k]) for k in np.flatnonzero(work)},
+        "kg_held": {str(k): int(c[k]) for k in np.flatnonzero(c)},
+        "held_before": int(b.sum()),
+        "held_worked": int(np.minimum(b, work).sum()),
+    }
+
+
 def heavy_hitters(
     partials: pa.Table, kgs: np.ndarray, counts: np.ndarray, key_columns: tuple[str, ...], top: int = 2
 ) -> list[dict[str, object]]:
@@ -231,6 +259,11 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     state_rows = state_bytes = output_rows = bytes_written = snapshots = deltas = 0
     metrics: dict[str, int] = {}
     kg_state: dict[str, int] = {}
+    # kernels that hold input back (deferred): rows held per key group before and after, so
+    # the rows worked on per group = arrived + held before - held after
+    held_before = np.zeros(0, dtype=np.int64)
+    held_after = np.zeros(0, dtype=np.int64)
+    defers = getattr(kernel, "deferred", None) is not None
     peak = dict(mem_in)
     if kgs.size:
         order = np.argsort(kgs, kind="stable")
@@ -248,6 +281,9 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         t_b = time.perf_counter()
         result = kernel.process(chunk, state, task.watermark_ms)
         t_c = time.perf_counter()
+        if defers:
+            held_before = _add_counts(held_before, deferred_counts(kernel, state))
+            held_after = _add_counts(held_after, deferred_counts(kernel, result.state))
         written = store.write(
             task.epoch,
             state_file_id(lane, part),
@@ -282,6 +318,7 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         yield from output.to_batches()
         del output
     resident = cache.resident_bytes(store.root, store.step, [int(k) for k in kg_state])
+    deferral = _deferral(in_counts, held_before, held_after) if defers else {}
     manifest = {
         "lane": lane,
         "chains": chains,
@@ -300,6 +337,7 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         "kg_rows": {str(k): int(in_counts[k]) for k in arriving},
         "kg_state_rows": kg_state,
         "hot_keys": hot_keys,
+        **deferral,
         "slices": len(work),
         "spilled_bytes": max(0, state_bytes - resident),
         "memory": {"start": mem0, "received": mem_in, "peak": peak},

@@ -209,3 +209,54 @@ def test_lookahead_balances_the_epoch_whose_input_shifted_before_it_runs() -> No
     assert m.plan(4, "s", table)[1] == []  # no look-ahead: the history is balanced
     m, table = manager()
     assert m.plan(4, "s", table, upcoming=np.full(K, 200.0))[1] == []  # the input did not shift
+
+
+def test_a_deferring_kernels_time_is_charged_to_the_rows_it_worked_on() -> None:
+    """A kernel that holds input until the watermark passes it works in an epoch on what arrived
+    before: its time goes to the groups whose held rows it released, not to this epoch's input."""
+    manifests = [
+        {"lane": 0, "ms": {"receive": 10, "kernel": 90, "load": 0, "write": 0}, "input_rows": 100, "state_rows": 0,
+         "state_bytes": 0, "kg_rows": {"0": 100}, "kg_state_rows": {},
+         "kg_work": {"1": 60, "2": 30}, "kg_held": {"0": 100}, "held_before": 90, "held_worked": 90},
+    ]
+    s = step_load(5, 1, manifests, wall_s=1.0)
+    assert s.kg_load == pytest.approx({0: 10.0, 1: 60.0, 2: 30.0})  # receive by input, kernel by work
+    assert s.work == {1: 60, 2: 30} and s.kg_held == {0: 100}
+    assert s.to_json()["heldRows"] == 100 and s.to_json()["workRows"] == 90
+    plain = step_load(5, 1, [{k: v for k, v in manifests[0].items() if not k.startswith(("kg_work", "kg_held", "held"))}], 1.0)
+    assert plain.kg_load == pytest.approx({0: 100.0}) and plain.work == plain.kg_rows
+
+
+def deferred_load(epoch: int, table: RoutingTable, worked: dict[int, int], arrived: dict[int, int]) -> StepLoad:
+    """An epoch of a kernel that works on the last epoch's rows (``worked``) and holds back all
+    of this epoch's (``arrived``), at 0.1 ms per row worked on."""
+    busy = [0.0] * table.lanes
+    for kg, v in worked.items():
+        busy[table.lane_of(kg)] += v / 10
+    return StepLoad(epoch, table.lanes, {kg: v / 10 for kg, v in worked.items()}, dict(arrived), {}, busy,
+                    sum(arrived.values()), 0, 0, 0, 1.0, [], dict(worked), dict(arrived),
+                    sum(worked.values()), sum(worked.values()))
+
+
+def test_lookahead_waits_for_a_deferring_kernel_to_work_on_the_shifted_input() -> None:
+    """A pattern holds each epoch's rows until the next epoch's watermark: when the input
+    shifts, the coming epoch still works on the balanced held rows, so moving key groups for the
+    shifted input would unbalance it. The look-ahead moves one epoch later, when the shifted
+    rows are the held ones, before the epoch that works on them runs."""
+    control = {"balance": {"threshold": 0.2, "period": 1, "patience": 1, "max_moves": 4, "lookahead": True}}
+    m = DistributionManager(spec(control), max_lanes=2)
+    table = RoutingTable.uniform(K, 2)
+    even = {kg: 200 for kg in range(K)}
+    hot = np.array([3000, 2000, 200, 200, 200, 200, 200, 200], dtype=float)  # lane 0: 5400 of 6200
+    for epoch in (1, 2, 3):
+        m.observe("s", deferred_load(epoch, table, even, even))
+    # epoch 4's input is hot, but its work is epoch 3's even rows: nothing moves
+    table4, made = m.plan(4, "s", table, upcoming=hot)
+    assert made == [] and table4 == table
+    m.observe("s", deferred_load(4, table, even, {kg: int(v) for kg, v in enumerate(hot)}))
+    # epoch 5 works on epoch 4's hot rows (held): the look-ahead moves now
+    _, made = m.plan(5, "s", table, upcoming=hot)
+    (d,) = made
+    assert d.kind == "balance" and "lookahead" in d.why
+    assert all(src == 0 and dst == 1 for _, src, dst in d.action["moves"])
+    assert d.expected["makespanMs"] < d.why["makespanMs"]

@@ -534,3 +534,33 @@ def test_validation() -> None:
         PatternKernel(SCHEMA, ("sym",), "ts", tick_pattern("price"), 1, {"x": ("A", None, "max")})
     with pytest.raises(ValueError, match="Kleene-plus"):
         pipeline_split(SCHEMA, ("sym",), "ts", tick_pattern("price"), 1, {}, at=2)
+
+
+def test_deferred_rows_are_the_input_the_watermark_has_not_passed() -> None:
+    """The pattern names its buffered rows as held-back input, and the lanes' account of the
+    rows worked on per key group follows them from the epoch they arrive to the one that frees them."""
+    from eddyline.operators.base import deferred_counts
+    from eddyline.runtime.lanes import _deferral
+
+    k = kernel()
+    rows = make_rows(5, n=40, keys=4)
+    first = table(rows)
+    arrived = np.bincount(first.column("_kg").to_numpy())
+    res1 = k.process(first, k.empty_state(), NO_WATERMARK)  # nothing is behind the watermark
+    held1 = deferred_counts(k, res1.state)
+    assert held1 is not None and held1.tolist() == arrived.tolist()
+    acct1 = _deferral(arrived, np.zeros(0, dtype=np.int64), held1)
+    assert acct1["kg_work"] == {} and sum(acct1["kg_held"].values()) == 40 and acct1["held_before"] == 0
+    # the next epoch's watermark passes every row of the first one; its own rows come later
+    late = table([(s, t + 100_000, p, v) for s, t, p, v in rows[:10]])
+    res2 = k.process(late, res1.state, 60_000)
+    held2 = deferred_counts(k, res2.state)
+    arrived2 = np.bincount(late.column("_kg").to_numpy())
+    assert held2 is not None and held2.sum() == 10
+    acct2 = _deferral(arrived2, held1, held2)
+    assert acct2["kg_work"] == {str(g): int(n) for g, n in enumerate(arrived) if n}
+    assert acct2["held_before"] == 40 and acct2["held_worked"] == 40
+    # a kernel that works on its input at once defers nothing
+    from eddyline.operators.dedup import DedupKernel
+
+    assert deferred_counts(DedupKernel.__new__(DedupKernel), res1.state) is None
