@@ -205,7 +205,7 @@ class DistributionManager:
         if not rescaled and step in self.balancers and series.shape[1] >= 2 and table.lanes > 1:
             recent = series[:, -c.balance.window:] if c.balance else series
             window = recent[:, -policies.since_shift(recent):]  # only what came after a shift of the hot set
-            ahead = self._ahead(step, recent, upcoming)
+            ahead, foreseen = self._ahead(step, recent, upcoming)
             if ahead is not None:
                 window = ahead[:, None]
             moves = self.balancers[step].decide(epoch, window, np.asarray(table.assignment), table.lanes)
@@ -214,7 +214,7 @@ class DistributionManager:
                 d = self._decision(epoch, step, "balance", table, mv, window,
                                    {"policy": c.balance.method if c.balance else "", "threshold": c.balance.threshold if c.balance else 0,
                                     "scores": {str(m.item): round(m.score, 3) for m in moves},
-                                    **({"lookahead": {"rows": int(upcoming.sum()),  # type: ignore[union-attr]
+                                    **({"lookahead": {**foreseen,
                                                       "note": "the coming epoch's work shifted: its input read ahead (and the held "
                                                               "input the watermark releases) x last epoch's ms per row worked on"}}
                                        if ahead is not None else {})})
@@ -259,7 +259,9 @@ class DistributionManager:
         return table, out
 
     # ------------------------------------------------------------------ helpers
-    def _ahead(self, step: str, recent: np.ndarray, upcoming: np.ndarray | None) -> np.ndarray | None:
+    def _ahead(
+        self, step: str, recent: np.ndarray, upcoming: np.ndarray | None
+    ) -> tuple[np.ndarray | None, dict[str, int]]:
         """The coming epoch's load per key group, when it has shifted (``since_shift``) from the
         ``recent`` epochs; otherwise None, and balancing looks at the measured epochs as usual.
 
@@ -267,17 +269,19 @@ class DistributionManager:
         work on at once, plus the input it held back that the watermark will release, each at
         the last epoch's shares: a kernel that holds rows until the watermark passes them works
         in this epoch on what arrived in the last one, so a shift of the input reaches its work
-        one epoch later. The estimate is priced at the last epoch's cost per row worked on."""
+        one epoch later. The estimate is priced at the last epoch's cost per row worked on. Also
+        returns what it foresaw, for the decision's explanation."""
         if upcoming is None or recent.shape[1] == 0 or upcoming.sum() <= 0:
-            return None
+            return None, {}
         last = self.history.latest(step)
         if last is None:
-            return None
+            return None, {}
         work = self.history.rows_series(step, 1, of="work")[:, -1]
         load = recent[:, -1]
         if work.sum() <= 0 or load.sum() <= 0:
-            return None
+            return None, {}
         upcoming = np.asarray(upcoming, dtype=float)
+        foreseen = {"rows": int(upcoming.sum())}
         if last.kg_work is None:  # the kernel works on its input as it arrives
             coming = upcoming
         else:
@@ -286,12 +290,13 @@ class DistributionManager:
             fresh = max(work.sum() - last.held_worked, 0.0) / max(last.input_rows, 1)
             released = last.held_worked / last.held_before if last.held_before else 1.0
             coming = min(fresh, 1.0) * upcoming + min(released, 1.0) * held
+            foreseen |= {"heldRows": int(held.sum()), "workRows": int(round(coming.sum()))}
         if coming.sum() <= 0:
-            return None
+            return None, {}
         ahead = coming * (load.sum() / work.sum())
         if policies.since_shift(np.column_stack([recent, ahead])) != 1:
-            return None
-        return ahead
+            return None, {}
+        return ahead, foreseen
 
     def _placement(self, policy: str, basis: np.ndarray, lanes: int) -> np.ndarray:
         if policy == "greedy":

@@ -257,6 +257,6 @@ def test_lookahead_waits_for_a_deferring_kernel_to_work_on_the_shifted_input() -
     # epoch 5 works on epoch 4's hot rows (held): the look-ahead moves now
     _, made = m.plan(5, "s", table, upcoming=hot)
     (d,) = made
-    assert d.kind == "balance" and "lookahead" in d.why
+    assert d.kind == "balance" and d.why["lookahead"]["heldRows"] == d.why["lookahead"]["workRows"] == int(hot.sum())
     assert all(src == 0 and dst == 1 for _, src, dst in d.action["moves"])
     assert d.expected["makespanMs"] < d.why["makespanMs"]
