@@ -9,7 +9,13 @@ Times Spark jobs over the adaptive benchmark's Parquet slices (two files, 400,00
 3. + ``mapInArrow`` with a function that receives every batch and returns nothing (the hand-off
    to Python, with no kernel), once with all 6 columns, once without the routing column (what
    the engine hands over since it drops that column after the shuffle), once with only 2;
-4. Spark's ``dropDuplicates`` with a watermark on the same files, as a batch job (the JVM
+4. a JVM pre-filter for a dedup, before the same shuffle and hand-off: each key's remembered
+   interval (10,000 keys, as the lanes' state would give it) joined as a broadcast table built
+   in the driver, the rows inside it dropped, and one row per key kept (``min_by`` on event
+   time, aggregated partially before its shuffle); once more without the broadcast (a lower
+   bound: an exact filter needs it, and would also have to pass every row of a key whose rows
+   span more than the ttl);
+5. Spark's ``dropDuplicates`` with a watermark on the same files, as a batch job (the JVM
    state-store dedup's work without its streaming bookkeeping).
 
 Usage: ``python bench/adaptive/arrow_handoff.py [--data DIR] [--repeat 6]``; ``DIR`` defaults to
@@ -75,6 +81,28 @@ def main() -> None:
     timed("read + shuffle + mapInArrow (drop), 6 columns", lambda: routed().mapInArrow(_drop, "offset long"))
     timed("  ... 5 columns (_route dropped after the shuffle)", lambda: routed().drop("_route").mapInArrow(_drop, "offset long"))
     timed("  ... 2 columns (key, _kg)", lambda: routed().select("key", "_kg").mapInArrow(_drop, "offset long"))
+    def first_per_key(rows: Any) -> Any:  # one row per key, then the engine's lane shuffle and hand-off
+        from pyspark.sql import functions as F
+
+        others = [c for c in schema.names if c != "key"]
+        first = rows.groupBy("key").agg(F.min_by(F.struct(*others), "_t").alias("r")).select("key", "r.*")
+        routed = (first.selectExpr("*", "CAST(pmod(xxhash64(key), 128) AS INT) AS _kg")
+                  .selectExpr("*", "element_at(array(0L, 1L), (_kg % 2) + 1) AS _route").repartition(2, "_route"))
+        return routed.drop("_route").mapInArrow(_drop, "offset long")
+
+    def prefiltered(remembered: bool) -> Any:
+        import pandas as pd
+        from pyspark.sql import functions as F
+
+        rows = read().withColumn("_t", F.expr("unix_millis(event_time)"))
+        if remembered:
+            keys = pd.DataFrame({"key": range(10_000), "_first_ms": 0, "_last_ms": 0})  # the lanes' intervals
+            rows = rows.join(F.broadcast(spark.createDataFrame(keys)), "key", "left").where(
+                "_first_ms IS NULL OR _t < _first_ms OR _t > _last_ms + 4000").drop("_first_ms", "_last_ms")
+        return first_per_key(rows)
+
+    timed("JVM pre-filter (remembered intervals + first per key) + shuffle + mapInArrow", lambda: prefiltered(True))
+    timed("  ... first per key only (lower bound)", lambda: prefiltered(False))
     timed("Spark dropDuplicates with watermark (batch)",
           lambda: read().withWatermark("event_time", "2 seconds").dropDuplicates(["key"]))
 
