@@ -63,16 +63,16 @@ class Kernel(Protocol):
     def process(self, batch: pa.Table, state: pa.Table, watermark_ms: int) -> KernelResult: ...
 
 
-def deferred_counts(kernel: Kernel, state: pa.Table) -> np.ndarray | None:
-    """Per key group (index = key group), the input rows ``state`` still holds back for a later
-    epoch; None when the kernel defers nothing (it has no ``deferred``)."""
+def deferred_counts(kernel: Kernel, state: pa.Table, key_groups: int) -> np.ndarray | None:
+    """Per key group (index = key group, ``key_groups`` long), the input rows ``state`` still
+    holds back for a later epoch; None when the kernel defers nothing (it has no ``deferred``)."""
     deferred = getattr(kernel, "deferred", None)
     if deferred is None:
         return None
     if not state.num_rows:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(key_groups, dtype=np.int64)
     mask = np.asarray(deferred(state), dtype=bool)
-    return np.bincount(state.column(KG).to_numpy(zero_copy_only=False)[mask], minlength=0).astype(np.int64)
+    return np.bincount(state.column(KG).to_numpy(zero_copy_only=False)[mask], minlength=key_groups).astype(np.int64)
 
 
 def changed_groups(*tables: pa.Table) -> list[int]:

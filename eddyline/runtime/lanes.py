@@ -146,24 +146,13 @@ def _warm_quietly(task: LaneTask, store: KeyGroupStore, lane: int) -> None:
         warm_other_lanes(task, store, lane)
 
 
-def _add_counts(a: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-    if b is None or not b.size:
-        return a
-    if b.size > a.size:
-        a, b = b, a
-    out = a.copy()
-    out[: b.size] += b
-    return out
-
-
 def _deferral(arrived: np.ndarray, before: np.ndarray, after: np.ndarray) -> dict[str, Any]:
     """The manifest's account of a deferring kernel's work, per key group: ``kg_work`` (rows
     worked on: arrived + held before - held after), ``kg_held`` (input held back for later), and
     the lane's totals of rows held before and of those worked on (a held row is older than any
     arriving one, so the watermark frees it first: the work of a group goes first to its held
     rows)."""
-    n = max(arrived.size, before.size, after.size)
-    a, b, c = (np.pad(x, (0, n - x.size)) for x in (arrived, before, after))
+    a, b, c = np.pad(arrived, (0, before.size - arrived.size)), before, after
     work = np.maximum(a + b - c, 0)
     return {
         "kg_work": {str(k): int(work[k]) for k in np.flatnonzero(work)},
@@ -261,8 +250,8 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     kg_state: dict[str, int] = {}
     # kernels that hold input back (deferred): rows held per key group before and after, so
     # the rows worked on per group = arrived + held before - held after
-    held_before = np.zeros(0, dtype=np.int64)
-    held_after = np.zeros(0, dtype=np.int64)
+    held_before = np.zeros(owners.size, dtype=np.int64)
+    held_after = np.zeros(owners.size, dtype=np.int64)
     defers = getattr(kernel, "deferred", None) is not None
     peak = dict(mem_in)
     if kgs.size:
@@ -281,9 +270,9 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         t_b = time.perf_counter()
         result = kernel.process(chunk, state, task.watermark_ms)
         t_c = time.perf_counter()
-        if defers:
-            held_before = _add_counts(held_before, deferred_counts(kernel, state))
-            held_after = _add_counts(held_after, deferred_counts(kernel, result.state))
+        if defers:  # key groups of every part lie in the routing table (checked on arrival)
+            held_before += deferred_counts(kernel, state, owners.size)
+            held_after += deferred_counts(kernel, result.state, owners.size)
         written = store.write(
             task.epoch,
             state_file_id(lane, part),

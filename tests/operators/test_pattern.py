@@ -545,16 +545,16 @@ def test_deferred_rows_are_the_input_the_watermark_has_not_passed() -> None:
     k = kernel()
     rows = make_rows(5, n=40, keys=4)
     first = table(rows)
-    arrived = np.bincount(first.column("_kg").to_numpy())
+    arrived = np.bincount(first.column("_kg").to_numpy(), minlength=5)
     res1 = k.process(first, k.empty_state(), NO_WATERMARK)  # nothing is behind the watermark
-    held1 = deferred_counts(k, res1.state)
+    held1 = deferred_counts(k, res1.state, 5)
     assert held1 is not None and held1.tolist() == arrived.tolist()
-    acct1 = _deferral(arrived, np.zeros(0, dtype=np.int64), held1)
+    acct1 = _deferral(arrived, np.zeros(5, dtype=np.int64), held1)
     assert acct1["kg_work"] == {} and sum(acct1["kg_held"].values()) == 40 and acct1["held_before"] == 0
     # the next epoch's watermark passes every row of the first one; its own rows come later
     late = table([(s, t + 100_000, p, v) for s, t, p, v in rows[:10]])
     res2 = k.process(late, res1.state, 60_000)
-    held2 = deferred_counts(k, res2.state)
+    held2 = deferred_counts(k, res2.state, 5)
     arrived2 = np.bincount(late.column("_kg").to_numpy())
     assert held2 is not None and held2.sum() == 10
     acct2 = _deferral(arrived2, held1, held2)
@@ -563,4 +563,4 @@ def test_deferred_rows_are_the_input_the_watermark_has_not_passed() -> None:
     # a kernel that works on its input at once defers nothing
     from eddyline.operators.dedup import DedupKernel
 
-    assert deferred_counts(DedupKernel.__new__(DedupKernel), res1.state) is None
+    assert deferred_counts(DedupKernel.__new__(DedupKernel), res1.state, 5) is None
