@@ -382,6 +382,7 @@ def run_eddyline(
                 "lane_share": load["laneShareOfMakespan"],
                 "lane_rows": op["customMetrics"]["laneInputRows"],
                 "lane_ms": op["customMetrics"]["laneMs"],
+                "lane_gc": op["customMetrics"].get("laneGc", []),
                 "state_rows": op["numRowsTotal"],
                 "cache_misses": op["customMetrics"].get("cacheMisses", 0),
                 "routing": r["routing"][step],

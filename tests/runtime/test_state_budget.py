@@ -80,3 +80,6 @@ def test_state_four_times_the_budget_stays_within_it(tmp_path: Path) -> None:
     last = records[-1]["stateOperators"][0]["customMetrics"]
     assert last["spilledBytes"] >= lane_state
     assert max(r["stateOperators"][0]["customMetrics"]["stateSlices"] for r in records) >= 8
+    # Each lane also reports the time its worker's garbage collector took.
+    assert sum(m["gc"]["collections"] for m in bounded) > 0
+    assert last["laneGc"] and all(g["ms"] >= 0 for g in last["laneGc"])
