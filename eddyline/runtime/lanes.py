@@ -82,10 +82,10 @@ def gc_clock() -> _GcClock:
     """This worker's collector clock, installed on first use (a worker runs many lanes' tasks).
 
     Measured on the tick pattern (20,000 rows a lane and epoch, objects made per row): the
-    collector took 11-29 ms of a lane's 500-720 ms kernel, and a full collection fell inside a
-    lane's task in about one epoch of ten: pyspark's daemon runs one after every task. So freezing
-    the worker's imported objects (``gc.freeze``), which makes full collections cheap, changed
-    nothing measurable, and nothing is frozen.
+    collector took a median 6-10 ms of a lane's epoch (its kernel: 400-960 ms), and a full
+    collection fell inside a lane's task in about one epoch of ten: pyspark's daemon runs one
+    after every task. So freezing the worker's imported objects (``gc.freeze``), which makes full
+    collections cheap, changed nothing measurable, and nothing is frozen (bench/RESULTS.md).
     """
     global _gc_clock
     if _gc_clock is None:
