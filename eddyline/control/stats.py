@@ -173,24 +173,20 @@ class LoadHistory:
         q = self._steps.get(step)
         return q[-1] if q else None
 
-    def series(self, step: str, last: int | None = None) -> np.ndarray:
-        """Load per key group (fragments folded onto their group) × epoch: shape (K, T)."""
-        loads = self.epochs(step)[-last:] if last else self.epochs(step)
-        out = np.zeros((self.key_groups, len(loads)))
-        for t, load in enumerate(loads):
-            for kg, v in load.kg_load.items():
-                out[kg % self.key_groups, t] += v
-        return out
-
-    def rows_series(self, step: str, last: int | None = None, of: str = "kg_rows") -> np.ndarray:
-        """Input rows per key group × epoch; ``of="work"``: the rows the kernel worked on,
-        ``of="kg_held"``: the input it held back at the end of each epoch."""
+    def series(self, step: str, last: int | None = None, of: str = "kg_load") -> np.ndarray:
+        """One per-key-group figure of the last epochs (fragments folded onto their group) ×
+        epoch, shape (K, T): ``of`` names the :class:`StepLoad` field, the load in ms by default."""
         loads = self.epochs(step)[-last:] if last else self.epochs(step)
         out = np.zeros((self.key_groups, len(loads)))
         for t, load in enumerate(loads):
             for kg, v in getattr(load, of).items():
                 out[kg % self.key_groups, t] += v
         return out
+
+    def rows_series(self, step: str, last: int | None = None, of: str = "kg_rows") -> np.ndarray:
+        """Input rows per key group × epoch; ``of="work"``: the rows the kernel worked on,
+        ``of="kg_held"``: the input it held back at the end of each epoch."""
+        return self.series(step, last, of)
 
     def correlations(self, step: str) -> np.ndarray:
         """Pearson coefficients between the key groups' load series (0 where one is constant)."""
