@@ -81,14 +81,17 @@ _gc_clock: _GcClock | None = None
 def gc_clock() -> _GcClock:
     """This worker's collector clock, installed on first use (a worker runs many lanes' tasks).
 
-    Measured on the tick pattern (20,000 rows a lane and epoch, objects made per row): the
-    collector took a median 6-10 ms of a lane's epoch (its kernel: 400-960 ms), and a full
-    collection fell inside a lane's task in about one epoch of ten: pyspark's daemon runs one
-    after every task. So freezing the worker's imported objects (``gc.freeze``), which makes full
-    collections cheap, changed nothing measurable, and nothing is frozen (bench/RESULTS.md).
+    On first use the worker's objects so far (the ~90,000 of the imported modules) are also
+    frozen out of the cyclic collector's view (``gc.freeze``, after a collection, so no garbage
+    is kept). pyspark's daemon runs a full collection after every task; walking those objects
+    took 55 ms of CPU per lane and epoch, on a machine whose two cores the next epoch's JVM
+    work is waiting for, and takes under 1 ms once they are frozen. Inside a lane's own task
+    the collector was never the cost: a median 6-10 ms on the tick pattern (bench/RESULTS.md).
     """
     global _gc_clock
     if _gc_clock is None:
+        gc.collect()
+        gc.freeze()
         _gc_clock = _GcClock()
         gc.callbacks.append(_gc_clock)
     return _gc_clock

@@ -24,6 +24,10 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Spark checks an Arrow batch's size in bytes after every row it hands to Python, unless
+    # this is exactly Int.MaxValue; the check took half the time of handing rows to the lanes
+    # (bench/RESULTS.md). Batches stay bounded by maxRecordsPerBatch (10,000 rows).
+    "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647b",
     "spark.python.worker.reuse": "true",
     "spark.driver.memory": "2g",
     "spark.sql.sources.partitionOverwriteMode": "static",

@@ -1,4 +1,6 @@
-"""A lane's Python worker times its garbage collector (``gc`` in the lanes' manifests).
+"""A lane's Python worker times its garbage collector (``gc`` in the lanes' manifests), and
+freezes the objects it imported so that the full collection pyspark's daemon runs after every
+task does not walk them again.
 
 Run in a fresh interpreter: the clock is installed once per process, and the test must see the
 first call.
@@ -11,14 +13,21 @@ import subprocess
 import sys
 
 PROBE = """
-import gc, json
+import gc, json, weakref
 from eddyline.runtime.lanes import gc_clock
 
+before = gc.get_freeze_count()
 clock = gc_clock()
 installed = gc.callbacks.count(clock)
+frozen = gc.get_freeze_count()
 
 class Node:
     pass
+
+later = Node()  # made after the freeze: a cycle of it is still collected
+later.me = later
+gone = weakref.ref(later)
+del later
 
 for _ in range(3):
     cycle = Node()
@@ -29,6 +38,8 @@ gc.collect()
 young = [Node() for _ in range(5000)]  # sets off collections of the youngest generation
 again = gc_clock()
 print(json.dumps({
+    "before": before, "frozen": frozen, "frozen_after": gc.get_freeze_count(),
+    "later_collected": gone() is None,
     "installed": installed, "collections": clock.collections, "full": clock.full,
     "seconds": clock.seconds, "same_clock": again is clock, "callbacks": gc.callbacks.count(clock),
 }))
@@ -46,3 +57,7 @@ def test_a_worker_times_its_collections_with_one_clock() -> None:
     assert got["seconds"] > 0, got
     # the next task in a reused worker gets the same clock, not a second callback
     assert got["same_clock"] and got["callbacks"] == 1, got
+    # the imported modules' objects are frozen once, on first use; later garbage is still collected
+    assert got["before"] == 0 and got["frozen"] > 10_000, got
+    assert got["frozen_after"] == got["frozen"], got
+    assert got["later_collected"], got

@@ -1,0 +1,17 @@
+"""The settings the engine's speed and correctness rest on reach the JVM's session."""
+
+from __future__ import annotations
+
+INT_MAX = 2**31 - 1
+
+
+def test_the_lane_shuffle_is_not_coalesced(spark) -> None:
+    conf = spark._jsparkSession.sessionState().conf()
+    assert not conf.adaptiveExecutionEnabled()
+
+
+def test_rows_reach_python_without_a_size_check_per_row(spark) -> None:
+    # Spark skips its per-row Arrow size check only when the limit is exactly Int.MaxValue
+    conf = spark._jsparkSession.sessionState().conf()
+    assert conf.arrowMaxBytesPerBatch() == INT_MAX
+    assert 0 < conf.arrowMaxRecordsPerBatch() <= 10_000
