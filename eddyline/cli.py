@@ -6,6 +6,7 @@ Exit codes: 0 success, 2 invalid spec (nothing ran), 3 checkpoint does not fit, 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 from importlib import resources
@@ -159,9 +160,18 @@ def demo(
 
     text = resources.files("eddyline").joinpath("examples/demo.yaml").read_text(encoding="utf-8")
     raw = yaml.safe_load(text)
+    ours = [Path(out) / "checkpoint", Path(out) / "progress.jsonl"]
     for sink in raw["sinks"]:
         if "files" in sink:
             sink["files"]["path"] = str(Path(out) / sink["files"]["path"])
+            ours.append(Path(sink["files"]["path"]))
+    # A demo starts afresh: resuming an old demo's checkpoint would make its paced generator
+    # catch up on every event since then in the first epoch. Only what a demo writes goes.
+    for path in ours:
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
     Path(out).mkdir(parents=True, exist_ok=True)
     spec_path = Path(out) / "demo.yaml"
     spec_path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")

@@ -258,7 +258,11 @@ class EpochCompiler:
             if col not in df.columns:
                 raise SpecError(f"step '{step.name}': time: unknown column '{col}'; input has {', '.join(df.columns)}")
             obs = Observation(f"e{epoch}-step-{step.name}-{i}")
-            observed.append(df.observe(obs, F.expr(f"max(CAST(floor(unix_micros(CAST(`{col}` AS TIMESTAMP)) / 1000) AS BIGINT))").alias("max_t")))
+            # An observation is evaluated row by row outside Spark's generated code: the rows pay
+            # only for max(); the conversion to milliseconds (monotonic, so it commutes with max)
+            # runs once. Converting every row cost 25-30 ms of a 400,000-row epoch.
+            max_t = f"CAST(floor(unix_micros(max(CAST(`{col}` AS TIMESTAMP))) / 1000) AS BIGINT)"
+            observed.append(df.observe(obs, F.expr(max_t).alias("max_t")))
             out.observations[f"step:{step.name}:{i}"] = obs
         return observed
 
