@@ -5,14 +5,26 @@ since then in one epoch."""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
+
+import pytest
 
 
 def _batches(out: Path) -> list[int]:
     return [json.loads(line)["batchId"] for line in (out / "progress.jsonl").read_text().splitlines()]
 
 
-def test_a_second_demo_starts_afresh(spark, tmp_path: Path) -> None:
+@pytest.fixture
+def own_signal_handlers():
+    """The CLI turns SIGINT / SIGTERM into "stop after this epoch"; give pytest its own back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def test_a_second_demo_starts_afresh(spark, tmp_path: Path, own_signal_handlers) -> None:
     from eddyline import cli
 
     cli.demo(duration=3, out=str(tmp_path), master=None)
