@@ -12,6 +12,7 @@ stages and publishes the same rows again.
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -98,11 +99,25 @@ class FilesSink(Sink):
 
 
 def write_frame(df: DataFrame, target: FilesTarget, epoch: int) -> None:
+    """Write ``df`` as the epoch's staged output, replacing whatever an earlier attempt staged."""
     fmt = target.files.format
-    writer = df.write.mode("overwrite")
+    path = target.staging(epoch)
+    writer = df.write
     if fmt == "csv":
         writer = writer.option("header", "true")
-    writer.format(fmt).save(target.spark_uri(target.staging(epoch)))
+    if isinstance(target.fs, pafs.LocalFileSystem):
+        # Hadoop's local file system (without its native library) forks a `chmod` for every
+        # directory it creates, about 5 ms each; a job's commit protocol creates three before
+        # the job starts (the output, `_temporary`, `_temporary/0`) and one more in the first
+        # task. Created here they cost ~0.1 ms each and Hadoop finds them present. The job's
+        # commit removes `_temporary` with everything in it. Overwriting would delete them
+        # again, so the earlier attempt's output is removed here and the job appends.
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(f"{path}/_temporary/0/_temporary")
+        writer = writer.mode("append")
+    else:
+        writer = writer.mode("overwrite")
+    writer.format(fmt).save(target.spark_uri(path))
 
 
 class ConsoleSink(Sink):

@@ -32,6 +32,10 @@ DEFAULT_CONF: dict[str, str] = {
     # The JVM and the Python workers talk over a Unix domain socket instead of TCP on
     # localhost: over TCP each direction of a task's hand-off stalled ~40 ms (delayed ACKs).
     "spark.python.unix.domain.socket.enabled": "true",
+    # Local files through Hadoop's raw local file system: the default (checksummed) one writes a
+    # `.crc` file beside every file and checks for one on every read, about 25 ms of a small
+    # epoch's Parquet write (bench/RESULTS.md).
+    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     "spark.driver.memory": "2g",
     "spark.sql.sources.partitionOverwriteMode": "static",
     "spark.speculation": "false",

@@ -15,3 +15,9 @@ def test_rows_reach_python_without_a_size_check_per_row(spark) -> None:
     conf = spark._jsparkSession.sessionState().conf()
     assert conf.arrowMaxBytesPerBatch() == INT_MAX
     assert 0 < conf.arrowMaxRecordsPerBatch() <= 10_000
+
+
+def test_local_files_go_through_the_raw_local_file_system(spark) -> None:
+    # the checksummed default writes a .crc beside every file Spark writes locally
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    assert hadoop.get("fs.file.impl") == "org.apache.hadoop.fs.RawLocalFileSystem"
