@@ -206,8 +206,9 @@ def _deferral(arrived: np.ndarray, before: np.ndarray, after: np.ndarray) -> dic
 def heavy_hitters(
     partials: pa.Table, kgs: np.ndarray, counts: np.ndarray, key_columns: tuple[str, ...], top: int = 2
 ) -> list[dict[str, object]]:
-    """The most frequent key in each of the lane's busiest key groups (rows sorted by ``_kg``)."""
-    if not key_columns or not kgs.size:
+    """The most frequent key in each of the lane's busiest key groups (``kgs``: each row's)."""
+    names = [c for c in key_columns if c in partials.column_names]
+    if not names or not kgs.size:
         return []
     import pyarrow.compute as pc
 
@@ -215,11 +216,8 @@ def heavy_hitters(
     for kg in np.argsort(counts, kind="stable")[::-1][:top]:
         if counts[kg] == 0:
             break
-        lo = int(np.searchsorted(kgs, kg, "left"))
-        rows = partials.slice(lo, int(counts[kg]))
-        cols = [rows.column(c) for c in key_columns if c in rows.column_names]
-        if not cols:
-            break
+        mine = pa.array(kgs == kg)
+        cols = [partials.column(c).filter(mine) for c in names]
         key = pc.coalesce(*cols) if len(cols) > 1 else cols[0]
         vc = pc.value_counts(key)
         n = vc.field("counts").to_numpy()
@@ -297,7 +295,9 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     held_after = np.zeros(owners.size, dtype=np.int64)
     defers = getattr(kernel, "deferred", None) is not None
     peak = dict(mem_in)
-    if kgs.size:
+    if len(work) > 1:
+        # slices are ranges of key groups: sort the rows by key group to cut them out. Kernels
+        # do not depend on arrival order, so one slice skips the sort (~11 ms per 200,000 rows).
         order = np.argsort(kgs, kind="stable")
         partials = partials.take(order)
         kgs = kgs[order]
