@@ -49,13 +49,36 @@ class StepRun:
     bytes_per_row: float = 0.0
 
 
+@dataclass(frozen=True)
+class SharedObservation:
+    """One field of another observation, read under the name its reader expects: a step that
+    reads a source as it is shares the source's observation instead of adding its own."""
+
+    of: Observation
+    field: str
+    name: str = "max_t"
+
+    @property
+    def get(self) -> dict[str, Any]:
+        return {self.name: self.of.get.get(self.field)}
+
+
+def max_event_ms(col: str) -> str:
+    """SQL aggregate: the newest value of ``col`` in epoch milliseconds.
+
+    An observation is evaluated row by row outside Spark's generated code: the rows pay only
+    for max(); the conversion to milliseconds (monotonic, so it commutes with max) runs once.
+    Converting every row cost about 20 ms of JVM CPU per 400,000-row epoch."""
+    return f"CAST(floor(unix_micros(max(CAST(`{col}` AS TIMESTAMP))) / 1000) AS BIGINT)"
+
+
 @dataclass
 class EpochFrames:
     nodes: dict[str, DataFrame] = field(default_factory=dict)
     #: per (step, input): the rows shed there (only when a shed sink is configured)
     shed: dict[str, DataFrame] = field(default_factory=dict)
     #: per source: rows; per stateful step: rows in, max event time, late rows
-    observations: dict[str, Observation] = field(default_factory=dict)
+    observations: dict[str, Observation | SharedObservation] = field(default_factory=dict)
     dead_letters: dict[str, DataFrame] = field(default_factory=dict)
     late: dict[str, DataFrame] = field(default_factory=dict)
 
@@ -100,6 +123,8 @@ class EpochCompiler:
         self.tables = LookupTables(spec, checkpoint)
         self._table_versions: dict[str, dict[str, Any]] = {}
         self._heartbeats: dict[tuple[Any, ...], DataFrame] = {}
+        #: per source, this epoch: its frame, its observation and the time columns observed there
+        self._shared: dict[str, tuple[DataFrame, Observation, dict[str, str]]] = {}
 
     def build(
         self,
@@ -118,6 +143,17 @@ class EpochCompiler:
 
         self._table_versions = tables or {}
         out = EpochFrames()
+        # Event-time columns that stateful steps read straight from a source: the source's
+        # observation also takes their newest value. Each observation is a node that every row
+        # passes through outside Spark's generated code; one instead of two saved about 45 ms
+        # of JVM CPU per 400,000-row epoch of the dedup benchmark (bench/RESULTS.md).
+        direct: dict[str, list[str]] = {}
+        for step in self.spec.steps:
+            if step.stateful and step.window_aggregate is None:
+                for name, col in zip(step.inputs, step.time_columns(), strict=True):
+                    if col is not None and name in self.sources and col not in direct.get(name, []):
+                        direct.setdefault(name, []).append(col)
+        self._shared = {}
         for src in self.spec.sources:
             count_bad = None
             if observe:
@@ -131,8 +167,17 @@ class EpochCompiler:
             df = frames.data
             if observe:
                 obs = Observation(f"e{epoch}-src-{src.name}")
-                df = df.observe(obs, F.count(F.lit(1)).alias("rows"))
+                have = df.columns if src.name in direct else []
+                newest = {c: f"max_t_{j}" for j, c in enumerate(c for c in direct.get(src.name, []) if c in have)}
+                rows = F.count(F.lit(1)).alias("rows")
+                try:
+                    df = df.observe(obs, rows, *[F.expr(max_event_ms(c)).alias(a) for c, a in newest.items()])
+                except Exception:  # a column that is no time: the step's own observation says so
+                    newest = {}
+                    obs = Observation(f"e{epoch}-src-rows-{src.name}")  # an observation is used once
+                    df = df.observe(obs, rows)
                 out.observations[f"source:{src.name}"] = obs
+                self._shared[src.name] = (df, obs, newest)
             out.nodes[src.name] = df
             if frames.dead_letters is not None:
                 out.dead_letters[src.name] = frames.dead_letters
@@ -255,14 +300,16 @@ class EpochCompiler:
             if col is None:
                 observed.append(df)
                 continue
+            shared = self._shared.get(step.inputs[i])
+            if shared is not None and shared[0] is df and col in shared[2]:
+                # the source's rows, as they are (not shed): its observation has the newest time
+                out.observations[f"step:{step.name}:{i}"] = SharedObservation(shared[1], shared[2][col])
+                observed.append(df)
+                continue
             if col not in df.columns:
                 raise SpecError(f"step '{step.name}': time: unknown column '{col}'; input has {', '.join(df.columns)}")
             obs = Observation(f"e{epoch}-step-{step.name}-{i}")
-            # An observation is evaluated row by row outside Spark's generated code: the rows pay
-            # only for max(); the conversion to milliseconds (monotonic, so it commutes with max)
-            # runs once. Converting every row cost about 20 ms of JVM CPU per 400,000-row epoch.
-            max_t = f"CAST(floor(unix_micros(max(CAST(`{col}` AS TIMESTAMP))) / 1000) AS BIGINT)"
-            observed.append(df.observe(obs, F.expr(max_t).alias("max_t")))
+            observed.append(df.observe(obs, F.expr(max_event_ms(col)).alias("max_t")))
             out.observations[f"step:{step.name}:{i}"] = obs
         return observed
 
