@@ -72,7 +72,7 @@ def test_key_group_counts_in_numpy_equal_the_key_groups_spark_computes(spark):
         "s": pa.array([str(x) for x in rng.integers(0, 9, n)]),
     })
     df = spark.createDataFrame(table.to_pandas().astype({"a": "Int64", "b": "Int64"}))
-    for keys in (("a",), ("a", "b")):
+    for keys in (("a",), ("b",), ("a", "b")):  # b repeats: 50 values and null
         sql = EpochCompiler._key_group(None, keys, groups)  # type: ignore[arg-type]
         spark_counts = np.zeros(groups, dtype=np.int64)
         for row in df.selectExpr(f"{sql} AS kg").groupBy("kg").count().collect():
