@@ -31,7 +31,6 @@ from eddyline.runtime.lanes import LaneTask, run_lane
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation, SparkSession
 
-ROUTE = "_route"
 EVENT_MS = "_t"
 LATE = "_late"
 
@@ -554,19 +553,21 @@ class EpochCompiler:
                 *[
                     F.expr("CAST(-1 - id AS INT)").alias(KG) if f.name == KG else F.lit(None).cast(f.dataType).alias(f.name)
                     for f in columns
-                ],
-                F.expr(f"element_at(array({lane_routes}), CAST(id AS INT) + 1)").alias(ROUTE),
+                ]
             )
             self._heartbeats[beat_key] = heartbeats
-        # The routing column is dropped after the shuffle: every column handed to Python costs
-        # the JVM's Arrow conversion time per row (bench/adaptive/arrow_handoff.py: 15-45 ms an
-        # epoch of 400,000 rows for this one, over four measurements).
-        routed = (
-            keyed.selectExpr(*[f"`{f.name}`" for f in columns], f"element_at(array({routes}), {KG} + 1) AS {ROUTE}")
-            .union(heartbeats)
-            .repartition(lanes, ROUTE)
-            .drop(ROUTE)
+        # Rows are shuffled on their routing value, computed in the shuffle's partitioning
+        # expression: a value Spark's hash sends to the key group's lane (a heartbeat: to its
+        # lane). No column carries it, so none is handed to Python (every column costs the JVM's
+        # Arrow conversion per row: bench/adaptive/arrow_handoff.py), and no projection adds or
+        # drops it (each costs an analysis round in the driver).
+        route = (
+            f"CASE WHEN {KG} >= 0 THEN element_at(array({routes}), {KG} + 1) "
+            f"ELSE element_at(array({lane_routes}), -{KG}) END"
         )
+        if [f.name for f in columns] != keyed.columns:
+            keyed = keyed.select(*[f"`{f.name}`" for f in columns])
+        routed = keyed.union(heartbeats).repartition(lanes, F.expr(route))
         task = LaneTask(
             step=step,
             epoch=epoch,

@@ -82,5 +82,5 @@ def test_explain_shows_jvm_steps_kernels_and_lanes(spark, tmp_path: Path) -> Non
     text = explain(spec, 3, spark)
     assert "filter  price >= 100   [Spark SQL, JVM]" in text
     assert "lane 0 ← key groups 0–10" in text and "lane 2 ← key groups 22–31" in text
-    assert "MapInArrow" in text and "Exchange hashpartitioning(_route" in text
+    assert "MapInArrow" in text and "Exchange hashpartitioning(CASE WHEN (_kg" in text  # the routing value
     assert "HashAggregate" in text  # partial aggregation before the lane shuffle
