@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from eddyline.api.spec import Files, Generator, Nexmark, SourceSpec
@@ -35,6 +36,29 @@ BadCounter = Callable[["DataFrame"], "DataFrame"] | None
 class Frames:
     data: DataFrame
     dead_letters: DataFrame | None = None
+    #: the Parquet footers of the files ``data`` reads as they are (no declared schema), if any
+    footers: list[Any] | None = None
+
+    def facts(self, time_columns: list[str]) -> dict[str, Any] | None:
+        """What observing ``data`` would find, read from the footers before anything runs: its
+        rows (``rows``) and the newest value of each of ``time_columns`` in epoch ms
+        (``max_t:<column>``; None when all are null). None unless every value is exact there:
+        the files' row counts, and INT64 timestamps in milli- or microseconds adjusted to UTC
+        (what Spark reads as TIMESTAMP) with min/max statistics in every row group that has a
+        non-null value."""
+        if self.footers is None:
+            return None
+        out: dict[str, Any] = {"rows": sum(m.num_rows for m in self.footers)}
+        for col in time_columns:
+            newest = None
+            for meta in self.footers:
+                found = _newest_ms(meta, col)
+                if found is False:
+                    return None
+                if found is not None:
+                    newest = found if newest is None else max(newest, found)
+            out[f"max_t:{col}"] = newest
+        return out
 
 
 @dataclass
@@ -131,22 +155,24 @@ class FilesSource(Source):
     def available(self, elapsed_s: float) -> int:
         return len(self._listing())
 
-    def _read_parquet(self, spark: SparkSession, fs: pafs.FileSystem, paths: list[str]) -> DataFrame:
+    def _read_parquet(self, spark: SparkSession, fs: pafs.FileSystem, paths: list[str]) -> tuple[DataFrame, list[Any] | None]:
         """``spark.read.parquet`` infers the schema from the files' footers, a JVM round of 60-120
         ms per epoch. The schema Spark inferred for the first read is kept with the footer schema
         it came from; a later read whose files all have that footer schema (read here with
-        pyarrow, well under a millisecond per file) passes it to the reader instead."""
+        pyarrow, well under a millisecond per file) passes it to the reader instead. Returns the
+        frame and the footers (None if pyarrow could not read them all)."""
         try:
-            footers = [_footer_schema(fs, x) for x in paths]
-            same = all(f.equals(footers[0]) for f in footers[1:])
-        except (OSError, ValueError):  # unreadable here: let Spark read and report it
-            footers, same = [], False
-        if self._schemas is not None and same and footers[0].equals(self._schemas[0]):
-            return spark.read.schema(self._schemas[1]).parquet(*paths)
+            footers = [_footer(fs, x) for x in paths]
+            schemas = [f.schema.to_arrow_schema() for f in footers]
+            same = all(f.equals(schemas[0]) for f in schemas[1:])
+        except (OSError, ValueError, pa.ArrowException):  # unreadable here: let Spark read and report it
+            footers, schemas, same = None, [], False
+        if self._schemas is not None and same and schemas[0].equals(self._schemas[0]):
+            return spark.read.schema(self._schemas[1]).parquet(*paths), footers
         df = spark.read.parquet(*paths)
         if same:
-            self._schemas = (footers[0], df.schema)
-        return df
+            self._schemas = (schemas[0], df.schema)
+        return df, footers
 
     def batch_limit(self) -> int:
         return self.spec.max_rows_per_epoch or self.params.max_files_per_epoch or 2**62
@@ -155,7 +181,6 @@ class FilesSource(Source):
         """Parquet files without a declared schema: the key columns of the slice's files, read
         with pyarrow (a few ms for a few hundred thousand keys). Anything unreadable: None, and
         Spark reads and reports it when the epoch runs."""
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
         p = self.params
@@ -192,12 +217,13 @@ class FilesSource(Source):
         paths = [f"{base}/{n}" for n in planned.get("files", [])]
         if p.format == "parquet":
             if paths:
-                df = self._read_parquet(spark, fs, paths)
+                df, footers = self._read_parquet(spark, fs, paths)
                 if p.schema_:
                     df = df.select(
                         *[F.col(f.name).cast(f.dataType) for f in _ddl_struct(spark, p.schema_)]
                     )
-                return Frames(df)
+                    footers = None  # the footers describe the files, not the cast columns
+                return Frames(df, footers=footers)
             if not p.schema_:
                 known = self._listing()
                 if not known:
@@ -225,11 +251,41 @@ class FilesSource(Source):
         return Frames(data, dead)
 
 
-def _footer_schema(fs: pafs.FileSystem, path: str) -> Any:
+def _footer(fs: pafs.FileSystem, path: str) -> Any:
     import pyarrow.parquet as pq
 
     with fs.open_input_file(path) as f:
-        return pq.read_schema(f)
+        return pq.read_metadata(f)
+
+
+_TO_MS = {"milliseconds": 1, "microseconds": 1000}
+
+
+def _newest_ms(meta: Any, col: str) -> int | None | bool:
+    """The largest value of top-level column ``col`` in one Parquet file, in epoch ms (None: no
+    non-null value), or False when the footer cannot say exactly (see :meth:`Frames.facts`)."""
+    import json
+
+    schema = meta.schema
+    i = next((j for j in range(len(schema)) if schema.column(j).path == col), None)
+    if i is None or schema.column(i).physical_type != "INT64":
+        return False
+    logical = json.loads(schema.column(i).logical_type.to_json())
+    if logical.get("Type") != "Timestamp" or not logical.get("isAdjustedToUTC"):
+        return False
+    per_ms = _TO_MS.get(logical.get("timeUnit", ""))
+    if per_ms is None:
+        return False
+    newest = None
+    for r in range(meta.num_row_groups):
+        chunk = meta.row_group(r).column(i)
+        stats = chunk.statistics
+        if stats is not None and stats.has_min_max:
+            value = int(stats.max_raw) // per_ms  # floor, as the observation's floor(micros / 1000)
+            newest = value if newest is None else max(newest, value)
+        elif not (stats is not None and stats.has_null_count and stats.null_count == chunk.num_values):
+            return False  # values without statistics
+    return newest
 
 
 def _fs(path: str) -> tuple[pafs.FileSystem, str]:

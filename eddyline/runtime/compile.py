@@ -49,11 +49,22 @@ class StepRun:
 
 
 @dataclass(frozen=True)
+class Known:
+    """What an observation would find, known before the epoch runs (see ``Frames.facts``)."""
+
+    values: dict[str, Any]
+
+    @property
+    def get(self) -> dict[str, Any]:
+        return self.values
+
+
+@dataclass(frozen=True)
 class SharedObservation:
     """One field of another observation, read under the name its reader expects: a step that
     reads a source as it is shares the source's observation instead of adding its own."""
 
-    of: Observation
+    of: Observation | Known
     field: str
     name: str = "max_t"
 
@@ -77,7 +88,7 @@ class EpochFrames:
     #: per (step, input): the rows shed there (only when a shed sink is configured)
     shed: dict[str, DataFrame] = field(default_factory=dict)
     #: per source: rows; per stateful step: rows in, max event time, late rows
-    observations: dict[str, Observation | SharedObservation] = field(default_factory=dict)
+    observations: dict[str, Observation | Known | SharedObservation] = field(default_factory=dict)
     dead_letters: dict[str, DataFrame] = field(default_factory=dict)
     late: dict[str, DataFrame] = field(default_factory=dict)
 
@@ -123,7 +134,7 @@ class EpochCompiler:
         self._table_versions: dict[str, dict[str, Any]] = {}
         self._heartbeats: dict[tuple[Any, ...], DataFrame] = {}
         #: per source, this epoch: its frame, its observation and the time columns observed there
-        self._shared: dict[str, tuple[DataFrame, Observation, dict[str, str]]] = {}
+        self._shared: dict[str, tuple[DataFrame, Observation | Known, dict[str, str]]] = {}
 
     def build(
         self,
@@ -164,7 +175,13 @@ class EpochCompiler:
 
             frames = self.sources[src.name].frames(self.spark, source_slices[src.name], lanes, count_bad)
             df = frames.data
-            if observe:
+            known = frames.facts(direct.get(src.name, [])) if observe else None
+            if known is not None:
+                # a Parquet slice's footers have its rows and newest times: nothing to observe
+                facts = Known(known)
+                out.observations[f"source:{src.name}"] = facts
+                self._shared[src.name] = (df, facts, {c: f"max_t:{c}" for c in direct.get(src.name, [])})
+            elif observe:
                 obs = Observation(f"e{epoch}-src-{src.name}")
                 have = df.columns if src.name in direct else []
                 newest = {c: f"max_t_{j}" for j, c in enumerate(c for c in direct.get(src.name, []) if c in have)}

@@ -1,5 +1,6 @@
 """What an epoch observes on its way (source rows, the newest event time a step has seen) is right
-whether the step reads its source directly (one shared observation) or through other steps."""
+whether the step reads its source directly (one shared observation, or the Parquet footers when
+they say it exactly) or through other steps (an observation of its own)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,20 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from eddyline.api.validate import load_spec
-from eddyline.runtime.compile import SharedObservation
+from eddyline.runtime.compile import Known, SharedObservation
 from eddyline.runtime.engine import Engine
 from eddyline.runtime.log import Checkpoint
 
 T0 = 1_767_225_600_000  # 2026-01-01, ms
 
 
-def test_a_step_reading_its_source_directly_shares_the_sources_observation(spark, tmp_path: Path) -> None:
+@pytest.mark.parametrize("tz", [None, "UTC"])
+def test_a_step_reading_its_source_directly_shares_the_sources_observation(spark, tmp_path: Path, tz) -> None:
+    """Timestamps adjusted to UTC (``tz``): the footers' statistics say the newest time, and
+    nothing is observed in Spark; naive ones: Spark observes the source once, for both."""
     data = tmp_path / "in"
     data.mkdir()
     rng = np.random.default_rng(5)
@@ -26,7 +31,7 @@ def test_a_step_reading_its_source_directly_shares_the_sources_observation(spark
         ms = T0 + f * 3_000 + rng.integers(0, 3_000, 500)
         newest.append(int(ms.max()))
         pq.write_table(pa.table({"key": pa.array(rng.integers(0, 50, 500), pa.int64()),
-                                 "t": pa.array(ms.astype("datetime64[ms]"), pa.timestamp("ms"))}),
+                                 "t": pa.array(ms.astype("datetime64[ms]"), pa.timestamp("ms", tz=tz))}),
                        str(data / f"{f:03d}.parquet"))
 
     def run(name: str, through_filter: bool) -> tuple[list[list[int]], list[str], list[int]]:
@@ -45,7 +50,9 @@ def test_a_step_reading_its_source_directly_shares_the_sources_observation(spark
 
         def spy(*args, **kwargs):
             frames = build(*args, **kwargs)
-            kinds.append(type(frames.observations["step:firsts:0"]).__name__)
+            step, source = frames.observations["step:firsts:0"], frames.observations["source:events"]
+            kinds.append(type(step).__name__ + ("/" + type(step.of).__name__ if hasattr(step, "of") else ""))
+            kinds.append("source " + type(source).__name__)
             return frames
 
         engine.compiler.build = spy  # type: ignore[method-assign]
@@ -55,8 +62,10 @@ def test_a_step_reading_its_source_directly_shares_the_sources_observation(spark
 
     direct, kinds, out = run("direct", through_filter=False)
     filtered, other_kinds, other_out = run("filtered", through_filter=True)
-    assert kinds == [SharedObservation.__name__] * 3
-    assert set(other_kinds) == {"Observation"}
+    shared = f"{SharedObservation.__name__}/{Known.__name__ if tz else 'Observation'}"
+    assert kinds == [shared, f"source {Known.__name__ if tz else 'Observation'}"] * 3
+    # through a filter the step observes its own input; the source's rows are in the footers
+    assert set(other_kinds) == {"Observation", f"source {Known.__name__}"}
     # the newest event time after each epoch, in ms, both ways
     assert direct == filtered == [[newest[0]], [max(newest[:2])], [max(newest)]]
     assert out == other_out and sum(out) > 0
