@@ -13,6 +13,7 @@ A replay of the plan therefore reads exactly the same rows.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -264,8 +265,6 @@ _TO_MS = {"milliseconds": 1, "microseconds": 1000}
 def _newest_ms(meta: Any, col: str) -> int | None | bool:
     """The largest value of top-level column ``col`` in one Parquet file, in epoch ms (None: no
     non-null value), or False when the footer cannot say exactly (see :meth:`Frames.facts`)."""
-    import json
-
     schema = meta.schema
     i = next((j for j in range(len(schema)) if schema.column(j).path == col), None)
     if i is None or schema.column(i).physical_type != "INT64":

@@ -133,7 +133,20 @@ class EpochCompiler:
         self.tables = LookupTables(spec, checkpoint)
         self._table_versions: dict[str, dict[str, Any]] = {}
         self._heartbeats: dict[tuple[Any, ...], DataFrame] = {}
-        #: per source, this epoch: its frame, its observation and the time columns observed there
+        # Event-time columns that stateful steps read straight from a source: the source's
+        # observation also takes their newest value. Each observation is a node that every row
+        # passes through outside Spark's generated code; one instead of two saved about 45 ms
+        # of JVM CPU per 400,000-row epoch of the dedup benchmark (bench/RESULTS.md).
+        self._direct_times: dict[str, list[str]] = {}
+        for step in spec.steps:
+            if step.stateful and step.window_aggregate is None:
+                for name, col in zip(step.inputs, step.time_columns(), strict=True):
+                    if col is not None and name in sources:
+                        times = self._direct_times.setdefault(name, [])
+                        if col not in times:
+                            times.append(col)
+        #: per source, this epoch: its frame, its observation and, per time column observed
+        #: there, the observation's field holding its newest value
         self._shared: dict[str, tuple[DataFrame, Observation | Known, dict[str, str]]] = {}
 
     def build(
@@ -153,16 +166,6 @@ class EpochCompiler:
 
         self._table_versions = tables or {}
         out = EpochFrames()
-        # Event-time columns that stateful steps read straight from a source: the source's
-        # observation also takes their newest value. Each observation is a node that every row
-        # passes through outside Spark's generated code; one instead of two saved about 45 ms
-        # of JVM CPU per 400,000-row epoch of the dedup benchmark (bench/RESULTS.md).
-        direct: dict[str, list[str]] = {}
-        for step in self.spec.steps:
-            if step.stateful and step.window_aggregate is None:
-                for name, col in zip(step.inputs, step.time_columns(), strict=True):
-                    if col is not None and name in self.sources and col not in direct.get(name, []):
-                        direct.setdefault(name, []).append(col)
         self._shared = {}
         for src in self.spec.sources:
             count_bad = None
@@ -175,16 +178,17 @@ class EpochCompiler:
 
             frames = self.sources[src.name].frames(self.spark, source_slices[src.name], lanes, count_bad)
             df = frames.data
-            known = frames.facts(direct.get(src.name, [])) if observe else None
+            times = self._direct_times.get(src.name, [])
+            known = frames.facts(times) if observe else None
             if known is not None:
                 # a Parquet slice's footers have its rows and newest times: nothing to observe
                 facts = Known(known)
                 out.observations[f"source:{src.name}"] = facts
-                self._shared[src.name] = (df, facts, {c: f"max_t:{c}" for c in direct.get(src.name, [])})
+                self._shared[src.name] = (df, facts, {c: f"max_t:{c}" for c in times})
             elif observe:
                 obs = Observation(f"e{epoch}-src-{src.name}")
-                have = df.columns if src.name in direct else []
-                newest = {c: f"max_t_{j}" for j, c in enumerate(c for c in direct.get(src.name, []) if c in have)}
+                have = df.columns if times else []
+                newest = {c: f"max_t:{c}" for c in times if c in have}
                 rows = F.count(F.lit(1)).alias("rows")
                 try:
                     df = df.observe(obs, rows, *[F.expr(max_event_ms(c)).alias(a) for c, a in newest.items()])
