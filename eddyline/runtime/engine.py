@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -99,6 +100,7 @@ class Engine:
         self.stateful = [s for s in topological(spec) if s.stateful]  # inputs before their readers
         self.upstream = {s.name: _stateful_upstream(spec, s) for s in self.stateful}
         self.retain_epochs = retain_epochs
+        self._cleaner: _Cleaner | None = None
         self.crash_epoch, self.crash_point = _parse_crash(crash_at)
         dl = spec.dead_letters
         from eddyline.api.spec import Files
@@ -139,6 +141,25 @@ class Engine:
             self.overload.restore(last.control["overload"])
         pending = self.ckpt.pending_plan(last.epoch if last else 0)
         summary = RunSummary()
+        try:
+            self._loop(summary, last, pending, started_at, epochs, duration_s, until_idle, should_stop)
+        except BaseException:
+            self._finish_cleanup(raise_error=False)
+            raise
+        self._finish_cleanup()
+        return summary
+
+    def _loop(
+        self,
+        summary: RunSummary,
+        last: EpochCommit | None,
+        pending: EpochPlan | None,
+        started_at: float,
+        epochs: int | None,
+        duration_s: float | None,
+        until_idle: bool,
+        should_stop: Callable[[], bool] | None,
+    ) -> None:
         t_start = time.monotonic()
         prev_epoch_start: float | None = None
         while True:
@@ -191,7 +212,6 @@ class Engine:
             wait = self.spec.trigger / 1000 - (time.monotonic() - epoch_start)
             if wait > 0:
                 time.sleep(wait)
-        return summary
 
     # ------------------------------------------------------------------ planning
     def _plan_next(self, last: EpochCommit | None, elapsed_s: float, until_idle: bool) -> EpochPlan | None:
@@ -485,7 +505,7 @@ class Engine:
             self.manager.observe(name, load)
         self._maybe_crash(epoch, "after_commit")
         if epoch % self.retain_epochs == 0:
-            self._cleanup(epoch)
+            self._start_cleanup(epoch)
         t_cleanup = time.monotonic()
 
         input_rows = sum(int(obs_values.get(f"source:{n}", {}).get("rows") or 0) for n in self.sources)
@@ -606,6 +626,25 @@ class Engine:
                 persisted.append(nodes[s.name])
         return persisted
 
+    def _start_cleanup(self, epoch: int) -> None:
+        """Delete what epochs before the retained ones left behind, beside the next epochs.
+
+        The files it deletes belong to epochs no retained commit or plan refers to, and a new
+        epoch only writes new files, so the two never touch the same file. One cleanup at a
+        time: the previous one is waited for (and its error raised) first.
+        """
+        self._finish_cleanup()
+        self._cleaner = _Cleaner(self._cleanup, epoch)
+        self._cleaner.start()
+
+    def _finish_cleanup(self, raise_error: bool = True) -> None:
+        cleaner, self._cleaner = self._cleaner, None
+        if cleaner is None:
+            return
+        cleaner.join()
+        if cleaner.error is not None and raise_error:
+            raise CheckpointError(f"cleaning up the checkpoint after epoch {cleaner.epoch} failed: {cleaner.error}") from cleaner.error
+
     def _cleanup(self, epoch: int) -> None:
         keep_from = epoch - self.retain_epochs + 1
         commits = [c for c in self.ckpt.commits() if c.epoch >= keep_from]
@@ -622,6 +661,21 @@ class Engine:
     def _maybe_crash(self, epoch: int, point: str) -> None:
         if self.crash_epoch == epoch and self.crash_point == point:
             _die()
+
+
+class _Cleaner(threading.Thread):
+    """One checkpoint cleanup in a background thread; keeps its error for the engine."""
+
+    def __init__(self, clean: Callable[[int], None], epoch: int) -> None:
+        super().__init__(name=f"eddyline-cleanup-{epoch}", daemon=True)
+        self.clean, self.epoch = clean, epoch
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.clean(self.epoch)
+        except BaseException as e:  # handed to the engine's thread by _finish_cleanup
+            self.error = e
 
 
 def _stateful_upstream(spec: NetworkSpec, step: Any) -> tuple[list[str], bool]:
