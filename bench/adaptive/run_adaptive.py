@@ -578,11 +578,7 @@ def epochs_to_recover(lat: list[float], limit: float) -> dict[str, Any]:
     """
     n = len(lat)
     over = [x > limit for x in lat]
-    strict = n
-    for k in range(n, -1, -1):
-        if any(over[k:]):
-            break
-        strict = k
+    strict = max((i + 1 for i in range(n) if over[i]), default=0)  # after the last one over
     sustained = n
     for k in range(n - 1, -1, -1):
         if over[k]:
@@ -718,14 +714,9 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         limit = steady_p99 * (1 + result["tolerance"])
         shifts = []
         for p in (1, 2, 3):
-            lat = [e["latency_ms"] for e in ep if phase_of(e["epoch"], per) == p]
+            mine = [e for e in ep if phase_of(e["epoch"], per) == p]
+            lat = [e["latency_ms"] for e in mine]
             rec = epochs_to_recover(lat, limit)
-            steal = [e.get("steal_ms") for e in ep if phase_of(e["epoch"], per) == p]
-            heavy = [
-                round(max(e["lane_rows"]) / max(1, sum(e["lane_rows"])), 2)
-                for e in ep
-                if phase_of(e["epoch"], per) == p
-            ]
             shifts.append(
                 {
                     "into_phase": PHASES[p],
@@ -736,11 +727,12 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                     "isolated_over": [
                         {
                             "at": i,
-                            "latency_ms": lat[i - 1],
-                            "heavy_lane_rows": heavy[i - 1],
-                            "steal_ms": steal[i - 1],
+                            "latency_ms": e["latency_ms"],
+                            "heavy_lane_rows": round(max(e["lane_rows"]) / max(1, sum(e["lane_rows"])), 2),
+                            "steal_ms": e.get("steal_ms"),
                         }
                         for i in rec["isolated_over"]
+                        for e in [mine[i - 1]]
                     ],
                     "latencies": lat,
                 }

@@ -142,76 +142,63 @@ class Engine:
         pending = self.ckpt.pending_plan(last.epoch if last else 0)
         summary = RunSummary()
         try:
-            self._loop(summary, last, pending, started_at, epochs, duration_s, until_idle, should_stop)
+            t_start = time.monotonic()
+            prev_epoch_start: float | None = None
+            while True:
+                if epochs is not None and summary.epochs >= epochs:
+                    break
+                if duration_s is not None and time.monotonic() - t_start >= duration_s:
+                    break
+                if should_stop is not None and should_stop():
+                    break
+                epoch_start = time.monotonic()
+                replayed = pending is not None
+                if pending is not None:
+                    plan, pending = pending, None
+                    self.manager.adopt(plan.decisions)
+                else:
+                    plan = self._plan_next(last, time.time() - started_at, until_idle)
+                    if plan is None:
+                        if until_idle:
+                            break
+                        time.sleep(min(max(self.spec.trigger, 100), 1000) / 1000)
+                        continue
+                    self.ckpt.write_plan(plan)
+                self._maybe_crash(plan.epoch, "after_plan")
+                try:
+                    commit, record = self._run_epoch(plan, last, replayed)
+                except EddylineError:
+                    raise
+                except Exception as e:  # a Spark job failed: surface our own message if a task left one
+                    line = task_error_line(e)
+                    if line is None:
+                        raise
+                    raise EngineError(f"epoch {plan.epoch}: {line}") from e
+                record["inputRowsPerSecond"] = (
+                    record["numInputRows"] / (epoch_start - prev_epoch_start)
+                    if prev_epoch_start is not None and epoch_start > prev_epoch_start
+                    else 0.0
+                )
+                prev_epoch_start = epoch_start
+                last = commit
+                summary.epochs += 1
+                summary.last_epoch = plan.epoch
+                summary.input_rows += record["numInputRows"]
+                summary.dead_letters += record["deadLetters"]
+                summary.late_rows += record["lateRows"]
+                summary.replayed += int(replayed)
+                for s in record["sinks"]:
+                    summary.output_rows[s["description"]] = summary.output_rows.get(s["description"], 0) + s["numOutputRows"]
+                if self.reporter is not None:
+                    self.reporter.report(record)
+                wait = self.spec.trigger / 1000 - (time.monotonic() - epoch_start)
+                if wait > 0:
+                    time.sleep(wait)
         except BaseException:
             self._finish_cleanup(raise_error=False)
             raise
-        self._finish_cleanup()
+        self._finish_cleanup()  # the last cleanup is done when run() returns
         return summary
-
-    def _loop(
-        self,
-        summary: RunSummary,
-        last: EpochCommit | None,
-        pending: EpochPlan | None,
-        started_at: float,
-        epochs: int | None,
-        duration_s: float | None,
-        until_idle: bool,
-        should_stop: Callable[[], bool] | None,
-    ) -> None:
-        t_start = time.monotonic()
-        prev_epoch_start: float | None = None
-        while True:
-            if epochs is not None and summary.epochs >= epochs:
-                break
-            if duration_s is not None and time.monotonic() - t_start >= duration_s:
-                break
-            if should_stop is not None and should_stop():
-                break
-            epoch_start = time.monotonic()
-            replayed = pending is not None
-            if pending is not None:
-                plan, pending = pending, None
-                self.manager.adopt(plan.decisions)
-            else:
-                plan = self._plan_next(last, time.time() - started_at, until_idle)
-                if plan is None:
-                    if until_idle:
-                        break
-                    time.sleep(min(max(self.spec.trigger, 100), 1000) / 1000)
-                    continue
-                self.ckpt.write_plan(plan)
-            self._maybe_crash(plan.epoch, "after_plan")
-            try:
-                commit, record = self._run_epoch(plan, last, replayed)
-            except EddylineError:
-                raise
-            except Exception as e:  # a Spark job failed: surface our own message if a task left one
-                line = task_error_line(e)
-                if line is None:
-                    raise
-                raise EngineError(f"epoch {plan.epoch}: {line}") from e
-            record["inputRowsPerSecond"] = (
-                record["numInputRows"] / (epoch_start - prev_epoch_start)
-                if prev_epoch_start is not None and epoch_start > prev_epoch_start
-                else 0.0
-            )
-            prev_epoch_start = epoch_start
-            last = commit
-            summary.epochs += 1
-            summary.last_epoch = plan.epoch
-            summary.input_rows += record["numInputRows"]
-            summary.dead_letters += record["deadLetters"]
-            summary.late_rows += record["lateRows"]
-            summary.replayed += int(replayed)
-            for s in record["sinks"]:
-                summary.output_rows[s["description"]] = summary.output_rows.get(s["description"], 0) + s["numOutputRows"]
-            if self.reporter is not None:
-                self.reporter.report(record)
-            wait = self.spec.trigger / 1000 - (time.monotonic() - epoch_start)
-            if wait > 0:
-                time.sleep(wait)
 
     # ------------------------------------------------------------------ planning
     def _plan_next(self, last: EpochCommit | None, elapsed_s: float, until_idle: bool) -> EpochPlan | None:
