@@ -90,6 +90,11 @@ class Source:
         runs, or None when this source cannot do that cheaply (the balancer's look-ahead)."""
         return None
 
+    def following(self, planned: dict[str, Any]) -> list[str]:
+        """The files the slice after ``planned`` would take if it were planned now, where
+        :meth:`peek` can read them (so the look-ahead can count them early); else none."""
+        return []
+
     def frames(
         self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
     ) -> Frames:
@@ -186,13 +191,26 @@ class FilesSource(Source):
 
         p = self.params
         names = planned.get("files") or []
-        if p.format != "parquet" or p.schema_ or not names:
+        if not self._peekable() or not names:
             return None
         fs, base = _fs(p.path)
         try:
             return pq.read_table([f"{base}/{n}" for n in names], columns=list(columns), filesystem=fs)
         except (OSError, ValueError, KeyError, pa.ArrowException):
             return None
+
+    def _peekable(self) -> bool:
+        return self.params.format == "parquet" and not self.params.schema_
+
+    def following(self, planned: dict[str, Any]) -> list[str]:
+        if not self._peekable():
+            return []
+        cursor = planned.get("cursor")
+        try:
+            names = self._listing()
+        except SourceError:
+            return []
+        return [n for n in names if cursor is None or n > cursor][: self.batch_limit()]
 
     def plan(self, start: int, elapsed_s: float, cursor: str | None = None, cap: int | None = None) -> dict[str, Any]:
         names = self._listing()

@@ -44,9 +44,10 @@ from eddyline.io.sinks import FilesTarget, Sink, make_sink, write_frame
 from eddyline.io.sources import Source, make_source
 from eddyline.observe.progress import ProgressReporter, iso_ms
 from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
-from eddyline.plan.keygroups import RoutingTable, key_group_counts
+from eddyline.plan.keygroups import RoutingTable
 from eddyline.runtime.compile import EpochCompiler, StepRun, topological
 from eddyline.runtime.log import Checkpoint, EpochCommit, EpochPlan
+from eddyline.runtime.lookahead import LookAhead
 from eddyline.runtime.udf import task_error_line
 from eddyline.state.store import KeyGroupStore, with_chains
 
@@ -112,6 +113,7 @@ class Engine:
             if s.window_aggregate is not None and s.window_aggregate.late is not None
         }
         self.manager = DistributionManager(spec, max_lanes=spark.sparkContext.defaultParallelism)
+        self.lookahead = LookAhead(spec.key_groups)
         self.overload = OverloadController(spec) if spec.control.overload is not None else None
         self.shed_target = (
             FilesTarget(spec.control.overload.shed_sink)
@@ -195,8 +197,10 @@ class Engine:
                 if wait > 0:
                     time.sleep(wait)
         except BaseException:
+            self.lookahead.close()
             self._finish_cleanup(raise_error=False)
             raise
+        self.lookahead.close()
         self._finish_cleanup()  # the last cleanup is done when run() returns
         return summary
 
@@ -295,7 +299,10 @@ class Engine:
                 for kg in prev["index"] if prev else ():
                     counts[int(kg) % old.key_groups] += 1
                 table = old.rescaled(self.lanes, policies.rescale_assignment(counts, np.asarray(old.assignment), self.lanes))
-            upcoming = None if end_of_stream else self._lookahead(step, slices)
+            peek = None if end_of_stream else self._lookahead_input(step)
+            upcoming = None if peek is None else self.lookahead.counts(self.sources[peek[0]], slices[peek[0]], peek[1])
+            if peek is not None:  # counted while this epoch runs, for the next plan
+                self.lookahead.prefetch(self.sources[peek[0]], slices[peek[0]], peek[1])
             table, made = self.manager.plan(epoch, step.name, table, upcoming)
             decisions.extend(d.to_json() for d in made)
             routing[step.name] = table.to_json()
@@ -307,11 +314,11 @@ class Engine:
             decisions.append(overload_decision)
         return EpochPlan(epoch, slices, watermarks, routing, self.lanes, end_of_stream, tables, decisions, shed)
 
-    def _lookahead(self, step: StepSpec, slices: dict[str, dict[str, Any]]) -> np.ndarray | None:
-        """The epoch's input rows per key group of ``step``, read before it runs, where that is
-        cheap: ``balance.lookahead`` is on and the step is keyed on BIGINT columns of a source
-        that can be peeked at (see :meth:`Source.peek`), directly or through filters and selects
-        that keep the key columns as they are."""
+    def _lookahead_input(self, step: StepSpec) -> tuple[str, tuple[str, ...]] | None:
+        """The source and key columns whose counts tell ``step``'s input rows per key group
+        before the epoch runs (see :mod:`eddyline.runtime.lookahead`), if ``balance.lookahead`` is
+        on and the step reads a source directly or through filters and selects that keep the key
+        columns as they are; whether the counts are cheap there is up to the source."""
         balance = self.spec.control.balance
         if balance is None or not balance.lookahead or step.name not in self.manager.steps:
             return None
@@ -331,8 +338,7 @@ class Engine:
             if not passes:
                 return None
             node = up.input
-        table = self.sources[node].peek(slices[node], keys)
-        return None if table is None else key_group_counts(table, keys, self.spec.key_groups)
+        return node, tuple(keys)
 
     # ------------------------------------------------------------------ one epoch
     def _run_epoch(self, plan: EpochPlan, last: EpochCommit | None, replayed: bool) -> tuple[EpochCommit, dict[str, Any]]:
