@@ -301,7 +301,7 @@ class Engine:
                 table = old.rescaled(self.lanes, policies.rescale_assignment(counts, np.asarray(old.assignment), self.lanes))
             peek = None if end_of_stream else self._lookahead_input(step)
             upcoming = None if peek is None else self.lookahead.counts(self.sources[peek[0]], slices[peek[0]], peek[1])
-            if peek is not None:  # counted while this epoch runs, for the next plan
+            if peek is not None:  # counted while this epoch's job runs, for the next plan
                 self.lookahead.prefetch(self.sources[peek[0]], slices[peek[0]], peek[1])
             table, made = self.manager.plan(epoch, step.name, table, upcoming)
             decisions.extend(d.to_json() for d in made)
@@ -366,6 +366,7 @@ class Engine:
         )
         persisted = self._persist_shared(frames.nodes, StorageLevel.MEMORY_AND_DISK)
         t_plan = time.monotonic()
+        self.lookahead.start()  # the next epoch's look-ahead counts while this one's job runs
 
         sink_rows: dict[str, int] = {}
         sink_obs: dict[str, Observation] = {}

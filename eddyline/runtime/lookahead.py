@@ -2,9 +2,9 @@
 
 Counting a slice means reading its key columns and hashing its distinct keys: 8-10 ms for the
 400,000 rows of an adaptive benchmark epoch, and all of it on the critical path between two
-epochs. A files slice is counted file by file (counts add up), and once an epoch is planned the
-files the next one is likely to read are counted in a background thread while this one runs (its
-driver planning keeps one JVM thread busy, so a core is mostly free then). The next plan takes
+epochs. A files slice is counted file by file (counts add up), and once an epoch's Spark job is
+about to start, the files the next epoch is likely to read are counted in a background thread
+while the job runs (the driver then waits in one py4j call). The next plan takes
 those counts if its files are the ones counted, and counts whatever is missing itself. Files are
 read once they are listed, so a file must be complete when it appears (as Spark's file source
 also requires).
@@ -32,6 +32,7 @@ class LookAhead:
         self._pool: ThreadPoolExecutor | None = None
         # (source, key columns) -> the counts of the files after the last planned slice
         self._ahead: dict[tuple[str, tuple[str, ...]], Future[Counts]] = {}
+        self._requested: list[tuple[Source, dict[str, Any], tuple[str, ...]]] = []
 
     def counts(self, source: Source, planned: dict[str, Any], keys: tuple[str, ...]) -> np.ndarray | None:
         """Rows per key group of the slice ``planned``, or None when the source cannot tell
@@ -57,18 +58,30 @@ class LookAhead:
         return total
 
     def prefetch(self, source: Source, planned: dict[str, Any], keys: tuple[str, ...]) -> None:
-        """Start counting, in the background, the files that follow the slice ``planned``."""
-        if planned.get("files") is None:
+        """Count, in the background once :meth:`start` is called, the files that follow the
+        slice ``planned``."""
+        if planned.get("files") is not None:
+            self._requested.append((source, planned, keys))
+
+    def start(self) -> None:
+        """Start counting what :meth:`prefetch` asked for. The engine calls this when the epoch's
+        Spark job is about to start: while the driver builds the epoch's DataFrames it makes
+        many short py4j calls, each of which would wait for the interpreter lock while the
+        counting holds it (that cost about 10 ms of driver planning per epoch)."""
+        if not self._requested:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="eddyline-lookahead")
-        self._ahead[(source.name, keys)] = self._pool.submit(self._count_following, source, planned, keys)
+        for source, planned, keys in self._requested:
+            self._ahead[(source.name, keys)] = self._pool.submit(self._count_following, source, planned, keys)
+        self._requested.clear()
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._ahead.clear()
+        self._requested.clear()
 
     def _count_following(self, source: Source, planned: dict[str, Any], keys: tuple[str, ...]) -> Counts:
         return {name: self._count(source, {"files": [name]}, keys)

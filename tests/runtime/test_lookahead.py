@@ -64,6 +64,7 @@ def test_the_next_slices_files_are_counted_in_the_background_while_an_epoch_runs
     first = src.plan(0, 0.0)
     assert np.array_equal(ahead.counts(src, first, ("k",)), _truth(tmp_path, first["files"]))
     ahead.prefetch(src, first, ("k",))
+    ahead.start()
     # A file arrives after the prefetch started and the next slice takes it too: it is counted
     # when the plan needs it.
     _write(tmp_path, "004.parquet", seed=4)
@@ -88,6 +89,7 @@ def test_a_file_unreadable_in_the_background_makes_the_counts_unknown(tmp_path):
     ahead = LookAhead(K)
     first = src.plan(0, 0.0)
     ahead.prefetch(src, first, ("k",))
+    ahead.start()
     second = src.plan(first["end"], 0.0, first["cursor"])
     assert ahead.counts(src, second, ("k",)) is None
     ahead.close()
