@@ -24,6 +24,7 @@ an end-of-stream epoch whose watermark passes every window (as Flink does for bo
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -143,6 +144,7 @@ class Engine:
             self.overload.restore(last.control["overload"])
         pending = self.ckpt.pending_plan(last.epoch if last else 0)
         summary = RunSummary()
+        thawed = False  # whether this run froze the heap and nothing else had
         try:
             t_start = time.monotonic()
             prev_epoch_start: float | None = None
@@ -184,6 +186,8 @@ class Engine:
                 prev_epoch_start = epoch_start
                 last = commit
                 summary.epochs += 1
+                if summary.epochs == 1:
+                    thawed = _freeze_heap()
                 summary.last_epoch = plan.epoch
                 summary.input_rows += record["numInputRows"]
                 summary.dead_letters += record["deadLetters"]
@@ -200,6 +204,9 @@ class Engine:
             self.lookahead.close()
             self._finish_cleanup(raise_error=False)
             raise
+        finally:
+            if thawed:
+                gc.unfreeze()
         self.lookahead.close()
         self._finish_cleanup()  # the last cleanup is done when run() returns
         return summary
@@ -670,6 +677,25 @@ class _Cleaner(threading.Thread):
             self.clean(self.epoch)
         except BaseException as e:  # handed to the engine's thread by _finish_cleanup
             self.error = e
+
+
+def _freeze_heap() -> bool:
+    """Keep the driver's long-lived objects out of Python's cyclic collector's full collections.
+
+    After the first epoch the modules an epoch needs are imported (pyspark, pyarrow, pandas,
+    numpy, ...): hundreds of thousands of objects that a full collection walks every time. In the
+    adaptive benchmark one happened every 7-8 s and took 58-91 ms, inside whichever epoch's
+    planning or commit it hit (bench/RESULTS.md). Frozen (after a collection, so no garbage is
+    kept) they are no longer walked. The lanes' Python workers do the same (``lanes.gc_clock``).
+
+    Returns whether nothing was frozen before: the run then thaws the heap when it ends, so the
+    interpreter can still free everything at exit (some extension modules report the objects
+    left at exit as leaks).
+    """
+    thawed = gc.get_freeze_count() == 0
+    gc.collect()
+    gc.freeze()
+    return thawed
 
 
 def _stateful_upstream(spec: NetworkSpec, step: Any) -> tuple[list[str], bool]:
