@@ -683,7 +683,8 @@ def _freeze_heap() -> bool:
     """Keep the driver's long-lived objects out of Python's cyclic collector's full collections.
 
     After the first epoch the modules an epoch needs are imported (pyspark, pyarrow, pandas,
-    numpy, ...): hundreds of thousands of objects that a full collection walks every time. In the
+    numpy, ...): over 100,000 objects (113,000 right after the imports) that a full collection
+    walks every time. In the
     adaptive benchmark one happened every 27-31 s and took 58-91 ms, inside whichever epoch's
     planning or commit it hit (bench/RESULTS.md). Frozen (after a collection, so no garbage is
     kept) they are no longer walked. The lanes' Python workers do the same (``lanes.gc_clock``).
