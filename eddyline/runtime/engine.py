@@ -684,9 +684,8 @@ def _freeze_heap() -> bool:
 
     After the first epoch the modules an epoch needs are imported (pyspark, pyarrow, pandas,
     numpy, ...): over 100,000 objects (113,000 right after the imports) that a full collection
-    walks every time. In the
-    adaptive benchmark one happened every 27-31 s and took 58-91 ms, inside whichever epoch's
-    planning or commit it hit (bench/RESULTS.md). Frozen (after a collection, so no garbage is
+    walks every time. In the adaptive benchmark one happened every 27-31 s and took 58-91 ms,
+    inside whichever epoch's planning or commit it hit (bench/RESULTS.md). Frozen (after a collection, so no garbage is
     kept) they are no longer walked. The lanes' Python workers do the same (``lanes.gc_clock``).
 
     Returns whether nothing was frozen before: the run then thaws the heap when it ends, so the
