@@ -75,6 +75,10 @@ SYSTEMS = ("adaptive", "static", "native")
 LABEL = {"adaptive": "Eddyline adaptive", "static": "Eddyline static", "native": "Spark SS"}
 PHASES = ("1 uniform", "2 hot keys (lane 0)", "3 hot set moved (lane 1)", "4 rate x2")
 STEPS = {"dedup": "firsts", "pattern": "ticks"}  # the step's name per --query
+# Epochs between a slice's arrival and the epoch whose lanes work on it: the pattern holds its
+# input until the watermark (from the epoch before) passes it, so a slice is matched one epoch
+# after it arrived; dedup works on its own epoch's rows.
+WORK_LAG = {"dedup": 0, "pattern": 1}
 
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH / "nexmark"))
@@ -817,6 +821,24 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         summary["goals"]["beats_static_and_native_p99_skewed"]["met_static"]
         and summary["goals"]["beats_static_and_native_p99_skewed"]["met_native"]
     )
+    # Phases by the rows the lanes work on: for the pattern, a phase's first epoch still matches
+    # the slice before the shift (the same work for every system), and its last slice is
+    # matched in the next phase's first epoch. Reported beside the goal, not instead of it.
+    lag = WORK_LAG.get(result.get("args", {}).get("query", "dedup"), 0)
+    if lag:
+        worked: dict[str, dict[str, float]] = {}
+        for p in (1, 2, 3):
+            worked[PHASES[p]] = {
+                x: pct([e["latency_ms"] for r in runs if r["system"] == x for e in r["epochs"]
+                        if e["epoch"] > lag and phase_of(e["epoch"] - lag, per) == p], 99)
+                for x in SYSTEMS
+            }
+        summary["goals"]["beats_static_and_native_p99_skewed"]["by_worked_rows"] = {
+            "lag_epochs": lag,
+            "per_phase": worked,
+            "met_static": all(v["adaptive"] < v["static"] for v in worked.values()),
+            "met_native": all(v["adaptive"] < v["native"] for v in worked.values()),
+        }
     return summary
 
 
@@ -1045,6 +1067,17 @@ def tables_md(result: dict[str, Any]) -> str:
         bt_txt += ". Inside each round, adaptive p99 below static / Spark SS in " + "; ".join(
             f"phase {ph.split(' ')[0]}: {x['static']} / {x['native']} of {x['rounds']} rounds"
             for ph, x in bt["rounds_below"].items()
+        )
+    bw = bt.get("by_worked_rows")
+    if bw:
+        bt_txt += (
+            f". With each epoch counted in the phase of the rows its lanes worked on ({bw['lag_epochs']} epoch "
+            "after they arrived), p99 adaptive vs static / Spark SS: "
+            + "; ".join(
+                f"phase {ph.split(' ')[0]}: {x['adaptive']:.0f} vs {x['static']:.0f} / {x['native']:.0f}"
+                for ph, x in bw["per_phase"].items()
+            )
+            + f" (below static: {'yes' if bw['met_static'] else 'no'}, below Spark SS: {'yes' if bw['met_native'] else 'no'})"
         )
     outs = s.get("output_rows", {})
     same = (
