@@ -5,8 +5,10 @@ cannot time one key group alone, because its kernel runs vectorised over all of 
 group's *load* is therefore the step's measured time shared out by a cost model: receiving in
 proportion to the group's input rows, the kernel in proportion to the rows it worked on (its
 input rows, unless the kernel holds input back until the watermark passes it: then the rows it
-released, see :func:`eddyline.operators.base.deferred_counts`), loading and writing state in
-proportion to its state rows. Summed over all groups it is exactly the step's busy time.
+released, see :func:`eddyline.operators.base.deferred_counts`) or, where the kernel counts its
+own work per key group (``KernelResult.kg_cost``: the pattern's rows times the open runs they
+are tried against), in proportion to that count, loading and writing state in proportion to its
+state rows. Summed over all groups it is exactly the step's busy time.
 
 :class:`LoadHistory` keeps a sliding window of these per step, so policies get load time series,
 their correlation coefficients (seed 001), lane shares of the makespan and the DS2 rates.
@@ -95,6 +97,7 @@ def step_load(epoch: int, lanes: int, manifests: Iterable[Mapping[str, Any]], wa
     kg_state: dict[int, int] = {}
     kg_work: dict[int, int] = {}
     kg_held: dict[int, int] = {}
+    kg_cost: dict[int, int] = {}
     defers = False
     held_before = held_worked = 0
     busy = [0.0] * lanes
@@ -115,6 +118,7 @@ def step_load(epoch: int, lanes: int, manifests: Iterable[Mapping[str, Any]], wa
         state_ms += ms.get("load", 0.0) + ms.get("write", 0.0)
         _fold(kg_rows, m.get("kg_rows", {}))
         _fold(kg_state, m.get("kg_state_rows", {}))
+        _fold(kg_cost, m.get("kg_cost", {}))
         if "kg_work" in m:
             defers = True
             _fold(kg_work, m["kg_work"])
@@ -132,12 +136,15 @@ def step_load(epoch: int, lanes: int, manifests: Iterable[Mapping[str, Any]], wa
             work_ms, state_ms = work_ms + state_ms, 0.0
         elif total_in:
             row_ms, state_ms = row_ms + state_ms, 0.0
+    # the kernel's time follows its own count of work where it keeps one, else the rows it worked on
+    charge = kg_cost if sum(kg_cost.values()) and total_work else work
+    total_charge = sum(charge.values())
     per_row = row_ms / total_in if total_in else 0.0
-    per_work = work_ms / total_work if total_work else 0.0
+    per_work = work_ms / total_charge if total_charge else 0.0
     per_state_row = state_ms / total_st if total_st else 0.0
     kg_load = {
-        kg: kg_rows.get(kg, 0) * per_row + work.get(kg, 0) * per_work + kg_state.get(kg, 0) * per_state_row
-        for kg in set(kg_rows) | set(work) | set(kg_state)
+        kg: kg_rows.get(kg, 0) * per_row + charge.get(kg, 0) * per_work + kg_state.get(kg, 0) * per_state_row
+        for kg in set(kg_rows) | set(charge) | set(kg_state)
     }
     hot.sort(key=lambda h: -int(h["rows"]))
     return StepLoad(

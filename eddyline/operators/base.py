@@ -51,6 +51,10 @@ class KernelResult:
     changed_key_groups: list[int] = field(default_factory=list)
     #: kernel-specific counters for progress (e.g. windows fired, matches emitted)
     metrics: dict[str, int] = field(default_factory=dict)
+    #: the kernel's own count of its work per key group, where rows alone do not say it (the
+    #: pattern: ready rows times the runs each is tried against); empty: the kernel's time is
+    #: charged to the key groups in proportion to the rows it worked on
+    kg_cost: dict[int, int] = field(default_factory=dict)
 
 
 @runtime_checkable

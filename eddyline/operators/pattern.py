@@ -329,6 +329,7 @@ class PatternKernel:
         self._names = tuple(e.name for e in pattern.elements)
         self._preds = tuple(e.predicate for e in pattern.elements)
         self._plus = tuple(e.quantifier == PLUS for e in pattern.elements)
+        self._tried = 0  # runs the current key's rows were tried against (see process, step 8)
         self.measures = tuple(self._parse_measure(m, spec) for m, spec in measures.items())
         self._accs = tuple(
             j for j, m in enumerate(self.measures) if m.func in ("min", "max") or m.col
@@ -540,7 +541,11 @@ class PatternKernel:
             for k, p, run in zip(sk.tolist(), pos, decoded, strict=True):
                 seeds_by_key.setdefault(k, []).append((p, run))
 
-        # 8. match each key (sequential per key, as a pattern is)
+        # 8. match each key (sequential per key, as a pattern is); the work per key group (each
+        # ready row counts once, plus once per open run it is tried against) is reported for the
+        # load statistics: a hot key's rows meet more open runs, so they cost more per row
+        kg_of_key = keytab.column(KG).to_numpy(zero_copy_only=False)
+        cost = np.zeros(n_keys, dtype=np.int64)
         matches: list[tuple[int, _Run]] = []
         emitted_seeds: list[tuple[int, _Run, int]] = []
         new_runs: list[tuple[int, _Run, int]] = []
@@ -550,6 +555,7 @@ class PatternKernel:
         )
         for k, lo, hi in zip(match_keys.tolist(), *bounds, strict=True):
             rows = [(r_pool + i, int(r_t[i]), int(r_rank[i])) for i in range(lo, hi)]
+            self._tried = 0
             runs = self._match_key(
                 k,
                 runs_by_key.get(k, []),
@@ -559,6 +565,7 @@ class PatternKernel:
                 matches,
                 emitted_seeds,
             )
+            cost[k] = (hi - lo) + self._tried
             if hi > lo:
                 last[k] = max(last[k], int(r_t[hi - 1]))
             # the earliest time a row that is not late could still have
@@ -629,8 +636,10 @@ class PatternKernel:
             "runs": int((kinds == RUN).sum()),
             "buffered_rows": int((kinds == BUFFERED).sum()),
         }
+        by_kg = np.bincount(kg_of_key, weights=cost) if n_keys else np.zeros(0)
         return KernelResult(
-            output, new_state, upserts, deletes, changed_groups(upserts, deletes), metrics
+            output, new_state, upserts, deletes, changed_groups(upserts, deletes), metrics,
+            {int(g): int(by_kg[g]) for g in np.flatnonzero(by_kg)},
         )
 
     # ------------------------------------------------------------------------ matching
@@ -667,6 +676,7 @@ class PatternKernel:
                 admit(seeds[next_seed][1], seeds[next_seed][0][1], runs)
                 next_seed += 1
             row = _row(pool[p])
+            self._tried += len(runs)
             survivors: list[_Run] = []
             for run in runs:
                 if t - run.start_ms > self.within_ms:

@@ -289,6 +289,7 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     state_rows = state_bytes = output_rows = bytes_written = snapshots = deltas = 0
     metrics: dict[str, int] = {}
     kg_state: dict[str, int] = {}
+    kg_cost: dict[int, int] = {}  # the kernel's own count of its work, if it keeps one
     # kernels that hold input back (deferred): rows held per key group before and after, so
     # the rows worked on per group = arrived + held before - held after
     held_before = np.zeros(owners.size, dtype=np.int64)
@@ -341,6 +342,8 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         deltas += written.deltas
         for k, v in result.metrics.items():
             metrics[k] = metrics.get(k, 0) + int(v)
+        for g, c in result.kg_cost.items():
+            kg_cost[g] = kg_cost.get(g, 0) + c
         output = result.output
         del state, result, chunk
         if len(work) > 1:
@@ -370,6 +373,7 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         "kg_state_rows": kg_state,
         "hot_keys": hot_keys,
         **deferral,
+        **({"kg_cost": {str(g): c for g, c in kg_cost.items()}} if kg_cost else {}),
         "slices": len(work),
         "spilled_bytes": max(0, state_bytes - resident),
         "memory": {"start": mem0, "received": mem_in, "peak": peak},

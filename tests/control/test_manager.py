@@ -56,6 +56,19 @@ def test_step_load_shares_the_steps_time_out_by_rows_and_state() -> None:
     assert h.rates("x") == pytest.approx((40 / 2.0, 40 / 0.064))
 
 
+def test_the_kernels_time_follows_its_own_count_of_work_where_it_keeps_one() -> None:
+    """Two key groups with the same rows: by rows they cost the same; with the kernel's count of
+    its work per group (the pattern's rows x open runs) the kernel's time is shared 3 : 1, while
+    receiving still follows the rows."""
+    base = {"lane": 0, "ms": {"receive": 20, "kernel": 40, "load": 0, "write": 0}, "input_rows": 20,
+            "state_rows": 0, "state_bytes": 0, "kg_rows": {"0": 10, "1": 10}, "kg_state_rows": {}}
+    by_rows = step_load(3, 1, [base], wall_s=1.0)
+    assert by_rows.kg_load == pytest.approx({0: 30.0, 1: 30.0})
+    by_work = step_load(3, 1, [{**base, "kg_cost": {"0": 300, "1": 100}}], wall_s=1.0)
+    assert by_work.kg_load == pytest.approx({0: 10 + 30.0, 1: 10 + 10.0})
+    assert sum(by_work.kg_load.values()) == pytest.approx(60.0)
+
+
 def test_balance_moves_load_off_the_hot_lane_and_explains_it() -> None:
     m = DistributionManager(spec({"balance": {"threshold": 0.2, "period": 1, "patience": 1, "max_moves": 2}}), max_lanes=2)
     table = RoutingTable.uniform(K, 2)  # kgs 0-3 on lane 0, 4-7 on lane 1

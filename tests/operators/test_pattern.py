@@ -323,6 +323,23 @@ def test_tick_pattern_hand_made() -> None:
     )
 
 
+def test_the_kernel_counts_its_work_per_key_group_rows_times_open_runs() -> None:
+    """Two keys with the same rows in one epoch: X keeps falling (every row starts a run that
+    stays open, so each row is tried against all the runs before it), Y's rows never leave a
+    run open. X's key group is charged far more work than Y's, by the kernel's own count."""
+    x = [("X", t * 1000, 100 - t, 1) for t in range(1, 11)]  # 10 rows, 0+1+...+9 tries
+    y = [("Y", t * 1000, 5, 1) for t in range(1, 11)]  # flat: only A-starts that B cannot extend
+    batch = table(x + y)
+    kg_x, kg_y = (sum(map(ord, s)) % 5 for s in ("X", "Y"))
+    assert kg_x != kg_y
+    k = kernel()
+    held = k.process(batch, k.state_schema.empty_table(), NO_WATERMARK)  # buffered until ordered
+    assert held.kg_cost == {}  # nothing matched yet: no work
+    res = k.process(SCHEMA.empty_table(), held.state, 20_000)
+    assert set(res.kg_cost) == {kg_x, kg_y}
+    assert res.kg_cost[kg_x] >= 10 + sum(range(10)) and res.kg_cost[kg_y] < res.kg_cost[kg_x]
+
+
 def test_null_key_and_no_key() -> None:
     """A null key is a key like any other; without keys the whole key group is one sequence."""
     prices = [10, 9, 5, 6, 11, 12, 8]

@@ -216,6 +216,12 @@ def test_lookahead_moves_key_groups_before_the_epoch_that_works_on_the_hot_keys(
     assert read(tmp_path / "ahead", "firsts") == read(tmp_path / "static", "firsts")
     if query == "pattern":
         assert read(tmp_path / "ahead", "firsts")  # the pattern matched something to compare
+        # the lanes hand the kernel's own count of its work per key group to the statistics
+        import json
+
+        manifests = sorted((tmp_path / "ahead" / "ckpt" / "epochs").glob("*/firsts/lane-*.json"))
+        costs = [json.loads(m.read_text()).get("kg_cost", {}) for m in manifests]
+        assert manifests and sum(sum(c.values()) for c in costs) > 0, manifests
 
 
 def test_a_hot_key_reaches_its_window_lane_as_one_partial_row_per_window(spark, tmp_path: Path) -> None:
