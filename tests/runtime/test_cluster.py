@@ -28,10 +28,19 @@ from eddyline.runtime.engine import Engine
 from tests.runtime.test_adaptive import CHURN, network, plans, read
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: every socket stays bound until all are chosen, so the same
+    port cannot come back twice."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def spark_class() -> str:
@@ -44,7 +53,8 @@ def alive_workers(ui_port: int) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as r:
             return int(json.loads(r.read())["aliveworkers"])
-    except OSError:
+    except (OSError, ValueError, KeyError):
+        # not up yet; once, right after start, the master answered /json/ with its HTML page
         return 0
 
 
@@ -53,7 +63,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
     """``spark://`` URL of a master with two 1-core workers; the workers' directory (one folder
     per application and executor)."""
     base = tmp_path_factory.mktemp("cluster")
-    port, ui = free_port(), free_port()
+    port, ui, *worker_ui = free_ports(4)
     env = {**os.environ, "SPARK_LOG_DIR": str(base), "SPARK_LOCAL_IP": "127.0.0.1"}
     cmd = [spark_class()]
     procs = [subprocess.Popen([*cmd, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
@@ -64,7 +74,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
         for i in range(2):
             procs.append(subprocess.Popen(
                 [*cmd, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "1", "--memory",
-                 "2g", "--webui-port", str(free_port()), "--work-dir", str(base / "work")],
+                 "2g", "--webui-port", str(worker_ui[i]), "--work-dir", str(base / "work")],
                 env=env, stdout=subprocess.DEVNULL, stderr=(base / f"worker-{i}.log").open("w")))
         deadline = time.monotonic() + 90
         while alive_workers(ui) < 2:
