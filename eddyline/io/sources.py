@@ -205,12 +205,10 @@ class FilesSource(Source):
     def following(self, planned: dict[str, Any]) -> list[str]:
         if not self._peekable():
             return []
-        cursor = planned.get("cursor")
-        try:
-            names = self._listing()
+        try:  # what plan() would take next, listed again now
+            return list(self.plan(planned["end"], 0.0, planned.get("cursor"))["files"])
         except SourceError:
             return []
-        return [n for n in names if cursor is None or n > cursor][: self.batch_limit()]
 
     def plan(self, start: int, elapsed_s: float, cursor: str | None = None, cap: int | None = None) -> dict[str, Any]:
         names = self._listing()

@@ -201,13 +201,12 @@ class Engine:
                 if wait > 0:
                     time.sleep(wait)
         except BaseException:
-            self.lookahead.close()
             self._finish_cleanup(raise_error=False)
             raise
         finally:
+            self.lookahead.close()
             if thawed:
                 gc.unfreeze()
-        self.lookahead.close()
         self._finish_cleanup()  # the last cleanup is done when run() returns
         return summary
 
@@ -306,10 +305,13 @@ class Engine:
                 for kg in prev["index"] if prev else ():
                     counts[int(kg) % old.key_groups] += 1
                 table = old.rescaled(self.lanes, policies.rescale_assignment(counts, np.asarray(old.assignment), self.lanes))
+            upcoming = None
             peek = None if end_of_stream else self._lookahead_input(step)
-            upcoming = None if peek is None else self.lookahead.counts(self.sources[peek[0]], slices[peek[0]], peek[1])
-            if peek is not None:  # counted while this epoch's job runs, for the next plan
-                self.lookahead.prefetch(self.sources[peek[0]], slices[peek[0]], peek[1])
+            if peek is not None:
+                node, keys = peek
+                upcoming = self.lookahead.counts(self.sources[node], slices[node], keys)
+                # the next slice's files are counted while this epoch's job runs, for the next plan
+                self.lookahead.prefetch(self.sources[node], slices[node], keys)
             table, made = self.manager.plan(epoch, step.name, table, upcoming)
             decisions.extend(d.to_json() for d in made)
             routing[step.name] = table.to_json()
@@ -685,8 +687,9 @@ def _freeze_heap() -> bool:
     After the first epoch the modules an epoch needs are imported (pyspark, pyarrow, pandas,
     numpy, ...): over 100,000 objects (113,000 right after the imports) that a full collection
     walks every time. In the adaptive benchmark one happened every 27-31 s and took 58-91 ms,
-    inside whichever epoch's planning or commit it hit (bench/RESULTS.md). Frozen (after a collection, so no garbage is
-    kept) they are no longer walked. The lanes' Python workers do the same (``lanes.gc_clock``).
+    inside whichever epoch's planning or commit it hit (bench/RESULTS.md). Frozen (after a
+    collection, so no garbage is kept) they are no longer walked. The lanes' Python workers do
+    the same (``lanes.gc_clock``).
 
     Returns whether nothing was frozen before: the run then thaws the heap when it ends, so the
     interpreter can still free everything at exit (some extension modules report the objects
