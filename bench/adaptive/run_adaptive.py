@@ -441,6 +441,8 @@ def run_eddyline(
                 "lane_rows": op["customMetrics"]["laneInputRows"],
                 "lane_ms": op["customMetrics"]["laneMs"],
                 "lane_gc": op["customMetrics"].get("laneGc", []),
+                "lane_cpu_ms": op["customMetrics"].get("laneCpuMs", []),
+                "lane_warming": op["customMetrics"].get("laneWarming", []),
                 "state_rows": op["numRowsTotal"],
                 "cache_misses": op["customMetrics"].get("cacheMisses", 0),
                 "routing": r["routing"][step],

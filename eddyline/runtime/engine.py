@@ -483,6 +483,8 @@ class Engine:
                         "workerPeakRssBytes": max((m["memory"]["peak"]["rss"] for m in manifests if "memory" in m), default=0),
                         **_summed_metrics(manifests),
                         "laneMs": [m["ms"] for m in manifests],
+                        "laneCpuMs": [m.get("cpu_ms", {}) for m in manifests],
+                        "laneWarming": [bool(m.get("warming_at_start")) for m in manifests],
                         "laneGc": [m.get("gc", {}) for m in manifests],
                         "laneInputRows": [m["input_rows"] for m in manifests],
                     },

@@ -181,6 +181,9 @@ def warm_other_lanes(task: LaneTask, store: KeyGroupStore, lane: int, wait_s: fl
     return loaded
 
 
+WARM_THREAD = "eddyline-warm-cache"
+
+
 def _warm_quietly(task: LaneTask, store: KeyGroupStore, lane: int) -> None:
     # only a speed-up: the cache checks every group's chain tip before using what it holds
     with contextlib.suppress(Exception):
@@ -231,6 +234,9 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     clock = gc_clock()
     gc_s0, gc_n0, gc_f0 = clock.seconds, clock.collections, clock.full
     t0 = time.perf_counter()
+    cpu0 = time.thread_time()
+    # a warm-up of the cache left over from this worker's previous task shares the interpreter
+    warming = any(t.name == WARM_THREAD and t.is_alive() for t in threading.enumerate())
     mem0 = memory_bytes()
     received = list(batches)
     kernel = task.kernel
@@ -285,6 +291,7 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
         None if task.state_budget is None else task.state_budget // 2,
     )
     ms = {"load": 0.0, "kernel": 0.0, "write": 0.0}
+    kernel_cpu = 0.0
     chains: dict[str, list | None] = {}
     state_rows = state_bytes = output_rows = bytes_written = snapshots = deltas = 0
     metrics: dict[str, int] = {}
@@ -311,9 +318,10 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
             lo, hi = np.searchsorted(kgs, group[0], "left"), np.searchsorted(kgs, group[-1], "right")
             chunk = partials.slice(lo, hi - lo)
         state = store.load(task.index, [kg for kg in group if kg in task.index])
-        t_b = time.perf_counter()
+        t_b, c_b = time.perf_counter(), time.thread_time()
         result = kernel.process(chunk, state, task.watermark_ms)
         t_c = time.perf_counter()
+        kernel_cpu += time.thread_time() - c_b
         if defers:  # key groups of every part lie in the routing table (checked on arrival)
             held_before += deferred_counts(kernel, state, owners.size)
             held_after += deferred_counts(kernel, result.state, owners.size)
@@ -381,6 +389,13 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
             "receive": round((t_in - t0) * 1000, 2),
             **{k: round(v * 1000, 2) for k, v in ms.items()},
         },
+        # the task thread's own CPU time: below the wall times above when it waited for a core
+        # or for the interpreter lock
+        "cpu_ms": {
+            "lane": round((time.thread_time() - cpu0) * 1000, 2),
+            "kernel": round(kernel_cpu * 1000, 2),
+        },
+        "warming_at_start": warming,
         # time inside the phases above that went to the cyclic collector (not added to them)
         "gc": {
             "ms": round((clock.seconds - gc_s0) * 1000, 2),
@@ -394,6 +409,6 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     write_atomic(fs, path, json.dumps(manifest).encode())
     if task.state_budget is None:
-        threading.Thread(target=_warm_quietly, args=(task, store, lane), daemon=True).start()
+        threading.Thread(target=_warm_quietly, args=(task, store, lane), name=WARM_THREAD, daemon=True).start()
     if task.kill_driver_pid is not None and lane == 0:
         os.kill(task.kill_driver_pid, signal.SIGKILL)

@@ -83,3 +83,10 @@ def test_state_four_times_the_budget_stays_within_it(tmp_path: Path) -> None:
     # Each lane also reports the time its worker's garbage collector took.
     assert sum(m["gc"]["collections"] for m in bounded) > 0
     assert last["laneGc"] and all(g["ms"] >= 0 for g in last["laneGc"])
+    # ... and its task thread's CPU time, which one thread cannot spend faster than the clock.
+    assert sum(m["cpu_ms"]["kernel"] for m in bounded) > 0
+    for m in bounded:
+        assert m["cpu_ms"]["kernel"] <= m["ms"]["kernel"] + 1.0, m
+        assert m["cpu_ms"]["kernel"] <= m["cpu_ms"]["lane"], m
+        assert m["warming_at_start"] in (True, False)
+    assert len(last["laneCpuMs"]) == len(last["laneGc"]) == 2
