@@ -195,7 +195,10 @@ class FilesSource(Source):
             return None
         fs, base = _fs(p.path)
         try:
-            return pq.read_table([f"{base}/{n}" for n in names], columns=list(columns), filesystem=fs)
+            # one thread: the look-ahead reads in a background thread of lowered priority
+            return pq.read_table(
+                [f"{base}/{n}" for n in names], columns=list(columns), filesystem=fs, use_threads=False
+            )
         except (OSError, ValueError, KeyError, pa.ArrowException):
             return None
 

@@ -4,7 +4,9 @@ Counting a slice means reading its key columns and hashing its distinct keys: 8-
 400,000 rows of an adaptive benchmark epoch, and all of it on the critical path between two
 epochs. A files slice is counted file by file (counts add up), and once an epoch's Spark job is
 about to start, the files the next epoch is likely to read are counted in a background thread
-while the job runs (the driver then waits in one py4j call). The next plan takes
+while the job runs (the driver then waits in one py4j call), at the lowest CPU priority: on a
+machine whose cores the job keeps busy, the counting takes only what they leave idle instead of
+slowing the job's tasks by its share of a core. The next plan takes
 those counts if its files are the ones counted, and counts whatever is missing itself. Files are
 read once they are listed, so a file must be complete when it appears (as Spark's file source
 also requires).
@@ -12,6 +14,9 @@ also requires).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -24,6 +29,13 @@ from eddyline.plan.keygroups import key_group_counts
 PREFETCH_FILES = 64
 
 Counts = dict[str, np.ndarray | None]  # file name -> rows per key group (None: cannot tell)
+
+
+def idle_priority() -> None:
+    """Give the calling thread the lowest CPU priority (nice 19; on Linux a thread has its own),
+    for background work that must not take cores from Spark's tasks."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 class LookAhead:
@@ -71,7 +83,7 @@ class LookAhead:
         if not self._requested:
             return
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="eddyline-lookahead")
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="eddyline-lookahead", initializer=idle_priority)
         for source, planned, keys in self._requested:
             self._ahead[(source.name, keys)] = self._pool.submit(self._count_following, source, planned, keys)
         self._requested.clear()

@@ -3,6 +3,7 @@ background while an epoch runs; the counts are the ones a read of the whole slic
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -19,14 +20,17 @@ K = 16
 
 
 class RecordingSource(FilesSource):
-    """A files source that notes which thread read which files."""
+    """A files source that notes which thread read which files, and at which CPU priority."""
 
     def __init__(self, spec: SourceSpec) -> None:
         super().__init__(spec)
         self.reads: list[tuple[str, tuple[str, ...]]] = []
+        self.nice: dict[str, int] = {}
 
     def peek(self, planned, columns):
-        self.reads.append((threading.current_thread().name, tuple(planned.get("files") or ())))
+        name = threading.current_thread().name
+        self.reads.append((name, tuple(planned.get("files") or ())))
+        self.nice[name] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         return super().peek(planned, columns)
 
 
@@ -78,6 +82,10 @@ def test_the_next_slices_files_are_counted_in_the_background_while_an_epoch_runs
     inline = [files for thread, files in src.reads if thread == main][before:]
     assert background == {"002.parquet", "003.parquet"}, src.reads
     assert inline == [("004.parquet",)], src.reads
+    # The background counting runs at the lowest priority, so it takes only cores the job leaves
+    # idle; the driver's own thread keeps the process's priority.
+    assert {n for t, n in src.nice.items() if t != main} == {19}, src.nice
+    assert src.nice[main] == os.getpriority(os.PRIO_PROCESS, 0) < 19
 
 
 def test_a_file_unreadable_in_the_background_makes_the_counts_unknown(tmp_path):
