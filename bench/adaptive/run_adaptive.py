@@ -1042,29 +1042,23 @@ def tables_md(result: dict[str, Any]) -> str:
         )
         for x in rec["per_round"]
     )
-    rec_txt += (
-        ". Counted strictly (until every later epoch of the phase is within the limit): "
-        + "; ".join(
+
+    def per_round(field: str) -> str:  # "round 1: 2→0, 3→0, 4→0; round 2: ..."
+        return "; ".join(
             f"round {x['round'] + 1}: "
-            + ", ".join(
-                f"{sh['into_phase'].split(' ')[0]}→{sh.get('epochs_until_all_within', '?')}"
-                for sh in x["shifts"]
-            )
+            + ", ".join(f"{sh['into_phase'].split(' ')[0]}→{sh.get(field, '?')}" for sh in x["shifts"])
             for x in rec["per_round"]
         )
+
+    rec_txt += (
+        ". Counted strictly (until every later epoch of the phase is within the limit): "
+        + per_round("epochs_until_all_within")
         + f" ({'met' if rec.get('met_strict') else 'not met'})"
     )
     if any(len(sh["latencies"]) > RECOVERY_WINDOW for x in rec["per_round"] for sh in x["shifts"]):
         rec_txt += (
             f". With the two-of-three rule over the whole phase instead of its first {RECOVERY_WINDOW} epochs: "
-            + "; ".join(
-                f"round {x['round'] + 1}: "
-                + ", ".join(
-                    f"{sh['into_phase'].split(' ')[0]}→{sh.get('epochs_to_recover_whole_phase', '?')}"
-                    for sh in x["shifts"]
-                )
-                for x in rec["per_round"]
-            )
+            + per_round("epochs_to_recover_whole_phase")
         )
     mv = g["move_epoch_under_2x"]
     mv_txt = "; ".join(
