@@ -68,6 +68,26 @@ class RunSummary:
     dead_letters: int = 0
     late_rows: int = 0
     replayed: int = 0
+    #: keep-alive jobs run while idle, so Spark kept the lanes' Python workers (see WORKER_KEEPALIVE_S)
+    worker_keepalives: int = 0
+
+
+#: PySpark stops a Python worker that has been idle for a minute (a constant in Spark's
+#: PythonWorkerFactory, not a setting). The next epoch then starts new workers, which import
+#: pyarrow and the kernels again and have lost the lanes' state cache: 0.7-0.9 s more for the
+#: first epoch after a lull in bench/idle_lull.py. An engine with nothing to do for this long
+#: runs a tiny job on every core's worker instead.
+WORKER_KEEPALIVE_S = 40.0
+
+
+def touch_python_workers(spark: SparkSession) -> list[int]:
+    """Run one keep-alive task per core, each in an idle Python worker of Spark's pool (which
+    restarts its idle clock); returns the worker processes' ids."""
+    from eddyline.runtime.lanes import keep_warm
+
+    cores = spark.sparkContext.defaultParallelism
+    rows = spark.range(0, cores, 1, cores).mapInArrow(keep_warm, "pid long").collect()
+    return sorted(r.pid for r in rows)
 
 
 def _die() -> None:
@@ -88,8 +108,11 @@ class Engine:
         sinks: dict[str, Sink] | None = None,
         crash_at: str | None = None,
         retain_epochs: int = 10,
+        worker_keepalive_s: float | None = WORKER_KEEPALIVE_S,
     ):
         self.spec = spec
+        self.worker_keepalive_s = worker_keepalive_s
+        self._python_used_at = time.monotonic()  # when Python workers last ran a task of ours
         self.spark = spark
         self.ckpt = Checkpoint(checkpoint)
         self.lanes = lanes or spec.lanes or spark.sparkContext.defaultParallelism
@@ -124,6 +147,7 @@ class Engine:
         self._bytes_per_row: dict[str, float] = {}
         self._last_epoch_start: float | None = None
         self._cold = True  # the first epoch of this process
+        self.kept_warm_pids: list[int] = []  # the Python workers the last keep-alive job ran in
         self.has_dead_letter_sources = any(
             s.files is not None and s.files.format != "parquet" for s in spec.sources
         )
@@ -165,6 +189,7 @@ class Engine:
                     if plan is None:
                         if until_idle:
                             break
+                        summary.worker_keepalives += self._keep_workers_warm()
                         time.sleep(min(max(self.spec.trigger, 100), 1000) / 1000)
                         continue
                     self.ckpt.write_plan(plan)
@@ -184,6 +209,7 @@ class Engine:
                     else 0.0
                 )
                 prev_epoch_start = epoch_start
+                self._python_used_at = time.monotonic()
                 last = commit
                 summary.epochs += 1
                 if summary.epochs == 1:
@@ -209,6 +235,16 @@ class Engine:
                 gc.unfreeze()
         self._finish_cleanup()  # the last cleanup is done when run() returns
         return summary
+
+    def _keep_workers_warm(self) -> int:
+        """While the engine waits for input, keep Spark's Python workers (and the state they
+        cache) alive: once ``worker_keepalive_s`` passed since they last ran a task, run one
+        keep-alive task per core. Returns the number of jobs run (0 or 1)."""
+        if self.worker_keepalive_s is None or time.monotonic() - self._python_used_at < self.worker_keepalive_s:
+            return 0
+        self.kept_warm_pids = touch_python_workers(self.spark)
+        self._python_used_at = time.monotonic()
+        return 1
 
     # ------------------------------------------------------------------ planning
     def _plan_next(self, last: EpochCommit | None, elapsed_s: float, until_idle: bool) -> EpochPlan | None:
