@@ -215,6 +215,17 @@ def add_steal(run: dict[str, Any], sampler: StealSampler) -> None:
         e["steal_ms"] = round(sampler.steal_ms(end - e["latency_ms"] / 1000, end), 1)
 
 
+def settle(spark: Any) -> None:
+    """Start every run with live Python workers, as a running query has them. PySpark stops a
+    worker idle for a minute, and a Spark SS run of the dedup (50-55 s, no Python) left none: the
+    next Eddyline run's first epoch started new ones, 491-2,031 ms against 372-462 ms after
+    another Eddyline run (four 36-epoch dedup runs of 2026-11-22), and the rotation always put
+    adaptive after Spark SS. A full collection and a 2-s pause did not change that (21:23 run)."""
+    from eddyline.runtime.engine import touch_python_workers
+
+    touch_python_workers(spark)
+
+
 # ----------------------------------------------------------------------------- the data set
 def hot_shifts(
     spark: Any, keys: int, skew: float, key_groups: int, lanes: int, hot_kg: float
@@ -1269,6 +1280,7 @@ def main() -> None:
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
 
     def one(system: str, ev: Path, n: int) -> dict[str, Any]:
+        settle(spark)
         tmp = Path(tempfile.mkdtemp(prefix=f"adaptive-{system}-"))
         try:
             if system == "native":
