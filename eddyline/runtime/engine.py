@@ -242,8 +242,11 @@ class Engine:
         keep-alive task per core. Returns the number of jobs run (0 or 1)."""
         if self.worker_keepalive_s is None or time.monotonic() - self._python_used_at < self.worker_keepalive_s:
             return 0
-        self.kept_warm_pids = touch_python_workers(self.spark)
         self._python_used_at = time.monotonic()
+        try:
+            self.kept_warm_pids = touch_python_workers(self.spark)
+        except Exception:  # only a speed-up: if Spark cannot run it, the next epoch reports why
+            return 0
         return 1
 
     # ------------------------------------------------------------------ planning
