@@ -216,11 +216,10 @@ def add_steal(run: dict[str, Any], sampler: StealSampler) -> None:
 
 
 def settle(spark: Any) -> None:
-    """Start every run with live Python workers, as a running query has them. PySpark stops a
-    worker idle for a minute, and a Spark SS run of the dedup (50-55 s, no Python) left none: the
-    next Eddyline run's first epoch started new ones, 491-2,031 ms against 372-462 ms after
-    another Eddyline run (four 36-epoch dedup runs of 2026-11-22), and the rotation always put
-    adaptive after Spark SS. A full collection and a 2-s pause did not change that (21:23 run)."""
+    """Start every run with live Python workers, as a running query has them (PySpark stops a
+    worker idle for a minute, and a Spark SS dedup run uses none for 50-55 s). It does not explain
+    why an Eddyline run that follows a Spark SS run begins with a slow epoch: that stayed (21:57
+    run) and is time outside the lanes; see bench/adaptive/README.md."""
     from eddyline.runtime.engine import touch_python_workers
 
     touch_python_workers(spark)
