@@ -67,14 +67,14 @@ def spec(data: Path, out: Path) -> Any:
 
 def run_mode(spark: Any, tmp: Path, keepalive: bool, lull_s: float) -> dict[str, Any]:
     from eddyline.observe.progress import ProgressReporter
-    from eddyline.runtime.engine import Engine
+    from eddyline.runtime.engine import WORKER_KEEPALIVE_S, Engine
 
     data, ckpt = tmp / "in", tmp / "ckpt"
     data.mkdir()
     for i in range(6):
         write_file(data, i)
     net = spec(data, tmp / "out")
-    interval = None if not keepalive else 40.0
+    interval = WORKER_KEEPALIVE_S if keepalive else None
 
     class Recorder(ProgressReporter):
         def __init__(self) -> None:

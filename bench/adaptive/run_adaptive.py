@@ -215,16 +215,6 @@ def add_steal(run: dict[str, Any], sampler: StealSampler) -> None:
         e["steal_ms"] = round(sampler.steal_ms(end - e["latency_ms"] / 1000, end), 1)
 
 
-def settle(spark: Any) -> None:
-    """Start every run with live Python workers, as a running query has them (PySpark stops a
-    worker idle for a minute, and a Spark SS dedup run uses none for 50-55 s). It does not explain
-    why an Eddyline run that follows a Spark SS run begins with a slow epoch: that stayed (21:57
-    run) and is time outside the lanes; see bench/adaptive/README.md."""
-    from eddyline.runtime.engine import touch_python_workers
-
-    touch_python_workers(spark)
-
-
 # ----------------------------------------------------------------------------- the data set
 def hot_shifts(
     spark: Any, keys: int, skew: float, key_groups: int, lanes: int, hot_kg: float
@@ -1237,6 +1227,7 @@ def main() -> None:
     args.rate = args.rate or args.rows / 2
     args.interval = args.rows / args.rate
 
+    from eddyline.runtime.engine import touch_python_workers
     from eddyline.runtime.session import get_spark
 
     # PySpark's own worker code (applyInPandasWithState) concatenates empty frames and pandas
@@ -1279,7 +1270,9 @@ def main() -> None:
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
 
     def one(system: str, ev: Path, n: int) -> dict[str, Any]:
-        settle(spark)
+        # every run starts with live Python workers, as a running query has them (a Spark SS
+        # dedup run uses none for 50-55 s, and PySpark stops them after a minute idle)
+        touch_python_workers(spark)
         tmp = Path(tempfile.mkdtemp(prefix=f"adaptive-{system}-"))
         try:
             if system == "native":

@@ -34,4 +34,3 @@ def test_an_idle_engine_runs_its_keep_alive_in_the_lanes_python_workers(spark, t
     assert lanes, "the lanes wrote no manifests"
     # the keep-alive reached the processes that ran the lanes, whose state cache it keeps
     assert set(engine.kept_warm_pids) & lanes, (engine.kept_warm_pids, lanes)
-
