@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 
 from eddyline.api.spec import Files, SinkSpec
 from eddyline.errors import SinkError
-from eddyline.state.store import filesystem
+from eddyline.storage import filesystem
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

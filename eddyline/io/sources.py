@@ -307,7 +307,7 @@ def _newest_ms(meta: Any, col: str) -> int | None | bool:
 
 
 def _fs(path: str) -> tuple[pafs.FileSystem, str]:
-    from eddyline.state.store import filesystem
+    from eddyline.storage import filesystem
 
     return filesystem(path)
 

@@ -17,7 +17,7 @@ import pyarrow.fs as pafs
 
 from eddyline.api.spec import Files, NetworkSpec
 from eddyline.errors import SourceError
-from eddyline.state.store import filesystem
+from eddyline.storage import filesystem
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

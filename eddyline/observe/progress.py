@@ -14,20 +14,11 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from datetime import UTC, datetime
 from typing import IO, Any
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
-
-from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
-
-
-def iso_ms(ms: int | None) -> str | None:
-    if ms is None or ms <= NO_WATERMARK or ms >= END_OF_STREAM:
-        return None if ms is None or ms <= NO_WATERMARK else "end-of-stream"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def _human(n: float) -> str:

@@ -36,10 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-KG = "_kg"
-#: Optional bool input column of split (SPREADFIRE) key groups: a probe copy of a row stored in
-#: another fragment of the same key group (see eddyline.operators.join).
-PROBE = "_probe"
+from eddyline.columns import KG
 
 
 @dataclass

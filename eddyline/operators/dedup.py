@@ -36,7 +36,8 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from eddyline.operators.base import KG, KernelResult
+from eddyline.columns import KG
+from eddyline.operators.base import KernelResult
 from eddyline.operators.keyed import (
     key_codes,
     key_groups_of,

@@ -79,7 +79,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.operators.base import KG, PROBE, KernelResult, changed_groups, sortable
+from eddyline.columns import KG, PROBE
+from eddyline.operators.base import KernelResult, changed_groups, sortable
 from eddyline.operators.window import TIMESTAMP, WINDOW_END, WINDOW_START
 
 SIDE = "_side"

@@ -34,10 +34,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.operators.base import KG, KernelResult, sortable
+from eddyline.columns import KG, OP
+from eddyline.operators.base import KernelResult, sortable
 from eddyline.operators.window import TIMESTAMP, event_time_ms
 
-OP = "_op"
 INSERT, UPDATE = "insert", "update"
 
 ArrayLike = pa.Array | pa.ChunkedArray

@@ -69,7 +69,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.operators.base import KG, KernelResult, changed_groups
+from eddyline.columns import KG
+from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
+from eddyline.operators.base import KernelResult, changed_groups
 from eddyline.operators.keyed import (
     PartialColumn,
     aggregate_fields,
@@ -88,7 +90,6 @@ from eddyline.operators.keyed import (
     take_or_null,
     with_key_group,
 )
-from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
 
 KIND, SEQ, ROW = "_kind", "_seq", "_row."  # ROW: the prefix of stored input columns
 HISTORY, BUFFERED = 0, 1

@@ -87,8 +87,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.operators.base import KG, KernelResult, changed_groups, sortable
-from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK, TIMESTAMP, event_time_ms
+from eddyline.columns import KG
+from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
+from eddyline.operators.base import KernelResult, changed_groups, sortable
+from eddyline.operators.window import TIMESTAMP, event_time_ms
 
 Row = dict[str, Any]
 Bound = Mapping[str, Row]

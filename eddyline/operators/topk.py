@@ -32,7 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.operators.base import KG, KernelResult
+from eddyline.columns import KG
+from eddyline.operators.base import KernelResult
 from eddyline.operators.keyed import (
     event_times,
     key_groups_of,

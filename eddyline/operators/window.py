@@ -32,7 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.operators.base import KG, KernelResult
+from eddyline.columns import KG
+from eddyline.operators.base import KernelResult
 
 WINDOW_START = "window_start"
 #: window start (ms) in partials and state; output names it WINDOW_START. Internal, so that a
@@ -43,8 +44,6 @@ REVISION = "revision"
 REV = "_rev"  # state: how many times the window has been emitted
 TOUCHED = "_touched"
 TIMESTAMP = pa.timestamp("us", tz="UTC")
-NO_WATERMARK = -(2**62)
-END_OF_STREAM = 2**62
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from eddyline.api.spec import NetworkSpec, StepSpec, WindowAggregate
+from eddyline.columns import KG, PROBE
 from eddyline.errors import SpecError
 from eddyline.io.sources import Source
-from eddyline.operators.base import KG, PROBE, Kernel
+from eddyline.operators.base import Kernel
 from eddyline.operators.window import START_MS, WINDOW_END, WINDOW_START, WindowConfig, WindowKernel
 from eddyline.plan.keygroups import RoutingTable, route_values
 from eddyline.runtime.lanes import LaneTask, run_lane
@@ -705,8 +706,8 @@ def _first_line(e: BaseException) -> str:
 def empty_epoch(spark: SparkSession, spec: NetworkSpec, lanes: int) -> EpochFrames:
     """The network over empty slices of every source: Spark analyses every step (column and
     type errors surface here) without reading data or touching a checkpoint."""
+    from eddyline.eventtime import NO_WATERMARK
     from eddyline.io.sources import make_source
-    from eddyline.operators.window import NO_WATERMARK
 
     sources = {s.name: make_source(s) for s in spec.sources}
     runs = {

@@ -41,10 +41,10 @@ from eddyline.control.manager import DistributionManager
 from eddyline.control.overload import EpochCost, OverloadController
 from eddyline.control.stats import step_load
 from eddyline.errors import CheckpointError, EddylineError, EngineError
+from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK, iso_ms
 from eddyline.io.sinks import FilesTarget, Sink, make_sink, write_frame
 from eddyline.io.sources import Source, make_source
-from eddyline.observe.progress import ProgressReporter, iso_ms
-from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
+from eddyline.observe.progress import ProgressReporter
 from eddyline.plan.keygroups import RoutingTable
 from eddyline.runtime.compile import EpochCompiler, StepRun, topological
 from eddyline.runtime.log import Checkpoint, EpochCommit, EpochPlan

@@ -23,17 +23,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from eddyline.operators.base import KG, PROBE, Kernel, deferred_counts
+from eddyline.columns import KG, PROBE
+from eddyline.operators.base import Kernel, deferred_counts
 from eddyline.runtime.udf import MARK
-from eddyline.state.store import (
-    DEFAULT_CACHE_BYTES,
-    KeyGroupStore,
-    filesystem,
-    process_cache,
-    read_json,
-    with_chains,
-    write_atomic,
-)
+from eddyline.state.store import DEFAULT_CACHE_BYTES, KeyGroupStore, process_cache, with_chains
+from eddyline.storage import filesystem, read_json, write_atomic
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from eddyline.errors import CheckpointError
-from eddyline.state.store import filesystem, read_json, write_atomic
+from eddyline.storage import filesystem, read_json, write_atomic
 
 FORMAT_VERSION = 1
 

@@ -19,7 +19,6 @@ budget; what does not fit is dropped and reloaded from files (the state stays on
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections import OrderedDict
@@ -31,8 +30,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-KG = "_kg"
-OP = "_op"
+from eddyline.columns import KG, OP
+from eddyline.storage import filesystem, write_atomic
+
 SNAPSHOT, DELTA = "s", "d"
 
 #: [epoch, lane, kind, row offset, row count]
@@ -41,25 +41,6 @@ Chain = list
 StateIndex = dict  # key group -> Chain
 
 
-def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
-    """A pyarrow filesystem and path for a local path or any URI pyarrow understands."""
-    if "://" in root:
-        fs, path = pafs.FileSystem.from_uri(root)
-        return fs, path.rstrip("/")
-    return pafs.LocalFileSystem(), os.path.abspath(root)
-
-
-def write_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    """Write then rename, so readers see the old file or the whole new one."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with fs.open_output_stream(tmp) as out:
-        out.write(data)
-    fs.move(tmp, path)
-
-
-def read_json(fs: pafs.FileSystem, path: str) -> object:
-    with fs.open_input_stream(path) as f:
-        return json.loads(f.read())
 
 
 class StateCache:

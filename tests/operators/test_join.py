@@ -15,7 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eddyline.operators.base import KG, Kernel, KernelResult
+from eddyline.columns import KG
+from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
+from eddyline.operators.base import Kernel, KernelResult
 from eddyline.operators.join import (
     EXPIRE,
     SEQ,
@@ -24,7 +26,6 @@ from eddyline.operators.join import (
     UnboundedJoinKernel,
     WindowJoinKernel,
 )
-from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
 
 TS = pa.timestamp("us", tz="UTC")
 LEFT = pa.schema(

@@ -18,7 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eddyline.operators.base import KG, Kernel, KernelResult
+from eddyline.columns import KG
+from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
+from eddyline.operators.base import Kernel, KernelResult
 from eddyline.operators.join import (
     PROBE,
     SEQ,
@@ -27,7 +29,6 @@ from eddyline.operators.join import (
     UnboundedJoinKernel,
     WindowJoinKernel,
 )
-from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
 from tests.operators.test_join import (
     KEY_GROUPS,
     TTL_MS,

@@ -21,15 +21,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eddyline.operators.base import KG, Kernel, KernelResult
+from eddyline.columns import KG, OP
+from eddyline.columns import OP as DELTA_OP
+from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
+from eddyline.operators.base import Kernel, KernelResult
 from eddyline.operators.keyed import (
-    OP,
     KeyedAggregateKernel,
     KeyedAggregateSpec,
     parse_keyed_aggregate,
 )
-from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
-from eddyline.state.store import OP as DELTA_OP
 from eddyline.state.store import apply_delta
 
 TS = pa.timestamp("us", tz="UTC")

@@ -19,9 +19,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eddyline.operators.base import KG, Kernel
+from eddyline.columns import KG
+from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
+from eddyline.operators.base import Kernel
 from eddyline.operators.over import BUFFERED, HISTORY, KIND, SEQ, OverAggregateKernel
-from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
 from tests.operators.test_keyed import check_result, cut, multiset, row_tuples, run_kernel, with_kg
 
 TS = pa.timestamp("us", tz="UTC")

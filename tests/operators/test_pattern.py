@@ -16,6 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eddyline.columns import OP
+from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.pattern import (
     ONE,
     PLUS,
@@ -32,8 +34,7 @@ from eddyline.operators.pattern import (
     stage2_batch,
     tick_pattern,
 )
-from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
-from eddyline.state.store import OP, apply_delta
+from eddyline.state.store import apply_delta
 
 SCHEMA = pa.schema(
     [

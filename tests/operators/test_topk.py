@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.topk import RANK, SLOT, TopKKernel
-from eddyline.operators.window import END_OF_STREAM, NO_WATERMARK
 from tests.operators.test_keyed import TS, check_result, cut, multiset, norm, run_kernel, with_kg
 
 WINDOW_MS = 10_000

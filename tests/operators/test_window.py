@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.window import (
-    END_OF_STREAM,
-    NO_WATERMARK,
     WindowConfig,
     WindowKernel,
     partial_aggregate,

@@ -15,9 +15,9 @@ import yaml
 
 from eddyline.api.spec import Generator
 from eddyline.api.validate import load_spec
+from eddyline.eventtime import END_OF_STREAM
 from eddyline.io.generator import generator_frame
 from eddyline.operators.pattern import PatternKernel, tick_pattern
-from eddyline.operators.window import END_OF_STREAM
 from eddyline.runtime.engine import Engine
 
 TICKS = 4_000

@@ -1,0 +1,37 @@
+"""Files under a location that may be a local path or any URI pyarrow opens.
+
+The checkpoint, the files sources and sinks and the state store all read and write through
+these few functions, so that a cluster can put them on any filesystem pyarrow supports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow.fs as pafs
+
+
+def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow filesystem and path for a local path or any URI pyarrow understands."""
+    if "://" in root:
+        fs, path = pafs.FileSystem.from_uri(root)
+        return fs, path.rstrip("/")
+    return pafs.LocalFileSystem(), os.path.abspath(root)
+
+
+def write_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Write then rename, so readers see the old file or the whole new one."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with fs.open_output_stream(tmp) as out:
+        out.write(data)
+    fs.move(tmp, path)
+
+
+def read_json(fs: pafs.FileSystem, path: str) -> object:
+    with fs.open_input_stream(path) as f:
+        return json.loads(f.read())
+
+
+def exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
