@@ -762,6 +762,11 @@ class Control(Model):
     state_budget: ByteSize | None = Field(default=None, gt=0)
     #: Epochs of load statistics kept for the policies.
     history: int = Field(default=30, ge=2)
+    #: What a key group's load is measured in for placement and balancing: ``time`` shares the
+    #: lanes' measured busy time out by rows (the true cost, but as noisy as the machine's
+    #: clock); ``rows`` counts the rows its kernel worked on (the same input then gives the same
+    #: decisions in every run). Rescaling always uses measured rates.
+    load: Literal["time", "rows"] = "time"
     #: The steps the control plane adapts (default: every stateful step).
     steps: tuple[str, ...] | None = None
 
