@@ -73,16 +73,9 @@ def deferred_counts(kernel: Kernel, state: pa.Table, key_groups: int) -> np.ndar
     if not state.num_rows:
         return np.zeros(key_groups, dtype=np.int64)
     mask = np.asarray(deferred(state), dtype=bool)
-    return np.bincount(state.column(KG).to_numpy(zero_copy_only=False)[mask], minlength=key_groups).astype(np.int64)
-
-
-def changed_groups(*tables: pa.Table) -> list[int]:
-    """The sorted distinct key groups appearing in any of ``tables``."""
-    found: set[int] = set()
-    for t in tables:
-        if t.num_rows:
-            found.update(np.unique(t.column(KG).to_numpy()).tolist())
-    return sorted(found)
+    return np.bincount(
+        state.column(KG).to_numpy(zero_copy_only=False)[mask], minlength=key_groups
+    ).astype(np.int64)
 
 
 @functools.lru_cache(maxsize=256)

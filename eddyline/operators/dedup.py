@@ -39,6 +39,7 @@ import pyarrow as pa
 from eddyline.columns import KG
 from eddyline.operators.base import KernelResult
 from eddyline.operators.keyed import (
+    changed_groups,
     key_codes,
     key_groups_of,
     normalize,
@@ -124,7 +125,9 @@ class DedupKernel:
     def _settled(self, touched: pa.Table, rows: pa.Table, t: np.ndarray) -> np.ndarray:
         """Rows that cannot pass whatever the others do (see step 2 of :meth:`process`)."""
         ttl = self.ttl_ms
-        sc, rc, codes = key_codes([touched.column(k) for k in self.keys], [rows.column(k) for k in self.keys])
+        sc, rc, codes = key_codes(
+            [touched.column(k) for k in self.keys], [rows.column(k) for k in self.keys]
+        )
         at = np.full(codes, -1, dtype=np.int64)
         at[sc] = np.arange(sc.size)
         at = at[rc]
@@ -249,7 +252,7 @@ class DedupKernel:
                 merged.filter(pa.array(had & ~keep_g)).select(pk),
             ]
         )
-        kgs = np.unique(np.concatenate([key_groups_of(upserts), key_groups_of(deletes)])).tolist()
+        kgs = changed_groups(upserts, deletes)
         return KernelResult(
             output,
             new_state,

@@ -80,7 +80,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from eddyline.columns import KG, PROBE
-from eddyline.operators.base import KernelResult, changed_groups, sortable
+from eddyline.operators.base import KernelResult, sortable
+from eddyline.operators.keyed import changed_groups
 from eddyline.operators.window import TIMESTAMP, WINDOW_END, WINDOW_START
 
 SIDE = "_side"
@@ -112,7 +113,12 @@ def ns_to_ms(ns: np.ndarray) -> np.ndarray:
 
 
 def _result(
-    output: pa.Table, state: pa.Table, admitted: pa.Table, deletes: pa.Table, late: np.ndarray, dropped: np.ndarray
+    output: pa.Table,
+    state: pa.Table,
+    admitted: pa.Table,
+    deletes: pa.Table,
+    late: np.ndarray,
+    dropped: np.ndarray,
 ) -> KernelResult:
     """Stored rows never change, so the upserts are exactly the admitted rows."""
     return KernelResult(

@@ -7,7 +7,9 @@ can change at any time) and emits, every epoch, one row per key whose result cha
 applies the changelog with upsert semantics: the newest row per key is the current value.
 
 The rest of this module is shared by the kernels of :mod:`eddyline.operators.dedup`,
-:mod:`~eddyline.operators.topk` and :mod:`~eddyline.operators.session`:
+:mod:`~eddyline.operators.topk`, :mod:`~eddyline.operators.session`,
+:mod:`~eddyline.operators.over` and :mod:`~eddyline.operators.pattern` (and
+:func:`changed_groups`, the key groups a result names, by every kernel):
 
 * **a total order over rows**: kernels must not depend on the row order of a batch, so every
   choice between rows (the first row of a key, the k-th row of a partition) is made after a
@@ -15,7 +17,8 @@ The rest of this module is shared by the kernels of :mod:`eddyline.operators.ded
   column are indistinguishable, so which of them comes first cannot change any result;
 * **grouping by sorting**: after the sort, a group is a run of equal key values. Unlike a hash
   join, this treats a null key as a value like any other (nulls group together) and gives each
-  group a dense id for numpy segment arithmetic;
+  group a dense id for numpy segment arithmetic (:func:`sorted_key_ids` numbers the keys of
+  several tables at once, in key order);
 * **partial aggregates** for ``count/sum/min/max/avg``, with the types of
   :class:`~eddyline.operators.window.WindowConfig`: a count is an int64, a sum an int64 (integer
   input) or a float64 (float or decimal input), min/max keep the input type, and an average is a
@@ -171,7 +174,9 @@ def same_values(left: Sequence[ArrayLike], right: Sequence[ArrayLike], n: int) -
     return same
 
 
-def key_codes(state_keys: Sequence[ArrayLike], row_keys: Sequence[ArrayLike]) -> tuple[np.ndarray, np.ndarray, int]:
+def key_codes(
+    state_keys: Sequence[ArrayLike], row_keys: Sequence[ArrayLike]
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Dense integer codes for the keys of state rows and of batch rows, from one hash encoding
     of both, so equal keys get equal codes (null equals null, as in :func:`run_starts`):
     ``(state codes, row codes, number of codes)``. O(rows + state), no sort: kernels use it to
@@ -214,6 +219,48 @@ def segments(starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     firsts = np.flatnonzero(starts)
     sizes = np.diff(np.append(firsts, len(starts)))
     return gid, firsts, sizes
+
+
+def ranks_in_segments(starts: np.ndarray) -> np.ndarray:
+    """Position of each row inside its run of equal values (0 at every ``starts``)."""
+    gid, firsts, _sizes = segments(starts)
+    return np.arange(len(starts), dtype=np.int64) - firsts[gid]
+
+
+def sorted_key_ids(
+    parts: Sequence[pa.Table], key_schema: pa.Schema
+) -> tuple[list[np.ndarray], pa.Table]:
+    """Dense ids of the distinct keys (``key_schema``'s columns, nulls grouping together) over
+    ``parts``, numbered in ascending key order: ``(the ids per part, the distinct keys)``. Unlike
+    :func:`key_codes` the ids follow the key order, so a kernel walking keys by id walks them in
+    ``(_kg, keys)`` order."""
+    cols = key_schema.names
+    keys = pa.concat_tables([p.select(cols).cast(key_schema) for p in parts])
+    n = keys.num_rows
+    order = sort_indices([(keys.column(c), "ascending") for c in cols], n)
+    ordered = keys.take(pa.array(order))
+    gid, firsts, _sizes = segments(run_starts([ordered.column(c) for c in cols], n))
+    ids = np.empty(n, dtype=np.int64)
+    ids[order] = gid
+    bounds = np.cumsum([0, *(p.num_rows for p in parts)])
+    per_part = [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return per_part, ordered.take(pa.array(firsts, pa.int64()))
+
+
+def int_values(column: ArrayLike, null: int) -> np.ndarray:
+    """An integer column as int64 numpy, nulls replaced by ``null``."""
+    if len(column) == 0:
+        return np.zeros(0, dtype=np.int64)
+    filled = pc.fill_null(pc.cast(column, pa.int64()), null)
+    return np.asarray(filled.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def changed_groups(*tables: pa.Table) -> list[int]:
+    """The sorted distinct key groups of the rows in ``tables``: a kernel's upserts and deletes
+    give its :attr:`~eddyline.operators.base.KernelResult.changed_key_groups`."""
+    if not tables:
+        return []
+    return np.unique(np.concatenate([key_groups_of(t) for t in tables])).tolist()
 
 
 def take_or_null(column: ArrayLike, idx: np.ndarray) -> ArrayLike:
@@ -607,7 +654,7 @@ class KeyedAggregateKernel:
             new_state,
             upserts,
             empty.deletes,
-            np.unique(key_groups_of(upserts)).tolist(),
+            changed_groups(upserts),
             {"keys_inserted": int((~had).sum()), "keys_updated": int((had & out_changed).sum())},
         )
 

@@ -71,21 +71,24 @@ import pyarrow.compute as pc
 
 from eddyline.columns import KG
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
-from eddyline.operators.base import KernelResult, changed_groups
+from eddyline.operators.base import KernelResult
 from eddyline.operators.keyed import (
     PartialColumn,
     aggregate_fields,
+    changed_groups,
     event_times,
     finish_aggregates,
+    int_values,
     key_groups_of,
     normalize,
     nullable,
     partial_columns,
+    ranks_in_segments,
     require_columns,
     row_partials,
-    run_starts,
     segments,
     sort_indices,
+    sorted_key_ids,
     split_by_key_groups,
     take_or_null,
     with_key_group,
@@ -203,17 +206,17 @@ class OverAggregateKernel:
         p_time = ROW + self.time
 
         # 1. touched key groups
-        kind = _ints(state.column(KIND), -1)
+        kind = int_values(state.column(KIND), -1)
         due = kind == BUFFERED
         if not eos:
             due &= event_times(state.column(p_time))[0] < watermark_ms
         kgs = np.unique(np.concatenate([key_groups_of(batch), key_groups_of(state)[due]]))
         touched, rest = split_by_key_groups(state, kgs)
-        kind = _ints(touched.column(KIND), -1)
-        seq = _ints(touched.column(SEQ), 0)
+        kind = int_values(touched.column(KIND), -1)
+        seq = int_values(touched.column(SEQ), 0)
 
         # 2. key ids
-        (s_kid, b_kid), keytab = self._key_ids([touched, batch])
+        (s_kid, b_kid), keytab = sorted_key_ids([touched, batch], self._key_schema)
         n_keys = keytab.num_rows
 
         # 3. per-key history and buffer counters
@@ -258,14 +261,14 @@ class OverAggregateKernel:
             keytab,
             nb_kid,
             BUFFERED,
-            next_buf[nb_kid] + _rank_in_runs(nb_kid),
+            next_buf[nb_kid] + _ranks(nb_kid),
             pending.take(pa.array(new_buf)),
         )
 
         # 6. the sequence per key with ready rows: history by ordinal, then the ready rows
         r_idx = np.flatnonzero(ready)
         r_kid = p_kid[r_idx]
-        r_ord = next_ord[r_kid] + _rank_in_runs(r_kid)
+        r_ord = next_ord[r_kid] + _ranks(r_kid)
         h_idx = hist[np.isin(s_kid[hist], r_kid)]
         h_idx = h_idx[np.lexsort((seq[h_idx], s_kid[h_idx]))]
         h_rows = self._unpack(touched.take(pa.array(h_idx)), s_kid[h_idx], keytab)
@@ -276,7 +279,7 @@ class OverAggregateKernel:
         sequence = sequence.take(pa.array(q_order))
         q_kid = q_kid[q_order]
         at = np.flatnonzero(q_phase[q_order] == 1)  # the ready rows, in r_idx order
-        _gid, firsts, _ = segments(_starts(q_kid))
+        _gid, firsts, _ = segments(_key_starts(q_kid))
         lo = firsts[_gid[at]] if at.size else np.zeros(0, dtype=np.int64)
         partials = self._frames(sequence, at, lo)
 
@@ -307,28 +310,13 @@ class OverAggregateKernel:
         metrics = {
             "late_rows": int(late.sum()),
             "rows_emitted": output.num_rows,
-            "buffered_rows": int((_ints(new_state.column(KIND), -1) == BUFFERED).sum()),
+            "buffered_rows": int((int_values(new_state.column(KIND), -1) == BUFFERED).sum()),
         }
         return KernelResult(
             output, new_state, upserts, deletes, changed_groups(upserts, deletes), metrics
         )
 
     # ------------------------------------------------------------------------- helpers
-    def _key_ids(self, parts: Sequence[pa.Table]) -> tuple[list[np.ndarray], pa.Table]:
-        """Dense ids of the distinct ``(_kg, keys)`` over ``parts`` (nulls group together),
-        numbered in sorted order; the ids per part and the distinct keys."""
-        cols = self._key_schema.names
-        keys = pa.concat_tables([p.select(cols).cast(self._key_schema) for p in parts])
-        n = keys.num_rows
-        order = sort_indices([(keys.column(c), "ascending") for c in cols], n)
-        ordered = keys.take(pa.array(order))
-        gid, firsts, _ = segments(run_starts([ordered.column(c) for c in cols], n))
-        ids = np.empty(n, dtype=np.int64)
-        ids[order] = gid
-        bounds = np.cumsum([0, *(p.num_rows for p in parts)])
-        return [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)], ordered.take(
-            pa.array(firsts, pa.int64())
-        )
 
     def _unpack(self, rows: pa.Table, kid: np.ndarray, keytab: pa.Table) -> pa.Table:
         """State rows → rows of ``_rows_schema`` (keys from ``keytab``)."""
@@ -365,7 +353,7 @@ class OverAggregateKernel:
         for p in self._partials:
             col = one[p.name]
             if p.kind == "count":
-                acc = self._fold(_ints(col, 0), at, lo, np.add)
+                acc = self._fold(int_values(col, 0), at, lo, np.add)
                 cols[p.name] = pa.array(acc, pa.int64())
             elif p.kind == "sum":
                 valid = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), dtype=np.int64)
@@ -405,25 +393,13 @@ class OverAggregateKernel:
         return acc
 
 
-def _ints(col: pa.Array | pa.ChunkedArray, null: int) -> np.ndarray:
-    """An integer column as int64 numpy, nulls replaced by ``null``."""
-    if len(col) == 0:
-        return np.zeros(0, dtype=np.int64)
-    filled = pc.fill_null(pc.cast(col, pa.int64()), null)
-    return np.asarray(filled.to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
-def _starts(kid: np.ndarray) -> np.ndarray:
+def _key_starts(kid: np.ndarray) -> np.ndarray:
     """True where a row of rows sorted by ``kid`` starts a new key."""
     starts = np.ones(kid.size, dtype=bool)
     starts[1:] = kid[1:] != kid[:-1]
     return starts
 
 
-def _rank_in_runs(kid: np.ndarray) -> np.ndarray:
+def _ranks(kid: np.ndarray) -> np.ndarray:
     """Position of each row among the rows of its key (rows sorted by ``kid``)."""
-    if kid.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    _, firsts, _ = segments(_starts(kid))
-    gid = np.cumsum(_starts(kid)) - 1
-    return np.arange(kid.size, dtype=np.int64) - firsts[gid]
+    return ranks_in_segments(_key_starts(kid))

@@ -35,6 +35,7 @@ from eddyline.columns import KG
 from eddyline.operators.base import KernelResult
 from eddyline.operators.keyed import (
     aggregate_fields,
+    changed_groups,
     finish_aggregates,
     key_groups_of,
     merge_partials,
@@ -221,7 +222,7 @@ class SessionWindowKernel:
         deletes = pa.concat_tables(
             [both.filter(pa.array(gone)).select(pk), rest.filter(pa.array(rest_fire)).select(pk)]
         )
-        kgs = np.unique(np.concatenate([key_groups_of(upserts), key_groups_of(deletes)])).tolist()
+        kgs = changed_groups(upserts, deletes)
         return KernelResult(
             output,
             new_state,

@@ -31,6 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from eddyline.hashing import SPARK_XXHASH64_SEED, IdsLike, spark_xxhash64, xxh64_long
+
 __all__ = [
     "SPARK_XXHASH64_SEED",
     "keep_mask_random",
@@ -42,118 +44,9 @@ __all__ = [
     "xxh64_long",
 ]
 
-#: The seed Spark's ``xxhash64`` starts from.
-SPARK_XXHASH64_SEED = 42
-
-_MASK64 = (1 << 64) - 1
 _LOW53 = (1 << 53) - 1
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
-
-# The five XXH64 primes of the specification.
-_PRIME64_1 = np.uint64(0x9E3779B185EBCA87)
-_PRIME64_2 = np.uint64(0xC2B2AE3D27D4EB4F)
-_PRIME64_3 = np.uint64(0x165667B19E3779F9)
-_PRIME64_4 = np.uint64(0x85EBCA77C2B2AE63)
-_PRIME64_5 = np.uint64(0x27D4EB2F165667C5)
-
-IdsLike = pa.Array | pa.ChunkedArray | np.ndarray | list[int]
-
-
-def _rotl(x: np.ndarray, bits: int) -> np.ndarray:
-    return (x << np.uint64(bits)) | (x >> np.uint64(64 - bits))
-
-
-def _seed_array(seed: int | np.ndarray) -> np.ndarray:
-    if isinstance(seed, np.ndarray):
-        if seed.dtype == np.uint64:
-            return seed
-        if seed.dtype.kind == "i":
-            return seed.astype(np.int64, copy=False).view(np.uint64)
-        raise TypeError(f"seeds must be integers, got dtype {seed.dtype}")
-    if not isinstance(seed, int | np.integer) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an integer, got {seed!r}")
-    return np.array([int(seed) & _MASK64], dtype=np.uint64)
-
-
-def _as_uint64(values: np.ndarray) -> np.ndarray:
-    """The 64-bit two's-complement bit patterns of integers, as uint64."""
-    if values.dtype.kind == "i":
-        return values.astype(np.int64, copy=False).view(np.uint64)
-    if values.dtype.kind == "u":
-        return values.astype(np.uint64, copy=False)
-    raise TypeError(f"values must be integers, got dtype {values.dtype}")
-
-
-def xxh64_long(values: np.ndarray, seed: int | np.ndarray) -> np.ndarray:
-    """XXH64 of each 64-bit integer's eight little-endian bytes, with the given seed(s).
-
-    This is Spark's ``XXH64.hashLong(value, seed)``: the XXH64 specification for an 8-byte input
-    (accumulator ``seed + PRIME64_5 + 8``, one lane round, then the avalanche). ``values`` are
-    signed or unsigned integers (taken as their two's-complement bit pattern); ``seed`` is an
-    integer (any sign, taken modulo 2**64) or a uint64 array broadcastable against ``values``.
-    Returns uint64.
-    """
-    v = _as_uint64(np.atleast_1d(np.asarray(values)))
-    s = _seed_array(seed)
-    with np.errstate(over="ignore"):
-        h = s + _PRIME64_5 + np.uint64(8)
-        lane = _rotl(v * _PRIME64_2, 31) * _PRIME64_1
-        h = h ^ lane
-        h = _rotl(h, 27) * _PRIME64_1 + _PRIME64_4
-        h = h ^ (h >> np.uint64(33))
-        h = h * _PRIME64_2
-        h = h ^ (h >> np.uint64(29))
-        h = h * _PRIME64_3
-        h = h ^ (h >> np.uint64(32))
-    return h
-
-
-def _longs(values: IdsLike | int) -> tuple[np.ndarray, np.ndarray | None]:
-    """Values as int64 plus a validity mask (``None`` when nothing is null)."""
-    if isinstance(values, int | np.integer) and not isinstance(values, bool):
-        if not _INT64_MIN <= int(values) <= _INT64_MAX:
-            raise ValueError(f"{values} does not fit in a signed 64-bit integer (Spark BIGINT)")
-        return np.array([int(values)], dtype=np.int64), None
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if isinstance(values, pa.Array):
-        if not (pa.types.is_integer(values.type) or pa.types.is_null(values.type)):
-            raise TypeError(f"row ids must be integers, got Arrow type {values.type}")
-        try:
-            as_long = pc.cast(values, pa.int64())
-        except pa.ArrowInvalid as exc:
-            raise ValueError(f"row ids must fit in a signed 64-bit integer: {exc}") from None
-        valid = None
-        if as_long.null_count:
-            valid = as_long.is_valid().to_numpy(zero_copy_only=False)
-            as_long = pc.fill_null(as_long, 0)
-        return as_long.to_numpy(zero_copy_only=False).astype(np.int64, copy=False), valid
-    array = np.asarray(values).reshape(-1)
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"row ids must be integers, got dtype {array.dtype}")
-    if array.dtype.kind == "u" and array.size and array.max() > _INT64_MAX:
-        raise ValueError("row ids must fit in a signed 64-bit integer (Spark BIGINT)")
-    return array.astype(np.int64), None
-
-
-def spark_xxhash64(*args: IdsLike | int) -> np.ndarray:
-    """Spark SQL ``xxhash64(arg1, arg2, ...)`` for BIGINT arguments, as an int64 array.
-
-    The hash starts at seed 42; each argument is hashed with :func:`xxh64_long` using the
-    previous hash as its seed, and a NULL (an invalid Arrow slot) leaves the hash unchanged, as in
-    Spark. Arguments are Python ints, integer numpy arrays or integer Arrow arrays, broadcast
-    against each other.
-    """
-    if not args:
-        raise ValueError("spark_xxhash64 needs at least one argument")
-    h = np.array([SPARK_XXHASH64_SEED], dtype=np.uint64)
-    for arg in args:
-        values, valid = _longs(arg)
-        hashed = xxh64_long(values, h)
-        h = hashed if valid is None else np.where(valid, hashed, h)
-    return h.view(np.int64)
-
 
 def keep_threshold(keep: float) -> int:
     """The integer ``T = ceil(keep * 2**53)`` that the low 53 hash bits are compared with.

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from eddyline.columns import KG
 from eddyline.operators.base import KernelResult
 from eddyline.operators.keyed import (
+    changed_groups,
     event_times,
     key_groups_of,
     normalize,
@@ -221,7 +222,7 @@ class TopKKernel:
         )
         upserts = pa.concat_tables([upsert_rows, tombs_new]).cast(self.state_schema)
         deletes = both.filter(pa.array(old_gone)).select(pk)
-        kgs = np.unique(np.concatenate([key_groups_of(upserts), key_groups_of(deletes)])).tolist()
+        kgs = changed_groups(upserts, deletes)
         return KernelResult(
             output,
             new_state,

@@ -92,7 +92,11 @@ class WindowConfig:
             return pa.int64()
         assert input_type is not None
         if func == "sum":
-            return pa.float64() if pa.types.is_floating(input_type) or pa.types.is_decimal(input_type) else pa.int64()
+            return (
+                pa.float64()
+                if pa.types.is_floating(input_type) or pa.types.is_decimal(input_type)
+                else pa.int64()
+            )
         return input_type
 
     def partial_schema(self, input_schema: pa.Schema) -> pa.Schema:
@@ -197,7 +201,9 @@ class WindowKernel:
     def empty_state(self) -> pa.Table:
         return self.state_schema.empty_table()
 
-    def process(self, partials: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
+    def process(
+        self, partials: pa.Table, state: pa.Table | None, watermark_ms: int
+    ) -> KernelResult:
         cfg = self.cfg
         pk = list(cfg.primary_key)
         state = self.empty_state() if state is None else state.select(self.state_schema.names)
@@ -244,9 +250,17 @@ class WindowKernel:
         upserts = state_cols.filter(pa.array(changed)).cast(self.state_schema)
         evicted = ~keep
         deletes = merged.filter(pa.array(evicted)).select(pk)
-        kg_col = merged.column(KG).to_numpy()
-        changed_kgs = np.unique(kg_col[changed | evicted]).tolist()
-        return KernelResult(output, new_state, upserts, deletes, changed_kgs, {"windows_fired": int(fire.sum())})
+        # imported here: keyed imports this module (its time helpers) at load time
+        from eddyline.operators.keyed import changed_groups
+
+        return KernelResult(
+            output,
+            new_state,
+            upserts,
+            deletes,
+            changed_groups(upserts, deletes),
+            {"windows_fired": int(fire.sum())},
+        )
 
     def _emit(self, fired: pa.Table, prior_revisions: np.ndarray) -> pa.Table:
         cfg = self.cfg
@@ -258,7 +272,11 @@ class WindowKernel:
             if func == "avg":
                 s = pc.cast(fired.column(f"{name}__sum"), pa.float64())
                 c = fired.column(f"{name}__cnt")
-                cols[name] = pc.if_else(pc.equal(c, 0), pa.scalar(None, pa.float64()), pc.divide(s, pc.cast(c, pa.float64())))
+                cols[name] = pc.if_else(
+                    pc.equal(c, 0),
+                    pa.scalar(None, pa.float64()),
+                    pc.divide(s, pc.cast(c, pa.float64())),
+                )
             else:
                 cols[name] = fired.column(name)
         cols[REVISION] = pa.array(prior_revisions.astype(np.int32), type=pa.int32())

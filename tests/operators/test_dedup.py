@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.dedup import FIRST, LAST, DedupKernel, chain_heads
+from tests.operators.harness import run_epochs
 from tests.operators.test_keyed import (
     TS,
     check_result,
     cut,
     multiset,
     row_tuples,
-    run_kernel,
     with_kg,
 )
 
@@ -63,9 +63,10 @@ def kernel_for(rows: pa.Table, ttl_ms: int, keys: tuple[str, ...] = KEYS) -> Ded
 def test_first_row_per_key_matches_duckdb() -> None:
     """With a ttl longer than the stream, dedup is "the first row per key" (nulls are a key)."""
     rows = make_events(2_000)
-    out, state, metrics, _ = run_kernel(
-        kernel_for(rows, 10**9), [with_kg(rows, KEYS)], [NO_WATERMARK]
+    run = run_epochs(
+        kernel_for(rows, 10**9), [(with_kg(rows, KEYS), NO_WATERMARK)], check=check_result
     )
+    out, state, metrics = run.output, run.state, run.metrics
     con = duckdb.connect()
     con.register("r", rows)
     want = con.execute(
@@ -80,9 +81,9 @@ def test_first_row_per_key_matches_duckdb() -> None:
 @pytest.mark.parametrize("ttl", [0, 300, 2_500])
 def test_ttl_chain_matches_reference_in_one_epoch(ttl: int) -> None:
     rows = make_events(1_500, seed=1)
-    out, _, _, _ = run_kernel(
-        kernel_for(rows, ttl), [with_kg(rows, KEYS)], [NO_WATERMARK], shuffle=3
-    )
+    out = run_epochs(
+        kernel_for(rows, ttl), [(with_kg(rows, KEYS), NO_WATERMARK)], check=check_result, shuffle=3
+    ).output
     assert multiset(out) == reference(rows, ttl)
 
 
@@ -169,7 +170,13 @@ def test_output_does_not_depend_on_epoch_split(
         watermarks.append(seen)
         nxt = int(times[bounds[i + 1]]) if bounds[i + 1] < rows.num_rows else int(times[-1])
         seen = max(seen, min(int(times[bounds[i + 1] - 1]), nxt) - wm_lag[i])
-    out, state, metrics, _ = run_kernel(kernel_for(rows, ttl), batches, watermarks, shuffle=seed)
+    run = run_epochs(
+        kernel_for(rows, ttl),
+        zip(batches, watermarks, strict=True),
+        check=check_result,
+        shuffle=seed,
+    )
+    out, state, metrics = run.output, run.state, run.metrics
     assert multiset(out) == reference(rows, ttl)
     assert state.num_rows == 0 and metrics["late_rows"] == 0
 
@@ -196,20 +203,24 @@ def test_the_hash_pre_pass_changes_no_result(
     for i, b in enumerate(batches):
         watermarks.append(mark)
         if b.num_rows:
-            mark = max(mark, max(times[:sum(sizes[: i + 1])]) - lags[i % len(lags)])
+            mark = max(mark, max(times[: sum(sizes[: i + 1])]) - lags[i % len(lags)])
 
     def run(pre_pass: bool) -> list[tuple]:
         kernel = kernel_for(events, ttl)
         if not pre_pass:
             kernel._settled = lambda _s, rows, _t: np.zeros(rows.num_rows, bool)  # type: ignore[method-assign]
-        state, seen = kernel.empty_state(), []
-        for batch, wm in zip([*batches, batches[0].slice(0, 0)], [*watermarks, END_OF_STREAM], strict=True):
-            res = kernel.process(batch, state, wm)
-            check_result(kernel, state, res)
-            state = res.state
-            seen.append((multiset(res.output), multiset(res.state), multiset(res.upserts),
-                         multiset(res.deletes), sorted(res.changed_key_groups), res.metrics))
-        return seen
+        run = run_epochs(kernel, zip(batches, watermarks, strict=True), check=check_result)
+        return [
+            (
+                multiset(res.output),
+                multiset(res.state),
+                multiset(res.upserts),
+                multiset(res.deletes),
+                sorted(res.changed_key_groups),
+                res.metrics,
+            )
+            for res in run.results
+        ]
 
     with_pass, without = run(True), run(False)
     assert with_pass == without

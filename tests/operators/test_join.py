@@ -26,6 +26,7 @@ from eddyline.operators.join import (
     UnboundedJoinKernel,
     WindowJoinKernel,
 )
+from tests.operators.harness import run_epochs
 
 TS = pa.timestamp("us", tz="UTC")
 LEFT = pa.schema(
@@ -193,25 +194,14 @@ def check_deltas(kernel: Kernel, prev: pa.Table, res: KernelResult) -> None:
     assert res.changed_key_groups == sorted(touched)
 
 
-def run_epochs(
-    kernel: Kernel, batches: list[pa.Table], watermarks: list[int], check: bool = True
-) -> tuple[pa.Table, pa.Table, Counter[str]]:
-    """Drive the kernel like the runtime does, then end the stream; returns (output, final state,
-    summed metrics)."""
-    state = kernel.state_schema.empty_table()
-    outputs, metrics = [], Counter[str]()
-    for rows, wm in [
-        *zip(batches, watermarks, strict=True),
-        (batches[0].slice(0, 0), END_OF_STREAM),
-    ]:
-        res = kernel.process(rows, state, wm)
-        assert res.output.schema == kernel.output_schema
-        if check:
-            check_deltas(kernel, state, res)
-        state = res.state
-        outputs.append(res.output)
-        metrics.update(res.metrics)
-    return pa.concat_tables(outputs), state, metrics
+def check_schema(kernel: Kernel, prev: pa.Table, res: KernelResult) -> None:
+    assert res.output.schema == kernel.output_schema
+
+
+def check_epoch(kernel: Kernel, prev: pa.Table, res: KernelResult) -> None:
+    """The harness's per-epoch check: the output schema, then the exact deltas."""
+    check_schema(kernel, prev, res)
+    check_deltas(kernel, prev, res)
 
 
 def multiset(table: pa.Table) -> Counter[tuple]:
@@ -293,7 +283,8 @@ def test_matches_duckdb_over_epochs(kind: str) -> None:
     kernel = kernel_of(kind)
     batch, t = stream(kernel, left, right)
     batches, watermarks = epochs(batch, t, cuts=[100, 250, 400, 520], lags=[2_000, 0, 7_000])
-    out, state, metrics = run_epochs(kernel, batches, watermarks)
+    run = run_epochs(kernel, zip(batches, watermarks, strict=True), check=check_epoch)
+    out, state, metrics = run.output, run.state, run.metrics
     want = reference(kind)
     assert sum(want.values()) > 100, "the data must produce plenty of pairs"
     assert multiset(out) == want
@@ -316,7 +307,7 @@ def test_window_size_is_respected() -> None:
     )
     batch, t = stream(kernel, left, right, seed=5)
     batches, watermarks = epochs(batch, t, cuts=[300], lags=[1_000])
-    out, _, _ = run_epochs(kernel, batches, watermarks)
+    out = run_epochs(kernel, zip(batches, watermarks, strict=True), check=check_epoch).output
     assert multiset(out) == multiset(window_reference(kernel, left, right))
 
 
@@ -325,7 +316,8 @@ def test_ttl_join_keeps_close_pairs_and_only_real_pairs() -> None:
     kernel = kernel_of("unbounded", TTL_MS)
     batch, t = stream(kernel, left, right)
     batches, watermarks = epochs(batch, t, cuts=list(range(0, 700, 60)), lags=[0, 500])
-    out, state, metrics = run_epochs(kernel, batches, watermarks)
+    run = run_epochs(kernel, zip(batches, watermarks, strict=True), check=check_epoch)
+    out, state, metrics = run.output, run.state, run.metrics
     got = multiset(out)
     assert not reference("unbounded", TTL_MS) - got, "pairs within the TTL must all join"
     assert not got - reference("unbounded"), "only key-equal pairs may join"
@@ -351,7 +343,8 @@ def test_output_does_not_depend_on_epochs_or_row_order(
     kernel = kernel_of("unbounded", TTL_MS) if kind == "ttl" else kernel_of(kind)
     batch, t = stream(kernel, left, right)
     batches, watermarks = epochs(batch, t, cuts, lags, shuffle_seed)
-    out, state, metrics = run_epochs(kernel, batches, watermarks, check=False)
+    run = run_epochs(kernel, zip(batches, watermarks, strict=True), check=check_schema)
+    out, state, metrics = run.output, run.state, run.metrics
     got = multiset(out)
     assert metrics["late_rows"] == 0
     if kind == "ttl":

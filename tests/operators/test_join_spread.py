@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eddyline.columns import KG
-from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
+from eddyline.eventtime import NO_WATERMARK
 from eddyline.operators.base import Kernel, KernelResult
 from eddyline.operators.join import (
     PROBE,
@@ -29,13 +29,15 @@ from eddyline.operators.join import (
     UnboundedJoinKernel,
     WindowJoinKernel,
 )
+from tests.operators.harness import Driver, with_end_of_stream
 from tests.operators.test_join import (
     KEY_GROUPS,
     TTL_MS,
     _auction,
     _batch,
     _bid,
-    check_deltas,
+    check_epoch,
+    check_schema,
     epochs,
     kernel_of,
     make_inputs,
@@ -88,22 +90,21 @@ def drive(
     Returns per epoch the output multiset and the stored rows' multiset over all lanes (without
     ``_kg`` / ``_seq``, which depend on the fragment), and the summed metrics."""
     n_lanes = max(len(p) for p in plan)
-    states = [kernel.state_schema.empty_table() for _ in range(n_lanes)]
+    lanes = [Driver(kernel, check=check_epoch if check else check_schema) for _ in range(n_lanes)]
     empty = plan[0][0].slice(0, 0)
-    outputs, stored, metrics = [], [], Counter[str]()
-    for lane_batches, wm in [*zip(plan, watermarks, strict=True), ([], END_OF_STREAM)]:
+    outputs, stored = [], []
+    for lane_batches, wm in with_end_of_stream(zip(plan, watermarks, strict=True), empty=[]):
         out = Counter[tuple]()
-        for lane in range(n_lanes):
-            rows = lane_batches[lane] if lane < len(lane_batches) else empty
-            res = kernel.process(rows, states[lane], wm)
-            assert res.output.schema == kernel.output_schema
-            if check:
-                check_deltas(kernel, states[lane], res)
-            states[lane] = res.state
+        for i, lane in enumerate(lanes):
+            res = lane.step(lane_batches[i] if i < len(lane_batches) else empty, wm)
             out += multiset(res.output)
-            metrics.update(res.metrics)
         outputs.append(out)
-        stored.append(sum((multiset(s.drop_columns([KG, SEQ])) for s in states), Counter[tuple]()))
+        stored.append(
+            sum((multiset(lane.state.drop_columns([KG, SEQ])) for lane in lanes), Counter[tuple]())
+        )
+    metrics = Counter[str]()
+    for lane in lanes:
+        metrics.update(lane.metrics)
     return outputs, stored, metrics
 
 

@@ -1,9 +1,9 @@
 """The keyed (changelog) aggregate against DuckDB, and its independence from epoch splits.
 
-Also home of the small drivers the dedup / top-k / session tests share: ``run_kernel`` drives a
-kernel over epochs like the runtime does, and ``check_result`` verifies every epoch's contract
-(schemas, unique primary keys, exact upserts/deletes that turn the previous state into the new
-one, changed key groups).
+Also home of the small helpers the dedup / top-k / session / over tests share: ``check_result``
+verifies every epoch's contract (schemas, unique primary keys, exact upserts/deletes that turn the
+previous state into the new one, changed key groups), as the ``check`` of
+:func:`tests.operators.harness.run_epochs`, which drives the kernels over epochs.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ from eddyline.operators.keyed import (
     parse_keyed_aggregate,
 )
 from eddyline.state.store import apply_delta
+from tests.operators.harness import run_epochs
 
 TS = pa.timestamp("us", tz="UTC")
 
 
-# ================================================================================ shared drivers
+# ================================================================================ shared helpers
 def with_kg(rows: pa.Table, keys: Sequence[str], groups: int = 5) -> pa.Table:
     """``rows`` plus ``_kg``: a deterministic function of the key values (nulls included)."""
     cols = [rows.column(k).to_pylist() for k in keys]
@@ -107,34 +108,6 @@ def check_result(kernel: Kernel, prev: pa.Table, res: KernelResult) -> None:
         k[0] for k in old.keys() & new.keys() if old[k] != new[k]
     }
     assert sorted(changed) == list(res.changed_key_groups)
-
-
-def run_kernel(
-    kernel: Kernel,
-    batches: Sequence[pa.Table],
-    watermarks: Sequence[int],
-    *,
-    end: bool = True,
-    shuffle: int | None = None,
-) -> tuple[pa.Table, pa.Table, Counter, list[pa.Table]]:
-    """Drive ``kernel`` like the runtime: one (batch, watermark) per epoch, then (``end``) an
-    empty end-of-stream epoch. Checks every epoch; ``shuffle`` seeds a permutation of each batch.
-    Returns (all output, final state, summed metrics, per-epoch outputs)."""
-    state = kernel.state_schema.empty_table()
-    outputs, metrics = [], Counter()
-    rng = np.random.default_rng(shuffle)
-    epochs = list(zip(batches, watermarks, strict=True))
-    if end:
-        epochs.append((batches[0].slice(0, 0), END_OF_STREAM))
-    for rows, wm in epochs:
-        if shuffle is not None and rows.num_rows:
-            rows = rows.take(pa.array(rng.permutation(rows.num_rows)))
-        res = kernel.process(rows, state, wm)
-        check_result(kernel, state, res)
-        state = res.state
-        outputs.append(res.output)
-        metrics.update(res.metrics)
-    return pa.concat_tables(outputs), state, metrics, outputs
 
 
 def cut(rows: pa.Table, cuts: Sequence[int]) -> tuple[list[pa.Table], list[int]]:
@@ -264,7 +237,8 @@ def test_parse_keyed_aggregate() -> None:
 def test_matches_duckdb_in_one_epoch() -> None:
     rows = make_bids(1_500)
     kernel = keyed(rows)
-    out, state, metrics, _ = run_kernel(kernel, [with_kg(rows, ("cat", "region"))], [NO_WATERMARK])
+    run = run_epochs(kernel, [(with_kg(rows, ("cat", "region")), NO_WATERMARK)], check=check_result)
+    out, state, metrics = run.output, run.state, run.metrics
     assert set(out.column(OP).to_pylist()) == {"insert"}
     assert_same_values(final_values(out, ("cat", "region")), duckdb_final(rows, ("cat", "region")))
     assert state.num_rows == out.num_rows == metrics["keys_inserted"]  # state is kept forever
@@ -302,7 +276,8 @@ def test_global_aggregate_without_keys() -> None:
     rows = make_bids(300, seed=4)
     kernel = KeyedAggregateKernel(rows.schema, (), [("n", "count", None), ("s", "sum", "price")])
     batches, _ = cut(with_kg(rows, ()), [100, 200])
-    out, state, _, _ = run_kernel(kernel, batches, [NO_WATERMARK] * 3)
+    run = run_epochs(kernel, zip(batches, [NO_WATERMARK] * 3, strict=True), check=check_result)
+    out, state = run.output, run.state
     assert out.column(OP).to_pylist() == ["insert", "update", "update"]
     assert row_tuples(out)[-1][:2] == (
         300,
@@ -326,7 +301,13 @@ def test_final_values_do_not_depend_on_epoch_split(
     rows = rows.take(pa.array(np.random.default_rng(seed).permutation(rows.num_rows)))
     kernel = KeyedAggregateKernel(rows.schema, keys, AGGS, time="ts")
     batches, _ = cut(with_kg(rows, keys), cuts)
-    out, _, metrics, _ = run_kernel(kernel, batches, [NO_WATERMARK] * len(batches), shuffle=seed)
+    run = run_epochs(
+        kernel,
+        zip(batches, [NO_WATERMARK] * len(batches), strict=True),
+        check=check_result,
+        shuffle=seed,
+    )
+    out, metrics = run.output, run.metrics
     final = final_values(out, keys)
     assert_same_values(final, duckdb_final(rows, keys))
     inserts = [
@@ -361,5 +342,5 @@ def test_kernels_pickle_and_accept_non_nullable_input() -> None:
         kernel = pickle.loads(pickle.dumps(kernel))
         assert isinstance(kernel, Kernel) and kernel.primary_key[0] == KG
         assert all(f.nullable for f in kernel.state_schema)
-        out, _, _, _ = run_kernel(kernel, [rows], [0])
+        out = run_epochs(kernel, [(rows, 0)], check=check_result).output
         assert out.num_rows > 0

@@ -23,7 +23,8 @@ from eddyline.columns import KG
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.base import Kernel
 from eddyline.operators.over import BUFFERED, HISTORY, KIND, SEQ, OverAggregateKernel
-from tests.operators.test_keyed import check_result, cut, multiset, row_tuples, run_kernel, with_kg
+from tests.operators.harness import Driver, run_epochs
+from tests.operators.test_keyed import check_result, cut, multiset, row_tuples, with_kg
 
 TS = pa.timestamp("us", tz="UTC")
 AGGS: tuple = (
@@ -161,7 +162,8 @@ def test_matches_duckdb_with_lagging_watermarks_and_late_rows(keys: tuple[str, .
         seen = max(seen, int(ts_ms(b).max()))
     late = np.concatenate([ts_ms(b) < w for b, w in zip(batches, watermarks, strict=True)])
     assert 0 < late.sum() < 100
-    out, state, metrics, outputs = run_kernel(kernel, batches, watermarks)
+    run = run_epochs(kernel, zip(batches, watermarks, strict=True), check=check_result)
+    out, state, metrics, outputs = run.output, run.state, run.metrics, run.outputs
     kept = rows.filter(pa.array(~late))
     want = duckdb_over(kept, keys, 10, kernel.output_schema)
     assert metrics["late_rows"] == late.sum()
@@ -182,26 +184,26 @@ def test_buffering_lateness_and_end_of_stream() -> None:
         table = pa.table({"k": list(k), "t": [x * 1000 for x in t], "v": list(v)}, schema=schema)
         return with_kg(table, ("k",))
 
-    def step(rows: pa.Table, state: pa.Table, wm: int) -> tuple[list[tuple], pa.Table, dict]:
-        res = kernel.process(rows, state, wm)
-        check_result(kernel, state, res)
-        got = sorted((k, t.timestamp() * 1000, v, s, n) for k, t, v, s, n in row_tuples(res.output))
-        return got, res.state, res.metrics
+    lane = Driver(kernel, check=check_result)
 
-    state = kernel.empty_state()
-    got, state, m = step(batch((1, 10, 1), (1, 30, 2), (2, 5, 3)), state, NO_WATERMARK)
+    def step(rows: pa.Table, wm: int) -> tuple[list[tuple], dict]:
+        res = lane.step(rows, wm)
+        got = sorted((k, t.timestamp() * 1000, v, s, n) for k, t, v, s, n in row_tuples(res.output))
+        return got, res.metrics
+
+    got, m = step(batch((1, 10, 1), (1, 30, 2), (2, 5, 3)), NO_WATERMARK)
     assert got == [] and m == {"late_rows": 0, "rows_emitted": 0, "buffered_rows": 3}
-    got, state, m = step(batch((1, 15, 4), (1, 25, 5)), state, 20)  # t=15 < W: late
+    got, m = step(batch((1, 15, 4), (1, 25, 5)), 20)  # t=15 < W: late
     assert got == [(1, 10, 1, 1, 1), (2, 5, 3, 3, 1)]
     assert m == {"late_rows": 1, "rows_emitted": 2, "buffered_rows": 2}
-    got, state, m = step(batch(), state, 26)  # an empty batch releases buffered rows too
+    got, m = step(batch(), 26)  # an empty batch releases buffered rows too
     assert got == [(1, 25, 5, 6, 2)] and m["buffered_rows"] == 1
     # end of stream: t <= last processed time (25) is late, even without a watermark rule
-    got, state, m = step(batch((1, 25, 6), (1, 24, 7), (1, 40, 8), (3, 1, 9)), state, END_OF_STREAM)
+    got, m = step(batch((1, 25, 6), (1, 24, 7), (1, 40, 8), (3, 1, 9)), END_OF_STREAM)
     assert got == [(1, 30, 2, 8, 3), (1, 40, 8, 15, 3), (3, 1, 9, 9, 1)]
     assert m == {"late_rows": 2, "rows_emitted": 3, "buffered_rows": 0}
     # the state is not empty: the last max(preceding, 1) rows per key, keyed by ordinal
-    assert sorted(row_tuples(state, ["k", KIND, SEQ, "_row.v"])) == [
+    assert sorted(row_tuples(lane.state, ["k", KIND, SEQ, "_row.v"])) == [
         (1, HISTORY, 2, 2),
         (1, HISTORY, 3, 8),
         (2, HISTORY, 0, 3),
@@ -213,7 +215,8 @@ def test_preceding_zero_is_the_row_itself() -> None:
     rows = make_rows(200, seed=3)
     kernel = kernel_for(rows, ("k",), 0)
     batches, _ = cut(with_kg(rows, ("k",)), [50, 120])
-    out, state, _, _ = run_kernel(kernel, batches, [NO_WATERMARK] * 3)
+    run = run_epochs(kernel, zip(batches, [NO_WATERMARK] * 3, strict=True), check=check_result)
+    out, state = run.output, run.state
     assert out.column("n").to_pylist() == [1] * 200
     assert out.column("total").to_pylist() == out.column("price").to_pylist()
     assert out.column("latest").to_pylist() == out.column("ts").to_pylist()
@@ -258,7 +261,10 @@ def test_output_does_not_depend_on_epoch_cuts_or_row_order(
     wms = np.maximum.accumulate(suffix_min - np.array(lags[: len(batches)]))
     watermarks = [NO_WATERMARK if i < blind else int(w) for i, w in enumerate(wms)]
     kernel = kernel_for(rows, keys, preceding)
-    out, state, metrics, outputs = run_kernel(kernel, batches, watermarks, shuffle=seed)
+    run = run_epochs(
+        kernel, zip(batches, watermarks, strict=True), check=check_result, shuffle=seed
+    )
+    out, state, metrics, outputs = run.output, run.state, run.metrics, run.outputs
     assert metrics["late_rows"] == 0
     if not permute and len(batches) > 2 and blind == 0 and max(lags) < 1_000:
         assert sum(o.num_rows for o in outputs[:-1]) > 0  # not everything waits for the end
@@ -275,5 +281,5 @@ def test_pickles_and_accepts_non_nullable_input() -> None:
     )
     assert isinstance(kernel, Kernel)
     rows = with_kg(pa.table({"k": [1, 1, 2, 1], "t": [3, 4, 9, 7]}, schema=schema), ("k",))
-    out, _, _, _ = run_kernel(kernel, [rows.slice(0, 2), rows.slice(2)], [0, 5])
+    out = run_epochs(kernel, [(rows.slice(0, 2), 0), (rows.slice(2), 5)], check=check_result).output
     assert sorted(row_tuples(out)) == [(1, 3, 3), (1, 4, 4), (1, 7, 7), (2, 9, 9)]

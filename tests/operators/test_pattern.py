@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from eddyline.columns import OP
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
+from eddyline.operators.base import KernelResult
 from eddyline.operators.pattern import (
     ONE,
     PLUS,
@@ -35,6 +36,7 @@ from eddyline.operators.pattern import (
     tick_pattern,
 )
 from eddyline.state.store import apply_delta
+from tests.operators.harness import Driver, run_epochs, with_end_of_stream
 
 SCHEMA = pa.schema(
     [
@@ -93,10 +95,9 @@ def kernel(pattern: Pattern | None = None, within: int = WITHIN, **kw: Any) -> P
     )
 
 
-def check_delta(
-    old: pa.Table, new: pa.Table, upserts: pa.Table, deletes: pa.Table, pk: Sequence[str]
-) -> None:
-    """The store rebuilds ``new`` from ``old`` and the kernel's upserts/deletes."""
+def check_delta(k: PatternKernel, old: pa.Table, res: KernelResult) -> None:
+    """The store rebuilds the new state from ``old`` and the kernel's upserts/deletes."""
+    new, upserts, deletes, pk = res.state, res.upserts, res.deletes, k.primary_key
     dels = pa.Table.from_arrays(
         [
             deletes.column(f.name) if f.name in pk else pa.nulls(deletes.num_rows, f.type)
@@ -115,38 +116,22 @@ def check_delta(
     assert rows(rebuilt) == rows(new)
 
 
-def drive(
-    k: PatternKernel, epochs: Sequence[tuple[pa.Table, int]]
-) -> tuple[pa.Table, dict[str, int]]:
-    """Run epochs then end of stream like the runtime; checks deltas and that the state empties."""
-    state = k.state_schema.empty_table()
-    outputs, metrics = [], {}
-    for batch, wm in [*epochs, (SCHEMA.empty_table(), END_OF_STREAM)]:
-        res = k.process(batch, state, wm)
-        check_delta(state, res.state, res.upserts, res.deletes, k.primary_key)
-        assert set(res.changed_key_groups) >= set(pc.unique(res.upserts.column("_kg")).to_pylist())
-        state = res.state
-        outputs.append(res.output)
-        metrics = {m: metrics.get(m, 0) + v for m, v in res.metrics.items()}
-    assert state.num_rows == 0, "end of stream must leave no state"
-    return pa.concat_tables(outputs), metrics
+def check_epoch(k: PatternKernel, old: pa.Table, res: KernelResult) -> None:
+    """The harness's per-epoch check of a single kernel: exact deltas, changed key groups."""
+    check_delta(k, old, res)
+    assert set(res.changed_key_groups) >= set(pc.unique(res.upserts.column("_kg")).to_pylist())
 
 
-def drive_pipeline(
+def run_pipeline(
     s1: PatternKernel, s2: PatternKernel, epochs: Sequence[tuple[pa.Table, int]]
 ) -> pa.Table:
     """Stage 1 then stage 2 per epoch, stage 2 getting stage 1's seeds of the same epoch."""
-    st1, st2 = s1.state_schema.empty_table(), s2.state_schema.empty_table()
-    outputs = []
-    for batch, wm in [*epochs, (SCHEMA.empty_table(), END_OF_STREAM)]:
-        r1 = s1.process(batch, st1, wm)
-        r2 = s2.process(stage2_batch(s2, batch, r1.output), st2, wm)
-        check_delta(st1, r1.state, r1.upserts, r1.deletes, s1.primary_key)
-        check_delta(st2, r2.state, r2.upserts, r2.deletes, s2.primary_key)
-        st1, st2 = r1.state, r2.state
-        outputs.append(r2.output)
-    assert st1.num_rows == 0 and st2.num_rows == 0
-    return pa.concat_tables(outputs)
+    stage1, stage2 = Driver(s1, check=check_delta), Driver(s2, check=check_delta)
+    for batch, wm in with_end_of_stream(epochs):
+        seeds = stage1.step(batch, wm).output
+        stage2.step(stage2_batch(s2, batch, seeds), wm)
+    assert stage1.state.num_rows == 0 and stage2.state.num_rows == 0
+    return stage2.output
 
 
 def ms(v: datetime) -> int:
@@ -310,7 +295,14 @@ def test_tick_pattern_hand_made() -> None:
     x = [("X", t * 1000, p, 1) for t, p in zip(range(1, 8), [10, 9, 5, 6, 11, 12, 8], strict=True)]
     y_first = [("Y", 1000, 8, 1), ("Y", 2000, 6, 1), ("Y", 3000, 9, 1)]
     y_late = [("Y", 2000, 4, 1)]
-    got = matches(drive(kernel(), [(table(x + y_first), NO_WATERMARK), (table(y_late), 2000)])[0])
+    got = matches(
+        run_epochs(
+            kernel(),
+            [(table(x + y_first), NO_WATERMARK), (table(y_late), 2000)],
+            check=check_epoch,
+            drained=True,
+        ).output
+    )
     #         sym  start  end   a  b_len b_low b_last c  d_peak d_len d_vols
     assert got == sorted(
         [
@@ -346,13 +338,15 @@ def test_null_key_and_no_key() -> None:
     prices = [10, 9, 5, 6, 11, 12, 8]
     rows = [(None, t * 1000, p, 1) for t, p in zip(range(1, 8), prices, strict=True)]
     spans = [(1000, 5000), (1000, 6000), (2000, 5000), (2000, 6000)]
-    got = matches(drive(kernel(), [(table(rows), NO_WATERMARK)])[0])
+    got = matches(
+        run_epochs(kernel(), [(table(rows), NO_WATERMARK)], check=check_epoch, drained=True).output
+    )
     assert [(m[0], m[1], m[2]) for m in got] == [(None, a, b) for a, b in spans]
     single = table(rows).set_column(0, "_kg", pa.array([0] * 7, pa.int32()))
     k = PatternKernel(
         SCHEMA, (), "ts", tick_pattern("price"), WITHIN, {"a": ("A", "price", "first")}
     )
-    out = drive(k, [(single, NO_WATERMARK)])[0]
+    out = run_epochs(k, [(single, NO_WATERMARK)], check=check_epoch, drained=True).output
     assert sorted((ms(r["match_start"]), ms(r["match_end"])) for r in out.to_pylist()) == spans
     assert out.column_names == ["match_start", "match_end", "a"]
 
@@ -360,7 +354,14 @@ def test_null_key_and_no_key() -> None:
 def test_within_is_enforced_and_inclusive() -> None:
     x = table([("X", t * 1000, p, 0) for t, p in zip(range(1, 6), [10, 9, 5, 6, 11], strict=True)])
     spans = {
-        w: [(m[1], m[2]) for m in matches(drive(kernel(within=w), [(x, NO_WATERMARK)])[0])]
+        w: [
+            (m[1], m[2])
+            for m in matches(
+                run_epochs(
+                    kernel(within=w), [(x, NO_WATERMARK)], check=check_epoch, drained=True
+                ).output
+            )
+        ]
         for w in (4000, 3000, 2999)
     }
     assert spans == {4000: [(1000, 5000), (2000, 5000)], 3000: [(2000, 5000)], 2999: []}
@@ -372,7 +373,11 @@ def test_matches_brute_force_reference(seed: int, contiguity: Contiguity) -> Non
     rows = make_rows(seed, n=90)
     pattern = tick_pattern("price", contiguity)
     within = [8_000, 15_000, 30_000][seed % 3]
-    got = matches(drive(kernel(pattern, within), [(table(rows), NO_WATERMARK)])[0])
+    got = matches(
+        run_epochs(
+            kernel(pattern, within), [(table(rows), NO_WATERMARK)], check=check_epoch, drained=True
+        ).output
+    )
     assert got == reference(rows, pattern, within)
     assert got, "the random data should contain ticks"
 
@@ -389,7 +394,7 @@ def test_a_b_plus_every_extension() -> None:
         "until": ("B", "ts", "max"),
     }
     k = PatternKernel(SCHEMA, ("sym",), "ts", pattern, 10_000, measures)
-    out = drive(k, [(table(rows), NO_WATERMARK)])[0]
+    out = run_epochs(k, [(table(rows), NO_WATERMARK)], check=check_epoch, drained=True).output
     assert out.column("who").equals(out.column("sym")) and out.column("until").equals(
         out.column("match_end")
     )
@@ -424,7 +429,8 @@ def test_matches_do_not_depend_on_epochs_or_arrival_order(
     rows = make_rows(seed, n=60)
     pattern = tick_pattern("price", contiguity)
     epochs = epochs_of(rows, np.random.default_rng(seed), n_epochs, lags)
-    out, metrics = drive(kernel(pattern), epochs)
+    run = run_epochs(kernel(pattern), epochs, check=check_epoch, drained=True)
+    out, metrics = run.output, run.metrics
     assert metrics["late_rows"] == 0
     assert matches(out) == reference(rows, pattern, WITHIN)
 
@@ -493,13 +499,13 @@ def test_partitioned_by_key_equals_single_instance() -> None:
     rows = make_rows(3, n=90, keys=6)
     rng = np.random.default_rng(3)
     epochs = epochs_of(rows, rng, 5, [0, 2_000])
-    whole = matches(drive(kernel(), epochs)[0])
+    whole = matches(run_epochs(kernel(), epochs, check=check_epoch, drained=True).output)
     lanes = []
     for lane in range(3):
         mine = [
             (b.filter(pa.array(np.asarray(b.column("_kg")) % 3 == lane)), wm) for b, wm in epochs
         ]
-        lanes += matches(drive(kernel(), mine)[0])
+        lanes += matches(run_epochs(kernel(), mine, check=check_epoch, drained=True).output)
     assert sorted(lanes, key=repr) == whole and whole
 
 
@@ -512,9 +518,9 @@ def test_pipeline_split_equals_single_stage(seed: int, contiguity: Contiguity, a
     rows = make_rows(seed, n=90)
     pattern = tick_pattern("price", contiguity)
     epochs = epochs_of(rows, np.random.default_rng(seed), 3 + seed % 4, [0, 1_500, 3_000])
-    single = matches(drive(kernel(pattern), epochs)[0])
+    single = matches(run_epochs(kernel(pattern), epochs, check=check_epoch, drained=True).output)
     s1, s2 = pipeline_split(SCHEMA, ("sym",), "ts", pattern, WITHIN, MEASURES, at)
-    assert matches(drive_pipeline(s1, s2, epochs)) == single and single
+    assert matches(run_pipeline(s1, s2, epochs)) == single and single
 
 
 def test_pipeline_split_hand_made_seeds() -> None:
@@ -536,9 +542,9 @@ def test_schema_without_key_group_column() -> None:
     k = PatternKernel(SCHEMA.remove(0), ("sym",), "ts", tick_pattern("price"), WITHIN, MEASURES)
     assert k.input_schema.names == ["sym", "ts", "price", "vol", "_kg"]
     x = table([("X", t * 1000, p, 1) for t, p in zip(range(1, 6), [10, 9, 5, 6, 11], strict=True)])
-    assert matches(drive(k, [(x, NO_WATERMARK)])[0]) == matches(
-        drive(kernel(), [(x, NO_WATERMARK)])[0]
-    )
+    assert matches(
+        run_epochs(k, [(x, NO_WATERMARK)], check=check_epoch, drained=True).output
+    ) == matches(run_epochs(kernel(), [(x, NO_WATERMARK)], check=check_epoch, drained=True).output)
 
 
 def test_validation() -> None:
@@ -568,7 +574,11 @@ def test_deferred_rows_are_the_input_the_watermark_has_not_passed() -> None:
     held1 = deferred_counts(k, res1.state, 5)
     assert held1 is not None and held1.tolist() == arrived.tolist()
     acct1 = _deferral(arrived, np.zeros(5, dtype=np.int64), held1)
-    assert acct1["kg_work"] == {} and sum(acct1["kg_held"].values()) == 40 and acct1["held_before"] == 0
+    assert (
+        acct1["kg_work"] == {}
+        and sum(acct1["kg_held"].values()) == 40
+        and acct1["held_before"] == 0
+    )
     # the next epoch's watermark passes every row of the first one; its own rows come later
     late = table([(s, t + 100_000, p, v) for s, t, p, v in rows[:10]])
     res2 = k.process(late, res1.state, 60_000)

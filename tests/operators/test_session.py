@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.session import SESSION_END, SESSION_START, SessionWindowKernel
-from tests.operators.test_keyed import TS, check_result, cut, norm, row_tuples, run_kernel, with_kg
+from tests.operators.harness import run_epochs
+from tests.operators.test_keyed import TS, check_result, cut, norm, row_tuples, with_kg
 
 KEYS = ("user", "device")
 AGGS = (
@@ -84,9 +85,13 @@ def kernel_for(rows: pa.Table, keys: tuple[str, ...] = KEYS, gap: int = GAP) -> 
 @pytest.mark.parametrize("gap", [100, GAP, 7_000])
 def test_matches_duckdb(gap: int) -> None:
     rows = make_clicks(2_000)
-    out, state, metrics, _ = run_kernel(
-        kernel_for(rows, gap=gap), [with_kg(rows, KEYS)], [NO_WATERMARK], shuffle=0
+    run = run_epochs(
+        kernel_for(rows, gap=gap),
+        [(with_kg(rows, KEYS), NO_WATERMARK)],
+        check=check_result,
+        shuffle=0,
     )
+    out, state, metrics = run.output, run.state, run.metrics
     assert sessions(out) == duckdb_sessions(rows, gap)
     assert state.num_rows == 0 and metrics["sessions_fired"] == out.num_rows
     assert out.schema.field(SESSION_START).type == TS
@@ -94,12 +99,12 @@ def test_matches_duckdb(gap: int) -> None:
 
 def test_single_key_and_no_key() -> None:
     rows = make_clicks(500, seed=2)
-    out, _, _, _ = run_kernel(
-        kernel_for(rows, ("user",)), [with_kg(rows, ("user",))], [NO_WATERMARK]
-    )
+    out = run_epochs(
+        kernel_for(rows, ("user",)), [(with_kg(rows, ("user",)), NO_WATERMARK)], check=check_result
+    ).output
     assert sessions(out, ("user",)) == duckdb_sessions(rows, GAP, ("user",))
     kernel = SessionWindowKernel(rows.schema, (), "ts", 200, (("n", "count", None),))
-    out, _, _, _ = run_kernel(kernel, [with_kg(rows, ())], [NO_WATERMARK])
+    out = run_epochs(kernel, [(with_kg(rows, ()), NO_WATERMARK)], check=check_result).output
     assert sum(out.column("n").to_pylist()) == 500 and out.num_rows > 1
 
 
@@ -193,6 +198,9 @@ def test_sessions_do_not_depend_on_arrival_or_split(
         wm = max(wm, min(seen - lag[i], int(t[bounds[i] :].min())))
         watermarks.append(wm)
         seen = max(seen, int(t[bounds[i] : bounds[i + 1]].max()))
-    out, state, metrics, _ = run_kernel(kernel_for(rows), batches, watermarks, shuffle=seed)
+    run = run_epochs(
+        kernel_for(rows), zip(batches, watermarks, strict=True), check=check_result, shuffle=seed
+    )
+    out, state, metrics = run.output, run.state, run.metrics
     assert sessions(out) == duckdb_sessions(rows)
     assert state.num_rows == 0 and metrics["late_rows"] == 0

@@ -127,11 +127,15 @@ def test_matches_spark_xxhash64(spark) -> None:
     runtime's shed filter (Spark SQL) and the pure mask make the same decisions."""
     for seed in (0, 7, -1, 2**40):
         for keep in (0.0, 0.1, 0.5, 0.999, 1.0):
-            rows = spark.range(-300, 300).selectExpr(
-                "id",
-                f"xxhash64(CAST({seed} AS BIGINT), CAST(id AS BIGINT)) AS h",
-                f"{random_keep_sql('id', keep, seed)} AS kept",
-            ).collect()
+            rows = (
+                spark.range(-300, 300)
+                .selectExpr(
+                    "id",
+                    f"xxhash64(CAST({seed} AS BIGINT), CAST(id AS BIGINT)) AS h",
+                    f"{random_keep_sql('id', keep, seed)} AS kept",
+                )
+                .collect()
+            )
             ids = np.array([r["id"] for r in rows], dtype=np.int64)
             assert spark_xxhash64(seed, ids).tolist() == [r["h"] for r in rows]
             assert keep_mask_random(ids, keep, seed).tolist() == [r["kept"] for r in rows]

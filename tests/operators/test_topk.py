@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.topk import RANK, SLOT, TopKKernel
-from tests.operators.test_keyed import TS, check_result, cut, multiset, norm, run_kernel, with_kg
+from tests.operators.harness import run_epochs
+from tests.operators.test_keyed import TS, check_result, cut, multiset, norm, with_kg
 
 WINDOW_MS = 10_000
 
@@ -73,9 +74,10 @@ def test_matches_duckdb(k: int, with_ties: bool, partition: tuple[str, ...]) -> 
     rows = make_counts(1_200)
     order = [("num", "desc"), ("price", "asc")]
     kernel = TopKKernel(rows.schema, partition, order, k, "window_end", with_ties)
-    out, state, metrics, _ = run_kernel(
-        kernel, [with_kg(rows, partition)], [NO_WATERMARK], shuffle=1
+    run = run_epochs(
+        kernel, [(with_kg(rows, partition), NO_WATERMARK)], check=check_result, shuffle=1
     )
+    out, state, metrics = run.output, run.state, run.metrics
     assert multiset(out) == duckdb_topk(rows, partition, order, k, with_ties)
     assert state.num_rows == 0 and out.schema.names[-1] == RANK
     groups = {tuple(r.values()) for r in rows.select([*partition, "window_end"]).to_pylist()}
@@ -100,7 +102,8 @@ def test_nexmark_q5_hot_items_count_at_least_max_count() -> None:
     )
     kernel = TopKKernel(counts.schema, ("ws",), [("num", "desc")], 1, "we", with_ties=True)
     batches, _ = cut(with_kg(counts, ("ws",)), [5, 20])
-    out, state, _, _ = run_kernel(kernel, batches, [NO_WATERMARK] * 3)
+    run = run_epochs(kernel, zip(batches, [NO_WATERMARK] * 3, strict=True), check=check_result)
+    out, state = run.output, run.state
     assert multiset(out, ["ws", "we", "auction", "num"]) == want
     assert set(out.column(RANK).to_pylist()) == {1} and state.num_rows == 0
 
@@ -110,7 +113,9 @@ def test_nexmark_q7_highest_bid_per_window() -> None:
     kernel = TopKKernel(
         rows.schema, ("window_start",), [("price", "desc")], 1, "window_end", with_ties=True
     )
-    out, _, _, _ = run_kernel(kernel, [with_kg(rows, ("window_start",))], [NO_WATERMARK])
+    out = run_epochs(
+        kernel, [(with_kg(rows, ("window_start",)), NO_WATERMARK)], check=check_result
+    ).output
     con = duckdb.connect()
     con.register("r", rows)
     want = con.execute(
@@ -204,6 +209,9 @@ def test_output_does_not_depend_on_arrival_or_split(
         watermarks.append(wm)
         seen = max(seen, int(ends[bounds[i] : bounds[i + 1]].max()))
     kernel = TopKKernel(rows.schema, partition, order, k, "window_end", with_ties)
-    out, state, metrics, _ = run_kernel(kernel, batches, watermarks, shuffle=seed)
+    run = run_epochs(
+        kernel, zip(batches, watermarks, strict=True), check=check_result, shuffle=seed
+    )
+    out, state, metrics = run.output, run.state, run.metrics
     assert multiset(out) == duckdb_topk(rows, partition, order, k, with_ties)
     assert state.num_rows == 0 and metrics["late_rows"] == 0

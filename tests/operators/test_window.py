@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
+from eddyline.eventtime import NO_WATERMARK
 from eddyline.operators.window import (
     WindowConfig,
     WindowKernel,
     partial_aggregate,
 )
+from tests.operators.harness import run_epochs
 
 AGGS = (
     ("n", "count", None),
@@ -34,24 +35,24 @@ def make_rows(n: int, seed: int = 0, keys: int = 5, span_ms: int = 60_000) -> pa
         {
             "auction": pa.array(rng.integers(0, keys, n), pa.int64()),
             "price": pa.array(price, pa.int64(), mask=mask),
-            "ts": pa.array(np.sort(rng.integers(0, span_ms, n)) * 1000, pa.timestamp("us", tz="UTC")),
+            "ts": pa.array(
+                np.sort(rng.integers(0, span_ms, n)) * 1000, pa.timestamp("us", tz="UTC")
+            ),
         }
     )
 
 
-def run_epochs(cfg: WindowConfig, batches: list[pa.Table], watermarks: list[int]) -> pa.Table:
-    """Drive the kernel like the runtime does: one (batch, watermark) per epoch, then end of stream."""
-    schema = cfg.partial_schema(batches[0].schema)
-    kernel = WindowKernel(cfg, schema)
-    state = None
-    outputs = []
-    for rows, wm in [*zip(batches, watermarks, strict=True), (batches[0].slice(0, 0), END_OF_STREAM)]:
-        partials, _late = partial_aggregate(cfg, rows, "ts", wm)
-        res = kernel.process(partials, state, wm)
-        state = res.state
-        outputs.append(res.output)
-    assert state is not None and state.num_rows == 0, "end of stream must flush every window"
-    return pa.concat_tables(outputs)
+def windows(cfg: WindowConfig, batches: list[pa.Table], watermarks: list[int]) -> pa.Table:
+    """The windows emitted over the epochs, then end of stream: each epoch's rows are folded into
+    partials (``partial_aggregate``) before the kernel sees them."""
+    kernel = WindowKernel(cfg, cfg.partial_schema(batches[0].schema))
+    run = run_epochs(
+        kernel,
+        zip(batches, watermarks, strict=True),
+        prepare=lambda rows, wm: partial_aggregate(cfg, rows, "ts", wm)[0],
+        drained=True,
+    )
+    return run.output
 
 
 def duckdb_windows(rows: pa.Table, size_ms: int, slide_ms: int) -> list[tuple]:
@@ -76,7 +77,16 @@ def kernel_rows(out: pa.Table) -> list[tuple]:
         ws = int(d["window_start"][i].timestamp() * 1000)
         mean = d["mean"][i]
         rows.append(
-            (d["auction"][i], ws, d["n"][i], d["n_price"][i], d["total"][i], d["lo"][i], d["hi"][i], mean)
+            (
+                d["auction"][i],
+                ws,
+                d["n"][i],
+                d["n_price"][i],
+                d["total"][i],
+                d["lo"][i],
+                d["hi"][i],
+                mean,
+            )
         )
     return sorted(rows, key=lambda r: (r[0], r[1]))
 
@@ -85,7 +95,7 @@ def kernel_rows(out: pa.Table) -> list[tuple]:
 def test_matches_duckdb(size: int, slide: int) -> None:
     rows = make_rows(2_000)
     cfg = WindowConfig(("auction",), size, slide, AGGS)
-    out = run_epochs(cfg, [rows], [NO_WATERMARK])
+    out = windows(cfg, [rows], [NO_WATERMARK])
     got, want = kernel_rows(out), duckdb_windows(rows, size, slide)
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
@@ -112,12 +122,16 @@ def test_window_fires_only_when_watermark_passes_end() -> None:
 
 
 def test_late_rows_are_dropped_and_reported_or_revise_within_lateness() -> None:
-    cfg = WindowConfig(("auction",), 10_000, 10_000, (("n", "count", None),), allowed_lateness_ms=5_000)
+    cfg = WindowConfig(
+        ("auction",), 10_000, 10_000, (("n", "count", None),), allowed_lateness_ms=5_000
+    )
     schema = pa.schema([("auction", pa.int64()), ("ts", pa.timestamp("us", tz="UTC"))])
     kernel = WindowKernel(cfg, cfg.partial_schema(schema))
 
     def batch(ts_ms: list[int]) -> pa.Table:
-        return pa.table({"auction": [7] * len(ts_ms), "ts": [t * 1000 for t in ts_ms]}, schema=schema)
+        return pa.table(
+            {"auction": [7] * len(ts_ms), "ts": [t * 1000 for t in ts_ms]}, schema=schema
+        )
 
     p, late = partial_aggregate(cfg, batch([1_000, 2_000]), "ts", 0)
     r = kernel.process(p, None, 0)
@@ -137,7 +151,7 @@ def test_late_rows_are_dropped_and_reported_or_revise_within_lateness() -> None:
 def test_global_window_without_key() -> None:
     rows = make_rows(500, seed=3)
     cfg = WindowConfig((), 10_000, 5_000, (("n", "count", None), ("hi", "max", "price")))
-    out = run_epochs(cfg, [rows], [NO_WATERMARK])
+    out = windows(cfg, [rows], [NO_WATERMARK])
     con = duckdb.connect()
     con.register("r", rows)
     want = con.execute(
@@ -145,7 +159,10 @@ def test_global_window_without_key() -> None:
         "FROM r, range(2) g(i)) GROUP BY ws ORDER BY ws"
     ).fetchall()
     d = out.sort_by("window_start").to_pydict()
-    got = [(int(w.timestamp() * 1000), n, h) for w, n, h in zip(d["window_start"], d["n"], d["hi"], strict=True)]
+    got = [
+        (int(w.timestamp() * 1000), n, h)
+        for w, n, h in zip(d["window_start"], d["n"], d["hi"], strict=True)
+    ]
     assert got == want
 
 
@@ -155,7 +172,9 @@ def test_global_window_without_key() -> None:
     wm_lag=st.lists(st.integers(0, 30_000), min_size=7, max_size=7),
     slide=st.sampled_from([2_000, 5_000, 10_000]),
 )
-def test_emitted_windows_do_not_depend_on_epoch_split(cuts: list[int], wm_lag: list[int], slide: int) -> None:
+def test_emitted_windows_do_not_depend_on_epoch_split(
+    cuts: list[int], wm_lag: list[int], slide: int
+) -> None:
     """However the same (in-order) input is cut into epochs, and wherever the watermark stands
     (behind every row seen so far), the emitted windows are the same."""
     rows = make_rows(400, seed=11, span_ms=60_000)
@@ -168,7 +187,9 @@ def test_emitted_windows_do_not_depend_on_epoch_split(cuts: list[int], wm_lag: l
         # the watermark of epoch i comes from epochs before i, and never passes an unseen row
         watermarks.append(seen)
         hi = int(times[bounds[i + 1] - 1])
-        seen = max(seen, min(hi, int(times[bounds[i + 1]]) if bounds[i + 1] < 400 else hi) - wm_lag[i])
-    whole = kernel_rows(run_epochs(cfg, [rows], [NO_WATERMARK]))
-    split = kernel_rows(run_epochs(cfg, batches, watermarks))
+        seen = max(
+            seen, min(hi, int(times[bounds[i + 1]]) if bounds[i + 1] < 400 else hi) - wm_lag[i]
+        )
+    whole = kernel_rows(windows(cfg, [rows], [NO_WATERMARK]))
+    split = kernel_rows(windows(cfg, batches, watermarks))
     assert split == whole

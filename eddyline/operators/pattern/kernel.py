@@ -1,0 +1,397 @@
+"""The pattern kernel: one epoch of matching per lane, as a pure Arrow-in, Arrow-out step.
+
+Epochs and the watermark ``W`` (the same contract as :mod:`eddyline.operators.window`, whose
+window ``[s, e)`` fires once ``e <= W``: every row with ``t < W`` has arrived, a row at exactly
+``W`` may still come since the engine sets ``W`` to the largest event time seen minus a delay):
+
+1. Rows with ``t < W`` are matched now, in the total order of :mod:`~eddyline.operators.pattern.nfa`
+   (not ``t <= W``: a tie at ``W`` arriving next epoch would have to be ordered before rows already
+   matched); rows with ``t >= W`` are **buffered** in state, so matching follows event time even
+   when rows arrive out of order across epochs. ``END_OF_STREAM`` matches everything and leaves the
+   state empty.
+2. A row is **late** (dropped, counted in ``metrics["late_rows"]``) if its time is at or before the
+   last time its key already matched (``t <= last``: it can no longer take its place in the key's
+   order; ``t == last`` is late too, because a tie is ordered by the other columns and rows at that
+   time have already been matched), or if it is more than ``allowed_lateness_ms`` behind the
+   watermark. The second rule is what lets an idle key be forgotten: once ``last`` is behind the
+   horizon ``W - allowed_lateness_ms`` and the key has no buffered rows and no runs, its state row
+   goes, and any row it would have judged late is late by the horizon. The lateness decision thus
+   depends only on the rows and watermarks, never on what happened to be evicted, which the
+   two-stage pipeline of :mod:`~eddyline.operators.pattern.split` relies on. Rows without an event
+   time are late.
+
+The state and output tables are described in :mod:`~eddyline.operators.pattern.layout`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from eddyline.columns import KG
+from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
+from eddyline.operators.base import KernelResult, sortable
+from eddyline.operators.keyed import (
+    changed_groups,
+    event_times,
+    int_values,
+    ranks_in_segments,
+    run_starts,
+    sort_indices,
+    sorted_key_ids,
+    with_key_group,
+)
+from eddyline.operators.pattern.dsl import MEASURE_FUNCS, Measure, Pattern, Split
+from eddyline.operators.pattern.layout import (
+    BUFFERED,
+    END_MS,
+    END_RANK,
+    ID,
+    KIND,
+    LAST_MS,
+    MATCH_END,
+    MATCH_START,
+    META,
+    NEXT_ID,
+    NOTHING_MATCHED,
+    ROW,
+    RUN,
+    SEED,
+    START_MS,
+    Layout,
+    flatten,
+    seed_table,
+)
+from eddyline.operators.pattern.nfa import MeasureSpec, Nfa, RowPool, Run, runs_by_key
+
+
+class PatternKernel:
+    """Matches a :class:`~eddyline.operators.pattern.dsl.Pattern` per key (a
+    :class:`~eddyline.operators.base.Kernel`).
+
+    ``input_schema`` is the event schema, with or without ``_kg`` (appended as int32 when missing,
+    as the step builders pass it); for stage 2 of a pipeline split the kernel's own
+    ``input_schema`` adds the ``_seed`` column. Output: ``keys, match_start,
+    match_end, measures`` (stage 1: seed rows, see
+    :func:`~eddyline.operators.pattern.split.pipeline_split`).
+    """
+
+    def __init__(
+        self,
+        input_schema: pa.Schema,
+        keys: tuple[str, ...],
+        time: str,
+        pattern: Pattern,
+        within_ms: int,
+        measures: Mapping[str, Measure],
+        *,
+        allowed_lateness_ms: int = 0,
+        split: Split | None = None,
+    ) -> None:
+        input_schema = with_key_group(input_schema)
+        names = input_schema.names
+        for k in keys:
+            if k not in names or k.startswith("_"):
+                raise ValueError(f"key {k!r} must be an input column not starting with '_'")
+        if time not in names or time in keys or time == KG:
+            raise ValueError(f"time column {time!r} must be a non-key input column")
+        nested = [f.name for f in input_schema if pa.types.is_nested(f.type)]
+        if nested:
+            raise ValueError(
+                f"nested input columns {nested} cannot be kept in pattern state; project them away"
+            )
+        if within_ms < 0 or allowed_lateness_ms < 0:
+            raise ValueError("within_ms and allowed_lateness_ms must be >= 0")
+        n = len(pattern.elements)
+        if split is not None and (split.stage not in (1, 2) or not 0 <= split.at < n):
+            raise ValueError(f"bad split {split} for a pattern of {n} elements")
+        if split is not None and split.stage == 2 and SEED in names:
+            raise ValueError(f"stage 2 reserves the input column name {SEED!r}")
+        self.event_schema = input_schema
+        self.keys = tuple(keys)
+        self.time = time
+        self.pattern = pattern
+        self.within_ms = within_ms
+        self.allowed_lateness_ms = allowed_lateness_ms
+        self.split = split
+        elements = tuple(e.name for e in pattern.elements)
+        self.measures = tuple(
+            self._parse_measure(m, spec, elements) for m, spec in measures.items()
+        )
+        self._nfa = Nfa(pattern, within_ms, self.measures, split)
+        self._layout = layout = Layout(input_schema, self.keys, self._nfa, self._stage)
+        self.primary_key = layout.primary_key
+        self.state_schema = layout.state_schema
+        self.seed_type = layout.seed_type
+        self.input_schema = layout.input_schema
+        self.output_schema = layout.output_schema
+
+    def empty_state(self) -> pa.Table:
+        return self.state_schema.empty_table()
+
+    def deferred(self, state: pa.Table) -> np.ndarray:
+        """The buffered rows: input the watermark has not passed yet, matched in a later epoch."""
+        return state.column(KIND).to_numpy(zero_copy_only=False) == BUFFERED
+
+    @property
+    def _stage(self) -> int:
+        return 0 if self.split is None else self.split.stage
+
+    def _parse_measure(self, name: str, spec: Measure, elements: tuple[str, ...]) -> MeasureSpec:
+        elem, col, func = spec
+        if elem not in elements:
+            raise ValueError(f"measure {name}: unknown element {elem!r}; pattern has {elements}")
+        if func not in MEASURE_FUNCS:
+            raise ValueError(
+                f"measure {name}: aggregate must be one of {MEASURE_FUNCS}, got {func!r}"
+            )
+        if col is None and func != "count":
+            raise ValueError(f"measure {name}: {func} needs a column")
+        if col is not None and (col not in self.event_schema.names or col == KG):
+            raise ValueError(f"measure {name}: unknown column {col!r}")
+        if name in self.keys or name in (MATCH_START, MATCH_END):
+            raise ValueError(f"measure name {name!r} clashes with an output column")
+        return MeasureSpec(name, elements.index(elem), col, func)
+
+    # ------------------------------------------------------------------------- process
+    def process(self, batch: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
+        """One epoch: buffer, match the rows behind the watermark, prune, and emit.
+
+        Everything but the per-key walk over ready rows (step 8) is vectorised: key ids, lateness,
+        the total order, buffering, pruning and eviction work on whole columns. The result does
+        not depend on the row order of ``batch``: rows are put in the total order first, runs are
+        taken in id order, seeds in theirs.
+        """
+        layout, nfa = self._layout, self._nfa
+        eos = watermark_ms >= END_OF_STREAM
+        horizon = NO_WATERMARK if eos else watermark_ms - self.allowed_lateness_ms
+
+        # 1. normalise (not with keyed.normalize: combining chunks would re-encode dictionary
+        # columns, and the state must come out as it did); stage 2 splits its input into events
+        # and seeds
+        batch = batch.select(self.input_schema.names).cast(self.input_schema)
+        state = (
+            self.empty_state()
+            if state is None
+            else state.select(self.state_schema.names).cast(self.state_schema)
+        )
+        if self._stage == 2:
+            is_seed = pc.is_valid(batch.column(SEED))
+            events = batch.filter(pc.invert(is_seed)).drop_columns([SEED]).cast(layout.events)
+            seeds = seed_table(batch.filter(is_seed), layout.kcols)
+        else:
+            events = batch.cast(layout.events)
+            seeds = None
+
+        # 2. dense key ids over state, events and seeds, ordered by (_kg, keys)
+        parts = [state, events] + ([seeds] if seeds is not None else [])
+        (s_kid, e_kid, *seed_kid), keytab = sorted_key_ids(parts, layout.key_schema)
+        n_keys = keytab.num_rows
+        kind = state.column(KIND).to_numpy()
+
+        # 3. per-key meta: last matched time and id counter
+        meta_row = np.full(n_keys, -1, dtype=np.int64)
+        is_meta = np.flatnonzero(kind == META)
+        meta_row[s_kid[is_meta]] = is_meta
+        old_last = np.full(n_keys, NOTHING_MATCHED, dtype=np.int64)
+        old_next = np.zeros(n_keys, dtype=np.int64)
+        old_last[s_kid[is_meta]] = int_values(state.column(LAST_MS).take(is_meta), NOTHING_MATCHED)
+        old_next[s_kid[is_meta]] = int_values(state.column(NEXT_ID).take(is_meta), 0)
+        last, next_id = old_last.copy(), old_next.copy()
+
+        # 4. late rows: behind the key's last matched time or the lateness horizon
+        e_t, e_valid = event_times(events.column(self.time))
+        late = ~e_valid | (e_t <= old_last[e_kid]) | (e_t < horizon)
+        live = ~late
+
+        # 5. pending = still-buffered rows + live new rows, in the total order; t < W is ready
+        is_buf = np.flatnonzero(kind == BUFFERED)
+        buffered = layout.unpack_buffered(state.take(is_buf))
+        pending = pa.concat_tables([buffered, events.filter(pa.array(live))])
+        p_kid = np.concatenate([s_kid[is_buf], e_kid[live]])
+        p_origin = np.concatenate([is_buf, np.full(int(live.sum()), -1, dtype=np.int64)])
+        p_t = np.concatenate([event_times(buffered.column(self.time))[0], e_t[live]])
+        order = _canonical_order([p_kid, p_t], [pending.column(c) for c in layout.payload_names])
+        pending, p_kid, p_origin, p_t = (
+            pending.take(order),
+            p_kid[order],
+            p_origin[order],
+            p_t[order],
+        )
+        ready = p_t < watermark_ms
+        removed = np.zeros(state.num_rows, dtype=bool)
+        removed[p_origin[ready & (p_origin >= 0)]] = True
+
+        # 6. new buffered rows get ids in the total order
+        fresh = np.flatnonzero(~ready & (p_origin < 0))
+        f_kid = p_kid[fresh]
+        f_ids = next_id[f_kid] + _ranks(f_kid)
+        np.add.at(next_id, f_kid, 1)
+        new_buffered = layout.state_rows(
+            keytab, f_kid, BUFFERED, f_ids, flatten(ROW, layout.structs(pending.take(fresh)))
+        )
+
+        # 7. the row pool: ready rows, then the bound rows of the runs and seeds to continue
+        ready_idx = np.flatnonzero(ready)
+        r_kid, r_t = p_kid[ready_idx], p_t[ready_idx]
+        r_rank = _ranks(r_kid, r_t)
+        match_keys = np.unique(np.concatenate([r_kid, *seed_kid]))
+        key_rows = layout.key_rows(keytab, match_keys)
+        pool = RowPool(layout.payload)
+        r_pool = pool.add(
+            layout.structs(pending.take(ready_idx)), [key_rows[k] for k in r_kid.tolist()]
+        )
+        is_run = kind == RUN
+        continuing = np.flatnonzero(is_run & np.isin(s_kid, match_keys))
+        continuing = continuing[
+            np.lexsort((int_values(state.column(ID).take(continuing), 0), s_kid[continuing]))
+        ]
+        removed[continuing] = True
+        open_runs = runs_by_key(
+            s_kid[continuing],
+            layout.decode(state.take(continuing), s_kid[continuing], key_rows, pool, continuing),
+        )
+        seeds_by_key: dict[int, list[tuple[tuple[int, int], Run]]] = {}
+        if seeds is not None:
+            s_order = _canonical_order(
+                [
+                    seed_kid[0],
+                    *(int_values(seeds.column(c), 0) for c in (END_MS, END_RANK, START_MS)),
+                ],
+                [seeds.column(c) for c in seeds.column_names if c not in layout.kcols],
+            )
+            seeds = seeds.take(s_order)
+            sk = seed_kid[0][s_order]
+            pos = zip(
+                int_values(seeds.column(END_MS), 0).tolist(),
+                int_values(seeds.column(END_RANK), 0).tolist(),
+                strict=True,
+            )
+            decoded = layout.decode(seeds, sk, key_rows, pool, None)
+            for k, p, run in zip(sk.tolist(), pos, decoded, strict=True):
+                seeds_by_key.setdefault(k, []).append((p, run))
+
+        # 8. match each key (sequential per key, as a pattern is); the work per key group (each
+        # ready row counts once, plus once per open run it is tried against) is reported for the
+        # load statistics: a hot key's rows meet more open runs, so they cost more per row
+        kg_of_key = keytab.column(KG).to_numpy(zero_copy_only=False)
+        cost = np.zeros(n_keys, dtype=np.int64)
+        matches: list[tuple[int, Run]] = []
+        emitted_seeds: list[tuple[int, Run, int]] = []
+        new_runs: list[tuple[int, Run, int]] = []
+        bounds = (
+            np.searchsorted(r_kid, match_keys, "left"),
+            np.searchsorted(r_kid, match_keys, "right"),
+        )
+        for k, lo, hi in zip(match_keys.tolist(), *bounds, strict=True):
+            rows = [(r_pool + i, int(r_t[i]), int(r_rank[i])) for i in range(lo, hi)]
+            runs, tried = nfa.match_key(
+                k,
+                open_runs.get(k, []),
+                rows,
+                seeds_by_key.get(k, []),
+                pool.rows,
+                matches,
+                emitted_seeds,
+            )
+            cost[k] = (hi - lo) + tried
+            if hi > lo:
+                last[k] = max(last[k], int(r_t[hi - 1]))
+            # the earliest time a row that is not late could still have
+            earliest = END_OF_STREAM if eos else max(int(last[k]) + 1, horizon)
+            for run in runs:
+                if earliest - run.start_ms > self.within_ms:
+                    continue
+                if run.origin >= 0:
+                    removed[run.origin] = False
+                else:
+                    new_runs.append((k, run, int(next_id[k])))
+                    next_id[k] += 1
+
+        # 9. runs of other keys die once no admissible row could extend them within within_ms
+        idle_runs = np.flatnonzero(is_run & ~np.isin(s_kid, match_keys))
+        next_t = (
+            np.full(n_keys, END_OF_STREAM, dtype=np.int64) if eos else np.maximum(last + 1, horizon)
+        )
+        starts = int_values(state.column(START_MS).take(idle_runs), 0)
+        removed[idle_runs[next_t[s_kid[idle_runs]] - starts > self.within_ms]] = True
+
+        # 10. meta rows: kept while the key has runs or buffered rows, or its last time is within
+        # the lateness horizon (rows at or before it are then still judged by it)
+        alive = ~removed & (kind != META)
+        n_rows = np.bincount(s_kid[alive], minlength=n_keys) + np.bincount(f_kid, minlength=n_keys)
+        n_rows += np.bincount(
+            np.array([k for k, _, _ in new_runs], dtype=np.int64), minlength=n_keys
+        )
+        evict = (n_rows == 0) & (eos | (last == NOTHING_MATCHED) | (last < horizon))
+        has_meta = meta_row >= 0
+        upsert_meta = ~evict & (~has_meta | (last != old_last) | (next_id != old_next))
+        removed[meta_row[has_meta & (evict | upsert_meta)]] = True
+        replaced = np.zeros(state.num_rows, dtype=bool)
+        replaced[meta_row[has_meta & upsert_meta]] = True
+        mk = np.flatnonzero(upsert_meta)
+        metas = layout.state_rows(
+            keytab,
+            mk,
+            META,
+            np.zeros(len(mk), dtype=np.int64),
+            {
+                LAST_MS: pa.array(last[mk], mask=last[mk] == NOTHING_MATCHED, type=pa.int64()),
+                NEXT_ID: pa.array(next_id[mk], type=pa.int64()),
+            },
+        )
+
+        # 11. assemble
+        pool_array = pool.array()
+        run_rows = layout.state_rows(
+            keytab,
+            np.array([k for k, _, _ in new_runs], dtype=np.int64),
+            RUN,
+            np.array([i for _, _, i in new_runs], dtype=np.int64),
+            layout.encode([r for _, r, _ in new_runs], pool_array),
+        )
+        upserts = pa.concat_tables([metas, new_buffered, run_rows])
+        new_state = pa.concat_tables([state.filter(pa.array(~removed)), upserts])
+        deletes = state.filter(pa.array(removed & ~replaced)).select(list(self.primary_key))
+        if self._stage == 1:
+            output = layout.seed_output(emitted_seeds, keytab, pool_array)
+        else:
+            output = layout.match_output(matches, keytab, pool_array)
+        kinds = new_state.column(KIND).to_numpy()
+        metrics = {
+            "late_rows": int(late.sum()),
+            "matches": len(matches),
+            "seeds": len(emitted_seeds),
+            "runs": int((kinds == RUN).sum()),
+            "buffered_rows": int((kinds == BUFFERED).sum()),
+        }
+        by_kg = np.bincount(kg_of_key, weights=cost) if n_keys else np.zeros(0)
+        return KernelResult(
+            output,
+            new_state,
+            upserts,
+            deletes,
+            changed_groups(upserts, deletes),
+            metrics,
+            {int(g): int(by_kg[g]) for g in np.flatnonzero(by_kg)},
+        )
+
+
+def _canonical_order(
+    leading: Sequence[np.ndarray], columns: Sequence[pa.ChunkedArray]
+) -> np.ndarray:
+    """Indices sorting by ``leading`` then every sortable column of ``columns`` (nulls last): the
+    total order that makes results independent of arrival order. Rows equal on all of these are
+    interchangeable unless they differ in an unsortable (e.g. dictionary) column."""
+    keys = [(pa.array(a), "ascending") for a in leading]
+    keys += [(c, "ascending") for c in columns if sortable(c.type)]
+    return sort_indices(keys, len(leading[0]))
+
+
+def _ranks(*sorted_cols: np.ndarray) -> np.ndarray:
+    """Position of each row of rows sorted by ``sorted_cols`` among the rows equal on all of them."""
+    n = len(sorted_cols[0])
+    return ranks_in_segments(run_starts([pa.array(c) for c in sorted_cols], n))

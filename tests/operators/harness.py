@@ -1,0 +1,99 @@
+"""The one epoch driver of the kernel tests: it runs a kernel through epochs like the runtime does.
+
+A :class:`Driver` is one lane: it starts from the kernel's empty state, calls ``process`` once per
+epoch with the state the previous epoch left, runs the test's contract check on every result, and
+keeps the results, the final state and the summed metrics. :func:`run_epochs` drives one lane over
+``(batch, watermark)`` epochs and, by default, an empty end-of-stream epoch after them. A test that
+drives several lanes, or a pipeline of kernels, steps one :class:`Driver` per lane or stage over
+:func:`with_end_of_stream`.
+
+The checks stay with the tests (each kernel family states its own contract); a check is called
+as ``check(kernel, previous_state, result)``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+import numpy as np
+import pyarrow as pa
+
+from eddyline.eventtime import END_OF_STREAM
+from eddyline.operators.base import Kernel, KernelResult
+
+Check = Callable[[Kernel, pa.Table, KernelResult], None]
+#: turns an epoch's batch into the kernel's input (e.g. rows into window partials)
+Prepare = Callable[[pa.Table, int], pa.Table]
+B = TypeVar("B")
+
+
+def with_end_of_stream(
+    epochs: Iterable[tuple[B, int]], empty: B | None = None
+) -> list[tuple[B, int]]:
+    """``epochs`` then one end-of-stream epoch with ``empty`` as its batch (default: an empty
+    slice of the first batch)."""
+    epochs = list(epochs)
+    if empty is None:
+        first = epochs[0][0]
+        assert isinstance(first, pa.Table), "pass the end-of-stream batch for non-table epochs"
+        empty = first.slice(0, 0)  # type: ignore[assignment]
+    return [*epochs, (empty, END_OF_STREAM)]  # type: ignore[list-item]
+
+
+class Driver:
+    """One kernel instance (a lane) driven epoch by epoch: carries the state, checks every
+    result, and collects the results and the summed metrics."""
+
+    def __init__(self, kernel: Kernel, *, check: Check | None = None) -> None:
+        self.kernel = kernel
+        self.check = check
+        self.state: pa.Table = kernel.state_schema.empty_table()
+        self.results: list[KernelResult] = []
+        self.metrics: Counter[str] = Counter()
+
+    def step(self, batch: pa.Table, watermark_ms: int) -> KernelResult:
+        """One epoch: ``process`` with the carried state, check, carry the new state."""
+        res = self.kernel.process(batch, self.state, watermark_ms)
+        if self.check is not None:
+            self.check(self.kernel, self.state, res)
+        self.state = res.state
+        self.results.append(res)
+        self.metrics.update(res.metrics)
+        return res
+
+    @property
+    def outputs(self) -> list[pa.Table]:
+        """Each epoch's output, in order."""
+        return [r.output for r in self.results]
+
+    @property
+    def output(self) -> pa.Table:
+        """Every epoch's output, concatenated."""
+        return pa.concat_tables(self.outputs)
+
+
+def run_epochs(
+    kernel: Kernel,
+    epochs: Iterable[tuple[pa.Table, int]],
+    *,
+    check: Check | None = None,
+    end: bool = True,
+    shuffle: int | None = None,
+    prepare: Prepare | None = None,
+    drained: bool = False,
+) -> Driver:
+    """Drive ``kernel`` over ``(batch, watermark)`` epochs, then (``end``) an empty end-of-stream
+    epoch. ``shuffle`` seeds a permutation of each non-empty batch; ``prepare`` turns each
+    (shuffled) batch into the kernel's input; ``drained`` asserts that the final state is empty.
+    Returns the :class:`Driver` (``output``, ``outputs``, ``results``, ``state``, ``metrics``)."""
+    driver = Driver(kernel, check=check)
+    rng = np.random.default_rng(shuffle)
+    for batch, wm in with_end_of_stream(epochs) if end else epochs:
+        if shuffle is not None and batch.num_rows:
+            batch = batch.take(pa.array(rng.permutation(batch.num_rows)))
+        driver.step(batch if prepare is None else prepare(batch, wm), wm)
+    if drained:
+        assert driver.state.num_rows == 0, "end of stream must leave no state"
+    return driver
