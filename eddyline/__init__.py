@@ -12,10 +12,19 @@ Build a network in Python or load it from YAML, then run it in epochs on Spark::
     net.run(checkpoint="ckpt/", epochs=20)
 """
 
-from eddyline.api.builder import Network, Stream, sliding, tumbling
-from eddyline.api.spec import Console, Files, Generator, Memory, NetworkSpec, Nexmark, Phase, Window
-from eddyline.api.validate import load_spec, validate
+# The built-in source, step and sink kinds register themselves when imported; the spec layer
+# finds them in its registries (eddyline.api.registry) without importing them.
+from eddyline import io, kinds  # noqa: F401  (registers the built-in kinds)
+from eddyline.api.builder import Stream, sliding, tumbling
+from eddyline.api.network import NetworkSpec
+from eddyline.api.units import Files, Window
+from eddyline.api.validate import load_spec
 from eddyline.errors import CheckpointError, EddylineError, SpecError
+from eddyline.facade import Network, validate
+from eddyline.io.console import Console
+from eddyline.io.generator import Generator, Phase
+from eddyline.io.memory import Memory
+from eddyline.io.nexmark import Nexmark
 
 __all__ = [
     "CheckpointError",

@@ -61,9 +61,9 @@ def validate(
     try:
         net = _load(spec)
         if not offline:
-            from eddyline.api.validate import check_with_spark
+            from eddyline.facade import validate as analyze
 
-            check_with_spark(net, _spark(master))
+            analyze(net, _spark(master))
     except EddylineError as e:
         raise _fail(e) from None
     typer.echo(f"ok: network '{net.name}': {len(net.sources)} sources, {len(net.steps)} steps, {len(net.sinks)} sinks")
@@ -83,7 +83,12 @@ def explain(
         net = _load(spec)
         session = _spark(master) if spark_plan else None
         n = lanes or net.lanes or (session.sparkContext.defaultParallelism if session else 2)
-        typer.echo(render(net, n, session))
+        plans = None
+        if session is not None:
+            from eddyline.runtime.compile import physical_plans
+
+            plans = physical_plans(net, session, n)
+        typer.echo(render(net, n, plans))
     except EddylineError as e:
         raise _fail(e) from None
 
@@ -117,9 +122,10 @@ def _run(
     master: str | None,
     crash_at: str | None,
 ) -> None:
-    from eddyline.api.validate import check_with_spark
+    from eddyline.facade import validate as analyze
     from eddyline.observe.progress import ProgressReporter
     from eddyline.runtime.engine import Engine
+    from eddyline.runtime.faults import KillDriver
 
     if epochs is None and duration is None and not until_idle:
         err.print("[dim]no --epochs/--duration/--until-idle: running until Ctrl-C[/dim]")
@@ -129,13 +135,14 @@ def _run(
         stop["now"] = True  # finish the current epoch, then stop cleanly
 
     try:
+        faults = KillDriver.parse(crash_at) if crash_at else None
         net = _load(spec)
         session = _spark(master)
-        check_with_spark(net, session)
+        analyze(net, session)
         signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
         with ProgressReporter(live=live and sys.stderr.isatty(), json_path=progress_json) as reporter:
-            engine = Engine(net, session, checkpoint, lanes=lanes, reporter=reporter, crash_at=crash_at)
+            engine = Engine(net, session, checkpoint, lanes=lanes, reporter=reporter, faults=faults)
             summary = engine.run(
                 epochs=epochs, duration_s=duration, until_idle=until_idle, should_stop=lambda: stop["now"]
             )

@@ -12,3 +12,6 @@ OP = "_op"
 #: Optional bool input column of split key groups: a probe copy of a row stored in another
 #: fragment of the same key group (see eddyline.operators.join).
 PROBE = "_probe"
+#: Behind a shed point feeding a window aggregate: the weight (1 / keep fraction) of a kept row,
+#: for the window's scaled estimates (see eddyline.kinds.window).
+WEIGHT = "_w"

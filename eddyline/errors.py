@@ -45,3 +45,16 @@ class SinkError(EddylineError):
 
 class EngineError(EddylineError):
     """Something inside Eddyline or Spark failed unexpectedly."""
+
+
+#: Prefix of a message raised inside a Spark task that names the step; the driver finds the line
+#: in Spark's Python traceback (:func:`task_error_line`) and shows only that.
+TASK_MARK = "eddyline:"
+
+
+def task_error_line(error: BaseException) -> str | None:
+    """The ``eddyline:`` line inside a Spark task failure, if there is one."""
+    for line in str(error).splitlines():
+        if TASK_MARK in line:
+            return line[line.index(TASK_MARK) + len(TASK_MARK) :].strip()
+    return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 
 import pyarrow.fs as pafs
 
@@ -20,11 +21,16 @@ def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(root)
 
 
-def write_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    """Write then rename, so readers see the old file or the whole new one."""
+def write_atomic(
+    fs: pafs.FileSystem, path: str, data: bytes, before_rename: Callable[[], None] | None = None
+) -> None:
+    """Write then rename, so readers see the old file or the whole new one. ``before_rename``
+    runs in between (a fault test's hook: a crash there leaves only the temporary file)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with fs.open_output_stream(tmp) as out:
         out.write(data)
+    if before_rename is not None:
+        before_rename()
     fs.move(tmp, path)
 
 

@@ -10,35 +10,24 @@
 >>> [s.name for s in net.spec.steps]
 ['filter_2', 'window_aggregate_3']
 
-Names are checked as they are added: a second node called ``bids`` is refused at once.
+Names are checked as they are added: a second node called ``bids`` is refused at once. Any
+registered step kind can be added with :meth:`Stream.step`; the common ones have their own
+methods. Running lives one layer up: ``eddyline.Network`` adds ``run`` to this class.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import pyarrow as pa
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from eddyline.api.spec import (
-    Console,
-    Files,
-    Generator,
-    Memory,
-    NetworkSpec,
-    Nexmark,
-    StepSpec,
-    Window,
-)
+from eddyline.api.network import NetworkSpec
+from eddyline.api.registry import SINKS, SOURCES
+from eddyline.api.steps import StepSpec
+from eddyline.api.units import Files, Window
 from eddyline.api.validate import format_errors, spec_from_raw
 from eddyline.errors import SpecError
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-    from eddyline.io.sinks import Sink
-    from eddyline.runtime.engine import RunSummary
 
 
 def sliding(size: str | int, slide: str | int) -> Window:
@@ -58,11 +47,16 @@ class Stream:
     network: Network
     name: str
 
+    def step(self, kind: str, params: Any, *, name: str | None = None) -> Stream:
+        """Add a step of any registered kind reading this stream, e.g.
+        ``s.step("dedup", {"key": "id", "time": "ts", "ttl": "1h"})``."""
+        return self.network._add_step(name, kind, {"input": self.name, kind: params})
+
     def filter(self, condition: str, *, name: str | None = None) -> Stream:
-        return self.network._add_step(name, "filter", {"input": self.name, "filter": condition})
+        return self.step("filter", condition, name=name)
 
     def select(self, *expressions: str, name: str | None = None) -> Stream:
-        return self.network._add_step(name, "select", {"input": self.name, "select": list(expressions)})
+        return self.step("select", list(expressions), name=name)
 
     def union(self, *others: Stream, name: str | None = None) -> Stream:
         return self.network._add_step(name, "union", {"union": [self.name, *(o.name for o in others)]})
@@ -88,9 +82,10 @@ class Stream:
             "allowed_lateness": allowed_lateness,
             "late": late,
         }
-        return self.network._add_step(name, "window_aggregate", {"input": self.name, "window_aggregate": params})
+        return self.step("window_aggregate", params, name=name)
 
-    def to(self, sink: Files | Console | Memory, *, name: str | None = None) -> None:
+    def to(self, sink: BaseModel, *, name: str | None = None) -> None:
+        """Send this stream to a sink, e.g. ``.to(eddyline.Files("out/dir"))``."""
         self.network._add_sink(name, self.name, sink)
 
 
@@ -118,7 +113,6 @@ class Network:
         self._sinks: list[dict[str, Any]] = []
         self._names: set[str] = set()
         self._counter = 0
-        self._last_sinks: dict[str, Sink] = {}
 
     # ----------------------------------------------------------------- building
     def _claim(self, name: str | None, kind: str, what: str) -> str:
@@ -129,14 +123,14 @@ class Network:
         self._names.add(name)
         return name
 
-    def source(
-        self, name: str, kind: Generator | Nexmark | Files, *, max_rows_per_epoch: int | None = None
-    ) -> Stream:
-        key = {Generator: "generator", Nexmark: "nexmark", Files: "files"}.get(type(kind))
-        if key is None:
-            raise SpecError(f"source '{name}': expected Generator, Nexmark or Files, got {type(kind).__name__}")
-        self._claim(name, key, "source")
-        self._sources.append({"name": name, key: kind, "max_rows_per_epoch": max_rows_per_epoch})
+    def source(self, name: str, kind: BaseModel, *, max_rows_per_epoch: int | None = None) -> Stream:
+        """Add a source, e.g. ``net.source("bids", eddyline.Nexmark(stream="bid"))``."""
+        found = SOURCES.for_params(kind)
+        if found is None:
+            expected = ", ".join(k.params.__name__ for k in SOURCES.find(lambda k: isinstance(k.params, type)))
+            raise SpecError(f"source '{name}': expected one of {expected}, got {type(kind).__name__}")
+        self._claim(name, found.key, "source")
+        self._sources.append({"name": name, found.key: kind, "max_rows_per_epoch": max_rows_per_epoch})
         return Stream(self, name)
 
     def _add_step(self, name: str | None, kind: str, body: dict[str, Any]) -> Stream:
@@ -149,12 +143,13 @@ class Network:
         self._steps.append(raw)
         return Stream(self, name)
 
-    def _add_sink(self, name: str | None, input_name: str, sink: Files | Console | Memory) -> None:
-        key = {Files: "files", Console: "console", Memory: "memory"}.get(type(sink))
-        if key is None:
-            raise SpecError(f"sink on '{input_name}': expected Files, Console or Memory, got {type(sink).__name__}")
-        name = self._claim(name, key, "sink")
-        self._sinks.append({"name": name, "input": input_name, key: sink})
+    def _add_sink(self, name: str | None, input_name: str, sink: BaseModel) -> None:
+        found = SINKS.for_params(sink)
+        if found is None:
+            expected = ", ".join(k.params.__name__ for k in SINKS.find(lambda k: isinstance(k.params, type)))
+            raise SpecError(f"sink on '{input_name}': expected one of {expected}, got {type(sink).__name__}")
+        name = self._claim(name, found.key, "sink")
+        self._sinks.append({"name": name, "input": input_name, found.key: sink})
 
     @property
     def spec(self) -> NetworkSpec:
@@ -165,40 +160,3 @@ class Network:
             "sinks": self._sinks,
         }
         return spec_from_raw(raw)
-
-    # ----------------------------------------------------------------- running
-    def run(
-        self,
-        checkpoint: str,
-        *,
-        epochs: int | None = None,
-        duration: float | None = None,
-        until_idle: bool = False,
-        lanes: int | None = None,
-        progress: bool = False,
-        progress_json: str | None = None,
-        spark: SparkSession | None = None,
-    ) -> RunSummary:
-        """Run in this process's SparkSession (``local[*]`` unless one is active)."""
-        from eddyline.api.validate import validate
-        from eddyline.io.sinks import make_sink
-        from eddyline.observe.progress import ProgressReporter
-        from eddyline.runtime.engine import Engine
-        from eddyline.runtime.session import get_spark
-
-        spec = self.spec
-        session = spark or get_spark()
-        validate(spec, session)
-        self._last_sinks = {s.name: make_sink(s) for s in spec.sinks}
-        with ProgressReporter(live=progress, json_path=progress_json) as reporter:
-            engine = Engine(spec, session, checkpoint, lanes=lanes, reporter=reporter, sinks=self._last_sinks)
-            return engine.run(epochs=epochs, duration_s=duration, until_idle=until_idle)
-
-    def collected(self, sink: str) -> pa.Table | None:
-        """Rows a ``Memory`` sink received in the last :meth:`run` (epoch order)."""
-        from eddyline.io.sinks import MemorySink
-
-        s = self._last_sinks.get(sink)
-        if not isinstance(s, MemorySink):
-            raise KeyError(f"no memory sink named {sink!r} ran in this network")
-        return s.table()

@@ -6,7 +6,8 @@ Three layers, cheapest first; each error names the source / step / sink and the 
 2. graph: duplicate names, unknown inputs, cycles, nodes whose output reaches no sink;
 3. expressions: SQL syntax (sqlglot, no Spark), then Spark's analyzer over empty frames of the
    real source schemas (unknown columns, type errors such as a non-boolean filter or ``sum``
-   over a string). Layer 3b needs a SparkSession; ``eddyline validate --offline`` skips it.
+   over a string). Layer 3b compiles the network, so it lives with the compiler
+   (:func:`eddyline.runtime.compile.analyze`); ``eddyline validate --offline`` skips it.
 """
 
 from __future__ import annotations
@@ -14,19 +15,23 @@ from __future__ import annotations
 import types
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from eddyline.api.spec import NetworkSpec, SinkSpec, SourceSpec, StepSpec
+from eddyline.api.network import NetworkSpec
+from eddyline.api.registry import SINKS, SOURCES, STEPS, Registry
+from eddyline.api.sinks import SinkSpec
+from eddyline.api.sources import SourceSpec
+from eddyline.api.steps import StepSpec
 from eddyline.errors import SpecError
 
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-_SECTIONS = {"sources": ("source", SourceSpec), "steps": ("step", StepSpec), "sinks": ("sink", SinkSpec)}
-_KIND_KEYS = {"generator", "nexmark", "files", "filter", "select", "union", "window_aggregate", "console", "memory"}
+_SECTIONS: dict[str, tuple[str, type[BaseModel], Registry[Any]]] = {
+    "sources": ("source", SourceSpec, SOURCES),
+    "steps": ("step", StepSpec, STEPS),
+    "sinks": ("sink", SinkSpec, SINKS),
+}
 
 
 def load_spec(source: str | Path | dict[str, Any]) -> NetworkSpec:
@@ -73,14 +78,14 @@ def format_errors(err: ValidationError, raw: dict[str, Any]) -> list[str]:
         who = "network"
         model: type[BaseModel] | None = NetworkSpec
         if loc and loc[0] in _SECTIONS and len(loc) >= 2 and isinstance(loc[1], int):
-            what, model = _SECTIONS[loc[0]]
+            what, model, kinds = _SECTIONS[loc[0]]
             items = raw.get(loc[0]) or []
             item = items[loc[1]] if loc[1] < len(items) else None
             name = item.get("name") if isinstance(item, dict) else None
             who = f"{what} '{name}'" if name else f"{what} #{loc[1] + 1}"
             loc = loc[2:]
-            if loc and loc[0] in _KIND_KEYS:  # the kind key is implied by the node
-                model = _model_at(model, [loc[0]])
+            if loc and loc[0] in kinds:  # the kind key is implied by the node
+                model = _first_model(kinds.get(str(loc[0])).params)
                 loc = loc[1:]
         path = [str(p) for p in loc if not _is_type_tag(p)]
         msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
@@ -158,18 +163,9 @@ def check_graph(spec: NetworkSpec) -> list[str]:
                     )
     if problems:
         return problems
-    # cycles: repeatedly remove steps whose inputs are all resolved
-    done = {s.name for s in spec.sources}
-    pending = {s.name: s for s in spec.steps}
-    while True:
-        ready = [n for n, s in pending.items() if all(i in done for i in s.inputs)]
-        if not ready:
-            break
-        for n in ready:
-            done.add(n)
-            del pending[n]
-    for name in pending:
-        problems.append(f"step '{name}': input: part of a cycle ({' → '.join(_cycle_from(spec, name))})")
+    _, cyclic = spec.ordered()
+    for step in cyclic:
+        problems.append(f"step '{step.name}': input: part of a cycle ({' → '.join(_cycle_from(spec, step.name))})")
     if problems:
         return problems
     consumed = set().union(*(spec.upstream(s.input) for s in spec.sinks))
@@ -237,45 +233,13 @@ def _cycle_from(spec: NetworkSpec, start: str) -> list[str]:
 
 
 def check_expressions(spec: NetworkSpec) -> list[str]:
-    """SQL syntax of filters and selections, without Spark (sqlglot's Spark dialect)."""
-    import sqlglot
-    from sqlglot.errors import ParseError
-
-    problems = []
-    for step in spec.steps:
-        exprs: list[tuple[str, str]] = []
-        if step.filter is not None:
-            exprs.append(("filter", step.filter))
-        for i, e in enumerate(step.select or ()):
-            exprs.append((f"select[{i}]", e))
-        for field, text in exprs:
-            try:
-                parsed = sqlglot.parse_one(text, read="spark")
-            except ParseError as e:
-                detail = e.errors[0]["description"] if e.errors else str(e)
-                problems.append(f"step '{step.name}': {field}: invalid SQL expression {text!r}: {detail}")
-                continue
-            if parsed is None or isinstance(parsed, sqlglot.exp.Select | sqlglot.exp.Command):
-                problems.append(f"step '{step.name}': {field}: expected an SQL expression, got {text!r}")
-    return problems
+    """What each node's kind checks without Spark (the SQL syntax of filters and selections)."""
+    return [f"step '{step.name}': {problem}" for step in spec.steps for problem in step.info.check(step)]
 
 
-def check_with_spark(spec: NetworkSpec, spark: SparkSession) -> dict[str, Any]:
-    """Analyze every step over empty frames of the real source schemas; returns their schemas."""
-    from eddyline.errors import SourceError
-    from eddyline.runtime.compile import empty_epoch
-
-    try:
-        frames = empty_epoch(spark, spec, 1)
-    except SourceError as e:
-        raise SpecError(str(e)) from e
-    return {name: df.schema for name, df in frames.nodes.items()}
-
-
-def validate(spec: NetworkSpec, spark: SparkSession | None = None) -> NetworkSpec:
+def validate(spec: NetworkSpec) -> NetworkSpec:
+    """The checks that need no Spark; raises one :class:`SpecError` naming every problem."""
     problems = check_graph(spec) + check_expressions(spec)
     if problems:
         raise SpecError(problems)
-    if spark is not None:
-        check_with_spark(spec, spark)
     return spec

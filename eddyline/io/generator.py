@@ -24,13 +24,18 @@ from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
+from pydantic import Field
 from pyspark.sql import Column
 from pyspark.sql import functions as F
+
+from eddyline.api.registry import SOURCES
+from eddyline.api.units import Duration, Model
+from eddyline.io.sources import SourceKind, SyntheticSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from eddyline.api.spec import Generator
+    from eddyline.api.sources import SourceSpec
 
 #: What an unpaced source reports as available: effectively unbounded, yet far from overflowing
 #: a long when the runtime adds an epoch's admission limit to it.
@@ -53,6 +58,39 @@ _SALT_VALUE = 2
 
 #: ``value`` is uniform in [0, VALUE_BOUND).
 VALUE_BOUND = 1000
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+class Phase(Model):
+    """One phase of a generator: for ``duration`` of event time, these settings hold."""
+
+    duration: Duration = Field(gt=0)
+    rate: float | None = Field(default=None, gt=0)
+    skew: float | None = Field(default=None, ge=0)
+    keys: int | None = Field(default=None, gt=0)
+    #: Moves the hot set: popularity rank r is key (r * m + hot_shift) mod keys, m a fixed
+    #: multiplier coprime with keys; so key ``hot_shift`` is the hottest (see eddyline.io.generator).
+    hot_shift: int = 0
+
+
+class Generator(Model):
+    """Synthetic keyed rows computed inside Spark; deterministic from (seed, offset).
+
+    Columns: ``offset`` (long), ``key`` (long in [0, keys)), ``value`` (long in [0, 1000)),
+    ``event_time`` (timestamp). Offset ``i`` has event time ``start_time + i / rate`` (piecewise
+    over ``phases``), and becomes available at the same wall-clock distance from the run's start.
+    """
+
+    rate: float = Field(default=10_000, gt=0)
+    keys: int = Field(default=1_000, gt=0)
+    skew: float = Field(default=0.0, ge=0)
+    seed: int = 0
+    start_time: datetime = datetime(2026, 1, 1, tzinfo=UTC)
+    phases: tuple[Phase, ...] = ()
+    #: Pretend all rows are available at once (benchmarks): offsets are not paced by wall time.
+    unpaced: bool = False
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -294,3 +332,12 @@ def generator_frame(
 def generator_columns(spark: SparkSession, params: Generator, offsets: DataFrame) -> DataFrame:
     """The generator's rows for a frame whose ``id`` column holds offsets (any range)."""
     return offsets.select(*_columns(spark, params, 0, len(segments(params)) - 1))
+
+
+@SOURCES.register
+class GeneratorKind(SourceKind):
+    key = "generator"
+    params = Generator
+
+    def make(self, spec: SourceSpec) -> SyntheticSource:
+        return SyntheticSource(spec, generator_available, generator_frame, unpaced=spec.params.unpaced)

@@ -29,11 +29,15 @@ import functools
 import hashlib
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Literal
 
+from pydantic import Field
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from eddyline.api.registry import SOURCES
+from eddyline.api.units import Model
 from eddyline.io.generator import (
     UNPACED_AVAILABLE,
     bit_field,
@@ -43,11 +47,31 @@ from eddyline.io.generator import (
     uniform_below,
     unit_interval,
 )
+from eddyline.io.sources import SourceKind, SyntheticSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from eddyline.api.spec import Nexmark
+    from eddyline.api.sources import SourceSpec
+
+
+class Nexmark(Model):
+    """The Nexmark auction benchmark's person / auction / bid events (Beam's generator model).
+
+    Offsets are global event numbers shared by all three streams, so two sources with the same
+    settings see one consistent auction site.
+    """
+
+    stream: Literal["person", "auction", "bid"]
+    rate: float = Field(default=10_000, gt=0)
+    seed: int = 0
+    start_time: datetime = datetime(2026, 1, 1, tzinfo=UTC)
+    num_active_people: int = Field(default=1_000, gt=0)
+    num_in_flight_auctions: int = Field(default=100, gt=0)
+    hot_auction_ratio: int = Field(default=2, gt=0)
+    hot_seller_ratio: int = Field(default=4, gt=0)
+    hot_bidder_ratio: int = Field(default=4, gt=0)
+    unpaced: bool = False
 
 # --------------------------------------------------------------------------- Beam's constants
 
@@ -525,3 +549,12 @@ def nexmark_columns(spark: SparkSession, params: Nexmark, indexes: DataFrame) ->
     the rows Eddyline's source computes."""
     events, rows = _projections(spark, params)
     return indexes.select(*events).select(*rows)
+
+
+@SOURCES.register
+class NexmarkKind(SourceKind):
+    key = "nexmark"
+    params = Nexmark
+
+    def make(self, spec: SourceSpec) -> SyntheticSource:
+        return SyntheticSource(spec, nexmark_available, nexmark_frame, unpaced=spec.params.unpaced)

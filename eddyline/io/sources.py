@@ -18,11 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.fs as pafs
-
-from eddyline.api.spec import Files, Generator, Nexmark, SourceSpec
-from eddyline.errors import SourceError
+from eddyline.api import registry
+from eddyline.api.sources import SourceSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -107,175 +104,36 @@ class SyntheticSource(Source):
     """Rows computed in Spark from their offsets (``generator`` and ``nexmark``): offsets become
     available at the source's rate of event time, or all at once when ``unpaced``."""
 
-    @property
-    def params(self) -> Generator | Nexmark:
-        p = self.spec.generator or self.spec.nexmark
-        assert p is not None
-        return p
-
-    def _functions(self) -> tuple[Any, Any]:
-        if self.spec.generator is not None:
-            from eddyline.io.generator import generator_available, generator_frame
-
-            return generator_available, generator_frame
-        from eddyline.io.nexmark import nexmark_available, nexmark_frame
-
-        return nexmark_available, nexmark_frame
+    def __init__(
+        self,
+        spec: SourceSpec,
+        available: Callable[[Any, float], int],
+        frame: Callable[..., DataFrame],
+        *,
+        unpaced: bool,
+    ) -> None:
+        super().__init__(spec)
+        self._available, self._frame, self.unpaced = available, frame, unpaced
 
     def available(self, elapsed_s: float) -> int:
-        return self._functions()[0](self.params, elapsed_s)
+        return self._available(self.spec.params, elapsed_s)
 
     def batch_limit(self) -> int:
         if self.spec.max_rows_per_epoch:
             return self.spec.max_rows_per_epoch
-        return DEFAULT_UNPACED_BATCH if self.params.unpaced else 2**62
+        return DEFAULT_UNPACED_BATCH if self.unpaced else 2**62
 
     def frames(
         self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
     ) -> Frames:
-        frame = self._functions()[1]
-        return Frames(frame(spark, self.params, planned["start"], planned["end"], partitions))
+        return Frames(self._frame(spark, self.spec.params, planned["start"], planned["end"], partitions))
 
 
-class FilesSource(Source):
-    _schemas: tuple[Any, Any] | None = None  # (footer schema, the Spark schema inferred from it)
+class SourceKind(registry.SourceKind):
+    """A source kind that can read: ``make`` turns its spec into a :class:`Source`."""
 
-    @property
-    def params(self) -> Files:
-        assert self.spec.files is not None
-        return self.spec.files
-
-    def _listing(self) -> list[str]:
-        fs, base = _fs(self.params.path)
-        try:
-            infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=False))
-        except (FileNotFoundError, OSError) as e:
-            raise SourceError(f"source '{self.name}': cannot list {self.params.path!r}: {e}") from e
-        names = [
-            i.base_name
-            for i in infos
-            if i.type == pafs.FileType.File and not i.base_name.startswith((".", "_"))
-        ]
-        return sorted(names)
-
-    def available(self, elapsed_s: float) -> int:
-        return len(self._listing())
-
-    def _read_parquet(self, spark: SparkSession, fs: pafs.FileSystem, paths: list[str]) -> tuple[DataFrame, list[Any] | None]:
-        """``spark.read.parquet`` infers the schema from the files' footers, a JVM round of 60-120
-        ms per epoch. The schema Spark inferred for the first read is kept with the footer schema
-        it came from; a later read whose files all have that footer schema (read here with
-        pyarrow, well under a millisecond per file) passes it to the reader instead. Returns the
-        frame and the footers (None if pyarrow could not read them all)."""
-        try:
-            footers = [_footer(fs, x) for x in paths]
-            schemas = [f.schema.to_arrow_schema() for f in footers]
-            same = all(f.equals(schemas[0]) for f in schemas[1:])
-        except (OSError, ValueError, pa.ArrowException):  # unreadable here: let Spark read and report it
-            footers, schemas, same = None, [], False
-        if self._schemas is not None and same and schemas[0].equals(self._schemas[0]):
-            return spark.read.schema(self._schemas[1]).parquet(*paths), footers
-        df = spark.read.parquet(*paths)
-        if same:
-            self._schemas = (schemas[0], df.schema)
-        return df, footers
-
-    def batch_limit(self) -> int:
-        return self.spec.max_rows_per_epoch or self.params.max_files_per_epoch or 2**62
-
-    def peek(self, planned: dict[str, Any], columns: tuple[str, ...]) -> Any:
-        """Parquet files without a declared schema: the key columns of the slice's files, read
-        with pyarrow (a few ms for a few hundred thousand keys). Anything unreadable: None, and
-        Spark reads and reports it when the epoch runs."""
-        import pyarrow.parquet as pq
-
-        p = self.params
-        names = planned.get("files") or []
-        if not self._peekable() or not names:
-            return None
-        fs, base = _fs(p.path)
-        try:
-            # one thread: the look-ahead reads in a background thread of lowered priority
-            return pq.read_table(
-                [f"{base}/{n}" for n in names], columns=list(columns), filesystem=fs, use_threads=False
-            )
-        except (OSError, ValueError, KeyError, pa.ArrowException):
-            return None
-
-    def _peekable(self) -> bool:
-        return self.params.format == "parquet" and not self.params.schema_
-
-    def following(self, planned: dict[str, Any]) -> list[str]:
-        if not self._peekable():
-            return []
-        try:  # what plan() would take next, listed again now
-            return list(self.plan(planned["end"], 0.0, planned.get("cursor"))["files"])
-        except SourceError:
-            return []
-
-    def plan(self, start: int, elapsed_s: float, cursor: str | None = None, cap: int | None = None) -> dict[str, Any]:
-        names = self._listing()
-        pending = [n for n in names if cursor is None or n > cursor]
-        if len(names) - len(pending) != start:
-            early = len(names) - len(pending) - start
-            raise SourceError(
-                f"source '{self.name}': {early} file(s) in {self.params.path!r} sort before "
-                f"{cursor!r}, which was already read; files must arrive in name order "
-                "(e.g. names that start with a timestamp or a sequence number)"
-            )
-        take = pending[: self.batch_limit()]  # files: admission control does not cut inside files
-        return {"start": start, "end": start + len(take), "files": take, "cursor": take[-1] if take else cursor,
-                "backlog": len(pending) - len(take)}
-
-    def frames(
-        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
-    ) -> Frames:
-        from pyspark.sql import functions as F
-
-        p = self.params
-        fs, base = _fs(p.path)
-        paths = [f"{base}/{n}" for n in planned.get("files", [])]
-        if p.format == "parquet":
-            if paths:
-                df, footers = self._read_parquet(spark, fs, paths)
-                if p.schema_:
-                    df = df.select(
-                        *[F.col(f.name).cast(f.dataType) for f in _ddl_struct(spark, p.schema_)]
-                    )
-                    footers = None  # the footers describe the files, not the cast columns
-                return Frames(df, footers=footers)
-            if not p.schema_:
-                known = self._listing()
-                if not known:
-                    raise SourceError(
-                        f"source '{self.name}': parquet directory {p.path!r} is empty; give 'schema' "
-                        "so the network can be planned before files arrive"
-                    )
-                return Frames(spark.read.parquet(f"{base}/{known[0]}").limit(0))
-            return Frames(spark.createDataFrame([], _ddl_struct(spark, p.schema_)))
-        assert p.schema_ is not None
-        struct = _ddl_struct(spark, p.schema_)
-        lines = _read_lines(spark, [_spark_path(p.path, x) for x in paths])
-        parse = "from_json" if p.format == "json" else "from_csv"
-        ddl = f"{p.schema_}, _corrupt_record string".replace("'", "\\'")
-        opts = "map('mode', 'PERMISSIVE', 'columnNameOfCorruptRecord', '_corrupt_record')"
-        df = lines.selectExpr("file", "line", "raw", f"{parse}(raw, '{ddl}', {opts}) AS _r").selectExpr(
-            "*", "(_r IS NULL OR _r._corrupt_record IS NOT NULL) AS _bad"
-        )
-        if count_bad is not None:
-            df = count_bad(df)
-        data = df.where("NOT _bad").selectExpr(*[f"_r.`{f.name}` AS `{f.name}`" for f in struct])
-        dead = df.where("_bad").selectExpr(
-            f"'{self.name}' AS source", "file", "line", "raw", f"{_reason_sql(p.format, struct)} AS reason"
-        )
-        return Frames(data, dead)
-
-
-def _footer(fs: pafs.FileSystem, path: str) -> Any:
-    import pyarrow.parquet as pq
-
-    with fs.open_input_file(path) as f:
-        return pq.read_metadata(f)
+    def make(self, spec: SourceSpec) -> Source:
+        raise NotImplementedError
 
 
 _TO_MS = {"milliseconds": 1, "microseconds": 1000}
@@ -306,64 +164,7 @@ def _newest_ms(meta: Any, col: str) -> int | None | bool:
     return newest
 
 
-def _fs(path: str) -> tuple[pafs.FileSystem, str]:
-    from eddyline.storage import filesystem
-
-    return filesystem(path)
-
-
-def _ddl_struct(spark: SparkSession, ddl: str) -> Any:
-    from pyspark.sql.types import StructType, _parse_datatype_string
-
-    t = _parse_datatype_string(ddl)
-    assert isinstance(t, StructType)
-    return t
-
-
-def _reason_sql(fmt: str, struct: Any) -> str:
-    """SQL naming the first field that does not fit, or saying the line is not JSON / CSV."""
-    if fmt == "json":
-        checks = ["CASE WHEN from_json(raw, 'map<string,string>') IS NULL THEN 'not a valid JSON object' END"]
-        for f in struct:
-            t = f.dataType.simpleString()
-            text = f"get_json_object(raw, '$.{f.name}')"
-            checks.append(
-                f"CASE WHEN {text} IS NOT NULL AND try_cast({text} AS {t}) IS NULL "
-                f"THEN concat('field ''{f.name}'': expected {t}, got ', substring({text}, 1, 80)) END"
-            )
-        checks.append("'record does not fit the schema'")
-        return f"coalesce({', '.join(checks)})"
-    n = len(struct.fields)
-    return (
-        f"CASE WHEN size(split(raw, ',')) != {n} "
-        f"THEN concat('expected {n} CSV fields, got ', CAST(size(split(raw, ',')) AS STRING)) "
-        f"ELSE 'a CSV field does not fit the schema: {struct.simpleString()}' END"
-    )
-
-
-def _spark_path(directory: str, full: str) -> str:
-    return full if "://" in directory else f"file://{full}"
-
-
-def _read_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
-    """Raw lines as ``(file, line, raw)``: line numbers from 1, blank lines skipped.
-
-    ``wholetext`` reads each file as one value, so a line's number is its position after the
-    split (Spark's line reader cannot tell it), and everything stays in the JVM. A file must fit
-    in one value (2 GB), which suits the record files this source is for.
-    """
-    if not paths:
-        return spark.createDataFrame([], "file string, line long, raw string")
-    return (
-        spark.read.text(paths, wholetext=True)
-        .selectExpr(
-            "regexp_extract(input_file_name(), '[^/]*$', 0) AS file",
-            "posexplode(split(value, '\\r?\\n')) AS (pos, raw)",
-        )
-        .selectExpr("file", "CAST(pos + 1 AS BIGINT) AS line", "raw")
-        .where("trim(raw) != ''")
-    )
-
-
 def make_source(spec: SourceSpec) -> Source:
-    return FilesSource(spec) if spec.kind == "files" else SyntheticSource(spec)
+    kind = spec.info
+    assert isinstance(kind, SourceKind), kind
+    return kind.make(spec)

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 
-from eddyline.api.spec import Files, NetworkSpec
+from eddyline.api.network import NetworkSpec
+from eddyline.api.units import Files
 from eddyline.errors import SourceError
 from eddyline.storage import filesystem
 
@@ -40,23 +41,25 @@ def _fingerprint(files: Files) -> tuple[str, list[pafs.FileInfo]]:
 
 class LookupTables:
     def __init__(self, spec: NetworkSpec, checkpoint: str):
-        self.steps = {s.name: s.lookup for s in spec.steps if s.lookup is not None}
+        #: per step that reads a table whole, the table (its version pinned per epoch)
+        self.steps: dict[str, Files] = {
+            s.name: table for s in spec.steps if (table := s.info.pinned_table(s.params)) is not None
+        }
         self.fs, self.base = filesystem(checkpoint)
         self.checkpoint = checkpoint
 
     def plan(self, previous: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Per lookup step: the version this epoch uses, copying a new one in if it changed."""
         out = {}
-        for step, lookup in self.steps.items():
-            assert lookup is not None
-            fp, infos = _fingerprint(lookup.table)
+        for step, table in self.steps.items():
+            fp, infos = _fingerprint(table)
             prev = previous.get(step)
             if prev is not None and prev["fingerprint"] == fp:
                 out[step] = prev
                 continue
             target = f"{self.base}/tables/{step}/{fp}"
             if self.fs.get_file_info(target).type == pafs.FileType.NotFound:
-                src_fs, src_base = filesystem(lookup.table.path)
+                src_fs, src_base = filesystem(table.path)
                 tmp = f"{target}.tmp"
                 self.fs.create_dir(tmp, recursive=True)
                 for info in infos:
@@ -70,9 +73,7 @@ class LookupTables:
 
     def frame(self, spark: SparkSession, step: str, version: dict[str, Any] | None) -> DataFrame:
         """The table as of ``version`` (``None``: the live files, for validation and explain)."""
-        lookup = self.steps[step]
-        assert lookup is not None
-        files = lookup.table
+        files = self.steps[step]
         if version is None:
             path = filesystem(files.path)[1]
             uri = path if "://" in files.path else f"file://{path}"

@@ -193,17 +193,25 @@ class RoutingTable:
 def key_group_counts(table: Any, keys: Sequence[str], key_groups: int) -> np.ndarray | None:
     """Rows per key group of ``table``, with the key group the epoch will compute in Spark
     (``pmod(xxhash64(keys), K)``) reproduced in numpy. Only for BIGINT (int64) key columns, whose
-    hash :func:`~eddyline.operators.shed.spark_xxhash64` mirrors exactly; None for other types."""
+    hash :func:`~eddyline.hashing.spark_xxhash64` mirrors exactly; None for other types."""
     import pyarrow as pa
 
-    from eddyline.operators.shed import spark_xxhash64
+    from eddyline.hashing import spark_xxhash64
 
     if not keys or any(not pa.types.is_int64(table.schema.field(k).type) for k in keys):
         return None
     if table.num_rows == 0:
         return np.zeros(key_groups, dtype=np.int64)
-    # hash each distinct key once (a hash table pass), not every row: 17 -> 5 ms for the
-    # 400,000 rows and 10,000 keys of an adaptive benchmark epoch
+    # hash each distinct key once (a hash table pass), not every row
     counts = table.select(list(keys)).group_by(list(keys), use_threads=False).aggregate([([], "count_all")])
     kg = np.mod(spark_xxhash64(*[counts.column(k) for k in keys]), key_groups)  # numpy mod = pmod
     return np.bincount(kg, weights=counts.column("count_all").to_numpy(), minlength=key_groups).astype(np.int64)
+
+
+def key_group_sql(keys: tuple[str, ...], key_groups: int) -> str:
+    """Spark SQL for a row's key group, ``pmod(xxhash64(keys), K)``; a step without keys (a
+    global window) has one key group. :func:`key_group_counts` computes the same in numpy."""
+    if not keys:
+        return "CAST(0 AS INT)"
+    cols = ", ".join(f"`{k}`" for k in keys)
+    return f"CAST(pmod(xxhash64({cols}), {key_groups}) AS INT)"

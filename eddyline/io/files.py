@@ -1,0 +1,338 @@
+"""The ``files`` source and sink: a directory of Parquet, JSON-lines or CSV files.
+
+As a source, offsets are positions in the name-sorted file list; the plan records the file names,
+so files added later never change an epoch that was already planned. JSON and CSV lines are read
+raw and parsed in Spark, so a malformed line becomes a dead letter (raw text, reason, file, line)
+instead of failing the epoch.
+
+As a sink, writing is two steps so that an epoch's output appears all at once and a replay never
+duplicates: :meth:`FilesTarget.staging` receives the rows where no reader looks
+(``path/_staging/…``), and :meth:`FilesTarget.publish` renames them to ``path/epoch=NNNNNNNNNN``,
+replacing whatever an earlier, crashed attempt published. The runtime publishes before it
+commits the epoch; a crash in between replays the epoch, which stages and publishes the same rows
+again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from eddyline.api.registry import SINKS, SOURCES
+from eddyline.api.units import Files
+from eddyline.errors import SinkError, SourceError
+from eddyline.io.sinks import Sink, SinkKind
+from eddyline.io.sources import BadCounter, Frames, Source, SourceKind
+from eddyline.storage import filesystem
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from eddyline.api.sinks import SinkSpec
+    from eddyline.api.sources import SourceSpec
+
+
+class FilesSource(Source):
+    _schemas: tuple[Any, Any] | None = None  # (footer schema, the Spark schema inferred from it)
+
+    @property
+    def params(self) -> Files:
+        return self.spec.params
+
+    def _listing(self) -> list[str]:
+        fs, base = filesystem(self.params.path)
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=False))
+        except (FileNotFoundError, OSError) as e:
+            raise SourceError(f"source '{self.name}': cannot list {self.params.path!r}: {e}") from e
+        names = [
+            i.base_name
+            for i in infos
+            if i.type == pafs.FileType.File and not i.base_name.startswith((".", "_"))
+        ]
+        return sorted(names)
+
+    def available(self, elapsed_s: float) -> int:
+        return len(self._listing())
+
+    def _read_parquet(self, spark: SparkSession, fs: pafs.FileSystem, paths: list[str]) -> tuple[DataFrame, list[Any] | None]:
+        """``spark.read.parquet`` infers the schema from the files' footers, a JVM round of 60-120
+        ms per epoch. The schema Spark inferred for the first read is kept with the footer schema
+        it came from; a later read whose files all have that footer schema (read here with
+        pyarrow, well under a millisecond per file) passes it to the reader instead. Returns the
+        frame and the footers (None if pyarrow could not read them all)."""
+        try:
+            footers = [_footer(fs, x) for x in paths]
+            schemas = [f.schema.to_arrow_schema() for f in footers]
+            same = all(f.equals(schemas[0]) for f in schemas[1:])
+        except (OSError, ValueError, pa.ArrowException):  # unreadable here: let Spark read and report it
+            footers, schemas, same = None, [], False
+        if self._schemas is not None and same and schemas[0].equals(self._schemas[0]):
+            return spark.read.schema(self._schemas[1]).parquet(*paths), footers
+        df = spark.read.parquet(*paths)
+        if same:
+            self._schemas = (schemas[0], df.schema)
+        return df, footers
+
+    def batch_limit(self) -> int:
+        return self.spec.max_rows_per_epoch or self.params.max_files_per_epoch or 2**62
+
+    def peek(self, planned: dict[str, Any], columns: tuple[str, ...]) -> Any:
+        """Parquet files without a declared schema: the key columns of the slice's files, read
+        with pyarrow (a few ms for a few hundred thousand keys). Anything unreadable: None, and
+        Spark reads and reports it when the epoch runs."""
+        import pyarrow.parquet as pq
+
+        p = self.params
+        names = planned.get("files") or []
+        if not self._peekable() or not names:
+            return None
+        fs, base = filesystem(p.path)
+        try:
+            # one thread: the look-ahead reads in a background thread of lowered priority
+            return pq.read_table(
+                [f"{base}/{n}" for n in names], columns=list(columns), filesystem=fs, use_threads=False
+            )
+        except (OSError, ValueError, KeyError, pa.ArrowException):
+            return None
+
+    def _peekable(self) -> bool:
+        return self.params.format == "parquet" and not self.params.schema_
+
+    def following(self, planned: dict[str, Any]) -> list[str]:
+        if not self._peekable():
+            return []
+        try:  # what plan() would take next, listed again now
+            return list(self.plan(planned["end"], 0.0, planned.get("cursor"))["files"])
+        except SourceError:
+            return []
+
+    def plan(self, start: int, elapsed_s: float, cursor: str | None = None, cap: int | None = None) -> dict[str, Any]:
+        names = self._listing()
+        pending = [n for n in names if cursor is None or n > cursor]
+        if len(names) - len(pending) != start:
+            early = len(names) - len(pending) - start
+            raise SourceError(
+                f"source '{self.name}': {early} file(s) in {self.params.path!r} sort before "
+                f"{cursor!r}, which was already read; files must arrive in name order "
+                "(e.g. names that start with a timestamp or a sequence number)"
+            )
+        take = pending[: self.batch_limit()]  # files: admission control does not cut inside files
+        return {"start": start, "end": start + len(take), "files": take, "cursor": take[-1] if take else cursor,
+                "backlog": len(pending) - len(take)}
+
+    def frames(
+        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
+    ) -> Frames:
+        from pyspark.sql import functions as F
+
+        p = self.params
+        fs, base = filesystem(p.path)
+        paths = [f"{base}/{n}" for n in planned.get("files", [])]
+        if p.format == "parquet":
+            if paths:
+                df, footers = self._read_parquet(spark, fs, paths)
+                if p.schema_:
+                    df = df.select(
+                        *[F.col(f.name).cast(f.dataType) for f in _ddl_struct(spark, p.schema_)]
+                    )
+                    footers = None  # the footers describe the files, not the cast columns
+                return Frames(df, footers=footers)
+            if not p.schema_:
+                known = self._listing()
+                if not known:
+                    raise SourceError(
+                        f"source '{self.name}': parquet directory {p.path!r} is empty; give 'schema' "
+                        "so the network can be planned before files arrive"
+                    )
+                return Frames(spark.read.parquet(f"{base}/{known[0]}").limit(0))
+            return Frames(spark.createDataFrame([], _ddl_struct(spark, p.schema_)))
+        assert p.schema_ is not None
+        struct = _ddl_struct(spark, p.schema_)
+        lines = _read_lines(spark, [_spark_path(p.path, x) for x in paths])
+        parse = "from_json" if p.format == "json" else "from_csv"
+        ddl = f"{p.schema_}, _corrupt_record string".replace("'", "\\'")
+        opts = "map('mode', 'PERMISSIVE', 'columnNameOfCorruptRecord', '_corrupt_record')"
+        df = lines.selectExpr("file", "line", "raw", f"{parse}(raw, '{ddl}', {opts}) AS _r").selectExpr(
+            "*", "(_r IS NULL OR _r._corrupt_record IS NOT NULL) AS _bad"
+        )
+        if count_bad is not None:
+            df = count_bad(df)
+        data = df.where("NOT _bad").selectExpr(*[f"_r.`{f.name}` AS `{f.name}`" for f in struct])
+        dead = df.where("_bad").selectExpr(
+            f"'{self.name}' AS source", "file", "line", "raw", f"{_reason_sql(p.format, struct)} AS reason"
+        )
+        return Frames(data, dead)
+
+
+def _footer(fs: pafs.FileSystem, path: str) -> Any:
+    import pyarrow.parquet as pq
+
+    with fs.open_input_file(path) as f:
+        return pq.read_metadata(f)
+
+
+def _ddl_struct(spark: SparkSession, ddl: str) -> Any:
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    t = _parse_datatype_string(ddl)
+    assert isinstance(t, StructType)
+    return t
+
+
+def _reason_sql(fmt: str, struct: Any) -> str:
+    """SQL naming the first field that does not fit, or saying the line is not JSON / CSV."""
+    if fmt == "json":
+        checks = ["CASE WHEN from_json(raw, 'map<string,string>') IS NULL THEN 'not a valid JSON object' END"]
+        for f in struct:
+            t = f.dataType.simpleString()
+            text = f"get_json_object(raw, '$.{f.name}')"
+            checks.append(
+                f"CASE WHEN {text} IS NOT NULL AND try_cast({text} AS {t}) IS NULL "
+                f"THEN concat('field ''{f.name}'': expected {t}, got ', substring({text}, 1, 80)) END"
+            )
+        checks.append("'record does not fit the schema'")
+        return f"coalesce({', '.join(checks)})"
+    n = len(struct.fields)
+    return (
+        f"CASE WHEN size(split(raw, ',')) != {n} "
+        f"THEN concat('expected {n} CSV fields, got ', CAST(size(split(raw, ',')) AS STRING)) "
+        f"ELSE 'a CSV field does not fit the schema: {struct.simpleString()}' END"
+    )
+
+
+def _spark_path(directory: str, full: str) -> str:
+    return full if "://" in directory else f"file://{full}"
+
+
+def _read_lines(spark: SparkSession, paths: list[str]) -> DataFrame:
+    """Raw lines as ``(file, line, raw)``: line numbers from 1, blank lines skipped.
+
+    ``wholetext`` reads each file as one value, so a line's number is its position after the
+    split (Spark's line reader cannot tell it), and everything stays in the JVM. A file must fit
+    in one value (2 GB), which suits the record files this source is for.
+    """
+    if not paths:
+        return spark.createDataFrame([], "file string, line long, raw string")
+    return (
+        spark.read.text(paths, wholetext=True)
+        .selectExpr(
+            "regexp_extract(input_file_name(), '[^/]*$', 0) AS file",
+            "posexplode(split(value, '\\r?\\n')) AS (pos, raw)",
+        )
+        .selectExpr("file", "CAST(pos + 1 AS BIGINT) AS line", "raw")
+        .where("trim(raw) != ''")
+    )
+
+
+
+
+def epoch_dir(epoch: int) -> str:
+    return f"epoch={epoch:010d}"
+
+
+class FilesTarget:
+    """A directory that receives one sub-directory per epoch."""
+
+    def __init__(self, files: Files):
+        self.files = files
+        self.fs, self.base = filesystem(files.path)
+
+    def staging(self, epoch: int) -> str:
+        return f"{self.base}/_staging/{epoch_dir(epoch)}"
+
+    def final(self, epoch: int) -> str:
+        return f"{self.base}/{epoch_dir(epoch)}"
+
+    def spark_uri(self, path: str) -> str:
+        return path if "://" in self.files.path else f"file://{path}"
+
+    def publish(self, epoch: int) -> None:
+        src, dst = self.staging(epoch), self.final(epoch)
+        if self.fs.get_file_info(src).type == pafs.FileType.NotFound:
+            return
+        if self.fs.get_file_info(dst).type != pafs.FileType.NotFound:
+            self.fs.delete_dir(dst)
+        self.fs.create_dir(self.base, recursive=True)
+        try:
+            self.fs.move(src, dst)
+        except OSError as e:
+            raise SinkError(f"cannot publish epoch {epoch} to {dst}: {e}") from e
+
+    def discard_staging(self) -> None:
+        path = f"{self.base}/_staging"
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            shutil.rmtree(path, ignore_errors=True)
+        elif self.fs.get_file_info(path).type != pafs.FileType.NotFound:
+            self.fs.delete_dir(path)
+
+
+class FilesSink(Sink):
+    def __init__(self, spec: SinkSpec):
+        super().__init__(spec)
+        self.target = FilesTarget(spec.params)
+
+    def stage(self, df: DataFrame, epoch: int) -> None:
+        write_frame(df, self.target, epoch)
+
+    def publish(self, epoch: int) -> None:
+        self.target.publish(epoch)
+
+
+def write_frame(df: DataFrame, target: FilesTarget, epoch: int) -> None:
+    """Write ``df`` as the epoch's staged output, replacing whatever an earlier attempt staged."""
+    fmt = target.files.format
+    path = target.staging(epoch)
+    writer = df.write
+    if fmt == "csv":
+        writer = writer.option("header", "true")
+    if isinstance(target.fs, pafs.LocalFileSystem):
+        # Hadoop's local file system (without its native library) forks a `chmod` for every
+        # directory it creates; a job's commit protocol creates three before the job starts
+        # (the output, `_temporary`, `_temporary/0`) and one more in the first task. Created
+        # here they cost next to nothing and Hadoop finds them present. The job's
+        # commit removes `_temporary` with everything in it. Overwriting would delete them
+        # again, so the earlier attempt's output is removed here and the job appends.
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(f"{path}/_temporary/0/_temporary")
+        writer = writer.mode("append")
+    else:
+        writer = writer.mode("overwrite")
+    writer.format(fmt).save(target.spark_uri(path))
+
+
+@SOURCES.register
+class FilesSourceKind(SourceKind):
+    key = "files"
+    params = Files
+    offsets = "file positions (name order)"
+
+    def check(self, source: SourceSpec) -> list[str]:
+        p = source.params
+        if p.format != "parquet" and not p.schema_:
+            return [f"files.schema: a {p.format} source needs a schema (Spark DDL)"]
+        return []
+
+    def make(self, spec: SourceSpec) -> FilesSource:
+        return FilesSource(spec)
+
+
+@SINKS.register
+class FilesSinkKind(SinkKind):
+    key = "files"
+    params = Files
+
+    def check(self, sink: SinkSpec) -> list[str]:
+        if sink.params.schema_ is not None:
+            return ["files.schema: a sink writes its input's schema; remove 'schema'"]
+        return []
+
+    def describe(self, params: Any) -> str:
+        return f"{params.path} ({params.format}, one epoch=N directory per epoch)"
+
+    def make(self, spec: SinkSpec, console: Any = None) -> FilesSink:
+        return FilesSink(spec)

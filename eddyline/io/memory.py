@@ -1,0 +1,43 @@
+"""The ``memory`` sink: keeps every epoch's rows in the driver (tests, notebooks)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from eddyline.api.registry import SINKS
+from eddyline.api.units import Model
+from eddyline.io.sinks import Sink, SinkKind
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from eddyline.api.sinks import SinkSpec
+
+
+class Memory(Model):
+    """Collect output in the driver; read it back with ``Network.collected(sink_name)``."""
+
+
+class MemorySink(Sink):
+    """Keeps every epoch's rows in the driver, keyed by epoch (so a replay replaces, never adds)."""
+
+    counts_itself = True
+
+    def stage(self, df: DataFrame, epoch: int) -> None:
+        self.collected[epoch] = df.toArrow()
+
+    def table(self) -> pa.Table | None:
+        if not self.collected:
+            return None
+        return pa.concat_tables([self.collected[e] for e in sorted(self.collected)])
+
+
+@SINKS.register
+class MemoryKind(SinkKind):
+    key = "memory"
+    params = Memory
+
+    def make(self, spec: SinkSpec, console: Any = None) -> MemorySink:
+        return MemorySink(spec)

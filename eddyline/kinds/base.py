@@ -1,0 +1,234 @@
+"""What a step kind implements beyond its spec facts: how it compiles to Spark and, when it keeps
+state, which kernel its lanes run.
+
+A kind's module holds three things: its parameters (a spec model, registered with
+:data:`eddyline.api.registry.STEPS`), ``compile`` (the Spark side: the step's input frames in,
+its output frame out, built through a :class:`CompileContext` the runtime provides) and
+``kernel`` (the Arrow side: a pure :class:`~eddyline.operators.base.Kernel` for one lane).
+Nothing else in the engine branches on the kind.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pyarrow as pa
+
+from eddyline.api import registry
+from eddyline.api.units import names
+from eddyline.columns import KG
+from eddyline.errors import SpecError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from eddyline.api.network import NetworkSpec
+    from eddyline.api.steps import StepSpec
+    from eddyline.operators.base import Kernel
+    from eddyline.plan.keygroups import RoutingTable
+
+
+class StepRun(Protocol):
+    """What one epoch's plan says about a stateful step."""
+
+    watermark_ms: int
+    routing: RoutingTable
+
+
+class CompileContext(Protocol):
+    """The runtime's side of compiling one epoch, as a kind sees it."""
+
+    spark: SparkSession
+    spec: NetworkSpec
+    epoch: int
+    #: whether observations are collected (not when only analysing a network: validate, explain)
+    observing: bool
+
+    def run(self, step: StepSpec) -> StepRun:
+        """The epoch plan's watermark and routing of a stateful step."""
+        ...
+
+    def key_group(self, keys: tuple[str, ...]) -> str:
+        """SQL for a row's key group, ``pmod(xxhash64(keys), K)`` (0 without keys)."""
+        ...
+
+    def observe(self, df: DataFrame, key: str, *aggregates: str) -> DataFrame:
+        """``df``, with SQL ``aggregates`` over its rows reported under ``key`` after the epoch
+        (when observing; otherwise ``df`` as it is)."""
+        ...
+
+    def observe_event_times(self, step: StepSpec, inputs: list[DataFrame]) -> list[DataFrame]:
+        """The inputs, with the newest event time of each observed (the step's watermark
+        follows it), as ``step:<name>:<input>``."""
+        ...
+
+    def to_lanes(self, step: StepSpec, keyed: DataFrame, kernel: Kernel, key_columns: tuple[str, ...]) -> DataFrame:
+        """The shared back half of every stateful step: ``keyed`` (with ``_kg`` and the
+        kernel's input columns) shuffled so that lane i is partition i, each lane running
+        ``kernel`` against its key groups' state. ``key_columns``: the input columns naming a
+        row's key (for the heavy-hitter report)."""
+        ...
+
+    def late_rows(self, step: StepSpec, df: DataFrame) -> None:
+        """Rows too late for ``step``, to be written to its late target."""
+        ...
+
+    def table(self, step: StepSpec) -> DataFrame:
+        """The lookup table version the epoch's plan pinned for ``step``."""
+        ...
+
+
+class StepKind(registry.StepKind):
+    def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
+        raise NotImplementedError(f"step kind {self.key!r} does not compile")
+
+    def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:
+        """The lane kernel of a stateful step for its input schema(s) (without ``_kg``);
+        raises ``ValueError`` for parameters that do not fit the input."""
+        raise NotImplementedError(f"step kind {self.key!r} has no kernel")
+
+
+class KeyedStepKind(StepKind):
+    """A single-input stateful step whose rows keep their columns and gain their key group."""
+
+    stateful = True
+    rows_reach_lanes = True
+    #: the name of the field holding the key columns, for messages
+    key_field = "key"
+
+    def key_columns(self, params: Any) -> tuple[str, ...]:
+        return names(getattr(params, self.key_field))
+
+    def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
+        (df,) = ctx.observe_event_times(step, inputs)
+        keyed, kernel = self.keyed(ctx, step, df)
+        return ctx.to_lanes(step, keyed, kernel, self.key_columns(step.params)[:1])
+
+    def keyed(self, ctx: CompileContext, step: StepSpec, df: DataFrame) -> tuple[DataFrame, Kernel]:
+        keys = self.key_columns(step.params)
+        unknown = [k for k in keys if k not in df.columns]
+        if unknown:
+            raise SpecError(f"step '{step.name}': {self.key_field}: unknown column '{unknown[0]}'; input has {', '.join(df.columns)}")
+        keyed = df.selectExpr("*", f"{ctx.key_group(keys)} AS {KG}")
+        return keyed, build_kernel(step, arrow_schema(df.schema))
+
+
+def build_kernel(step: StepSpec, *schemas: pa.Schema) -> Kernel:
+    """The step's kernel; a parameter that does not fit the input is a spec error naming it."""
+    kind = step.info
+    assert isinstance(kind, StepKind)
+    try:
+        return kind.kernel(step.params, *schemas)
+    except (ValueError, KeyError) as e:
+        raise SpecError(f"step '{step.name}': {step.kind}: {e}") from None
+
+
+# --------------------------------------------------------------------------- aggregates
+_AGG = re.compile(r"^\s*(count|sum|min|max|avg)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$", re.I)
+AGG_FUNCS = ("count", "sum", "min", "max", "avg")
+
+
+def parse_aggregate(text: str) -> tuple[str, str | None]:
+    """``"max(price)"`` → ``("max", "price")``; ``"count(*)"`` → ``("count", None)``."""
+    m = _AGG.match(text) if isinstance(text, str) else None
+    if not m:
+        raise ValueError(
+            f"expected one of count(*), count(col), sum(col), min(col), max(col), avg(col); got {text!r}"
+        )
+    func, col = m.group(1).lower(), m.group(2)
+    if col == "*":
+        if func != "count":
+            raise ValueError(f"expected a column inside {func}(), got {text!r}")
+        return func, None
+    return func, col
+
+
+def check_aggregates(aggregates: dict[str, str]) -> None:
+    """Raise one ``ValueError`` naming every ``aggregates.<name>`` that does not parse."""
+    problems = []
+    for name, text in aggregates.items():
+        try:
+            parse_aggregate(text)
+        except ValueError as e:
+            problems.append(f"aggregates.{name}: {e}")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+class Aggregating:
+    """For parameters with ``aggregates: {name: "func(col)"}``."""
+
+    aggregates: dict[str, str]
+
+    @property
+    def parsed_aggregates(self) -> tuple[tuple[str, str, str | None], ...]:
+        return tuple((n, *parse_aggregate(t)) for n, t in self.aggregates.items())
+
+
+# --------------------------------------------------------------------------- Spark ↔ Arrow
+def ddl(text: str) -> Any:
+    """A Spark DDL column list (``"a long, b string"``) as a StructType."""
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    t = _parse_datatype_string(text)
+    if not isinstance(t, StructType):
+        raise ValueError(f"expected a list of columns, got {text!r}")
+    return t
+
+
+def arrow_schema(struct: Any) -> pa.Schema:
+    """Spark schema → Arrow, every field nullable: a kernel sees rows of several origins (heartbeats,
+    the other side of a join, stage-2 seeds) whose columns may be null whatever Spark declares."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return pa.schema([f.with_nullable(True) for f in to_arrow_schema(struct, timezone="UTC")])
+
+
+def spark_schema(schema: pa.Schema) -> Any:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema, prefer_timestamp_ntz=False)
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def unknown_column(step: str, field: str, column: str, have: list[str]) -> SpecError:
+    return SpecError(f"step '{step}': {field}: unknown column '{column}'; input has {', '.join(have)}")
+
+
+def resolve(path: str) -> Any:
+    """``"package.module:name"`` → the callable (raises ``ValueError`` with the reason)."""
+    import importlib
+
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or the module failing while it loads
+        raise ValueError(f"cannot import module '{module_name}': {type(e).__name__}: {e}") from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"module '{module_name}' has no function '{attr}'")
+    return fn
+
+
+def sql_problems(expressions: list[tuple[str, str]]) -> list[str]:
+    """``field: message`` for each SQL expression that does not parse (sqlglot's Spark dialect,
+    no Spark needed) or is a whole query instead of an expression."""
+    import sqlglot
+    from sqlglot.errors import ParseError
+
+    problems = []
+    for field, text in expressions:
+        try:
+            parsed = sqlglot.parse_one(text, read="spark")
+        except ParseError as e:
+            detail = e.errors[0]["description"] if e.errors else str(e)
+            problems.append(f"{field}: invalid SQL expression {text!r}: {detail}")
+            continue
+        if parsed is None or isinstance(parsed, sqlglot.exp.Select | sqlglot.exp.Command):
+            problems.append(f"{field}: expected an SQL expression, got {text!r}")
+    return problems

@@ -1,0 +1,37 @@
+"""``dedup: {key, time, ttl}``: the first row per key; a key is remembered for ``ttl`` of event time."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+
+from eddyline.api.registry import STEPS
+from eddyline.api.units import Columns, Duration, Model, names
+from eddyline.kinds.base import KeyedStepKind
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from eddyline.operators.base import Kernel
+
+
+class Dedup(Model):
+    """Keep the first row per key; a key is forgotten ``ttl`` after its first row's event time."""
+
+    key: Columns
+    time: str
+    ttl: Duration = Field(gt=0)
+    watermark_delay: Duration = 0
+
+
+@STEPS.register
+class DedupKind(KeyedStepKind):
+    key = "dedup"
+    params = Dedup
+
+    def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:
+        from eddyline.operators.dedup import DedupKernel
+
+        (schema,) = schemas
+        return DedupKernel(schema, names(params.key), params.time, params.ttl)

@@ -1,0 +1,33 @@
+"""``filter: "price > 100"``: keeps the rows where a Spark SQL condition holds (JVM)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from eddyline.api.registry import STEPS
+from eddyline.kinds.base import CompileContext, StepKind, sql_problems
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from eddyline.api.steps import StepSpec
+
+
+@STEPS.register
+class Filter(StepKind):
+    key = "filter"
+    params = str
+
+    def passes_keys(self, params: Any, keys: tuple[str, ...]) -> bool:
+        return True  # a filter only thins the rows
+
+    def check(self, step: StepSpec) -> list[str]:
+        return sql_problems([("filter", step.params)])
+
+    def describe(self, step: StepSpec, key_groups: int) -> list[str]:
+        return [f"filter  {step.params}   [Spark SQL, JVM]"]
+
+    def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        return inputs[0].filter(F.expr(step.params))

@@ -1,0 +1,138 @@
+"""``join``: an equi-join of two streams, unbounded (optional ``ttl``), windowed or interval.
+
+Both sides travel in one frame (``_kg``, ``_side`` 0/1, ``l__*`` and ``r__*`` columns, the other
+side's null), so one shuffle brings matching keys together. Interval and unbounded joins can
+have a hot key group split over several lanes (SPREADFIRE, see
+:meth:`eddyline.runtime.compile.EpochCompiler.to_lanes`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, model_validator
+
+from eddyline.api.registry import STEPS
+from eddyline.api.units import Columns, Duration, Model, Name, names
+from eddyline.columns import KG
+from eddyline.errors import SpecError
+from eddyline.kinds.base import CompileContext, StepKind, arrow_schema, build_kernel
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+    from eddyline.api.steps import StepSpec
+    from eddyline.operators.base import Kernel
+
+
+class Join(Model):
+    """An equi-join of two streams.
+
+    * ``kind: unbounded`` (default): every matching pair, as soon as both rows are there; rows
+      are forgotten ``ttl`` after their event time (never, without ``ttl``);
+    * ``kind: window``: pairs within the same tumbling window of ``size``, emitted when the
+      window closes;
+    * ``kind: interval``: a right row at ``right_time`` joins a left row whose
+      ``[left_time, left_end]`` contains it (a bid and the auction open at that moment).
+    """
+
+    left: Name
+    right: Name
+    left_key: Columns
+    right_key: Columns
+    kind: Literal["unbounded", "window", "interval"] = "unbounded"
+    left_time: str | None = None
+    right_time: str | None = None
+    left_end: str | None = None
+    size: Duration | None = Field(default=None, gt=0)
+    ttl: Duration | None = Field(default=None, gt=0)
+    watermark_delay: Duration = 0
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> Join:
+        if len(names(self.left_key)) != len(names(self.right_key)):
+            raise ValueError("right_key: expected as many columns as left_key")
+        need = {
+            "window": ("left_time", "right_time", "size"),
+            "interval": ("left_time", "left_end", "right_time"),
+            "unbounded": ("left_time", "right_time") if self.ttl is not None else (),
+        }[self.kind]
+        missing = [f for f in need if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"{missing[0]}: required for a {self.kind} join")
+        return self
+
+
+@STEPS.register
+class JoinKind(StepKind):
+    key = "join"
+    params = Join
+    stateful = True
+    names_inputs = True
+
+    def inputs(self, step: StepSpec) -> tuple[str, ...]:
+        return (step.params.left, step.params.right)
+
+    def input_fields(self, step: StepSpec) -> list[tuple[str, str]]:
+        return [("join.left", step.params.left), ("join.right", step.params.right)]
+
+    def time_columns(self, step: StepSpec) -> tuple[str | None, ...]:
+        return (step.params.left_time, step.params.right_time)
+
+    def shed_inputs(self, step: StepSpec) -> tuple[int, ...]:
+        # only the right input: a left row dropped would lose every match it is still waiting for
+        return (1,)
+
+    def spreadable(self, params: Any) -> bool:
+        return params.kind in ("interval", "unbounded")
+
+    def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:
+        from eddyline.operators.join import (
+            IntervalJoinKernel,
+            UnboundedJoinKernel,
+            WindowJoinKernel,
+        )
+
+        left, right = schemas
+        j = params
+        lk, rk = names(j.left_key), names(j.right_key)
+        if j.kind == "window":
+            assert j.left_time and j.right_time and j.size
+            return WindowJoinKernel(left, right, lk, rk, left_time=j.left_time, right_time=j.right_time, size_ms=j.size)
+        if j.kind == "interval":
+            assert j.left_time and j.left_end and j.right_time
+            return IntervalJoinKernel(left, right, lk, rk, left_start=j.left_time, left_end=j.left_end, right_time=j.right_time)
+        return UnboundedJoinKernel(left, right, lk, rk, ttl_ms=j.ttl, left_time=j.left_time, right_time=j.right_time)
+
+    def describe(self, step: StepSpec, key_groups: int) -> list[str]:
+        return [
+            f"join  {self.summary(step.params)}",
+            f"  1. JVM: both inputs keyed by their join keys, tagged _side; _kg = pmod(xxhash64(keys), {key_groups})",
+            "  2. shuffle: repartition(lanes, routing value of _kg), one heartbeat row per lane",
+            "  3. Python per lane (mapInArrow): the join kernel against its key groups' state",
+        ]
+
+    def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
+        left, right = ctx.observe_event_times(step, inputs)
+        j = step.params
+        lkeys, rkeys = names(j.left_key), names(j.right_key)
+        ltypes = {f.name: f.dataType for f in left.schema}
+        rtypes = {f.name: f.dataType for f in right.schema}
+        for what, keys, have in (("left_key", lkeys, ltypes), ("right_key", rkeys, rtypes)):
+            for k in keys:
+                if k not in have:
+                    raise SpecError(f"step '{step.name}': join.{what}: unknown column '{k}'; input has {', '.join(have)}")
+        for lk, rk in zip(lkeys, rkeys, strict=True):
+            if ltypes[lk] != rtypes[rk]:
+                raise SpecError(
+                    f"step '{step.name}': join.right_key: '{rk}' is {rtypes[rk].simpleString()} but left key '{lk}' is "
+                    f"{ltypes[lk].simpleString()}; cast one side in a select first"
+                )
+        nulls_l = [f"CAST(NULL AS {t.simpleString()}) AS `l__{n}`" for n, t in ltypes.items()]
+        nulls_r = [f"CAST(NULL AS {t.simpleString()}) AS `r__{n}`" for n, t in rtypes.items()]
+        lpart = left.selectExpr(f"{ctx.key_group(lkeys)} AS {KG}", "CAST(0 AS TINYINT) AS _side", *[f"`{n}` AS `l__{n}`" for n in ltypes], *nulls_r)
+        rpart = right.selectExpr(f"{ctx.key_group(rkeys)} AS {KG}", "CAST(1 AS TINYINT) AS _side", *nulls_l, *[f"`{n}` AS `r__{n}`" for n in rtypes])
+        kernel = build_kernel(step, arrow_schema(left.schema), arrow_schema(right.schema))
+        # the lane input columns naming a row's key: the first key column of either side
+        return ctx.to_lanes(step, lpart.unionByName(rpart), kernel, (f"l__{lkeys[0]}", f"r__{rkeys[0]}"))

@@ -1,0 +1,40 @@
+"""``select: [a, "b * 2 AS c"]``: Spark SQL expressions over each row (JVM)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import AfterValidator
+
+from eddyline.api.registry import STEPS
+from eddyline.kinds.base import CompileContext, StepKind, sql_problems
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from eddyline.api.steps import StepSpec
+
+
+def _not_empty(value: tuple[str, ...]) -> tuple[str, ...]:
+    if not value:
+        raise ValueError("expected at least one expression")
+    return value
+
+
+@STEPS.register
+class Select(StepKind):
+    key = "select"
+    params = Annotated[tuple[str, ...], AfterValidator(_not_empty)]
+
+    def passes_keys(self, params: Any, keys: tuple[str, ...]) -> bool:
+        """When every key column is selected as it is (``*``, ``k`` or ```k```)."""
+        return all(any(e.strip() in ("*", k, f"`{k}`") for e in params) for k in keys)
+
+    def check(self, step: StepSpec) -> list[str]:
+        return sql_problems([(f"select[{i}]", e) for i, e in enumerate(step.params)])
+
+    def describe(self, step: StepSpec, key_groups: int) -> list[str]:
+        return [f"select  {', '.join(step.params)}   [Spark SQL, JVM]"]
+
+    def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
+        return inputs[0].selectExpr(*step.params)

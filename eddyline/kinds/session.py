@@ -1,0 +1,37 @@
+"""``session_window: {key, time, gap, aggregates}``: event-time sessions per key, closed by a
+``gap`` without rows."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+
+from eddyline.api.registry import STEPS
+from eddyline.api.units import Columns, Duration, Model, Name, names
+from eddyline.kinds.base import Aggregating, KeyedStepKind
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from eddyline.operators.base import Kernel
+
+
+class SessionWindow(Aggregating, Model):
+    key: Columns
+    time: str
+    gap: Duration = Field(gt=0)
+    aggregates: dict[Name, str] = Field(min_length=1)
+    watermark_delay: Duration = 0
+
+
+@STEPS.register
+class SessionWindowKind(KeyedStepKind):
+    key = "session_window"
+    params = SessionWindow
+
+    def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:
+        from eddyline.operators.session import SessionWindowKernel
+
+        (schema,) = schemas
+        return SessionWindowKernel(schema, names(params.key), params.time, params.gap, params.parsed_aggregates)

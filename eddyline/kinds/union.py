@@ -1,0 +1,50 @@
+"""``union: [a, b]``: the rows of several inputs with the same columns (no shuffle)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import AfterValidator
+
+from eddyline.api.registry import STEPS
+from eddyline.api.units import Name
+from eddyline.errors import SpecError
+from eddyline.kinds.base import CompileContext, StepKind
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from eddyline.api.steps import StepSpec
+
+
+def _two_or_more(value: tuple[str, ...]) -> tuple[str, ...]:
+    if len(value) < 2:
+        raise ValueError(f"expected at least 2 inputs, got {len(value)}")
+    return value
+
+
+@STEPS.register
+class Union(StepKind):
+    key = "union"
+    params = Annotated[tuple[Name, ...], AfterValidator(_two_or_more)]
+    names_inputs = True
+
+    def inputs(self, step: StepSpec) -> tuple[str, ...]:
+        return tuple(step.params)
+
+    def input_fields(self, step: StepSpec) -> list[tuple[str, str]]:
+        return [("union", i) for i in step.params]
+
+    def describe(self, step: StepSpec, key_groups: int) -> list[str]:
+        return [f"union of {', '.join(step.params)}   [Spark union, no shuffle]"]
+
+    def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
+        first = inputs[0]
+        for other in inputs[1:]:
+            if [f.name for f in other.schema] != [f.name for f in first.schema]:
+                raise SpecError(
+                    f"step '{step.name}': union: inputs must have the same columns; "
+                    f"'{step.params[0]}' has {first.columns}, another has {other.columns}"
+                )
+            first = first.unionByName(other)
+        return first

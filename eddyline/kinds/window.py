@@ -1,0 +1,230 @@
+"""``window_aggregate``: tumbling and sliding event-time windows with count/sum/min/max/avg.
+
+On Spark one epoch of a window aggregate is::
+
+    assign windows (Expand) → drop pairs past end + lateness → key group = pmod(xxhash64(keys), K)
+    → partial aggregate per (key group, keys, window start)      [JVM, combines before the shuffle]
+    → routing value per key group → repartition(lanes)            [lane i = partition i]
+    → mapInArrow(lane)                                            [Python: state + WindowKernel]
+
+so however hot a key is, its lane receives one row per key and window in an epoch. Behind a
+shed point, counts and sums are Horvitz-Thompson estimates with ``<name>_error`` columns.
+"""
+
+from __future__ import annotations
+
+from statistics import NormalDist
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field, model_validator
+
+from eddyline.api.registry import STEPS
+from eddyline.api.units import (
+    Columns,
+    Duration,
+    Files,
+    Model,
+    Name,
+    Window,
+    format_duration_ms,
+    names,
+)
+from eddyline.columns import KG, WEIGHT
+from eddyline.errors import SpecError
+from eddyline.kinds.base import (
+    Aggregating,
+    CompileContext,
+    StepKind,
+    arrow_schema,
+    check_aggregates,
+)
+from eddyline.operators.window import START_MS, WINDOW_END, WINDOW_START, WindowConfig, WindowKernel
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+    from eddyline.api.steps import StepSpec
+
+EVENT_MS = "_t"
+LATE = "_late"
+VAR = "__var"
+
+
+class WindowAggregate(Aggregating, Model):
+    key: Columns | None = None
+    time: str = Field(min_length=1)
+    window: Window
+    aggregates: dict[Name, str] = Field(min_length=1)
+    watermark_delay: Duration = 0
+    #: Windows stay open this long after they fire; a late row re-emits the window (revision + 1).
+    allowed_lateness: Duration = 0
+    #: Rows later than the allowed lateness are counted, and also written here when set.
+    late: Files | None = None
+
+    @model_validator(mode="after")
+    def _check_aggregates(self) -> WindowAggregate:
+        check_aggregates(self.aggregates)
+        return self
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return names(self.key)
+
+    def config(self) -> WindowConfig:
+        return WindowConfig(
+            keys=self.keys,
+            size_ms=self.window.size,
+            slide_ms=self.window.slide_ms,
+            aggregates=self.parsed_aggregates,
+            allowed_lateness_ms=self.allowed_lateness,
+        )
+
+
+@STEPS.register
+class WindowAggregateKind(StepKind):
+    key = "window_aggregate"
+    params = WindowAggregate
+    stateful = True
+    weighs_shed_rows = True
+    observes_own_time = True
+
+    def key_columns(self, params: Any) -> tuple[str, ...]:
+        return params.keys
+
+    def single_key_group(self, params: Any) -> bool:
+        return not params.keys
+
+    def late_target(self, params: Any) -> Files | None:
+        return params.late
+
+    def kernel(self, params: Any, *schemas: pa.Schema) -> WindowKernel:
+        (schema,) = schemas
+        return WindowKernel(params.config(), schema)
+
+    def describe(self, step: StepSpec, key_groups: int) -> list[str]:
+        wa = step.params
+        w = wa.window
+        kind = f"sliding {format_duration_ms(w.size)} every {format_duration_ms(w.slide_ms)}" if w.slide else f"tumbling {format_duration_ms(w.size)}"
+        keys = ", ".join(wa.keys) or "(global: one key group)"
+        aggs = ", ".join(f"{n}={t}" for n, t in wa.aggregates.items())
+        return [
+            f"window_aggregate  key {keys}; {kind} on {wa.time}; {aggs}",
+            f"  1. JVM: assign windows ({w.size // w.slide_ms} per row), drop windows past end + lateness "
+            f"({format_duration_ms(wa.allowed_lateness)}), count late rows",
+            f"  2. JVM: _kg = pmod(xxhash64({keys if wa.keys else ''}), {key_groups}); partial aggregates per (_kg, keys, window_start)",
+            "  3. shuffle: repartition(lanes, routing value of _kg)   [lane i = partition i]",
+            "  4. Python per lane (mapInArrow): load key-group state, merge partials, fire windows with "
+            f"end <= watermark (delay {format_duration_ms(wa.watermark_delay)}), write state versions",
+        ]
+
+    def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import TimestampNTZType, TimestampType
+
+        wa: WindowAggregate = step.params
+        (df,) = inputs
+        _check_columns(step.name, wa, df)
+        estimate = WEIGHT in df.columns
+        if estimate:
+            wa, df = _weighted(wa, df)
+        cfg = wa.config()
+        time_type = df.schema[wa.time].dataType
+        if not isinstance(time_type, TimestampType | TimestampNTZType):
+            raise SpecError(
+                f"step '{step.name}': time: expected a timestamp column, "
+                f"'{wa.time}' is {time_type.simpleString()}"
+            )
+        run = ctx.run(step)
+        size, slide, lateness, wm = cfg.size_ms, cfg.slide_ms, cfg.allowed_lateness_ms, run.watermark_ms
+        # Few, string-built expressions: every Column built in Python is a py4j round trip, and
+        # planning cost is paid every epoch.
+        t_ms = f"CAST(floor(unix_micros(CAST(`{wa.time}` AS TIMESTAMP)) / 1000) AS BIGINT)"
+        df = df.selectExpr("*", f"{t_ms} AS {EVENT_MS}").selectExpr(
+            "*", f"coalesce({EVENT_MS} - pmod({EVENT_MS}, {slide}) + {size + lateness} <= {wm}, true) AS {LATE}"
+        )
+        df = ctx.observe(df, f"step:{step.name}:0", "count(1) AS rows", f"max({EVENT_MS}) AS max_t", f"count_if({LATE}) AS late")
+        if wa.late is not None:
+            ctx.late_rows(step, df.filter(F.col(LATE)).drop(EVENT_MS, LATE))
+        k = cfg.windows_per_row
+        last_start = f"({EVENT_MS} - pmod({EVENT_MS}, {slide}))"
+        kg = ctx.key_group(cfg.keys)
+        live = df.where(f"NOT {LATE}")  # rows without an event time count as late
+        if k == 1:
+            live = live.selectExpr("*", f"{last_start} AS {START_MS}", f"{kg} AS {KG}")
+        else:
+            live = live.selectExpr(
+                "*", f"explode(sequence({last_start} - {(k - 1) * slide}, {last_start}, {slide})) AS {START_MS}"
+            ).selectExpr("*", f"{kg} AS {KG}")
+            live = live.where(f"{START_MS} + {size + lateness} > {wm}")
+        aggs: list[str] = []
+        for pcol, func, col, _ in cfg.partial_columns():
+            if func == "count":
+                aggs.append(f"count({'1' if col is None else f'`{col}`'}) AS `{pcol}`")
+            elif func == "sum":
+                ctype = live.schema[col].dataType.simpleString()
+                c = f"CAST(`{col}` AS DOUBLE)" if ctype.startswith("decimal") or ctype in ("float", "double") else f"`{col}`"
+                aggs.append(f"sum({c}) AS `{pcol}`")
+            else:
+                aggs.append(f"{func}(`{col}`) AS `{pcol}`")
+        partial = live.groupBy(KG, *cfg.keys, START_MS).agg(*[F.expr(a) for a in aggs])
+        result = ctx.to_lanes(step, partial, WindowKernel(cfg, arrow_schema(partial.schema)), cfg.keys[:1])
+        if estimate:  # the variance sums become confidence half-widths
+            overload = ctx.spec.control.overload
+            assert overload is not None
+            z = NormalDist().inv_cdf(0.5 + overload.confidence / 2)
+            result = result.selectExpr(*[
+                f"CAST({z!r} * sqrt(`{c}`) AS DOUBLE) AS `{c[: -len(VAR)]}_error`" if c.endswith(VAR) else f"`{c}`"
+                for c in result.columns
+            ])
+        return result
+
+
+def _weighted(wa: WindowAggregate, df: DataFrame) -> tuple[WindowAggregate, DataFrame]:
+    """Horvitz-Thompson estimates behind a shed point: every kept row stands for ``_w`` = 1 /
+    keep rows, so counts become sums of ``_w`` and sums of ``x`` sums of ``x * _w``; the variance
+    of each estimate is the sum of ``x² (_w² - _w)`` over kept rows (zero when nothing was shed).
+    Minimum, maximum and average are left as they are (an average is a ratio of the two)."""
+    extra: list[str] = []
+    aggregates: dict[str, str] = {}
+    for name, func, col in wa.parsed_aggregates:
+        if func == "count":
+            w = WEIGHT if col is None else f"CASE WHEN `{col}` IS NULL THEN NULL ELSE {WEIGHT} END"
+            extra += [f"CAST({w} AS DOUBLE) AS `__hw_{name}`", f"CAST(({w}) * ({w}) - ({w}) AS DOUBLE) AS `__hv_{name}`"]
+        elif func == "sum":
+            extra += [f"CAST(`{col}` AS DOUBLE) * {WEIGHT} AS `__hw_{name}`",
+                      f"CAST(`{col}` AS DOUBLE) * CAST(`{col}` AS DOUBLE) * ({WEIGHT} * {WEIGHT} - {WEIGHT}) AS `__hv_{name}`"]
+        else:
+            aggregates[name] = wa.aggregates[name]
+            continue
+        aggregates[name] = f"sum(__hw_{name})"
+        aggregates[f"{name}{VAR}"] = f"sum(__hv_{name})"
+    return wa.model_copy(update={"aggregates": aggregates}), df.selectExpr("*", *extra)
+
+
+def _check_columns(step: str, wa: WindowAggregate, df: DataFrame) -> None:
+    from pyspark.sql.types import NumericType
+
+    have = {f.name: f.dataType for f in df.schema}
+    taken = [k for k in wa.keys if k in (WINDOW_START, WINDOW_END, "revision")]
+    if taken:
+        raise SpecError(
+            f"step '{step}': key: '{taken[0]}' is a name the window's output uses; rename it in a select first"
+        )
+    if wa.time not in have:
+        raise SpecError(f"step '{step}': time: unknown column '{wa.time}'; input has {', '.join(have)}")
+    for k in wa.keys:
+        if k not in have:
+            raise SpecError(f"step '{step}': key: unknown column '{k}'; input has {', '.join(have)}")
+    for name, func, col in wa.parsed_aggregates:
+        if col is None:
+            continue
+        if col not in have:
+            raise SpecError(
+                f"step '{step}': aggregates.{name}: unknown column '{col}'; input has {', '.join(have)}"
+            )
+        if func in ("sum", "avg") and not isinstance(have[col], NumericType):
+            raise SpecError(
+                f"step '{step}': aggregates.{name}: {func}() expects a numeric column, "
+                f"'{col}' is {have[col].simpleString()}"
+            )
