@@ -13,7 +13,6 @@ import contextlib
 import gc
 import json
 import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -24,8 +23,10 @@ import numpy as np
 import pyarrow as pa
 
 from eddyline.columns import KG, PROBE
+from eddyline.errors import TASK_MARK as MARK
 from eddyline.operators.base import Kernel, deferred_counts
-from eddyline.runtime.udf import MARK
+from eddyline.runtime.checkpoint import manifest_path
+from eddyline.runtime.faults import FaultPoint, Faults, NoFaults
 from eddyline.state.store import DEFAULT_CACHE_BYTES, KeyGroupStore, process_cache, with_chains
 from eddyline.storage import filesystem, read_json, write_atomic
 
@@ -47,8 +48,8 @@ class LaneTask:
     #: input columns holding the key (alternatives, coalesced: a join's left and right key), for
     #: naming heavy hitters
     key_columns: tuple[str, ...] = ()
-    #: test hook: SIGKILL the driver after this lane wrote its state (a crash mid-epoch)
-    kill_driver_pid: int | None = None
+    #: told when the first lane has written its state (:attr:`FaultPoint.IN_TASK`)
+    faults: Faults = NoFaults()
 
 
 class _GcClock:
@@ -78,9 +79,8 @@ def gc_clock() -> _GcClock:
     On first use the worker's objects so far (the ~90,000 of the imported modules) are also
     frozen out of the cyclic collector's view (``gc.freeze``, after a collection, so no garbage
     is kept). pyspark's daemon runs a full collection after every task; walking those objects
-    took 55 ms of CPU per lane and epoch, on a machine whose two cores the next epoch's JVM
-    work is waiting for, and takes under 1 ms once they are frozen. Inside a lane's own task
-    the collector was never the cost: a median 6-10 ms on the tick pattern (bench/RESULTS.md).
+    costs CPU per lane and epoch that the next epoch's JVM work is waiting for, and almost
+    nothing once they are frozen (docs/perf-notes.md has the figures).
     """
     global _gc_clock
     if _gc_clock is None:
@@ -89,11 +89,6 @@ def gc_clock() -> _GcClock:
         _gc_clock = _GcClock()
         gc.callbacks.append(_gc_clock)
     return _gc_clock
-
-
-def manifest_path(checkpoint: str, epoch: int, step: str, lane: int) -> str:
-    _, base = filesystem(checkpoint)
-    return f"{base}/epochs/{epoch:010d}/{step}/lane-{lane:04d}.json"
 
 
 def state_file_id(lane: int, part: int) -> int:
@@ -307,7 +302,7 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     peak = dict(mem_in)
     if len(work) > 1:
         # slices are ranges of key groups: sort the rows by key group to cut them out. Kernels
-        # do not depend on arrival order, so one slice skips the sort (~11 ms per 200,000 rows).
+        # do not depend on arrival order, so one slice skips the sort.
         order = np.argsort(kgs, kind="stable")
         partials = partials.take(order)
         kgs = kgs[order]
@@ -412,5 +407,5 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     write_atomic(fs, path, json.dumps(manifest).encode())
     if task.state_budget is None:
         threading.Thread(target=_warm_quietly, args=(task, store, lane), name=WARM_THREAD, daemon=True).start()
-    if task.kill_driver_pid is not None and lane == 0:
-        os.kill(task.kill_driver_pid, signal.SIGKILL)
+    if lane == 0:
+        task.faults.reached(FaultPoint.IN_TASK, task.epoch)

@@ -1,8 +1,7 @@
 """The balancer's look-ahead: an epoch's input rows per key group, counted before it runs.
 
-Counting a slice means reading its key columns and hashing its distinct keys: 8-10 ms for the
-400,000 rows of an adaptive benchmark epoch, and all of it on the critical path between two
-epochs. A files slice is counted file by file (counts add up), and once an epoch's Spark job is
+Counting a slice means reading its key columns and hashing its distinct keys, all of it on the
+critical path between two epochs unless it is done ahead. A files slice is counted file by file (counts add up), and once an epoch's Spark job is
 about to start, the files the next epoch is likely to read are counted in a background thread
 while the job runs (the driver then waits in one py4j call), at the lowest CPU priority: on a
 machine whose cores the job keeps busy, the counting takes only what they leave idle instead of
@@ -79,7 +78,7 @@ class LookAhead:
         """Start counting what :meth:`prefetch` asked for. The engine calls this when the epoch's
         Spark job is about to start: while the driver builds the epoch's DataFrames it makes
         many short py4j calls, each of which would wait for the interpreter lock while the
-        counting holds it (that cost about 10 ms of driver planning per epoch)."""
+        counting holds it."""
         if not self._requested:
             return
         if self._pool is None:

@@ -25,16 +25,16 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # Spark checks an Arrow batch's size in bytes after every row it hands to Python, unless
-    # this is exactly Int.MaxValue; the check took half the time of handing rows to the lanes
-    # (bench/RESULTS.md). Batches stay bounded by maxRecordsPerBatch (10,000 rows).
+    # this is exactly Int.MaxValue, and the check is a large part of handing rows to the lanes
+    # (docs/perf-notes.md). Batches stay bounded by maxRecordsPerBatch (10,000 rows).
     "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647b",
     "spark.python.worker.reuse": "true",
     # The JVM and the Python workers talk over a Unix domain socket instead of TCP on
-    # localhost: over TCP each direction of a task's hand-off stalled ~40 ms (delayed ACKs).
+    # localhost: over TCP each direction of a task's hand-off can stall on delayed ACKs.
     "spark.python.unix.domain.socket.enabled": "true",
     # Local files through Hadoop's raw local file system: the default (checksummed) one writes a
-    # `.crc` file beside every file and checks for one on every read, about 25 ms of a small
-    # epoch's Parquet write (bench/RESULTS.md).
+    # `.crc` file beside every file and checks for one on every read, a visible share of a small
+    # epoch's Parquet write (docs/perf-notes.md).
     "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     "spark.driver.memory": "2g",
     "spark.sql.sources.partitionOverwriteMode": "static",
@@ -45,9 +45,8 @@ DEFAULT_CONF: dict[str, str] = {
 # G1 regions of 16 MB instead of the 1 MB a 2 GB heap gets by default. Spark allocates 1-4 MB
 # buffers every stage (a broadcast's 4 MB chunk, 1 MB task-serialisation chunks, Parquet's
 # dictionaries, read and compression buffers); with 1 MB regions each one is a "humongous"
-# object, allocated in the old generation, and each can start a concurrent marking cycle. In the
-# adaptive benchmark that was up to 75 cycles in two minutes: one of the two cores marking for
-# 400-600 ms and a 30-50 ms remark pause, under the slowest epochs (bench/RESULTS.md).
+# object, allocated in the old generation, and each can start a concurrent marking cycle that
+# takes a core and ends in a remark pause, under the slowest epochs (docs/perf-notes.md).
 JVM_OPTIONS = "-XX:G1HeapRegionSize=16m"
 
 

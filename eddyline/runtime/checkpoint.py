@@ -1,4 +1,4 @@
-"""The checkpoint: metadata, epoch plans, epoch commits.
+"""The checkpoint's layout and files: metadata, epoch plans, epoch commits, lane manifests.
 
 ::
 
@@ -17,70 +17,22 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow.fs as pafs
 
 from eddyline.errors import CheckpointError
+from eddyline.runtime.epoch.records import EpochCommit, EpochPlan
 from eddyline.storage import filesystem, read_json, write_atomic
 
 FORMAT_VERSION = 1
 
 
-@dataclass
-class EpochPlan:
-    epoch: int
-    sources: dict[str, dict[str, Any]]  # name -> {"start", "end", ...}
-    watermarks: dict[str, int]  # stateful step -> watermark (ms) in force this epoch
-    routing: dict[str, dict[str, Any]]  # stateful step -> RoutingTable.to_json()
-    lanes: int
-    end_of_stream: bool = False
-    #: lookup step -> the table version this epoch joins against
-    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: the control plane's decisions taking effect in this epoch (explained; see eddyline.control)
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-    #: stateful step -> {"keep": [per input], "seed", "mode", "thresholds"}: rows to shed
-    shed: dict[str, dict[str, Any]] = field(default_factory=dict)
-    planned_at: float = field(default_factory=time.time)
-
-    def to_json(self) -> dict[str, Any]:
-        return self.__dict__.copy()
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> EpochPlan:
-        return cls(**data)
-
-
-@dataclass
-class EpochCommit:
-    epoch: int
-    source_ends: dict[str, int]
-    #: stateful step -> {"index": {kg: chain}, "max_event_time": ms, "watermark": ms, "routing": {...}}
-    steps: dict[str, dict[str, Any]]
-    sinks: dict[str, int]
-    end_of_stream: bool = False
-    #: per source, where reading resumes besides the offset (files: the last name read)
-    cursors: dict[str, Any] = field(default_factory=dict)
-    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: control-plane state whose decisions change the output (the overload controller's
-    #: history), so a restart decides as the uninterrupted run would have
-    control: dict[str, Any] = field(default_factory=dict)
-    committed_at: float = field(default_factory=time.time)
-
-    def to_json(self) -> dict[str, Any]:
-        d = self.__dict__.copy()
-        d["steps"] = {
-            name: {**s, "index": {str(k): v for k, v in s["index"].items()}} for name, s in self.steps.items()
-        }
-        return d
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> EpochCommit:
-        steps = {
-            name: {**s, "index": {int(k): v for k, v in s["index"].items()}} for name, s in data["steps"].items()
-        }
-        return cls(**{**data, "steps": steps})
+def manifest_path(checkpoint: str, epoch: int, step: str, lane: int) -> str:
+    """Where a lane's task leaves its manifest (written atomically, read by the driver)."""
+    _, base = filesystem(checkpoint)
+    return f"{base}/epochs/{epoch:010d}/{step}/lane-{lane:04d}.json"
 
 
 class Checkpoint:
@@ -125,15 +77,11 @@ class Checkpoint:
         assert isinstance(data, dict)
         return EpochPlan.from_json(data)
 
-    def write_commit(self, commit: EpochCommit, crash: Any = None) -> None:
+    def write_commit(self, commit: EpochCommit, before_rename: Callable[[], None] | None = None) -> None:
+        """``before_rename``: runs with the commit written to a temporary file only."""
         self.fs.create_dir(f"{self.base}/commits", recursive=True)
         data = json.dumps(commit.to_json()).encode()
-        path = self._path("commits", commit.epoch)
-        if crash is not None:  # test hook: die with the commit half-written (temp file only)
-            with self.fs.open_output_stream(f"{path}.tmp-crash") as f:
-                f.write(data[: len(data) // 2])
-            crash()
-        write_atomic(self.fs, path, data)
+        write_atomic(self.fs, self._path("commits", commit.epoch), data, before_rename)
 
     def latest_commit(self) -> EpochCommit | None:
         epochs = self._epochs("commits")
@@ -162,8 +110,6 @@ class Checkpoint:
 
     # ---------------------------------------------------------------- lane manifests
     def lane_manifests(self, epoch: int, step: str, lanes: int) -> list[dict[str, Any]]:
-        from eddyline.runtime.lanes import manifest_path
-
         out = []
         for lane in range(lanes):
             path = manifest_path(self.location, epoch, step, lane)

@@ -1,0 +1,3 @@
+"""One epoch as a sequence of stages, one module each: :mod:`.plan`, (log: the checkpoint),
+:mod:`.execute`, :mod:`.publish`, :mod:`.fold`, :mod:`.observe`, :mod:`.commit`, :mod:`.report`.
+:mod:`.records` holds what they hand each other; :mod:`eddyline.runtime.engine` runs them."""

@@ -1,0 +1,29 @@
+"""Stage 7, commit: the single atomic step that moves source offsets, state versions,
+watermarks, sink counts and the controller's state forward together. An epoch is committed iff
+its commit file exists; the fault point :attr:`FaultPoint.MID_COMMIT` is the moment the commit
+is written to a temporary file but not yet renamed into place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eddyline.runtime.checkpoint import Checkpoint
+from eddyline.runtime.epoch.records import EpochCommit, EpochPlan, Folded, Staged
+from eddyline.runtime.faults import FaultPoint, Faults
+
+
+def commit(
+    ckpt: Checkpoint, plan: EpochPlan, staged: Staged, folded: Folded, control: dict[str, Any], faults: Faults
+) -> EpochCommit:
+    done = EpochCommit(
+        epoch=plan.epoch,
+        source_ends={n: s["end"] for n, s in plan.sources.items()},
+        steps=folded.steps,
+        sinks=staged.sink_rows,
+        end_of_stream=plan.end_of_stream,
+        cursors={n: s["cursor"] for n, s in plan.sources.items() if s.get("cursor") is not None},
+        tables=plan.tables,
+        control=control,
+    )
+    ckpt.write_commit(done, before_rename=lambda: faults.reached(FaultPoint.MID_COMMIT, plan.epoch))
+    return done

@@ -1,0 +1,118 @@
+"""Stage 3, execute: build the epoch's DataFrames from its plan and run them as Spark jobs.
+Sinks stage their output, stateful lanes write their state versions and manifests, dead letters,
+late rows and shed rows are staged beside; nothing becomes visible (see :mod:`.publish`)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from eddyline.api.network import NetworkSpec
+from eddyline.io.files import write_frame
+from eddyline.plan.keygroups import RoutingTable
+from eddyline.runtime.compile import EpochCompiler, EpochFrames, StepRun
+from eddyline.runtime.epoch.publish import Outputs
+from eddyline.runtime.epoch.records import EpochCommit, EpochPlan, Staged
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Observation
+
+
+class Executor:
+    def __init__(self, spec: NetworkSpec, compiler: EpochCompiler, outputs: Outputs):
+        self.spec, self.compiler, self.outputs = spec, compiler, outputs
+        self.stateful = spec.stateful_steps()
+        #: per stateful step, the in-memory bytes of a state row as its lanes measured last
+        #: (for working in slices under a state budget)
+        self.bytes_per_row: dict[str, float] = {}
+        # A stateful step read by more than one sink is cached for the epoch, so its lanes run
+        # once (a second run would be correct, only wasted).
+        readers: dict[str, int] = {}
+        for sink in spec.sinks:
+            for name in spec.upstream(sink.input):
+                readers[name] = readers.get(name, 0) + 1
+        self.shared = [s.name for s in self.stateful if readers.get(s.name, 0) > 1]
+
+    def execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any = None) -> Staged:
+        """``before_jobs``: called once the frames are built, before the first job runs."""
+        from pyspark import StorageLevel
+
+        t0 = time.monotonic()
+        runs = {
+            s.name: StepRun(
+                plan.watermarks[s.name],
+                RoutingTable.from_json(plan.routing[s.name]),
+                dict(last.steps[s.name].index) if last and s.name in last.steps else {},
+                state_budget=self.spec.control.state_budget,
+                bytes_per_row=self.bytes_per_row.get(s.name, 0.0),
+            )
+            for s in self.stateful
+        }
+        frames = self.compiler.build(plan.epoch, plan.sources, runs, plan.lanes, tables=plan.tables, shed=plan.shed)
+        persisted = []
+        for name in self.shared:
+            frames.nodes[name] = frames.nodes[name].persist(StorageLevel.MEMORY_AND_DISK)
+            persisted.append(frames.nodes[name])
+        t_built = time.monotonic()
+        if before_jobs is not None:
+            before_jobs()
+        sink_rows = self._stage_sinks(frames, plan.epoch)
+        dead = self._stage_dead_letters(frames, plan.epoch)
+        for step, late in frames.late.items():
+            write_frame(late, self.outputs.late[step], plan.epoch)
+        shed_rows = self.outputs.shed is not None and bool(frames.shed)
+        if shed_rows:
+            assert self.outputs.shed is not None
+            rows = None
+            for df in frames.shed.values():
+                rows = df if rows is None else rows.unionByName(df, allowMissingColumns=True)
+            assert rows is not None
+            write_frame(rows, self.outputs.shed, plan.epoch)
+        for df in persisted:
+            df.unpersist()
+        return Staged(
+            observed={k: o.get for k, o in frames.observations.items()},
+            sink_rows=sink_rows,
+            dead_letters=dead,
+            late_steps=tuple(frames.late),
+            shed_rows=shed_rows,
+            compile_s=t_built - t0,
+            run_s=time.monotonic() - t_built,
+        )
+
+    def _stage_sinks(self, frames: EpochFrames, epoch: int) -> dict[str, int]:
+        """Stage every sink's output; its row count comes from the sink itself or from an
+        observation on the way (no extra job)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        rows: dict[str, int] = {}
+        observed: dict[str, Observation] = {}
+        for spec in self.spec.sinks:
+            sink = self.outputs.sinks[spec.name]
+            df = frames.nodes[spec.input]
+            if not sink.counts_itself:
+                observed[sink.name] = obs = Observation(f"e{epoch}-sink-{sink.name}")
+                df = df.observe(obs, F.count(F.lit(1)).alias("rows"))
+            sink.stage(df, epoch)
+            if sink.counts_itself:
+                rows[sink.name] = sink.staged_rows(epoch)
+        for name, obs in observed.items():
+            rows[name] = int(obs.get.get("rows", 0))
+        return rows
+
+    def _stage_dead_letters(self, frames: EpochFrames, epoch: int) -> int:
+        """Bad records were counted on the data path; the dead-letter job runs only if needed."""
+        bad = {
+            n: int(frames.observations[f"bad:{n}"].get.get("bad") or 0) if f"bad:{n}" in frames.observations else 1
+            for n in frames.dead_letters
+        }
+        dead = sum(bad.values())
+        if dead:
+            letters: DataFrame | None = None
+            for n, df in frames.dead_letters.items():
+                if bad[n]:
+                    letters = df if letters is None else letters.unionByName(df)
+            assert letters is not None
+            write_frame(letters, self.outputs.dead_letters, epoch)
+        return dead

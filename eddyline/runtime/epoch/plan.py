@@ -1,0 +1,206 @@
+"""Stage 1, plan: what the next epoch reads, where its watermarks stand and how its key groups
+are routed — decided from the last commit and the controller, before anything runs.
+
+Watermarks: a step fed by sources follows the newest event time its inputs committed, minus its
+delay (Spark's rule: from earlier epochs, so it is part of the plan). A step fed by stateful steps
+inherits the smallest of their watermarks *of the previous epoch*: everything such an ancestor
+emits in this epoch is at or after its current watermark, so it is never late downstream, and a
+downstream window or top-k closes exactly when its ancestors can no longer add to it.
+
+An epoch with no new input still runs when a watermark moved and state exists (windows may fire),
+like Spark's no-data batches. With ``until_idle`` the run ends, once the input is exhausted, with
+an end-of-stream epoch whose watermark passes every window (as Flink does for bounded input); the
+end-of-stream watermark reaches the steps further down one epoch at a time, so every step first
+receives what its ancestors flush.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from eddyline.api.network import NetworkSpec
+from eddyline.api.steps import StepSpec
+from eddyline.control import policies
+from eddyline.control.controller import Controller
+from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
+from eddyline.io.sources import Source
+from eddyline.io.tables import LookupTables
+from eddyline.plan.keygroups import RoutingTable
+from eddyline.runtime.epoch.records import EpochCommit, EpochPlan
+from eddyline.runtime.lookahead import LookAhead
+
+
+class Planner:
+    def __init__(
+        self,
+        spec: NetworkSpec,
+        sources: dict[str, Source],
+        lanes: int,
+        controller: Controller,
+        lookahead: LookAhead,
+        tables: LookupTables,
+    ):
+        self.spec, self.sources, self.lanes = spec, sources, lanes
+        self.controller, self.lookahead, self.tables = controller, lookahead, tables
+        self.stateful = spec.stateful_steps()  # inputs before their readers
+        self.upstream = {s.name: spec.stateful_upstream(s) for s in self.stateful}
+
+    def next(self, last: EpochCommit | None, elapsed_s: float, until_idle: bool) -> EpochPlan | None:
+        """The next epoch's plan, or None when there is nothing to do."""
+        epoch = last.epoch + 1 if last else 1
+        ended = last is not None and last.end_of_stream
+        slices = self._slices(last, elapsed_s, ended)
+        shed: dict[str, dict[str, Any]] = {}
+        overload: dict[str, Any] | None = None
+        if self.controller.overload is not None and not ended:
+            slices, shed, overload = self._admit(epoch, last, elapsed_s, slices)
+        new_rows = any(s["end"] > s["start"] for s in slices.values())
+        watermarks = self._watermarks(last, flush=ended)
+        moved = any(wm != _watermark(last, name) for name, wm in watermarks.items())
+        has_state = last is not None and any(c.index for c in last.steps.values())
+        end_of_stream = ended
+        if not new_rows and not (moved and has_state):
+            if ended or not (until_idle and has_state):
+                return None
+            end_of_stream = True
+            watermarks = self._watermarks(last, flush=True)
+        routing, decisions = self._route(epoch, last, slices, end_of_stream)
+        if overload is not None:
+            decisions.append(overload)
+        return EpochPlan(
+            epoch,
+            slices,
+            watermarks,
+            routing,
+            self.lanes,
+            end_of_stream,
+            self.tables.plan(last.tables if last else {}),
+            decisions,
+            shed,
+            self.controller.snapshot().model_dump(mode="json"),
+        )
+
+    # ------------------------------------------------------------------ slices
+    def _slices(self, last: EpochCommit | None, elapsed_s: float, ended: bool) -> dict[str, dict[str, Any]]:
+        if not ended:
+            return {name: self._slice(name, last, elapsed_s) for name in self.sources}
+        assert last is not None  # sources read nothing more
+        return {
+            name: {
+                "start": last.source_ends.get(name, 0),
+                "end": last.source_ends.get(name, 0),
+                "files": [],
+                **({"cursor": last.cursors[name]} if name in last.cursors else {}),
+            }
+            for name in self.sources
+        }
+
+    def _slice(self, name: str, last: EpochCommit | None, elapsed_s: float, cap: int | None = None) -> dict[str, Any]:
+        start = last.source_ends.get(name, 0) if last else 0
+        cursor = last.cursors.get(name) if last else None
+        return self.sources[name].plan(start, elapsed_s, cursor, cap=cap)
+
+    def _admit(
+        self, epoch: int, last: EpochCommit | None, elapsed_s: float, slices: dict[str, dict[str, Any]]
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], dict[str, Any] | None]:
+        """Admission control and shedding: the overload controller may cap what a source reads
+        (files are never capped: their slices are whole files) and shed rows before stateful
+        steps. Returns the slices, the shedding and the decision to report, if worth it."""
+        overload = self.controller.overload
+        assert overload is not None
+        verdict = overload.plan(epoch, {n: s["end"] - s["start"] for n, s in slices.items()})
+        for name, cap in verdict.caps.items():
+            if self.sources[name].spec.kind != "files":
+                slices[name] = self._slice(name, last, elapsed_s, cap)
+        if not verdict.worth_reporting:  # also reported: when the bound cannot be met at all
+            return slices, verdict.shed, None
+        decision = {
+            "epoch": epoch,
+            "step": "*",
+            "kind": "overload",
+            "action": {"caps": verdict.caps, "shed": {k: v["keep"] for k, v in verdict.shed.items()}},
+            "why": {**verdict.explain, "hotSpots": overload.hot_spots()},
+            "expected": {"epochMs": verdict.explain.get("predictedMs")},
+            "measured": None,
+        }
+        return slices, verdict.shed, decision
+
+    # ------------------------------------------------------------------ watermarks
+    def _watermarks(self, last: EpochCommit | None, *, flush: bool) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for step in self.stateful:
+            prev = last.steps.get(step.name) if last else None
+            prev_wm = prev.watermark if prev else NO_WATERMARK
+            max_t = prev.max_event_time if prev else NO_WATERMARK
+            if flush:
+                observed = END_OF_STREAM
+            else:
+                observed = prev_wm if max_t <= NO_WATERMARK else max(prev_wm, max_t - step.watermark_delay)
+            ancestors, from_sources = self.upstream[step.name]
+            inherited = [_watermark(last, a) for a in ancestors]
+            wm = min([*inherited, *([observed] if from_sources or not ancestors else [])])
+            follows = step.info.watermark_follows(step)
+            if follows is not None:
+                wm = out[follows]
+            out[step.name] = max(wm, prev_wm)
+        return out
+
+    # ------------------------------------------------------------------ routing
+    def _route(
+        self, epoch: int, last: EpochCommit | None, slices: dict[str, dict[str, Any]], end_of_stream: bool
+    ) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+        """Every stateful step's routing table: the committed one, as the manager changes it."""
+        routing: dict[str, dict[str, Any]] = {}
+        decisions: list[dict[str, Any]] = []
+        elastic = self.spec.control.scale is not None
+        for step in self.stateful:
+            prev = last.steps.get(step.name) if last else None
+            old = RoutingTable.from_json(prev.routing) if prev else None
+            if old is None:
+                table = RoutingTable.uniform(self.spec.key_groups, self.lanes)
+            elif old.lanes == self.lanes or elastic:
+                table = old
+            else:  # restarted with another lane count: move as few key groups as possible
+                counts = np.zeros(old.key_groups)
+                for kg in prev.index if prev else ():
+                    counts[int(kg) % old.key_groups] += 1
+                moved = policies.rescale_assignment(counts, np.asarray(old.assignment), self.lanes)
+                table = old.rescaled(self.lanes, moved)
+            upcoming = None
+            peek = None if end_of_stream else self._lookahead_input(step)
+            if peek is not None:
+                node, keys = peek
+                upcoming = self.lookahead.counts(self.sources[node], slices[node], keys)
+                # the next slice's files are counted while this epoch's job runs, for the next plan
+                self.lookahead.prefetch(self.sources[node], slices[node], keys)
+            table, made = self.controller.manager.plan(epoch, step.name, table, upcoming)
+            decisions.extend(d.to_json() for d in made)
+            routing[step.name] = table.to_json()
+        return routing, decisions
+
+    def _lookahead_input(self, step: StepSpec) -> tuple[str, tuple[str, ...]] | None:
+        """The source and key columns whose counts tell ``step``'s input rows per key group
+        before the epoch runs (see :mod:`eddyline.runtime.lookahead`), if ``balance.lookahead`` is
+        on, the step's lanes receive its input rows as they are, and it reads a source directly
+        or through steps that pass the key columns on unchanged (a filter only thins the rows,
+        so the source's counts still tell where the load goes); whether the counts are cheap
+        there is up to the source."""
+        balance = self.spec.control.balance
+        if balance is None or not balance.lookahead or step.name not in self.controller.manager.steps:
+            return None
+        keys = step.key_columns
+        if not step.info.rows_reach_lanes or step.input is None or not keys:
+            return None
+        node = step.input
+        while node not in self.sources:
+            up = self.spec.step(node)
+            if not up.info.passes_keys(up.params, keys) or up.input is None:
+                return None
+            node = up.input
+        return node, tuple(keys)
+
+
+def _watermark(last: EpochCommit | None, step: str) -> int:
+    return last.steps[step].watermark if last and step in last.steps else NO_WATERMARK

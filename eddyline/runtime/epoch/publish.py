@@ -1,0 +1,33 @@
+"""Stage 4, publish: make the epoch's staged outputs visible, each atomically per epoch (a
+replay replaces an earlier attempt's). Nothing is committed yet: a crash after this stage
+replays the epoch, which publishes the very same outputs again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eddyline.io.files import FilesTarget
+from eddyline.io.sinks import Sink
+from eddyline.runtime.epoch.records import Staged
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Everything an epoch writes besides state: the sinks, the dead letters of sources that
+    parse records, each step's rows too late for it, and the rows shed under overload."""
+
+    sinks: dict[str, Sink]
+    dead_letters: FilesTarget
+    late: dict[str, FilesTarget]
+    shed: FilesTarget | None
+
+
+def publish(outputs: Outputs, staged: Staged, epoch: int) -> None:
+    for sink in outputs.sinks.values():
+        sink.publish(epoch)
+    if staged.dead_letters:
+        outputs.dead_letters.publish(epoch)
+    for step in staged.late_steps:
+        outputs.late[step].publish(epoch)
+    if outputs.shed is not None and staged.shed_rows:
+        outputs.shed.publish(epoch)

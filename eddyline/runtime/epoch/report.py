@@ -1,0 +1,179 @@
+"""Stage 8, report: the epoch's progress record, shaped like Spark's StreamingQueryProgress plus
+Eddyline's own sections (routing, load, decisions, overload)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from eddyline.api.network import NetworkSpec
+from eddyline.control.controller import Controller
+from eddyline.eventtime import iso_ms
+from eddyline.plan.keygroups import RoutingTable
+from eddyline.runtime.epoch.observe import Shedding
+from eddyline.runtime.epoch.records import EpochPlan, Folded, LaneManifest, ProgressRecord, Staged
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Milliseconds per stage of one epoch."""
+
+    planning: float  # building the Spark plan of the epoch (the control plan came before)
+    execution: float
+    publish: float
+    commit: float  # fold, observe and commit
+    cleanup: float
+
+    @property
+    def total(self) -> float:
+        return self.planning + self.execution + self.publish + self.commit + self.cleanup
+
+
+def report(
+    spec: NetworkSpec,
+    controller: Controller,
+    plan: EpochPlan,
+    staged: Staged,
+    folded: Folded,
+    shed: Shedding | None,
+    ms: Timings,
+    replayed: bool,
+    observed_ms: float,
+    wall_s: float,
+) -> ProgressRecord:
+    """``observed_ms``: the epoch's duration as the overload controller observed it (up to the
+    commit); ``wall_s``: seconds since the previous epoch started."""
+    input_rows = sum(int(staged.observed.get(f"source:{s.name}", {}).get("rows") or 0) for s in spec.sources)
+    total = ms.total
+    watermark = min(plan.watermarks.values()) if plan.watermarks else None
+    record = {
+        "id": spec.name,
+        "batchId": plan.epoch,
+        "timestamp": iso_ms(int(time.time() * 1000)),
+        "replayed": replayed,
+        "numInputRows": input_rows,
+        "processedRowsPerSecond": input_rows / (total / 1000) if total else 0.0,
+        "durationMs": {
+            "triggerExecution": round(total, 1),
+            "planning": round(ms.planning, 1),
+            "execution": round(ms.execution, 1),
+            "publish": round(ms.publish, 1),
+            "commit": round(ms.commit, 1),
+            "cleanup": round(ms.cleanup, 1),
+        },
+        "triggerMs": spec.trigger,
+        "eventTime": {"watermark": iso_ms(watermark)},
+        "stateOperators": [
+            _state_operator(name, manifests, folded.late_rows[name], folded.loads[name].spilled_bytes)
+            for name, manifests in folded.manifests.items()
+        ],
+        "sources": [
+            {
+                "description": n,
+                "startOffset": s["start"],
+                "endOffset": s["end"],
+                "numInputRows": int(staged.observed.get(f"source:{n}", {}).get("rows") or 0),
+            }
+            for n, s in plan.sources.items()
+        ],
+        "sinks": [{"description": n, "numOutputRows": r} for n, r in staged.sink_rows.items()],
+        "deadLetters": staged.dead_letters,
+        "lateRows": sum(folded.late_rows.values()),
+        "routing": {n: _routing_summary(r) for n, r in plan.routing.items()},
+        "load": {n: load.to_json() for n, load in folded.loads.items()},
+        "decisions": plan.decisions,
+        "recentDecisions": controller.manager.recent(5),
+        **({"overload": _overload(spec, controller, plan, staged, shed, observed_ms, wall_s)} if shed is not None else {}),
+        "backlog": {n: s.get("backlog", 0) for n, s in plan.sources.items()},
+        "endOfStream": plan.end_of_stream,
+    }
+    return ProgressRecord(record)
+
+
+def _state_operator(name: str, manifests: list[LaneManifest], late: int, spilled: int) -> dict[str, Any]:
+    ms = [m.data for m in manifests]
+    return {
+        "operatorName": name,
+        "numRowsTotal": sum(m.state_rows for m in manifests),
+        "numRowsUpdated": sum(m.input_rows for m in manifests),
+        "memoryUsedBytes": sum(m.state_bytes for m in manifests),
+        "numRowsDroppedByWatermark": late,
+        "customMetrics": {
+            "stateBytesWritten": sum(m["bytes_written"] for m in ms),
+            "snapshots": sum(m["snapshots"] for m in ms),
+            "deltas": sum(m["deltas"] for m in ms),
+            "cacheHits": sum(m["cache_hits"] for m in ms),
+            "cacheMisses": sum(m["cache_misses"] for m in ms),
+            "spilledBytes": spilled,
+            "stateSlices": sum(m.get("slices", 1) for m in ms),
+            "workerPeakRssBytes": max((m["memory"]["peak"]["rss"] for m in ms if "memory" in m), default=0),
+            **_summed_metrics(manifests),
+            "laneMs": [m["ms"] for m in ms],
+            "laneCpuMs": [m.get("cpu_ms", {}) for m in ms],
+            "laneWarming": [bool(m.get("warming_at_start")) for m in ms],
+            "laneGc": [m.get("gc", {}) for m in ms],
+            "laneInputRows": [m["input_rows"] for m in ms],
+        },
+    }
+
+
+def _overload(
+    spec: NetworkSpec,
+    controller: Controller,
+    plan: EpochPlan,
+    staged: Staged,
+    shed: Shedding,
+    duration_ms: float,
+    wall_s: float,
+) -> dict[str, Any]:
+    """The overload section: the bound, the prediction against the measurement, what was shed
+    and the quality of each query output (the fraction of its input rows kept)."""
+    overload = controller.overload
+    assert overload is not None
+    quality = {}
+    for sink in spec.sinks:
+        ratio = 1.0
+        for a in sorted(n for n in spec.upstream(sink.input) if getattr(spec.node(n), "stateful", False)):
+            o, k = sum(shed.offered.get(a, [])), sum(shed.kept.get(a, []))
+            if o:
+                ratio *= k / o
+        quality[sink.name] = {"shedFraction": round(1 - ratio, 4), "keptFraction": round(ratio, 4)}
+    expected = next((d["why"].get("predictedMs") for d in plan.decisions if d["kind"] == "overload"), None)
+    read = sum(int(staged.observed.get(f"source:{s.name}", {}).get("rows") or 0) for s in spec.sources)
+    arrival = read / wall_s if wall_s > 0 else 0.0
+    backlog = sum(int(s.get("backlog", 0)) for s in plan.sources.values())
+    return {
+        "boundMs": overload.bound_ms,
+        "withinBound": duration_ms <= overload.bound_ms,
+        "expectedMs": expected,
+        "measuredMs": round(duration_ms, 1),
+        "lagSeconds": round(backlog / arrival, 2) if arrival else None,
+        "criticalPath": overload.critical_path(),
+        "shed": {
+            s: {"keep": v["keep"], "offered": shed.offered.get(s), "kept": shed.kept.get(s)}
+            for s, v in plan.shed.items()
+        },
+        "quality": quality,
+        "hotSpots": overload.hot_spots(),
+    }
+
+
+def _routing_summary(routing: dict[str, Any]) -> dict[str, Any]:
+    table = RoutingTable.from_json(routing)
+    return {
+        "version": table.version,
+        "lanes": table.lanes,
+        "keyGroupsPerLane": [len(table.key_groups_of(i)) for i in range(table.lanes)],
+        "spread": {str(k): [table.assignment[k], *v] for k, v in table.spread.items()},
+    }
+
+
+def _summed_metrics(manifests: list[LaneManifest]) -> dict[str, int]:
+    """Kernel counters (windows fired, matches, ...) summed over lanes, camelCased for progress."""
+    out: dict[str, int] = {}
+    for m in manifests:
+        for k, v in m.metrics.items():
+            name = k.split("_")[0] + "".join(w.title() for w in k.split("_")[1:])
+            out[name] = out.get(name, 0) + int(v)
+    return out

@@ -1,0 +1,62 @@
+"""Fault injection at the epoch's stage boundaries, for crash and failover tests.
+
+The engine reports every boundary it passes (``reached(point, epoch)``); a lane's Spark task
+reports :attr:`FaultPoint.IN_TASK` after it wrote its state. A hook decides what happens there.
+:class:`KillDriver` (``eddyline run --crash-at EPOCH:POINT``) kills the driver with SIGKILL, from
+whichever process reaches the point, so a test can cut an epoch anywhere and check that the
+restart replays it exactly. Hooks travel into Spark tasks, so they must be picklable.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from eddyline.errors import CheckpointError
+
+
+class FaultPoint(StrEnum):
+    """The boundaries of one epoch, in the order it passes them."""
+
+    AFTER_PLAN = "after_plan"  # the plan is logged; nothing ran
+    IN_TASK = "in_task"  # inside the first lane's task, after it wrote its state
+    AFTER_STAGE = "after_stage"  # every output staged, nothing published
+    AFTER_PUBLISH = "after_publish"  # outputs published, the epoch not committed
+    MID_COMMIT = "mid_commit"  # the commit written to a temporary file, not yet in place
+    AFTER_COMMIT = "after_commit"
+
+
+class Faults(Protocol):
+    def reached(self, point: FaultPoint, epoch: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class NoFaults:
+    def reached(self, point: FaultPoint, epoch: int) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class KillDriver:
+    """SIGKILL the driver process when ``point`` of ``epoch`` is reached."""
+
+    epoch: int
+    point: FaultPoint
+    driver_pid: int = field(default_factory=os.getpid)
+
+    def reached(self, point: FaultPoint, epoch: int) -> None:
+        if point == self.point and epoch == self.epoch:
+            os.kill(self.driver_pid, signal.SIGKILL)
+
+    @classmethod
+    def parse(cls, text: str) -> KillDriver:
+        """``"3:in_task"`` → kill the driver inside epoch 3's first lane task."""
+        epoch, _, point = text.partition(":")
+        if not epoch.isdigit() or point not in {p.value for p in FaultPoint}:
+            raise CheckpointError(
+                f"--crash-at: expected EPOCH:POINT with POINT in {', '.join(FaultPoint)}, got {text!r}"
+            )
+        return cls(int(epoch), FaultPoint(point))
