@@ -23,11 +23,12 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
 
-from eddyline.api.spec import NetworkSpec
+from eddyline.api.network import NetworkSpec
 from eddyline.control import policies
 from eddyline.control.stats import LoadHistory, StepLoad
 from eddyline.plan.keygroups import RoutingTable
@@ -36,11 +37,20 @@ from eddyline.plan.keygroups import RoutingTable
 MEASURE_AFTER = 2
 
 
+class DecisionKind(StrEnum):
+    PLACEMENT = "placement"
+    RESCALE = "rescale"
+    BALANCE = "balance"
+    SPREAD = "spread"
+    CHAOS = "chaos"
+    OVERLOAD = "overload"  # made by the overload controller, logged beside the routing decisions
+
+
 @dataclass
 class Decision:
     epoch: int  # the first epoch that runs with it
     step: str
-    kind: str  # placement | rescale | balance | spread | chaos
+    kind: DecisionKind
     action: dict[str, Any]
     why: dict[str, Any]
     expected: dict[str, Any]
@@ -51,7 +61,7 @@ class Decision:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Decision:
-        return cls(**data)
+        return cls(**{**data, "kind": DecisionKind(data["kind"])})
 
 
 def _round(xs: Any) -> list[float]:
@@ -70,9 +80,7 @@ class DistributionManager:
         self.history = LoadHistory(self.spec.key_groups, c.history)
         steps = [s for s in self.spec.steps if s.stateful]
         self.steps = {s.name for s in steps if c.steps is None or s.name in c.steps}
-        self.spreadable = {
-            s.name for s in steps if s.join is not None and s.join.kind in ("interval", "unbounded")
-        }
+        self.spreadable = {s.name for s in steps if s.info.spreadable(s.params)}
         self.balancers = {
             n: policies.Balancer(
                 threshold=c.balance.threshold,
@@ -99,7 +107,7 @@ class DistributionManager:
         }
         #: steps of parallelism 1 (a global window: every row in key group 0), placed as whole boxes
         self.boxes = sorted(
-            s.name for s in steps if s.name in self.steps and s.window_aggregate is not None and not s.window_aggregate.keys
+            s.name for s in steps if s.name in self.steps and s.info.single_key_group(s.params)
         )
         self._box_lanes: dict[str, int] = {}
         self.placed: set[str] = set()
@@ -123,140 +131,188 @@ class DistributionManager:
     def recent(self, n: int = 5) -> list[dict[str, Any]]:
         return [d.to_json() for d in self.decisions[-n:]]
 
-    def adopt(self, decisions: list[dict[str, Any]]) -> None:
-        """Take over the decisions of a logged plan (a replay after a crash)."""
-        for raw in decisions:
-            d = Decision.from_json(raw)
-            if not any(x.epoch == d.epoch and x.step == d.step and x.kind == d.kind for x in self.decisions):
-                self.decisions.append(d)
-            if d.kind == "placement":
-                self.placed.add(d.step)
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict[str, Any]:
+        """Everything the manager needs to decide after a restart as it would have without one
+        (the statistics, the policies' hysteresis, what was placed, the decisions to measure)."""
+        return {
+            "history": self.history.state(),
+            "balancers": {n: b.state() for n, b in self.balancers.items()},
+            "scalers": {n: x.state() for n, x in self.scalers.items()},
+            "placed": sorted(self.placed),
+            "box_lanes": dict(self._box_lanes),
+            "decisions": [d.to_json() for d in self.decisions],
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.history.restore(state.get("history", {}))
+        for n, b in state.get("balancers", {}).items():
+            if n in self.balancers:
+                self.balancers[n] = policies.Balancer.from_state(b)
+        for n, x in state.get("scalers", {}).items():
+            if n in self.scalers:
+                self.scalers[n] = policies.Scaler.from_state(x)
+        self.placed = set(state.get("placed", ()))
+        self._box_lanes = {k: int(v) for k, v in state.get("box_lanes", {}).items()}
+        self.decisions = [Decision.from_json(d) for d in state.get("decisions", ())]
 
     # ------------------------------------------------------------------ decide
     def plan(
         self, epoch: int, step: str, table: RoutingTable, upcoming: np.ndarray | None = None
     ) -> tuple[RoutingTable, list[Decision]]:
-        """``upcoming``: the epoch's input rows per key group, when the engine could read them
-        ahead (``balance.lookahead``)."""
+        """The step's routing table for ``epoch``, through the policy stages in turn: placement
+        (once), rescaling, balancing (not in an epoch that rescales), spreading hot key groups,
+        relocation drills. ``upcoming``: the epoch's input rows per key group, when the engine
+        could read them ahead (``balance.lookahead``)."""
         if step not in self.steps:
             return table, []
         out: list[Decision] = []
-        c = self.spec.control
         series = self.history.series(step)
-        # placement: once, from a profile at once or after the warm-up
-        if step in self.boxes and step not in self.placed and c.placement != "uniform":
-            if series.shape[1] >= c.warmup_epochs:
-                lane = self._place_box(step, table.lanes)
-                self.placed.add(step)
-                if lane != table.assignment[0]:
-                    d = self._decision(epoch, step, "placement", table, {0: lane}, series,
-                                       {"policy": c.placement, "box": "parallelism 1: the whole step is placed",
-                                        "boxes": self.boxes})
-                    table = table.moved({0: lane})
-                    out.append(d)
-        elif step not in self.placed and c.placement != "uniform":
-            prof = self.profile.get(step)
-            if prof is not None or series.shape[1] >= c.warmup_epochs:
-                basis = np.asarray(prof, dtype=float) if prof is not None else series
-                new = self._placement(c.placement, basis, table.lanes)
-                self.placed.add(step)
-                moves = {kg: int(x) for kg, x in enumerate(new) if x != table.assignment[kg]}
-                now = policies.lane_loads(basis, np.asarray(table.assignment), table.lanes).mean(axis=1).max()
-                then = policies.lane_loads(basis, new, table.lanes).mean(axis=1).max()
-                if now <= 0 or then > now * (1 - c.min_gain):
-                    moves = {}  # not worth moving state for: the current placement is as good
-                if moves:
-                    d = self._decision(epoch, step, "placement", table, moves, basis,
-                                       {"policy": c.placement, "source": "profile" if prof is not None else f"{series.shape[1]} epochs"})
-                    table = table.moved(moves)
-                    out.append(d)
-        elif c.placement == "uniform":
-            self.placed.add(step)
-        # rescale
-        rescaled = False
-        if c.scale is not None:
-            target = c.scale.schedule.get(epoch)
-            why: dict[str, Any] = {"reason": "schedule"}
-            if target is None and c.scale.auto and series.shape[1] >= 2:
-                arrival, true_rate = self.history.rates(step)
-                target = self.scalers[step].decide(epoch, table.lanes, arrival, true_rate)
-                why = {
-                    "reason": "rate model (DS2)",
-                    "arrivalRowsPerSec": round(arrival, 1),
-                    "trueRowsPerSecPerLane": round(true_rate, 1),
-                    "targetUtilization": c.scale.target_utilization,
-                    "utilization": round(arrival / (true_rate * table.lanes), 3) if true_rate else None,
-                }
-            if target is not None and target != table.lanes:
-                loads = series[:, -3:].mean(axis=1) if series.size else np.zeros(table.key_groups)
-                assignment = policies.rescale_assignment(loads, np.asarray(table.assignment), target)
-                new_table = table.rescaled(target, assignment)
-                moved = int(np.sum(np.asarray(table.assignment) != assignment))
-                after = policies.lane_loads(series[:, -3:], assignment, target).mean(axis=1) if series.size else np.zeros(target)
-                d = Decision(
-                    epoch, step, "rescale", {"lanes": [table.lanes, target], "keyGroupsMoved": moved},
-                    {**why, "laneBusyMs": _round(self._lane_busy(step))},
-                    {"laneLoadMs": _round(after), "makespanMs": round(float(after.max()), 1) if after.size else 0.0},
-                )
-                table = new_table
-                out.append(d)
-                rescaled = True
-        # balance
-        if not rescaled and step in self.balancers and series.shape[1] >= 2 and table.lanes > 1:
-            recent = series[:, -c.balance.window:] if c.balance else series
-            window = recent[:, -policies.since_shift(recent):]  # only what came after a shift of the hot set
-            ahead, foreseen = self._ahead(step, recent, upcoming)
-            if ahead is not None:
-                window = ahead[:, None]
-            moves = self.balancers[step].decide(epoch, window, np.asarray(table.assignment), table.lanes)
-            if moves:
-                mv = {m.item: m.dst for m in moves}
-                d = self._decision(epoch, step, "balance", table, mv, window,
-                                   {"policy": c.balance.method if c.balance else "", "threshold": c.balance.threshold if c.balance else 0,
-                                    "scores": {str(m.item): round(m.score, 3) for m in moves},
-                                    **({"lookahead": {**foreseen,
-                                                      "note": "the coming epoch's work shifted: its input read ahead (and the held "
-                                                              "input the watermark releases) x last epoch's ms per row worked on"}}
-                                       if ahead is not None else {})})
-                table = table.moved(mv)
-                out.append(d)
-        # spread (SPREADFIRE)
-        if c.spread is not None and step in self.spreadable and table.lanes > 1:
-            wanted = [int(g) for g in c.spread.schedule.get(epoch, ())]
-            why = {"reason": "schedule"}
-            if not wanted and c.spread.auto and series.shape[1] >= 2:
-                recent = series[:, -3:].mean(axis=1)
-                fair = recent.sum() / table.lanes
-                hot = int(np.argmax(recent))
-                if fair > 0 and recent[hot] > c.spread.hot_share * fair and hot not in table.spread:
-                    wanted = [hot]
-                    why = {"reason": "hot key group", "keyGroupLoadMs": round(float(recent[hot]), 1),
-                           "fairLaneLoadMs": round(float(fair), 1), "hotShare": c.spread.hot_share,
-                           "rows": int(self.history.rows_series(step, 3)[hot].sum()),
-                           "hotKeys": [h for h in (self.history.latest(step).hot_keys if self.history.latest(step) else [])
-                                       if int(h["kg"]) % table.key_groups == hot]}
-            wanted = [g for g in wanted if g not in table.spread]
-            if wanted:
-                lane_load = policies.lane_loads(series[:, -3:], np.asarray(table.assignment), table.lanes).mean(axis=1) if series.size else np.zeros(table.lanes)
-                spread = dict(table.spread)
-                for g in wanted:
-                    others = [ln for ln in np.argsort(lane_load, kind="stable").tolist() if ln != table.assignment[g]]
-                    spread[g] = tuple(int(x) for x in others[: c.spread.fanout - 1]) or (table.assignment[g],)
-                table = table.with_spread(spread)
-                out.append(Decision(epoch, step, "spread", {"keyGroups": {str(g): [table.assignment[g], *spread[g]] for g in wanted}},
-                                    {**why, "laneBusyMs": _round(self._lane_busy(step))},
-                                    {"fragments": c.spread.fanout, "note": "new rows split; old state stays and is probed"}))
-        # chaos (relocation drills)
-        if c.chaos is not None and c.chaos.random_moves and epoch % c.chaos.every == 0 and table.lanes > 1:
-            rng = np.random.default_rng([c.chaos.seed, epoch, zlib.crc32(step.encode())])
-            kgs = rng.choice(table.key_groups, size=min(c.chaos.random_moves, table.key_groups), replace=False)
-            mv = {int(g): int((table.assignment[g] + rng.integers(1, table.lanes)) % table.lanes) for g in kgs}
-            out.append(Decision(epoch, step, "chaos", {"moves": [[g, table.assignment[g], d] for g, d in sorted(mv.items())]},
-                                {"reason": "relocation drill", "seed": c.chaos.seed}, {}))
-            table = table.moved(mv)
+        table = self._place(epoch, step, table, series, out)
+        table = self._rescale(epoch, step, table, series, out)
+        if not any(d.kind == DecisionKind.RESCALE for d in out):
+            table = self._balance(epoch, step, table, series, upcoming, out)
+        table = self._spread(epoch, step, table, series, out)
+        table = self._chaos(epoch, step, table, out)
         self.decisions.extend(out)
         del self.decisions[:-200]
         return table, out
+
+    def _place(self, epoch: int, step: str, table: RoutingTable, series: np.ndarray, out: list[Decision]) -> RoutingTable:
+        """Once, from a declared profile at once or after the warm-up."""
+        c = self.spec.control
+        if c.placement == "uniform":
+            self.placed.add(step)
+            return table
+        if step in self.placed:
+            return table
+        if step in self.boxes:
+            if series.shape[1] < c.warmup_epochs:
+                return table
+            lane = self._place_box(step, table.lanes)
+            self.placed.add(step)
+            if lane == table.assignment[0]:
+                return table
+            out.append(self._decision(epoch, step, DecisionKind.PLACEMENT, table, {0: lane}, series,
+                                      {"policy": c.placement, "box": "parallelism 1: the whole step is placed",
+                                       "boxes": self.boxes}))
+            return table.moved({0: lane})
+        prof = self.profile.get(step)
+        if prof is None and series.shape[1] < c.warmup_epochs:
+            return table
+        basis = np.asarray(prof, dtype=float) if prof is not None else series
+        new = self._placement(c.placement, basis, table.lanes)
+        self.placed.add(step)
+        moves = {kg: int(x) for kg, x in enumerate(new) if x != table.assignment[kg]}
+        now = policies.lane_loads(basis, np.asarray(table.assignment), table.lanes).mean(axis=1).max()
+        then = policies.lane_loads(basis, new, table.lanes).mean(axis=1).max()
+        if not moves or now <= 0 or then > now * (1 - c.min_gain):
+            return table  # not worth moving state for: the current placement is as good
+        out.append(self._decision(epoch, step, DecisionKind.PLACEMENT, table, moves, basis,
+                                  {"policy": c.placement, "source": "profile" if prof is not None else f"{series.shape[1]} epochs"}))
+        return table.moved(moves)
+
+    def _rescale(self, epoch: int, step: str, table: RoutingTable, series: np.ndarray, out: list[Decision]) -> RoutingTable:
+        """On schedule, or to the lane count the DS2 rate model asks for."""
+        scale = self.spec.control.scale
+        if scale is None:
+            return table
+        target = scale.schedule.get(epoch)
+        why: dict[str, Any] = {"reason": "schedule"}
+        if target is None and scale.auto and series.shape[1] >= 2:
+            arrival, true_rate = self.history.rates(step)
+            target = self.scalers[step].decide(epoch, table.lanes, arrival, true_rate)
+            why = {
+                "reason": "rate model (DS2)",
+                "arrivalRowsPerSec": round(arrival, 1),
+                "trueRowsPerSecPerLane": round(true_rate, 1),
+                "targetUtilization": scale.target_utilization,
+                "utilization": round(arrival / (true_rate * table.lanes), 3) if true_rate else None,
+            }
+        if target is None or target == table.lanes:
+            return table
+        loads = series[:, -3:].mean(axis=1) if series.size else np.zeros(table.key_groups)
+        assignment = policies.rescale_assignment(loads, np.asarray(table.assignment), target)
+        moved = int(np.sum(np.asarray(table.assignment) != assignment))
+        after = policies.lane_loads(series[:, -3:], assignment, target).mean(axis=1) if series.size else np.zeros(target)
+        out.append(Decision(
+            epoch, step, DecisionKind.RESCALE, {"lanes": [table.lanes, target], "keyGroupsMoved": moved},
+            {**why, "laneBusyMs": _round(self._lane_busy(step))},
+            {"laneLoadMs": _round(after), "makespanMs": round(float(after.max()), 1) if after.size else 0.0},
+        ))
+        return table.rescaled(target, assignment)
+
+    def _balance(
+        self, epoch: int, step: str, table: RoutingTable, series: np.ndarray, upcoming: np.ndarray | None,
+        out: list[Decision],
+    ) -> RoutingTable:
+        """Pairwise moves between the most and least loaded lanes, over the epochs since the hot
+        set last shifted (or the coming epoch's input, read ahead, when it shifted)."""
+        c = self.spec.control
+        if step not in self.balancers or series.shape[1] < 2 or table.lanes <= 1:
+            return table
+        recent = series[:, -c.balance.window:] if c.balance else series
+        window = recent[:, -policies.since_shift(recent):]  # only what came after a shift of the hot set
+        ahead, foreseen = self._ahead(step, recent, upcoming)
+        if ahead is not None:
+            window = ahead[:, None]
+        moves = self.balancers[step].decide(epoch, window, np.asarray(table.assignment), table.lanes)
+        if not moves:
+            return table
+        mv = {m.item: m.dst for m in moves}
+        out.append(self._decision(epoch, step, DecisionKind.BALANCE, table, mv, window,
+                                  {"policy": c.balance.method if c.balance else "", "threshold": c.balance.threshold if c.balance else 0,
+                                   "scores": {str(m.item): round(m.score, 3) for m in moves},
+                                   **({"lookahead": {**foreseen,
+                                                     "note": "the coming epoch's work shifted: its input read ahead (and the held "
+                                                             "input the watermark releases) x last epoch's ms per row worked on"}}
+                                      if ahead is not None else {})}))
+        return table.moved(mv)
+
+    def _spread(self, epoch: int, step: str, table: RoutingTable, series: np.ndarray, out: list[Decision]) -> RoutingTable:
+        """SPREADFIRE: split a key group hotter than a fair lane's share (on schedule or when seen)."""
+        cfg = self.spec.control.spread
+        if cfg is None or step not in self.spreadable or table.lanes <= 1:
+            return table
+        wanted = [int(g) for g in cfg.schedule.get(epoch, ())]
+        why: dict[str, Any] = {"reason": "schedule"}
+        if not wanted and cfg.auto and series.shape[1] >= 2:
+            recent = series[:, -3:].mean(axis=1)
+            fair = recent.sum() / table.lanes
+            hot = int(np.argmax(recent))
+            if fair > 0 and recent[hot] > cfg.hot_share * fair and hot not in table.spread:
+                wanted = [hot]
+                latest = self.history.latest(step)
+                why = {"reason": "hot key group", "keyGroupLoadMs": round(float(recent[hot]), 1),
+                       "fairLaneLoadMs": round(float(fair), 1), "hotShare": cfg.hot_share,
+                       "rows": int(self.history.rows_series(step, 3)[hot].sum()),
+                       "hotKeys": [h for h in (latest.hot_keys if latest else []) if int(h["kg"]) % table.key_groups == hot]}
+        wanted = [g for g in wanted if g not in table.spread]
+        if not wanted:
+            return table
+        lane_load = (policies.lane_loads(series[:, -3:], np.asarray(table.assignment), table.lanes).mean(axis=1)
+                     if series.size else np.zeros(table.lanes))
+        spread = dict(table.spread)
+        for g in wanted:
+            others = [ln for ln in np.argsort(lane_load, kind="stable").tolist() if ln != table.assignment[g]]
+            spread[g] = tuple(int(x) for x in others[: cfg.fanout - 1]) or (table.assignment[g],)
+        table = table.with_spread(spread)
+        out.append(Decision(epoch, step, DecisionKind.SPREAD, {"keyGroups": {str(g): [table.assignment[g], *spread[g]] for g in wanted}},
+                            {**why, "laneBusyMs": _round(self._lane_busy(step))},
+                            {"fragments": cfg.fanout, "note": "new rows split; old state stays and is probed"}))
+        return table
+
+    def _chaos(self, epoch: int, step: str, table: RoutingTable, out: list[Decision]) -> RoutingTable:
+        """Relocation drills: random moves, seeded by (seed, epoch, step)."""
+        cfg = self.spec.control.chaos
+        if cfg is None or not cfg.random_moves or epoch % cfg.every != 0 or table.lanes <= 1:
+            return table
+        rng = np.random.default_rng([cfg.seed, epoch, zlib.crc32(step.encode())])
+        kgs = rng.choice(table.key_groups, size=min(cfg.random_moves, table.key_groups), replace=False)
+        mv = {int(g): int((table.assignment[g] + rng.integers(1, table.lanes)) % table.lanes) for g in kgs}
+        out.append(Decision(epoch, step, DecisionKind.CHAOS, {"moves": [[g, table.assignment[g], d] for g, d in sorted(mv.items())]},
+                            {"reason": "relocation drill", "seed": cfg.seed}, {}))
+        return table.moved(mv)
 
     # ------------------------------------------------------------------ helpers
     def _ahead(
@@ -324,7 +380,7 @@ class DistributionManager:
         last = self.history.latest(step)
         return last.lane_busy_ms if last else []
 
-    def _decision(self, epoch: int, step: str, kind: str, table: RoutingTable, moves: dict[int, int],
+    def _decision(self, epoch: int, step: str, kind: DecisionKind, table: RoutingTable, moves: dict[int, int],
                   series: np.ndarray, why: dict[str, Any]) -> Decision:
         window = series[:, -3:] if series.size else series
         before = policies.lane_loads(window, np.asarray(table.assignment), table.lanes).mean(axis=1)

@@ -31,11 +31,13 @@ from __future__ import annotations
 import zlib
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
 
-from eddyline.api.spec import NetworkSpec, Overload
+from eddyline.api.control import Overload
+from eddyline.api.network import NetworkSpec
 from eddyline.control import shedding as lp
 
 
@@ -54,6 +56,36 @@ class EpochCost:
     out_rows: dict[str, int]  # per stateful step
     sink_rows: dict[str, int]
     wall_s: float
+
+
+class Outcome(StrEnum):
+    """What the overload controller concluded for an epoch."""
+
+    WARMING_UP = "warming up (slow start)"  # no cost model yet: take at most twice what went well
+    NO_INPUT = "no input"
+    FITS = "fits the bound"
+    BELOW_OVERHEAD = "bound below the fixed epoch overhead"  # cannot be met at all
+    ADMISSION = "admission control"  # read fewer offsets, the rest waits in the source
+    SHEDDING = "shedding"
+
+
+#: Outcomes not worth a decision in the log unless they cap or shed something.
+QUIET = frozenset({Outcome.WARMING_UP, Outcome.NO_INPUT, Outcome.FITS})
+
+
+@dataclass(frozen=True)
+class OverloadVerdict:
+    outcome: Outcome
+    #: per source: the offsets to take at most (admission control)
+    caps: dict[str, int]
+    #: per stateful step: {"keep": [per input], "seed", "mode", "thresholds"}
+    shed: dict[str, dict[str, Any]]
+    #: the statistics and the model behind it, for the decision's explanation
+    explain: dict[str, Any]
+
+    @property
+    def worth_reporting(self) -> bool:
+        return bool(self.caps or self.shed) or self.outcome not in QUIET
 
 
 @dataclass
@@ -248,7 +280,7 @@ class OverloadController:
         return best
 
     # ------------------------------------------------------------------ decide
-    def plan(self, epoch: int, available: dict[str, int]) -> dict[str, Any]:
+    def plan(self, epoch: int, available: dict[str, int]) -> OverloadVerdict:
         """Caps per source (offsets to take) and keep fractions per step input, explained."""
         m = self.model()
         total = sum(available.values())
@@ -264,8 +296,8 @@ class OverloadController:
             probe = total
         if m is None or total == 0:
             caps = _split(available, probe) if total > probe else {}
-            return {"caps": caps, "shed": {}, "explain": {**decision, "reason": "warming up (slow start)" if m is None else "no input",
-                                                          "takeRows": min(total, probe)}}
+            outcome = Outcome.WARMING_UP if m is None else Outcome.NO_INPUT
+            return OverloadVerdict(outcome, caps, {}, {**decision, "reason": outcome.value, "takeRows": min(total, probe)})
         # processing cost per source row, if nothing is shed (upstream selectivities are already
         # in the measured input fractions)
         per_row_processing = sum(m["cost"][s] * sum(m["input_fraction"][s]) for s in m["cost"])
@@ -274,18 +306,19 @@ class OverloadController:
                          "predictedMsAllRows": round(predicted, 1)})
         if predicted <= budget:
             caps = _split(available, probe) if total > probe else {}
-            return {"caps": caps, "shed": {}, "explain": {**decision, "reason": "fits the bound", "takeRows": min(total, probe)}}
+            return OverloadVerdict(Outcome.FITS, caps, {}, {**decision, "reason": Outcome.FITS.value, "takeRows": min(total, probe)})
         if budget <= m["F"]:
             # Even an empty epoch overruns the bound: neither deferring nor shedding can meet
             # it, so keep up with the input as well as possible and say why.
             caps = _split(available, probe) if total > probe else {}
-            return {"caps": caps, "shed": {}, "explain": {**decision, "reason": "bound below the fixed epoch overhead",
-                                                          "takeRows": min(total, probe)}}
+            return OverloadVerdict(Outcome.BELOW_OVERHEAD, caps, {},
+                                   {**decision, "reason": Outcome.BELOW_OVERHEAD.value, "takeRows": min(total, probe)})
         if self.cfg.shedding == "off" or not m["cost"]:
             n = max(1, int((budget - m["F"]) / max(m["a"] + per_row_processing, 1e-9)))
             caps = _split(available, min(n, total, probe))
-            return {"caps": caps, "shed": {}, "explain": {**decision, "reason": "admission control", "takeRows": sum(caps.values()),
-                                                          "predictedMs": round(m["F"] + (m["a"] + per_row_processing) * sum(caps.values()), 1)}}
+            return OverloadVerdict(Outcome.ADMISSION, caps, {}, {
+                **decision, "reason": Outcome.ADMISSION.value, "takeRows": sum(caps.values()),
+                "predictedMs": round(m["F"] + (m["a"] + per_row_processing) * sum(caps.values()), 1)})
         # Shedding: read what is waiting (so the backlog does not grow), as far as reading alone
         # fits the budget, and shed processing so the epoch fits the rest.
         n_read = total  # while shedding, read what waits: the backlog must not grow
@@ -335,13 +368,13 @@ class OverloadController:
             for s, ks in keep.items()
         }
         decision.update({
-            "reason": f"shedding ({self.cfg.shedding})", "takeRows": n_read, "capacityMs": round(capacity, 1),
+            "reason": f"{Outcome.SHEDDING.value} ({self.cfg.shedding})", "takeRows": n_read, "capacityMs": round(capacity, 1),
             "status": plan.status, "keep": {s: v["keep"] for s, v in shed.items()},
             "expectedUtility": round(plan.utility, 2), "expectedThroughput": {k: round(v, 1) for k, v in plan.throughput.items()},
             "predictedMs": round(m["F"] + m["a"] * n_read + plan.node_load.get("epoch", 0.0), 1),
             **({"keepRiseLimited": limited} if limited else {}),
         })
-        return {"caps": caps, "shed": shed, "explain": decision}
+        return OverloadVerdict(Outcome.SHEDDING, caps, shed, decision)
 
     def _keep_bounds(self, offered_rows: dict[tuple[str, int], float], last: EpochCost | None) -> dict[tuple[str, int], float]:
         """Upper bounds on the keep fraction of each stateful step's inputs (see :meth:`plan`),
@@ -390,7 +423,7 @@ class OverloadController:
                 base = 1.0 if tail == src else max(m["selectivity"][tail] * _fraction_sum(m, tail), 1e-12)
                 steps.append(lp.StepLoad(f"{s.name}#{i}", "jvm", 0.0, frac / base, (tail,)))
                 inputs.append(f"{s.name}#{i}")
-                if s.join is None or i == 1:
+                if i in s.info.shed_inputs(s):
                     points.append(lp.arc(f"{s.name}#{i}", s.name))
             steps.append(lp.StepLoad(s.name, "epoch", m["cost"][s.name], m["selectivity"][s.name], tuple(inputs)))
         utilities = {}

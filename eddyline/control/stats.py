@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,22 @@ class StepLoad:
         span = self.makespan_ms
         return [round(b / span, 3) if span else 0.0 for b in self.lane_busy_ms]
 
+    def state(self) -> dict[str, Any]:
+        """Every field, JSON-able (key groups as strings); :meth:`from_state` restores it exactly."""
+        out = asdict(self)
+        for name in ("kg_load", "kg_rows", "kg_state_rows", "kg_work", "kg_held"):
+            if out[name] is not None:
+                out[name] = {str(k): v for k, v in out[name].items()}
+        return out
+
+    @classmethod
+    def from_state(cls, data: Mapping[str, Any]) -> StepLoad:
+        out = dict(data)
+        for name in ("kg_load", "kg_rows", "kg_state_rows", "kg_work", "kg_held"):
+            if out.get(name) is not None:
+                out[name] = {int(k): v for k, v in out[name].items()}
+        return cls(**out)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "epoch": self.epoch,
@@ -86,8 +102,12 @@ class StepLoad:
         }
 
 
-def step_load(epoch: int, lanes: int, manifests: Iterable[Mapping[str, Any]], wall_s: float) -> StepLoad:
-    """Fold one step's lane manifests of one epoch into a :class:`StepLoad`.
+def step_load(
+    epoch: int, lanes: int, manifests: Iterable[Mapping[str, Any]], wall_s: float, measure: str = "time"
+) -> StepLoad:
+    """Fold one step's lane manifests of one epoch into a :class:`StepLoad`. ``measure``
+    (``control.load``): ``rows`` makes a key group's load the rows its kernel worked on, a
+    count that does not depend on the machine's clock (runs then decide alike).
 
     A key group's load is the step's measured time per input row times its rows, plus the time
     per state row times its state rows, with both rates taken over *all* lanes of the step: on a
@@ -146,6 +166,8 @@ def step_load(epoch: int, lanes: int, manifests: Iterable[Mapping[str, Any]], wa
         kg: kg_rows.get(kg, 0) * per_row + charge.get(kg, 0) * per_work + kg_state.get(kg, 0) * per_state_row
         for kg in set(kg_rows) | set(charge) | set(kg_state)
     }
+    if measure == "rows":
+        kg_load = {kg: float(n) for kg, n in work.items()}
     hot.sort(key=lambda h: -int(h["rows"]))
     return StepLoad(
         epoch, lanes, kg_load, kg_rows, kg_state, busy, rows, state_rows, state_bytes, spilled, wall_s, hot[:4],
@@ -172,6 +194,14 @@ class LoadHistory:
             while q and q[-1].epoch >= load.epoch:
                 q.pop()
         q.append(load)
+
+    def state(self) -> dict[str, list[dict[str, Any]]]:
+        return {step: [load.state() for load in q] for step, q in self._steps.items()}
+
+    def restore(self, data: Mapping[str, list[Mapping[str, Any]]]) -> None:
+        self._steps = {
+            step: deque((StepLoad.from_state(x) for x in loads), maxlen=self.depth) for step, loads in data.items()
+        }
 
     def epochs(self, step: str) -> list[StepLoad]:
         return list(self._steps.get(step, ()))

@@ -1,0 +1,26 @@
+"""The control plane of one running network: the distribution manager (routing) and, when the
+network has ``control.overload``, the overload controller (admission and shedding), with their
+state as one :class:`~eddyline.control.state.ControllerState`."""
+
+from __future__ import annotations
+
+from eddyline.api.network import NetworkSpec
+from eddyline.control.manager import DistributionManager
+from eddyline.control.overload import OverloadController
+from eddyline.control.state import ControllerState
+
+
+class Controller:
+    def __init__(self, spec: NetworkSpec, max_lanes: int):
+        self.manager = DistributionManager(spec, max_lanes=max_lanes)
+        self.overload = OverloadController(spec) if spec.control.overload is not None else None
+
+    def snapshot(self) -> ControllerState:
+        return ControllerState(
+            manager=self.manager.state(), overload=self.overload.state() if self.overload is not None else None
+        )
+
+    def restore(self, state: ControllerState) -> None:
+        self.manager.restore(state.manager)
+        if self.overload is not None and state.overload is not None:
+            self.overload.restore(state.overload)
