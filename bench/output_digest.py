@@ -2,7 +2,7 @@
 
 Every spec in ``examples/nexmark/`` runs with its Nexmark sources bounded to a fixed data set
 (``limit``, unpaced, a fixed number of offsets per epoch) and its sinks redirected to a scratch
-directory; the adaptive network of ``tests/runtime/test_adaptive.py`` runs with its control
+directory; the adaptive network of ``tests/runtime/e2e/test_adaptive.py`` runs with its control
 plane relocating random key groups every epoch, rescaling 2 → 3 → 1 lanes and splitting hot join
 key groups. Each sink's rows are read back with DuckDB, sorted, and hashed (rows, SHA-256 of the
 sorted rows). Only the command line is used, so the same script measures any two versions::
@@ -43,7 +43,7 @@ def bounded_nexmark(spec: dict, out: Path, events: int, per_epoch: int) -> dict:
 
 
 def adaptive(out: Path) -> dict:
-    """tests/runtime/test_adaptive.py's network with its CHURN control section."""
+    """tests/runtime/e2e/test_adaptive.py's network with its CHURN control section."""
     bounded = {"rate": 500, "unpaced": True}
     rows = 4_500
     return {

@@ -43,9 +43,8 @@ def main() -> None:
 
     from run_bench import eddyline_spec  # type: ignore[import-not-found]
 
-    from eddyline.api.spec import Nexmark
     from eddyline.api.validate import load_spec
-    from eddyline.io.nexmark import nexmark_frame
+    from eddyline.io.nexmark import Nexmark, nexmark_frame
     from eddyline.observe.progress import ProgressReporter
     from eddyline.plan.keygroups import RoutingTable
     from eddyline.runtime.engine import Engine

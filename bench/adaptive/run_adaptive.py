@@ -297,8 +297,7 @@ def generate(
     """Two Parquet files per epoch slice; reused while the manifest matches."""
     import pyarrow.parquet as pq
 
-    from eddyline.api.spec import Generator
-    from eddyline.io.generator import generator_event_time_ms, generator_frame
+    from eddyline.io.generator import Generator, generator_event_time_ms, generator_frame
 
     gen = generator_params(args, shifts)
     epochs = 4 * args.epochs_per_phase
@@ -520,8 +519,9 @@ def native_pattern(stream: Any, args: argparse.Namespace, schema: Any) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
+    from eddyline.kinds.base import arrow_schema as _arrow_schema
+    from eddyline.kinds.base import spark_schema as _spark_schema
     from eddyline.operators.pattern import PatternKernel, tick_pattern
-    from eddyline.runtime.compile import _arrow_schema, _spark_schema
 
     keys, within_ms, kgs = ("key",), args.within_ms, args.key_groups
     events = _arrow_schema(schema)

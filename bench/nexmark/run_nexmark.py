@@ -62,8 +62,7 @@ def generate(spark: Any, data: Path, events: int, files: int, rate: float) -> di
     """Write the data set (or reuse it when the manifest matches); returns the manifest."""
     import pyarrow.parquet as pq
 
-    from eddyline.api.spec import Nexmark
-    from eddyline.io.nexmark import _stream_events_before, nexmark_frame
+    from eddyline.io.nexmark import Nexmark, _stream_events_before, nexmark_frame
 
     wanted = {"events": events, "files": files, "rate": rate}
     cached = cached_data_set(data, wanted)

@@ -61,7 +61,7 @@ def cost(epoch: int, ms: float, rows: int, span_win: float, span_dedup: float) -
 
 def show(title: str, c: OverloadController, available: int) -> None:
     v = c.plan(99, {"src": available})
-    why = v["explain"]
+    why = v.explain
     print(f"-- {title}")
     print(f"   reason={why.get('reason')!r} keep={why.get('keep')} predictedMs={why.get('predictedMs')} "
           f"takeRows={why.get('takeRows')} expectedUtility={why.get('expectedUtility')}")

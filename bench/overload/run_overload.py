@@ -150,7 +150,7 @@ def generator_params(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def generator_model(cfg: dict[str, Any]) -> Any:
-    from eddyline.api.spec import Generator
+    from eddyline.io.generator import Generator
 
     return Generator(**generator_params(cfg))
 

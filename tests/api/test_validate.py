@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 import eddyline
-from eddyline.api.validate import check_with_spark, load_spec
+from eddyline.api.validate import load_spec
 from eddyline.errors import SpecError
+from eddyline.runtime.compile import analyze
 
 GOOD = {
     "name": "hot",
@@ -127,7 +128,7 @@ def test_type_errors_found_by_spark_analysis(spark, tmp_path: Path, raw: dict, e
     raw["sources"][0]["files"]["path"] = str(tmp_path)
     spec = load_spec(raw)  # structurally fine
     with pytest.raises(SpecError) as info:
-        check_with_spark(spec, spark)
+        analyze(spec, spark)
     assert any(p.startswith(expected) for p in info.value.problems), info.value.problems
 
 
@@ -148,17 +149,3 @@ def test_cli_exit_code_2_and_message(tmp_path: Path) -> None:
     )
     assert ok.returncode == 0, ok.stderr
     assert "ok: network 'hot'" in ok.stdout
-
-
-def test_every_nexmark_spec_validates_offline_and_explains() -> None:
-    from eddyline.plan.explain import explain
-
-    specs = sorted((Path(__file__).resolve().parents[2] / "examples" / "nexmark").glob("q*.yaml"))
-    assert len(specs) == 11
-    for path in specs:
-        spec = load_spec(path)
-        text = explain(spec, 2)
-        for step in spec.steps:
-            assert f"{step.name} ← " in text
-            if step.stateful:
-                assert f"the {step.kind} kernel" in text or step.window_aggregate is not None

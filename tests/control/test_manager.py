@@ -7,7 +7,7 @@ import pytest
 
 from eddyline.api.validate import load_spec
 from eddyline.control.manager import DistributionManager
-from eddyline.control.stats import LoadHistory, StepLoad, step_load
+from eddyline.control.stats import StepLoad, step_load
 from eddyline.plan.keygroups import RoutingTable
 
 K = 8
@@ -34,39 +34,6 @@ def load(epoch: int, table: RoutingTable, per_kg: dict[int, float], rows_per_ms:
         busy[table.lane_of(kg)] += v
     rows = {kg: int(v * rows_per_ms) for kg, v in per_kg.items()}
     return StepLoad(epoch, table.lanes, dict(per_kg), rows, {}, busy, sum(rows.values()), 0, 0, 0, wall_s)
-
-
-def test_step_load_shares_the_steps_time_out_by_rows_and_state() -> None:
-    manifests = [
-        {"lane": 0, "ms": {"receive": 10, "kernel": 30, "load": 5, "write": 15}, "input_rows": 40, "state_rows": 10,
-         "state_bytes": 100, "kg_rows": {"0": 30, "1": 10}, "kg_state_rows": {"0": 5, "2": 5}},
-        {"lane": 1, "ms": {"receive": 1, "kernel": 1, "load": 1, "write": 1}, "input_rows": 0, "state_rows": 4,
-         "state_bytes": 40, "kg_rows": {}, "kg_state_rows": {"3": 4}},
-    ]
-    s = step_load(7, 2, manifests, wall_s=2.0)
-    assert s.lane_busy_ms == [60.0, 4.0]
-    # the step's time per input row (42 ms / 40 rows) and per state row (22 ms / 14 rows), over
-    # both lanes: a load follows the group's rows, the clocks only set the scale
-    per_row, per_state = 42 / 40, 22 / 14
-    assert s.kg_load == pytest.approx({0: 30 * per_row + 5 * per_state, 1: 10 * per_row, 2: 5 * per_state, 3: 4 * per_state})
-    assert sum(s.kg_load.values()) == pytest.approx(sum(s.lane_busy_ms))  # nothing lost, nothing invented
-    assert s.lane_shares() == [1.0, round(4 / 60, 3)]
-    h = LoadHistory(K)
-    h.add("x", s)
-    assert h.rates("x") == pytest.approx((40 / 2.0, 40 / 0.064))
-
-
-def test_the_kernels_time_follows_its_own_count_of_work_where_it_keeps_one() -> None:
-    """Two key groups with the same rows: by rows they cost the same; with the kernel's count of
-    its work per group (the pattern's rows x open runs) the kernel's time is shared 3 : 1, while
-    receiving still follows the rows."""
-    base = {"lane": 0, "ms": {"receive": 20, "kernel": 40, "load": 0, "write": 0}, "input_rows": 20,
-            "state_rows": 0, "state_bytes": 0, "kg_rows": {"0": 10, "1": 10}, "kg_state_rows": {}}
-    by_rows = step_load(3, 1, [base], wall_s=1.0)
-    assert by_rows.kg_load == pytest.approx({0: 30.0, 1: 30.0})
-    by_work = step_load(3, 1, [{**base, "kg_cost": {"0": 300, "1": 100}}], wall_s=1.0)
-    assert by_work.kg_load == pytest.approx({0: 10 + 30.0, 1: 10 + 10.0})
-    assert sum(by_work.kg_load.values()) == pytest.approx(60.0)
 
 
 def test_balance_moves_load_off_the_hot_lane_and_explains_it() -> None:

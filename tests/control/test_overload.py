@@ -34,8 +34,8 @@ def test_fits_the_bound_takes_everything() -> None:
     for e in (1, 2):
         c.observe(epoch(e, 1000))
     verdict = c.plan(3, {"src": 50_000})  # 100 + 0.01 * 50000 = 600 ms <= 0.8 * 1000
-    assert verdict["caps"] == {} and verdict["shed"] == {}
-    assert verdict["explain"]["reason"] == "fits the bound"
+    assert verdict.caps == {} and verdict.shed == {}
+    assert verdict.explain["reason"] == "fits the bound"
 
 
 def test_admission_control_caps_offsets_to_the_bound() -> None:
@@ -43,9 +43,9 @@ def test_admission_control_caps_offsets_to_the_bound() -> None:
     for e in (1, 2):
         c.observe(epoch(e, 1000))
     verdict = c.plan(3, {"src": 200_000})
-    assert verdict["shed"] == {}
-    assert verdict["caps"] == {"src": 60_000}  # (800 - 200) / 0.01
-    assert verdict["explain"]["predictedMs"] == pytest.approx(800, abs=1)
+    assert verdict.shed == {}
+    assert verdict.caps == {"src": 60_000}  # (800 - 200) / 0.01
+    assert verdict.explain["predictedMs"] == pytest.approx(800, abs=1)
 
 
 def test_lp_sheds_half_when_twice_the_capacity_arrives() -> None:
@@ -53,11 +53,11 @@ def test_lp_sheds_half_when_twice_the_capacity_arrives() -> None:
     for e in (1, 2):
         c.observe(epoch(e, 1000))
     verdict = c.plan(3, {"src": 160_000})  # 1600 ms of work for an 800 ms budget
-    assert verdict["caps"] == {}  # everything is read (no backlog), half of it is shed
-    assert verdict["shed"]["a"]["keep"] == [0.5]
-    assert verdict["explain"]["status"] == "optimal"
+    assert verdict.caps == {}  # everything is read (no backlog), half of it is shed
+    assert verdict.shed["a"]["keep"] == [0.5]
+    assert verdict.explain["status"] == "optimal"
     again = c.plan(3, {"src": 160_000})
-    assert again["shed"]["a"]["seed"] == verdict["shed"]["a"]["seed"]  # a replay draws the same rows
+    assert again.shed["a"]["seed"] == verdict.shed["a"]["seed"]  # a replay draws the same rows
 
 
 def test_upstream_shedding_when_the_downstream_step_is_the_expensive_one() -> None:
@@ -67,9 +67,9 @@ def test_upstream_shedding_when_the_downstream_step_is_the_expensive_one() -> No
     for e in (1, 2):
         c.observe(epoch(e, 1000, chain=True))
     verdict = c.plan(3, {"src": 160_000})
-    assert verdict["shed"]["a"]["keep"][0] < 1.0
-    assert "b" not in verdict["shed"]
-    predicted = verdict["explain"]["predictedMs"]
+    assert verdict.shed["a"]["keep"][0] < 1.0
+    assert "b" not in verdict.shed
+    predicted = verdict.explain["predictedMs"]
     assert predicted == pytest.approx(800, abs=1)
 
 
@@ -88,14 +88,14 @@ def test_uniform_shedding_keeps_one_fraction_everywhere() -> None:
     for e in (1, 2):
         c.observe(epoch(e, 1000, chain=True))
     verdict = c.plan(3, {"src": 160_000})
-    keeps = {s: v["keep"][0] for s, v in verdict["shed"].items()}
+    keeps = {s: v["keep"][0] for s, v in verdict.shed.items()}
     assert set(keeps) == {"a", "b"} and keeps["a"] == keeps["b"] < 1.0
-    assert verdict["explain"]["reason"] == "shedding (uniform)"
+    assert verdict.explain["reason"] == "shedding (uniform)"
     lp = OverloadController(spec({"cost_model": {"step_ms_per_row": {"a": 0.001, "b": 0.01}}}, chain=True))
     for e in (1, 2):
         lp.observe(epoch(e, 1000, chain=True))
     # at the same epoch budget, the LP keeps more of what the query values
-    assert lp.plan(3, {"src": 160_000})["explain"]["expectedUtility"] > verdict["explain"]["expectedUtility"]
+    assert lp.plan(3, {"src": 160_000}).explain["expectedUtility"] > verdict.explain["expectedUtility"]
 
 
 def _shed_epoch(e: int, read: int, keep: float, *, f: float = 1000.0, a: float = 0.0005, j: float = 0.001,
@@ -132,7 +132,7 @@ def test_a_declared_cost_model_that_misses_twice_gives_way_to_the_fitted_one() -
     assert c.model_check["misses"] == 2 and "switched" in c.model_check
     assert c.model()["F"] == pytest.approx(800.0)  # fitted: every epoch took 800 ms for the same rows
     verdict = c.plan(5, {"src": 1000})
-    assert verdict["explain"]["modelCheck"]["ratio"] > 1.5
+    assert verdict.explain["modelCheck"]["ratio"] > 1.5
     # the switch is part of the controller's state, so a restart decides the same way
     again = OverloadController(c.spec)
     again.restore(c.state())
@@ -153,14 +153,14 @@ def test_a_keep_fraction_rises_at_most_twofold_per_epoch_while_shedding() -> Non
     c.observe(EpochCost(2, 800, {"src": 100_000}, {"a": [100_000]}, {"a": [20_000]}, {"a": 500.0},
                         {"a": 1000.0}, {"a": 2}, {"a": 20_000}, {"out": 20_000}, 1.0))
     verdict = c.plan(3, {"src": 100_000})  # the LP alone would keep 0.8 (800 ms / 0.01 ms per row)
-    assert verdict["shed"]["a"]["keep"] == [0.4]
-    assert verdict["explain"]["keepRiseLimited"] == {"a": [0.4]}
-    assert verdict["explain"]["predictedMs"] == pytest.approx(400, abs=1)  # what the limited plan costs
+    assert verdict.shed["a"]["keep"] == [0.4]
+    assert verdict.explain["keepRiseLimited"] == {"a": [0.4]}
+    assert verdict.explain["predictedMs"] == pytest.approx(400, abs=1)  # what the limited plan costs
     # a fall is never limited, and without shedding last epoch nothing is limited either
     c.observe(EpochCost(3, 800, {"src": 100_000}, {"a": [100_000]}, {"a": [100_000]}, {"a": 500.0},
                         {"a": 1000.0}, {"a": 2}, {"a": 100_000}, {"out": 100_000}, 1.0))
     free = c.plan(4, {"src": 100_000})
-    assert free["shed"]["a"]["keep"] == [0.8] and "keepRiseLimited" not in free["explain"]
+    assert free.shed["a"]["keep"] == [0.8] and "keepRiseLimited" not in free.explain
 
 
 def test_one_shedding_epoch_separates_the_jvm_work_when_the_other_epochs_pin_f_and_a() -> None:
@@ -186,6 +186,6 @@ def test_a_fitted_model_never_hands_a_step_more_than_twice_the_rows_it_ever_kept
     # budget 800 ms, F 100 ms, 1 µs per kept row: the fit alone would keep 0.7 of 1M rows, but the
     # step never kept more than 200k rows in an epoch, so it gets at most 400k
     verdict = c.plan(4, {"src": 1_000_000})
-    assert verdict["shed"]["a"]["keep"] == [0.4]
-    assert verdict["explain"]["keepRiseLimited"] == {"a": [0.4]}
-    assert verdict["caps"] == {}  # everything is still read
+    assert verdict.shed["a"]["keep"] == [0.4]
+    assert verdict.explain["keepRiseLimited"] == {"a": [0.4]}
+    assert verdict.caps == {}  # everything is still read

@@ -8,8 +8,8 @@ import pyarrow.csv as pcsv
 import pyarrow.dataset as ds
 import pytest
 
-from eddyline.api.spec import Files
-from eddyline.io.sinks import FilesTarget, write_frame
+from eddyline.api.units import Files
+from eddyline.io.files import FilesTarget, write_frame
 
 
 def _rows(path: str, fmt: str) -> list[int]:

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from eddyline.api.spec import Generator, Phase
 from eddyline.io.generator import (
     UNPACED_AVAILABLE,
+    Generator,
+    Phase,
     generator_available,
     generator_event_time_ms,
     generator_frame,

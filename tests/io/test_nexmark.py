@@ -12,12 +12,12 @@ import pytest
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from eddyline.api.spec import Nexmark
 from eddyline.io.generator import UNPACED_AVAILABLE
 from eddyline.io.nexmark import (
     HOT_CHANNELS,
     US_CITIES,
     US_STATES,
+    Nexmark,
     nexmark_available,
     nexmark_event_time_ms,
     nexmark_frame,

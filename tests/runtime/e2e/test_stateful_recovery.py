@@ -13,10 +13,9 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from eddyline.api.spec import Generator
 from eddyline.api.validate import load_spec
 from eddyline.eventtime import END_OF_STREAM
-from eddyline.io.generator import generator_frame
+from eddyline.io.generator import Generator, generator_frame
 from eddyline.operators.pattern import PatternKernel, tick_pattern
 from eddyline.runtime.engine import Engine
 
@@ -82,8 +81,7 @@ def test_pattern_and_join_queries_are_exact(spark, tmp_path: Path) -> None:
     assert read(tmp_path / "out", "matches") == normal(con.execute("SELECT * FROM want").fetchall())
 
     # the join: DuckDB over the same events
-    from eddyline.api.spec import Nexmark
-    from eddyline.io.nexmark import nexmark_frame
+    from eddyline.io.nexmark import Nexmark, nexmark_frame
 
     for s in ("auction", "bid"):
         con.register(s, nexmark_frame(spark, Nexmark(stream=s, rate=400, unpaced=True), 0, TICKS, 2).toArrow())

@@ -13,13 +13,12 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from eddyline.api.spec import Nexmark
 from eddyline.api.validate import load_spec
-from eddyline.io.nexmark import nexmark_frame
-from eddyline.io.sinks import MemorySink
+from eddyline.io.memory import MemorySink
+from eddyline.io.nexmark import Nexmark, nexmark_frame
 from eddyline.runtime.engine import Engine
 
-SPECS = Path(__file__).resolve().parents[2] / "examples" / "nexmark"
+SPECS = Path(__file__).resolve().parents[3] / "examples" / "nexmark"
 EVENTS = 30_000
 RATE = 1_000  # events per second of event time: 30 s of auctions, bids and people
 PER_EPOCH = 6_000

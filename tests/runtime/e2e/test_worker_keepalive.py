@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from eddyline.runtime.engine import Engine
-from tests.runtime.helpers import bids_window_spec, write_bid_files
+from tests.runtime.e2e.helpers import bids_window_spec, write_bid_files
 
 
 def _lane_pids(checkpoint: Path) -> set[int]:

@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 
 import eddyline
 from eddyline.plan.explain import explain
+from eddyline.runtime.checkpoint import Checkpoint
+from eddyline.runtime.compile import physical_plans
 from eddyline.runtime.engine import Engine
-from eddyline.runtime.log import Checkpoint
 
 from .helpers import bids_window_spec, duckdb_windows, read_windows, write_bid_files
 
@@ -69,7 +70,7 @@ def test_uri_checkpoint_and_retention(spark, tmp_path: Path) -> None:
     ckpt = Checkpoint(f"file://{tmp_path}/ckpt")
     kept = [c.epoch for c in ckpt.commits()]
     assert len(kept) <= 5 + 4 and kept[-1] == summary.last_epoch
-    live = {(seg[0], seg[1]) for c in ckpt.commits() for chain in c.steps["per_auction"]["index"].values() for seg in chain}
+    live = {(seg[0], seg[1]) for c in ckpt.commits() for chain in c.steps["per_auction"].index.values() for seg in chain}
     files = list((tmp_path / "ckpt" / "state" / "per_auction").glob("*.arrow"))
     # only files some retained commit still uses, plus those of epochs since the last cleanup
     assert all((int(f.stem.split("-")[0]), int(f.stem.split("-")[1])) in live or int(f.stem.split("-")[0]) > kept[0] for f in files)
@@ -79,7 +80,7 @@ def test_uri_checkpoint_and_retention(spark, tmp_path: Path) -> None:
 def test_explain_shows_jvm_steps_kernels_and_lanes(spark, tmp_path: Path) -> None:
     write_bid_files(tmp_path / "in", files=1, rows=5)
     spec = bids_window_spec(tmp_path / "in", tmp_path / "out", lanes=3)
-    text = explain(spec, 3, spark)
+    text = explain(spec, 3, physical_plans(spec, spark, 3))
     assert "filter  price >= 100   [Spark SQL, JVM]" in text
     assert "lane 0 ← key groups 0–10" in text and "lane 2 ← key groups 22–31" in text
     assert "MapInArrow" in text and "Exchange hashpartitioning(CASE WHEN (_kg" in text  # the routing value

@@ -8,8 +8,8 @@ from pathlib import Path
 import duckdb
 
 from eddyline.observe.progress import ProgressReporter
+from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.engine import Engine
-from eddyline.runtime.log import Checkpoint
 
 from .helpers import bids_window_spec, duckdb_windows, read_windows, write_bid_files
 
@@ -44,7 +44,7 @@ def test_restore_with_other_lane_count_gives_identical_output(spark, tmp_path: P
     run(spec, spark, tmp_path / "ckpt", epochs=3, lanes=2)
     run(spec, spark, tmp_path / "ckpt", epochs=2, lanes=3)
     run(spec, spark, tmp_path / "ckpt", until_idle=True, lanes=1)
-    routing = [c.steps["per_auction"]["routing"] for c in Checkpoint(str(tmp_path / "ckpt")).commits()]
+    routing = [c.steps["per_auction"].routing for c in Checkpoint(str(tmp_path / "ckpt")).commits()]
     assert {r["lanes"] for r in routing} == {2, 3, 1}
     assert read_windows(tmp_path / "out") == read_windows(tmp_path / "ref") == duckdb_windows(tmp_path / "in")
 

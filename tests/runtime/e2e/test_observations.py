@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from eddyline.api.validate import load_spec
+from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.compile import Known, SharedObservation
 from eddyline.runtime.engine import Engine
-from eddyline.runtime.log import Checkpoint
 
 T0 = 1_767_225_600_000  # 2026-01-01, ms
 
@@ -58,7 +58,7 @@ def test_a_step_reading_its_source_directly_shares_the_sources_observation(spark
         engine.compiler.build = spy  # type: ignore[method-assign]
         engine.run(epochs=3)
         commits = Checkpoint(str(tmp_path / name / "ckpt")).commits()
-        return [c.steps["firsts"]["input_max"] for c in commits], kinds, [sum(c.sinks.values()) for c in commits]
+        return [c.steps["firsts"].input_max for c in commits], kinds, [sum(c.sinks.values()) for c in commits]
 
     direct, kinds, out = run("direct", through_filter=False)
     filtered, other_kinds, other_out = run("filtered", through_filter=True)

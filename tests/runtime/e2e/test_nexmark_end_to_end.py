@@ -6,9 +6,8 @@ from pathlib import Path
 
 import duckdb
 
-from eddyline.api.spec import Nexmark
 from eddyline.api.validate import load_spec
-from eddyline.io.nexmark import nexmark_frame
+from eddyline.io.nexmark import Nexmark, nexmark_frame
 from eddyline.runtime.engine import Engine
 
 EVENTS = 60_000

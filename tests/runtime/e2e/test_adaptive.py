@@ -20,7 +20,7 @@ import yaml
 
 from eddyline.api.validate import load_spec
 from eddyline.runtime.engine import Engine
-from tests.runtime.test_stateful_recovery import normal
+from tests.runtime.e2e.test_stateful_recovery import normal
 
 ROWS = 4_500
 
@@ -130,7 +130,7 @@ def test_the_adaptive_example_runs_and_explains_itself(spark, tmp_path: Path) ->
 
     from eddyline.observe.progress import ProgressReporter
 
-    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "adaptive-join.yaml").read_text())
+    raw = yaml.safe_load((Path(__file__).resolve().parents[3] / "examples" / "adaptive-join.yaml").read_text())
     raw["sinks"][0]["files"]["path"] = str(tmp_path / "out")
     raw["control"]["overload"]["shed_sink"]["path"] = str(tmp_path / "shed")
     raw["control"]["chaos"] = {"random_moves": 1, "every": 2}  # make sure there are decisions to show

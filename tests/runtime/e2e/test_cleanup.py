@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from eddyline.errors import CheckpointError
+from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.engine import Engine
-from eddyline.runtime.log import Checkpoint
 
 from .helpers import bids_window_spec, duckdb_windows, read_windows, write_bid_files
 

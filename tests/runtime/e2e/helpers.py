@@ -9,7 +9,7 @@ from pathlib import Path
 
 import duckdb
 
-from eddyline.api.spec import NetworkSpec
+from eddyline.api.network import NetworkSpec
 from eddyline.api.validate import load_spec
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -13,7 +13,7 @@ import pytest
 
 from eddyline.api.validate import load_spec
 from eddyline.errors import EngineError, SpecError
-from eddyline.io.sinks import MemorySink
+from eddyline.io.memory import MemorySink
 from eddyline.runtime.engine import Engine
 
 

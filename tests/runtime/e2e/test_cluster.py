@@ -25,7 +25,7 @@ import yaml
 
 from eddyline.api.validate import load_spec
 from eddyline.runtime.engine import Engine
-from tests.runtime.test_adaptive import CHURN, network, plans, read
+from tests.runtime.e2e.test_adaptive import CHURN, network, plans, read
 
 
 def free_ports(n: int) -> list[int]:

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eddyline.api.spec import SourceSpec
-from eddyline.io.sources import FilesSource
+from eddyline.api.sources import SourceSpec
+from eddyline.io.files import FilesSource
 from eddyline.plan.keygroups import key_group_counts
 from eddyline.runtime.lookahead import LookAhead
 
