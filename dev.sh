@@ -2,7 +2,7 @@
 # One entry point for a fresh machine (Python 3.11+, Java 17): creates .venv, installs Eddyline
 # with what the task needs, then runs it.
 #   ./dev.sh demo [eddyline demo options]   the demo on local Spark with the built-in generator
-#   ./dev.sh test [pytest options]          the whole test suite
+#   ./dev.sh test [pytest options]          lint (ruff), the layer contracts, then the test suite
 #   ./dev.sh bench [script]                 the benchmarks in bench/
 #   ./dev.sh shell                          a shell with the venv active
 set -euo pipefail
@@ -35,7 +35,11 @@ fi
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"
 case "$cmd" in
   demo) exec .venv/bin/eddyline demo "$@" ;;
-  test) set +e; .venv/bin/python -m pytest "$@"; rc=$?; [ $rc -eq 5 ] && rc=1; exit $rc ;;
+  test)
+    # style and the layer rules first (pyproject.toml), then the suite
+    .venv/bin/ruff check eddyline tests bench
+    .venv/bin/lint-imports
+    set +e; .venv/bin/python -m pytest "$@"; rc=$?; [ $rc -eq 5 ] && rc=1; exit $rc ;;
   bench) exec .venv/bin/python "${1:-bench/run_bench.py}" "${@:2}" ;;
   shell) exec bash --rcfile <(echo "source .venv/bin/activate") ;;
   *) sed -n '2,7p' "$0"; exit 2 ;;
