@@ -120,7 +120,8 @@ def _lane_medians(records: list[dict[str, Any]]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- native Spark
 def native_frame(spark: Any, name: str, rows: int, lanes: int) -> Any:
     """The same rows as Eddyline's source, from Structured Streaming's rate-micro-batch source."""
-    from eddyline.api.spec import Generator, Nexmark
+    from eddyline.io.generator import Generator
+    from eddyline.io.nexmark import Nexmark
 
     w = workload(name, rows, lanes)
     stream_rows = rows
@@ -232,11 +233,14 @@ def write_section(markers: tuple[str, str], tables: tuple[str, str], generated: 
 
 
 def write_results_md() -> None:
-    rows = []
+    """The latest run of each workload (earlier runs: ``python bench/trend.py throughput``)."""
+    latest: dict[str, dict] = {}
     for path in sorted(RESULTS.glob("*.json")):
         r = json.loads(path.read_text())
-        if "engines" not in r:
-            continue
+        if "engines" in r and r["when"] >= latest.get(r["workload"], {}).get("when", ""):
+            latest[r["workload"]] = r
+    rows = []
+    for r in latest.values():
         e, n = r["engines"]["eddyline"], r["engines"]["spark-structured-streaming"]
         rows.append(
             f"| {r['workload']} | {r['rows_per_batch']:,} | {e['rows_per_s']:,.0f} | {n['rows_per_s']:,.0f} "
