@@ -1,6 +1,11 @@
 """The control plane of one running network: the distribution manager (routing) and, when the
 network has ``control.overload``, the overload controller (admission and shedding), with their
-state as one :class:`~eddyline.control.state.ControllerState`."""
+state as one :class:`~eddyline.control.state.ControllerState`.
+
+The engine snapshots the state into every epoch plan (once the plan is made) and every commit
+(once the epoch was observed: :meth:`DistributionManager.observe` and
+:meth:`OverloadController.observe` come before the commit), and restores a fresh controller
+from the commit (or the plan being replayed) when a driver starts."""
 
 from __future__ import annotations
 
@@ -12,15 +17,19 @@ from eddyline.control.state import ControllerState
 
 class Controller:
     def __init__(self, spec: NetworkSpec, max_lanes: int):
+        self.spec = spec
         self.manager = DistributionManager(spec, max_lanes=max_lanes)
         self.overload = OverloadController(spec) if spec.control.overload is not None else None
 
     def snapshot(self) -> ControllerState:
+        """The whole state, as data (copies: it does not change as the controller goes on)."""
         return ControllerState(
-            manager=self.manager.state(), overload=self.overload.state() if self.overload is not None else None
+            manager=self.manager.state(),
+            overload=self.overload.state() if self.overload is not None else None,
         )
 
     def restore(self, state: ControllerState) -> None:
+        """Continue from ``state``, as the controller that took it would have."""
         self.manager.restore(state.manager)
         if self.overload is not None and state.overload is not None:
             self.overload.restore(state.overload)

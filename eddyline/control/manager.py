@@ -22,46 +22,58 @@ from __future__ import annotations
 
 import json
 import zlib
-from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from eddyline.api.network import NetworkSpec
 from eddyline.control import policies
+from eddyline.control.decisions import Decision, DecisionKind
+from eddyline.control.state import (
+    BalancerState,
+    DecisionRecord,
+    LoadRecord,
+    ManagerState,
+    ScalerState,
+    fields_plain,
+    plain,
+)
 from eddyline.control.stats import LoadHistory, StepLoad
 from eddyline.plan.keygroups import RoutingTable
 
+__all__ = [
+    "MEASURE_AFTER",
+    "RECENT",
+    "Decision",
+    "DecisionKind",
+    "DistributionManager",
+    "Stage",
+    "StepContext",
+]
+
 #: Epochs after a decision at which its effect is measured.
 MEASURE_AFTER = 2
+#: Decisions shown in the progress records (the most recent ones).
+RECENT = 5
 
 
-class DecisionKind(StrEnum):
-    PLACEMENT = "placement"
-    RESCALE = "rescale"
-    BALANCE = "balance"
-    SPREAD = "spread"
-    CHAOS = "chaos"
-    OVERLOAD = "overload"  # made by the overload controller, logged beside the routing decisions
+@dataclass(frozen=True)
+class StepContext:
+    """What every policy stage of one step's plan sees: the epoch, the step, its load series
+    (key groups x recent epochs), the coming epoch's input per key group if read ahead, and the
+    decisions the stages before it made."""
 
-
-@dataclass
-class Decision:
-    epoch: int  # the first epoch that runs with it
+    epoch: int
     step: str
-    kind: DecisionKind
-    action: dict[str, Any]
-    why: dict[str, Any]
-    expected: dict[str, Any]
-    measured: dict[str, Any] | None = None
+    series: np.ndarray
+    upcoming: np.ndarray | None
+    earlier: tuple[Decision, ...]
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Decision:
-        return cls(**{**data, "kind": DecisionKind(data["kind"])})
+#: A policy stage: the step's table as the stages before it left it -> its table and decisions.
+Stage = Callable[[StepContext, RoutingTable], tuple[RoutingTable, list[Decision]]]
 
 
 def _round(xs: Any) -> list[float]:
@@ -112,6 +124,11 @@ class DistributionManager:
         self._box_lanes: dict[str, int] = {}
         self.placed: set[str] = set()
         self.profile = _read_profile(c.profile) if c.profile else {}
+        #: whether any routing policy is on: without one the statistics are never looked at
+        #: (and not kept in the state)
+        self.routing = c.placement != "uniform" or any(
+            x is not None for x in (c.balance, c.scale, c.spread, c.chaos)
+        )
 
     # ------------------------------------------------------------------ monitor
     def observe(self, step: str, load: StepLoad) -> None:
@@ -121,102 +138,156 @@ class DistributionManager:
             if d.step == step and d.measured is None and load.epoch >= d.epoch + MEASURE_AFTER - 1:
                 since = [x for x in self.history.epochs(step) if x.epoch >= d.epoch]
                 lanes = max(x.lanes for x in since)
-                busy = np.mean([np.pad(x.lane_busy_ms, (0, lanes - len(x.lane_busy_ms))) for x in since], axis=0)
+                busy = np.mean(
+                    [np.pad(x.lane_busy_ms, (0, lanes - len(x.lane_busy_ms))) for x in since],
+                    axis=0,
+                )
                 d.measured = {
                     "epochs": [since[0].epoch, since[-1].epoch],
                     "laneBusyMs": _round(busy),
                     "makespanMs": round(float(busy.max()), 1),
                 }
 
-    def recent(self, n: int = 5) -> list[dict[str, Any]]:
+    def recent(self, n: int = RECENT) -> list[dict[str, Any]]:
         return [d.to_json() for d in self.decisions[-n:]]
 
     # ------------------------------------------------------------------ state
-    def state(self) -> dict[str, Any]:
-        """Everything the manager needs to decide after a restart as it would have without one
-        (the statistics, the policies' hysteresis, what was placed, the decisions to measure)."""
-        return {
-            "history": self.history.state(),
-            "balancers": {n: b.state() for n, b in self.balancers.items()},
-            "scalers": {n: x.state() for n, x in self.scalers.items()},
-            "placed": sorted(self.placed),
-            "box_lanes": dict(self._box_lanes),
-            "decisions": [d.to_json() for d in self.decisions],
-        }
+    def state(self) -> ManagerState:
+        """Everything the manager needs to decide after a restart as it would have without one:
+        the statistics, the policies' hysteresis, what was placed, and of the decisions those
+        still to be measured and the :data:`RECENT` ones (the others are never looked at again)."""
+        keep = len(self.decisions) - RECENT
+        return ManagerState(
+            history={
+                n: [LoadRecord.model_validate(fields_plain(x)) for x in self.history.epochs(n)]
+                for n in self.history.steps()
+                if self.routing and n in self.steps
+            },
+            balancers={
+                n: BalancerState.model_validate(_pick(b.state(), BalancerState))
+                for n, b in self.balancers.items()
+            },
+            scalers={
+                n: ScalerState.model_validate(_pick(x.state(), ScalerState))
+                for n, x in self.scalers.items()
+            },
+            placed=sorted(self.placed),
+            box_lanes=dict(self._box_lanes),
+            decisions=[
+                DecisionRecord.model_validate(plain(d.to_json()))
+                for i, d in enumerate(self.decisions)
+                if d.measured is None or i >= keep
+            ],
+        )
 
-    def restore(self, state: dict[str, Any]) -> None:
-        self.history.restore(state.get("history", {}))
-        for n, b in state.get("balancers", {}).items():
+    def restore(self, state: ManagerState) -> None:
+        """Continue from ``state`` (the balancers and scalers keep their settings from the spec)."""
+        self.history.restore(
+            {n: [x.model_dump() for x in loads] for n, loads in state.history.items()}
+        )
+        for n, b in state.balancers.items():
             if n in self.balancers:
-                self.balancers[n] = policies.Balancer.from_state(b)
-        for n, x in state.get("scalers", {}).items():
+                self.balancers[n] = policies.Balancer.from_state(
+                    {**self.balancers[n].state(), **b.model_dump()}
+                )
+        for n, x in state.scalers.items():
             if n in self.scalers:
-                self.scalers[n] = policies.Scaler.from_state(x)
-        self.placed = set(state.get("placed", ()))
-        self._box_lanes = {k: int(v) for k, v in state.get("box_lanes", {}).items()}
-        self.decisions = [Decision.from_json(d) for d in state.get("decisions", ())]
+                self.scalers[n] = policies.Scaler.from_state(
+                    {**self.scalers[n].state(), **x.model_dump()}
+                )
+        self.placed = set(state.placed)
+        self._box_lanes = dict(state.box_lanes)
+        self.decisions = [Decision(**d.model_dump()) for d in state.decisions]
 
     # ------------------------------------------------------------------ decide
     def plan(
         self, epoch: int, step: str, table: RoutingTable, upcoming: np.ndarray | None = None
     ) -> tuple[RoutingTable, list[Decision]]:
-        """The step's routing table for ``epoch``, through the policy stages in turn: placement
-        (once), rescaling, balancing (not in an epoch that rescales), spreading hot key groups,
-        relocation drills. ``upcoming``: the epoch's input rows per key group, when the engine
-        could read them ahead (``balance.lookahead``)."""
+        """The step's routing table for ``epoch``, through the policy stages in turn (see
+        :meth:`stages`), and the decisions that changed it. ``upcoming``: the epoch's input rows
+        per key group, when the engine could read them ahead (``balance.lookahead``)."""
         if step not in self.steps:
             return table, []
-        out: list[Decision] = []
         series = self.history.series(step)
-        table = self._place(epoch, step, table, series, out)
-        table = self._rescale(epoch, step, table, series, out)
-        if not any(d.kind == DecisionKind.RESCALE for d in out):
-            table = self._balance(epoch, step, table, series, upcoming, out)
-        table = self._spread(epoch, step, table, series, out)
-        table = self._chaos(epoch, step, table, out)
+        out: list[Decision] = []
+        for stage in self.stages():
+            table, made = stage(StepContext(epoch, step, series, upcoming, tuple(out)), table)
+            out.extend(made)
         self.decisions.extend(out)
         del self.decisions[:-200]
         return table, out
 
-    def _place(self, epoch: int, step: str, table: RoutingTable, series: np.ndarray, out: list[Decision]) -> RoutingTable:
+    def stages(self) -> tuple[Stage, ...]:
+        """The policy stages, in order: placement (once), rescaling, balancing (not in an epoch
+        that rescales), spreading hot key groups, relocation drills. Each takes the table the
+        stages before it left and returns its own table and decisions."""
+        return (self._place, self._rescale, self._balance, self._spread, self._chaos)
+
+    def _place(self, ctx: StepContext, table: RoutingTable) -> tuple[RoutingTable, list[Decision]]:
         """Once, from a declared profile at once or after the warm-up."""
         c = self.spec.control
+        epoch, step, series = ctx.epoch, ctx.step, ctx.series
         if c.placement == "uniform":
             self.placed.add(step)
-            return table
+            return table, []
         if step in self.placed:
-            return table
+            return table, []
         if step in self.boxes:
             if series.shape[1] < c.warmup_epochs:
-                return table
+                return table, []
             lane = self._place_box(step, table.lanes)
             self.placed.add(step)
             if lane == table.assignment[0]:
-                return table
-            out.append(self._decision(epoch, step, DecisionKind.PLACEMENT, table, {0: lane}, series,
-                                      {"policy": c.placement, "box": "parallelism 1: the whole step is placed",
-                                       "boxes": self.boxes}))
-            return table.moved({0: lane})
+                return table, []
+            d = self._decision(
+                epoch,
+                step,
+                DecisionKind.PLACEMENT,
+                table,
+                {0: lane},
+                series,
+                {
+                    "policy": c.placement,
+                    "box": "parallelism 1: the whole step is placed",
+                    "boxes": self.boxes,
+                },
+            )
+            return table.moved({0: lane}), [d]
         prof = self.profile.get(step)
         if prof is None and series.shape[1] < c.warmup_epochs:
-            return table
+            return table, []
         basis = np.asarray(prof, dtype=float) if prof is not None else series
         new = self._placement(c.placement, basis, table.lanes)
         self.placed.add(step)
         moves = {kg: int(x) for kg, x in enumerate(new) if x != table.assignment[kg]}
-        now = policies.lane_loads(basis, np.asarray(table.assignment), table.lanes).mean(axis=1).max()
+        now = (
+            policies.lane_loads(basis, np.asarray(table.assignment), table.lanes).mean(axis=1).max()
+        )
         then = policies.lane_loads(basis, new, table.lanes).mean(axis=1).max()
         if not moves or now <= 0 or then > now * (1 - c.min_gain):
-            return table  # not worth moving state for: the current placement is as good
-        out.append(self._decision(epoch, step, DecisionKind.PLACEMENT, table, moves, basis,
-                                  {"policy": c.placement, "source": "profile" if prof is not None else f"{series.shape[1]} epochs"}))
-        return table.moved(moves)
+            return table, []  # not worth moving state for: the current placement is as good
+        d = self._decision(
+            epoch,
+            step,
+            DecisionKind.PLACEMENT,
+            table,
+            moves,
+            basis,
+            {
+                "policy": c.placement,
+                "source": "profile" if prof is not None else f"{series.shape[1]} epochs",
+            },
+        )
+        return table.moved(moves), [d]
 
-    def _rescale(self, epoch: int, step: str, table: RoutingTable, series: np.ndarray, out: list[Decision]) -> RoutingTable:
+    def _rescale(
+        self, ctx: StepContext, table: RoutingTable
+    ) -> tuple[RoutingTable, list[Decision]]:
         """On schedule, or to the lane count the DS2 rate model asks for."""
         scale = self.spec.control.scale
+        epoch, step, series = ctx.epoch, ctx.step, ctx.series
         if scale is None:
-            return table
+            return table, []
         target = scale.schedule.get(epoch)
         why: dict[str, Any] = {"reason": "schedule"}
         if target is None and scale.auto and series.shape[1] >= 2:
@@ -230,50 +301,84 @@ class DistributionManager:
                 "utilization": round(arrival / (true_rate * table.lanes), 3) if true_rate else None,
             }
         if target is None or target == table.lanes:
-            return table
+            return table, []
         loads = series[:, -3:].mean(axis=1) if series.size else np.zeros(table.key_groups)
         assignment = policies.rescale_assignment(loads, np.asarray(table.assignment), target)
         moved = int(np.sum(np.asarray(table.assignment) != assignment))
-        after = policies.lane_loads(series[:, -3:], assignment, target).mean(axis=1) if series.size else np.zeros(target)
-        out.append(Decision(
-            epoch, step, DecisionKind.RESCALE, {"lanes": [table.lanes, target], "keyGroupsMoved": moved},
+        after = (
+            policies.lane_loads(series[:, -3:], assignment, target).mean(axis=1)
+            if series.size
+            else np.zeros(target)
+        )
+        d = Decision(
+            epoch,
+            step,
+            DecisionKind.RESCALE,
+            {"lanes": [table.lanes, target], "keyGroupsMoved": moved},
             {**why, "laneBusyMs": _round(self._lane_busy(step))},
-            {"laneLoadMs": _round(after), "makespanMs": round(float(after.max()), 1) if after.size else 0.0},
-        ))
-        return table.rescaled(target, assignment)
+            {
+                "laneLoadMs": _round(after),
+                "makespanMs": round(float(after.max()), 1) if after.size else 0.0,
+            },
+        )
+        return table.rescaled(target, assignment), [d]
 
     def _balance(
-        self, epoch: int, step: str, table: RoutingTable, series: np.ndarray, upcoming: np.ndarray | None,
-        out: list[Decision],
-    ) -> RoutingTable:
+        self, ctx: StepContext, table: RoutingTable
+    ) -> tuple[RoutingTable, list[Decision]]:
         """Pairwise moves between the most and least loaded lanes, over the epochs since the hot
-        set last shifted (or the coming epoch's input, read ahead, when it shifted)."""
+        set last shifted (or the coming epoch's input, read ahead, when it shifted); not in an
+        epoch that rescales."""
         c = self.spec.control
+        epoch, step, series = ctx.epoch, ctx.step, ctx.series
+        if any(d.kind == DecisionKind.RESCALE for d in ctx.earlier):
+            return table, []
         if step not in self.balancers or series.shape[1] < 2 or table.lanes <= 1:
-            return table
-        recent = series[:, -c.balance.window:] if c.balance else series
-        window = recent[:, -policies.since_shift(recent):]  # only what came after a shift of the hot set
-        ahead, foreseen = self._ahead(step, recent, upcoming)
+            return table, []
+        recent = series[:, -c.balance.window :] if c.balance else series
+        # only what came after a shift of the hot set
+        window = recent[:, -policies.since_shift(recent) :]
+        ahead, foreseen = self._ahead(step, recent, ctx.upcoming)
         if ahead is not None:
             window = ahead[:, None]
-        moves = self.balancers[step].decide(epoch, window, np.asarray(table.assignment), table.lanes)
+        moves = self.balancers[step].decide(
+            epoch, window, np.asarray(table.assignment), table.lanes
+        )
         if not moves:
-            return table
+            return table, []
         mv = {m.item: m.dst for m in moves}
-        out.append(self._decision(epoch, step, DecisionKind.BALANCE, table, mv, window,
-                                  {"policy": c.balance.method if c.balance else "", "threshold": c.balance.threshold if c.balance else 0,
-                                   "scores": {str(m.item): round(m.score, 3) for m in moves},
-                                   **({"lookahead": {**foreseen,
-                                                     "note": "the coming epoch's work shifted: its input read ahead (and the held "
-                                                             "input the watermark releases) x last epoch's ms per row worked on"}}
-                                      if ahead is not None else {})}))
-        return table.moved(mv)
+        d = self._decision(
+            epoch,
+            step,
+            DecisionKind.BALANCE,
+            table,
+            mv,
+            window,
+            {
+                "policy": c.balance.method if c.balance else "",
+                "threshold": c.balance.threshold if c.balance else 0,
+                "scores": {str(m.item): round(m.score, 3) for m in moves},
+                **(
+                    {
+                        "lookahead": {
+                            **foreseen,
+                            "note": "the coming epoch's work shifted: its input read ahead (and the held "
+                            "input the watermark releases) x last epoch's ms per row worked on",
+                        }
+                    }
+                    if ahead is not None
+                    else {}
+                ),
+            },
+        )
+        return table.moved(mv), [d]
 
-    def _spread(self, epoch: int, step: str, table: RoutingTable, series: np.ndarray, out: list[Decision]) -> RoutingTable:
+    def _spread(self, ctx: StepContext, table: RoutingTable) -> tuple[RoutingTable, list[Decision]]:
         """SPREADFIRE: split a key group hotter than a fair lane's share (on schedule or when seen)."""
         cfg = self.spec.control.spread
+        epoch, step, series = ctx.epoch, ctx.step, ctx.series
         if cfg is None or step not in self.spreadable or table.lanes <= 1:
-            return table
+            return table, []
         wanted = [int(g) for g in cfg.schedule.get(epoch, ())]
         why: dict[str, Any] = {"reason": "schedule"}
         if not wanted and cfg.auto and series.shape[1] >= 2:
@@ -283,36 +388,70 @@ class DistributionManager:
             if fair > 0 and recent[hot] > cfg.hot_share * fair and hot not in table.spread:
                 wanted = [hot]
                 latest = self.history.latest(step)
-                why = {"reason": "hot key group", "keyGroupLoadMs": round(float(recent[hot]), 1),
-                       "fairLaneLoadMs": round(float(fair), 1), "hotShare": cfg.hot_share,
-                       "rows": int(self.history.rows_series(step, 3)[hot].sum()),
-                       "hotKeys": [h for h in (latest.hot_keys if latest else []) if int(h["kg"]) % table.key_groups == hot]}
+                why = {
+                    "reason": "hot key group",
+                    "keyGroupLoadMs": round(float(recent[hot]), 1),
+                    "fairLaneLoadMs": round(float(fair), 1),
+                    "hotShare": cfg.hot_share,
+                    "rows": int(self.history.rows_series(step, 3)[hot].sum()),
+                    "hotKeys": [
+                        h
+                        for h in (latest.hot_keys if latest else [])
+                        if int(h["kg"]) % table.key_groups == hot
+                    ],
+                }
         wanted = [g for g in wanted if g not in table.spread]
         if not wanted:
-            return table
-        lane_load = (policies.lane_loads(series[:, -3:], np.asarray(table.assignment), table.lanes).mean(axis=1)
-                     if series.size else np.zeros(table.lanes))
+            return table, []
+        lane_load = (
+            policies.lane_loads(series[:, -3:], np.asarray(table.assignment), table.lanes).mean(
+                axis=1
+            )
+            if series.size
+            else np.zeros(table.lanes)
+        )
         spread = dict(table.spread)
         for g in wanted:
-            others = [ln for ln in np.argsort(lane_load, kind="stable").tolist() if ln != table.assignment[g]]
+            others = [
+                ln
+                for ln in np.argsort(lane_load, kind="stable").tolist()
+                if ln != table.assignment[g]
+            ]
             spread[g] = tuple(int(x) for x in others[: cfg.fanout - 1]) or (table.assignment[g],)
         table = table.with_spread(spread)
-        out.append(Decision(epoch, step, DecisionKind.SPREAD, {"keyGroups": {str(g): [table.assignment[g], *spread[g]] for g in wanted}},
-                            {**why, "laneBusyMs": _round(self._lane_busy(step))},
-                            {"fragments": cfg.fanout, "note": "new rows split; old state stays and is probed"}))
-        return table
+        d = Decision(
+            epoch,
+            step,
+            DecisionKind.SPREAD,
+            {"keyGroups": {str(g): [table.assignment[g], *spread[g]] for g in wanted}},
+            {**why, "laneBusyMs": _round(self._lane_busy(step))},
+            {"fragments": cfg.fanout, "note": "new rows split; old state stays and is probed"},
+        )
+        return table, [d]
 
-    def _chaos(self, epoch: int, step: str, table: RoutingTable, out: list[Decision]) -> RoutingTable:
+    def _chaos(self, ctx: StepContext, table: RoutingTable) -> tuple[RoutingTable, list[Decision]]:
         """Relocation drills: random moves, seeded by (seed, epoch, step)."""
         cfg = self.spec.control.chaos
+        epoch, step = ctx.epoch, ctx.step
         if cfg is None or not cfg.random_moves or epoch % cfg.every != 0 or table.lanes <= 1:
-            return table
+            return table, []
         rng = np.random.default_rng([cfg.seed, epoch, zlib.crc32(step.encode())])
-        kgs = rng.choice(table.key_groups, size=min(cfg.random_moves, table.key_groups), replace=False)
-        mv = {int(g): int((table.assignment[g] + rng.integers(1, table.lanes)) % table.lanes) for g in kgs}
-        out.append(Decision(epoch, step, DecisionKind.CHAOS, {"moves": [[g, table.assignment[g], d] for g, d in sorted(mv.items())]},
-                            {"reason": "relocation drill", "seed": cfg.seed}, {}))
-        return table.moved(mv)
+        kgs = rng.choice(
+            table.key_groups, size=min(cfg.random_moves, table.key_groups), replace=False
+        )
+        mv = {
+            int(g): int((table.assignment[g] + rng.integers(1, table.lanes)) % table.lanes)
+            for g in kgs
+        }
+        drill = Decision(
+            epoch,
+            step,
+            DecisionKind.CHAOS,
+            {"moves": [[g, table.assignment[g], d] for g, d in sorted(mv.items())]},
+            {"reason": "relocation drill", "seed": cfg.seed},
+            {},
+        )
+        return table.moved(mv), [drill]
 
     # ------------------------------------------------------------------ helpers
     def _ahead(
@@ -371,17 +510,29 @@ class DistributionManager:
         if step not in self._box_lanes:
             series = [self.history.series(b).sum(axis=0) for b in self.boxes]
             width = min(len(x) for x in series)
-            basis = np.stack([x[-width:] for x in series]) if width else np.zeros((len(self.boxes), 1))
+            basis = (
+                np.stack([x[-width:] for x in series]) if width else np.zeros((len(self.boxes), 1))
+            )
             placed = self._placement(self.spec.control.placement, basis, lanes)
-            self._box_lanes.update({b: int(lane) for b, lane in zip(self.boxes, placed, strict=True)})
+            self._box_lanes.update(
+                {b: int(lane) for b, lane in zip(self.boxes, placed, strict=True)}
+            )
         return self._box_lanes[step]
 
     def _lane_busy(self, step: str) -> list[float]:
         last = self.history.latest(step)
         return last.lane_busy_ms if last else []
 
-    def _decision(self, epoch: int, step: str, kind: DecisionKind, table: RoutingTable, moves: dict[int, int],
-                  series: np.ndarray, why: dict[str, Any]) -> Decision:
+    def _decision(
+        self,
+        epoch: int,
+        step: str,
+        kind: DecisionKind,
+        table: RoutingTable,
+        moves: dict[int, int],
+        series: np.ndarray,
+        why: dict[str, Any],
+    ) -> Decision:
         window = series[:, -3:] if series.size else series
         before = policies.lane_loads(window, np.asarray(table.assignment), table.lanes).mean(axis=1)
         after_assign = np.asarray(table.assignment).copy()
@@ -389,10 +540,19 @@ class DistributionManager:
             after_assign[kg] = lane
         after = policies.lane_loads(window, after_assign, table.lanes).mean(axis=1)
         return Decision(
-            epoch, step, kind,
+            epoch,
+            step,
+            kind,
             {"moves": [[kg, table.assignment[kg], lane] for kg, lane in sorted(moves.items())]},
-            {**why, "laneLoadMs": _round(before), "makespanMs": round(float(before.max()), 1) if before.size else 0.0},
-            {"laneLoadMs": _round(after), "makespanMs": round(float(after.max()), 1) if after.size else 0.0},
+            {
+                **why,
+                "laneLoadMs": _round(before),
+                "makespanMs": round(float(before.max()), 1) if before.size else 0.0,
+            },
+            {
+                "laneLoadMs": _round(after),
+                "makespanMs": round(float(after.max()), 1) if after.size else 0.0,
+            },
         )
 
 
@@ -400,5 +560,12 @@ def _read_profile(path: str) -> dict[str, list[list[float]]]:
     with open(path) as f:
         data = json.load(f)
     if not isinstance(data, dict):
-        raise ValueError(f"control.profile: {path}: expected a JSON object {{step: [[load per epoch] per key group]}}")
+        raise ValueError(
+            f"control.profile: {path}: expected a JSON object {{step: [[load per epoch] per key group]}}"
+        )
     return data
+
+
+def _pick(state: dict[str, Any], model: type[BalancerState] | type[ScalerState]) -> dict[str, Any]:
+    """Of a policy's :meth:`state`, the hysteresis (its settings come from the spec)."""
+    return {k: state[k] for k in model.model_fields}

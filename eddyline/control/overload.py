@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -39,6 +40,7 @@ import numpy as np
 from eddyline.api.control import Overload
 from eddyline.api.network import NetworkSpec
 from eddyline.control import shedding as lp
+from eddyline.control.state import OverloadState, fields_plain, plain
 
 
 @dataclass(frozen=True)
@@ -59,13 +61,20 @@ class EpochCost:
 
 
 class Outcome(StrEnum):
-    """What the overload controller concluded for an epoch."""
+    """What the overload controller concluded for an epoch; the value is the ``reason`` its
+    explanation gives (shedding adds its mode: ``shedding (lp)``)."""
 
-    WARMING_UP = "warming up (slow start)"  # no cost model yet: take at most twice what went well
+    #: no cost model yet (fewer than two epochs with input): take at most twice what went well
+    WARMING_UP = "warming up (slow start)"
+    #: a cost model, but nothing to read
     NO_INPUT = "no input"
+    #: everything available fits the budget (only slow start may cap it)
     FITS = "fits the bound"
-    BELOW_OVERHEAD = "bound below the fixed epoch overhead"  # cannot be met at all
-    ADMISSION = "admission control"  # read fewer offsets, the rest waits in the source
+    #: even an empty epoch overruns the bound: it cannot be met at all, keep up as well as possible
+    BELOW_OVERHEAD = "bound below the fixed epoch overhead"
+    #: shedding is off (or nothing to shed): read fewer offsets, the rest waits in the source
+    ADMISSION = "admission control"
+    #: read what waits and shed rows before stateful steps so the epoch fits the budget
     SHEDDING = "shedding"
 
 
@@ -75,17 +84,26 @@ QUIET = frozenset({Outcome.WARMING_UP, Outcome.NO_INPUT, Outcome.FITS})
 
 @dataclass(frozen=True)
 class OverloadVerdict:
+    """:meth:`OverloadController.plan`'s answer for one epoch."""
+
     outcome: Outcome
-    #: per source: the offsets to take at most (admission control)
+    #: per source: the offsets to take at most (admission control, slow start)
     caps: dict[str, int]
     #: per stateful step: {"keep": [per input], "seed", "mode", "thresholds"}
     shed: dict[str, dict[str, Any]]
-    #: the statistics and the model behind it, for the decision's explanation
+    #: the statistics and the model behind it, for the decision's explanation (``reason``: the
+    #: outcome's value)
     explain: dict[str, Any]
 
     @property
     def worth_reporting(self) -> bool:
+        """Whether the epoch's plan logs an overload decision: when it caps or sheds, or when
+        the outcome says more than "all is well" (the bound cannot be met, admission control)."""
         return bool(self.caps or self.shed) or self.outcome not in QUIET
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict as the plain dict it used to be."""
+        return {"caps": self.caps, "shed": self.shed, "explain": self.explain}
 
 
 @dataclass
@@ -110,7 +128,13 @@ class OverloadController:
         return self.cfg.cost_model is not None and not self._declared_off
 
     # ------------------------------------------------------------------ monitor
-    def observe(self, cost: EpochCost, quantiles: dict[str, list[float]] | None = None, *, cold: bool = False) -> None:
+    def observe(
+        self,
+        cost: EpochCost,
+        quantiles: dict[str, list[float]] | None = None,
+        *,
+        cold: bool = False,
+    ) -> None:
         """Record an epoch; a ``cold`` one (the first of a process: JVM and Python workers warm
         up) only updates the semantic thresholds, its timing would mislead the cost model."""
         for step, q in (quantiles or {}).items():
@@ -130,34 +154,55 @@ class OverloadController:
         """Compare the epoch with what the model predicted for its rows. A declared model that
         misses by more than 1.5x either way in two epochs running gives way to the fitted one
         (and says so): the cost of a step can grow with its state, and a machine can slow down."""
-        predicted = m["F"] + m["a"] * sum(cost.read_rows.values()) + sum(
-            c * sum(cost.kept.get(k, [])) for k, c in m["cost"].items()
+        predicted = (
+            m["F"]
+            + m["a"] * sum(cost.read_rows.values())
+            + sum(c * sum(cost.kept.get(k, [])) for k, c in m["cost"].items())
         )
         ratio = cost.duration_ms / predicted if predicted > 0 else None
         declared = self._declared
         missed = ratio is not None and not cold and (ratio > 1.5 or ratio < 1 / 1.5)
         misses = (self.model_check or {}).get("misses", 0) + 1 if missed else 0
-        self.model_check = {"epoch": cost.epoch, "model": "declared" if declared else "fitted",
-                            "predictedMs": round(predicted, 1), "measuredMs": round(cost.duration_ms, 1),
-                            "ratio": round(ratio, 3) if ratio is not None else None, "misses": misses}
+        self.model_check = {
+            "epoch": cost.epoch,
+            "model": "declared" if declared else "fitted",
+            "predictedMs": round(predicted, 1),
+            "measuredMs": round(cost.duration_ms, 1),
+            "ratio": round(ratio, 3) if ratio is not None else None,
+            "misses": misses,
+        }
         refit = self.cfg.cost_model is not None and self.cfg.cost_model.on_miss == "refit"
-        if declared and refit and misses >= 2:  # a model existed before this epoch, so a fitted one does too
+        if (
+            declared and refit and misses >= 2
+        ):  # a model existed before this epoch, so a fitted one does too
             self._declared_off = True
-            self.model_check["switched"] = "the declared cost model missed twice by more than 1.5x: fitted from now on"
+            self.model_check["switched"] = (
+                "the declared cost model missed twice by more than 1.5x: fitted from now on"
+            )
 
-    def state(self) -> dict[str, Any]:
-        """JSON-able history, kept in each commit: decisions after a restart then equal those of
-        an uninterrupted run (they change the output, unlike routing)."""
-        return {"history": [asdict(h) for h in self.history], "thresholds": self.thresholds,
-                "declared_off": self._declared_off, "model_check": self.model_check}
+    def state(self) -> OverloadState:
+        """The cost history, thresholds and model check, kept in each commit: decisions after a
+        restart then equal those of an uninterrupted run (they change the output, unlike routing)."""
+        return OverloadState.model_validate(
+            plain(
+                {
+                    "history": [fields_plain(h) for h in self.history],
+                    "thresholds": self.thresholds,
+                    "declared_off": self._declared_off,
+                    "model_check": self.model_check,
+                }
+            )
+        )
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: OverloadState | Mapping[str, Any]) -> None:
+        if not isinstance(state, OverloadState):
+            state = OverloadState.model_validate(plain(state))
         self.history.clear()
-        for h in state.get("history", []):
-            self.history.append(EpochCost(**h))
-        self.thresholds = dict(state.get("thresholds", {}))
-        self._declared_off = bool(state.get("declared_off", False))
-        self.model_check = state.get("model_check")
+        for h in state.history:
+            self.history.append(EpochCost(**h.model_dump()))
+        self.thresholds = {k: list(v) for k, v in state.thresholds.items()}
+        self._declared_off = state.declared_off
+        self.model_check = state.model_dump()["model_check"]
 
     def model(self) -> dict[str, Any] | None:
         """F, a and per-step c_S, selectivities and input fractions, from the recent epochs.
@@ -180,8 +225,11 @@ class OverloadController:
                 cost[s.name] = line[1]
             else:
                 fixed = min(spans) if spans else 0.0
-                per_row = [(h.makespan_ms.get(s.name, 0.0) - fixed) / sum(h.kept.get(s.name, [])) for h in recent
-                           if sum(h.kept.get(s.name, [])) > 0]
+                per_row = [
+                    (h.makespan_ms.get(s.name, 0.0) - fixed) / sum(h.kept.get(s.name, []))
+                    for h in recent
+                    if sum(h.kept.get(s.name, [])) > 0
+                ]
                 cost[s.name] = max(0.0, float(np.median(per_row))) if per_row else 0.0
             kept = sum(sum(h.kept.get(s.name, [])) for h in recent)
             sel[s.name] = sum(h.out_rows.get(s.name, 0) for h in recent) / kept if kept else 1.0
@@ -195,7 +243,9 @@ class OverloadController:
             f, a = declared.fixed_ms, declared.read_ms_per_row
         else:
             n = np.array([sum(h.read_rows.values()) for h in hist], dtype=float)
-            rest = np.array([h.duration_ms - sum(cost[k] * sum(h.kept.get(k, [])) for k in cost) for h in hist])
+            rest = np.array(
+                [h.duration_ms - sum(cost[k] * sum(h.kept.get(k, [])) for k in cost) for h in hist]
+            )
             line = _line(n.tolist(), rest.tolist())
             if line is not None:
                 f, a = line
@@ -210,18 +260,32 @@ class OverloadController:
         sink_sel = {}
         for q in self.spec.sinks:
             up = self._producer(q.input)
-            base = (sum(h.out_rows.get(up, 0) for h in recent) if up in cost
-                    else sum(sum(h.read_rows.values()) for h in recent))
+            base = (
+                sum(h.out_rows.get(up, 0) for h in recent)
+                if up in cost
+                else sum(sum(h.read_rows.values()) for h in recent)
+            )
             if up in cost:
                 # A query is worth its utility per *input* row its step keeps, not per output
                 # row: a window emits one row per key and window however many rows it kept.
                 sink_sel[q.name] = 1.0 / sel[up] if sel[up] > 0 else 0.0
             else:
-                sink_sel[q.name] = sum(h.sink_rows.get(q.name, 0) for h in recent) / base if base else 0.0
-        return {"F": f, "a": a, "cost": cost, "selectivity": sel, "input_fraction": frac, "sink_selectivity": sink_sel,
-                **({"jvm": jvm} if jvm else {})}
+                sink_sel[q.name] = (
+                    sum(h.sink_rows.get(q.name, 0) for h in recent) / base if base else 0.0
+                )
+        return {
+            "F": f,
+            "a": a,
+            "cost": cost,
+            "selectivity": sel,
+            "input_fraction": frac,
+            "sink_selectivity": sink_sel,
+            **({"jvm": jvm} if jvm else {}),
+        }
 
-    def _split_jvm(self, hist: list[EpochCost], rest: np.ndarray) -> tuple[float, float, dict[str, float]] | None:
+    def _split_jvm(
+        self, hist: list[EpochCost], rest: np.ndarray
+    ) -> tuple[float, float, dict[str, float]] | None:
         """Separate the JVM's work per *kept* row of each stateful step from the cost of reading.
 
         The part of an epoch the lanes do not explain, ``rest = F + a·N + Σ j_S·K_S``, mixes
@@ -232,16 +296,27 @@ class OverloadController:
         that shed (two, unless the other epochs' row counts spread enough to pin ``F`` and ``a``),
         ``K_S`` varies apart from ``N`` and a non-negative least-squares fit tells them apart."""
         names = [s.name for s in self.stateful]
-        shed_epochs = [h for h in hist if any(sum(h.kept.get(k, [])) < 0.95 * sum(h.offered.get(k, [])) for k in names)]
+        shed_epochs = [
+            h
+            for h in hist
+            if any(sum(h.kept.get(k, [])) < 0.95 * sum(h.offered.get(k, [])) for k in names)
+        ]
         unshed = [sum(h.read_rows.values()) for h in hist if h not in shed_epochs]
         spread = bool(unshed) and min(unshed) > 0 and max(unshed) >= 1.5 * min(unshed)
         # one shedding epoch suffices when the others pin F and a (their row counts spread)
         if not shed_epochs or (len(shed_epochs) < 2 and not spread) or len(hist) < 4:
             return None
-        cols = [np.ones(len(hist)), np.array([sum(h.read_rows.values()) for h in hist], dtype=float)]
+        cols = [
+            np.ones(len(hist)),
+            np.array([sum(h.read_rows.values()) for h in hist], dtype=float),
+        ]
         cols += [np.array([sum(h.kept.get(k, [])) for h in hist], dtype=float) for k in names]
         coef = _nnls(np.column_stack(cols), rest)
-        return float(coef[0]), float(coef[1]), {k: float(c) for k, c in zip(names, coef[2:], strict=True) if c > 0}
+        return (
+            float(coef[0]),
+            float(coef[1]),
+            {k: float(c) for k, c in zip(names, coef[2:], strict=True) if c > 0},
+        )
 
     def hot_spots(self) -> list[dict[str, Any]]:
         """Steps whose arrival rate exceeds their true processing rate (rows/s)."""
@@ -256,8 +331,14 @@ class OverloadController:
                 continue
             arrival = sum(sum(h.offered.get(s.name, [])) for h in recent) / wall
             true_rate = rows / busy_s * lanes
-            out.append({"step": s.name, "arrivalRowsPerSec": round(arrival, 1), "trueRowsPerSec": round(true_rate, 1),
-                        "hot": arrival > true_rate})
+            out.append(
+                {
+                    "step": s.name,
+                    "arrivalRowsPerSec": round(arrival, 1),
+                    "trueRowsPerSec": round(true_rate, 1),
+                    "hot": arrival > true_rate,
+                }
+            )
         return out
 
     def critical_path(self) -> dict[str, Any] | None:
@@ -285,40 +366,76 @@ class OverloadController:
         m = self.model()
         total = sum(available.values())
         budget = self.cfg.headroom * self.bound_ms
-        decision: dict[str, Any] = {"boundMs": self.bound_ms, "budgetMs": round(budget, 1), "availableRows": total,
-                                    **({"modelCheck": self.model_check} if self.model_check else {})}
+        decision: dict[str, Any] = {
+            "boundMs": self.bound_ms,
+            "budgetMs": round(budget, 1),
+            "availableRows": total,
+            **({"modelCheck": self.model_check} if self.model_check else {}),
+        }
         # Slow start: never take more than twice what the last epoch took (and met the bound
         # with), so the cost model is not extrapolated far beyond what it has seen.
         last = self.history[-1] if self.history else None
         taken = sum(last.read_rows.values()) if last else 0
-        probe = max(self.cfg.probe_rows, 2 * taken if last and last.duration_ms <= budget else taken)
+        probe = max(
+            self.cfg.probe_rows, 2 * taken if last and last.duration_ms <= budget else taken
+        )
         if self._declared:  # declared costs need no probing
             probe = total
         if m is None or total == 0:
             caps = _split(available, probe) if total > probe else {}
             outcome = Outcome.WARMING_UP if m is None else Outcome.NO_INPUT
-            return OverloadVerdict(outcome, caps, {}, {**decision, "reason": outcome.value, "takeRows": min(total, probe)})
+            return OverloadVerdict(
+                outcome,
+                caps,
+                {},
+                {**decision, "reason": outcome.value, "takeRows": min(total, probe)},
+            )
         # processing cost per source row, if nothing is shed (upstream selectivities are already
         # in the measured input fractions)
         per_row_processing = sum(m["cost"][s] * sum(m["input_fraction"][s]) for s in m["cost"])
         predicted = m["F"] + (m["a"] + per_row_processing) * total
-        decision.update({"model": {k: (round(v, 4) if isinstance(v, float) else _rounded(v)) for k, v in m.items()},
-                         "predictedMsAllRows": round(predicted, 1)})
+        decision.update(
+            {
+                "model": {
+                    k: (round(v, 4) if isinstance(v, float) else _rounded(v)) for k, v in m.items()
+                },
+                "predictedMsAllRows": round(predicted, 1),
+            }
+        )
         if predicted <= budget:
             caps = _split(available, probe) if total > probe else {}
-            return OverloadVerdict(Outcome.FITS, caps, {}, {**decision, "reason": Outcome.FITS.value, "takeRows": min(total, probe)})
+            return OverloadVerdict(
+                Outcome.FITS,
+                caps,
+                {},
+                {**decision, "reason": Outcome.FITS.value, "takeRows": min(total, probe)},
+            )
         if budget <= m["F"]:
             # Even an empty epoch overruns the bound: neither deferring nor shedding can meet
             # it, so keep up with the input as well as possible and say why.
             caps = _split(available, probe) if total > probe else {}
-            return OverloadVerdict(Outcome.BELOW_OVERHEAD, caps, {},
-                                   {**decision, "reason": Outcome.BELOW_OVERHEAD.value, "takeRows": min(total, probe)})
+            return OverloadVerdict(
+                Outcome.BELOW_OVERHEAD,
+                caps,
+                {},
+                {**decision, "reason": Outcome.BELOW_OVERHEAD.value, "takeRows": min(total, probe)},
+            )
         if self.cfg.shedding == "off" or not m["cost"]:
             n = max(1, int((budget - m["F"]) / max(m["a"] + per_row_processing, 1e-9)))
             caps = _split(available, min(n, total, probe))
-            return OverloadVerdict(Outcome.ADMISSION, caps, {}, {
-                **decision, "reason": Outcome.ADMISSION.value, "takeRows": sum(caps.values()),
-                "predictedMs": round(m["F"] + (m["a"] + per_row_processing) * sum(caps.values()), 1)})
+            return OverloadVerdict(
+                Outcome.ADMISSION,
+                caps,
+                {},
+                {
+                    **decision,
+                    "reason": Outcome.ADMISSION.value,
+                    "takeRows": sum(caps.values()),
+                    "predictedMs": round(
+                        m["F"] + (m["a"] + per_row_processing) * sum(caps.values()), 1
+                    ),
+                },
+            )
         # Shedding: read what is waiting (so the backlog does not grow), as far as reading alone
         # fits the budget, and shed processing so the epoch fits the rest.
         n_read = total  # while shedding, read what waits: the backlog must not grow
@@ -334,16 +451,25 @@ class OverloadController:
         # (the first shedding epoch of a burst is where that bites). A declared model says its
         # costs are linear, so it is not held to what was seen. The LP gets these as upper
         # bounds, so the capacity a bounded step cannot use goes to the others.
-        offered_rows = {(s.name, i): n_read * _at(m["input_fraction"][s.name], i) for s in self.stateful
-                        for i in range(len(s.inputs))}
+        offered_rows = {
+            (s.name, i): n_read * _at(m["input_fraction"][s.name], i)
+            for s in self.stateful
+            for i in range(len(s.inputs))
+        }
         bounds = self._keep_bounds(offered_rows, last)
-        problem = self.problem(m, {s: c for s, c in (caps or available).items()}, capacity,
-                               {lp.arc(f"{s}#{i}", s): b * offered_rows[(s, i)] for (s, i), b in bounds.items()})
+        problem = self.problem(
+            m,
+            {s: c for s, c in (caps or available).items()},
+            capacity,
+            {lp.arc(f"{s}#{i}", s): b * offered_rows[(s, i)] for (s, i), b in bounds.items()},
+        )
         if self.cfg.shedding == "lp":
             plan = lp.solve(problem)
         else:  # one keep fraction at every shed point: the baseline the LP is measured against
             x = float(lp.uniform_plan(problem).explanation["keep_fraction"])
-            plan = lp.evaluate(problem, {a: x for a in problem.shed_points or ()}, scale_overloaded=False)
+            plan = lp.evaluate(
+                problem, {a: x for a in problem.shed_points or ()}, scale_overloaded=False
+            )
         limited: dict[str, list[float]] = {}
         keep: dict[str, list[float]] = {}
         clamped = False
@@ -353,30 +479,49 @@ class OverloadController:
                 k = plan.keep.get(lp.arc(f"{s.name}#{i}", s.name), 1.0)
                 bound = bounds.get((s.name, i))
                 if bound is not None and k >= bound * 0.999:
-                    clamped = clamped or k > bound * 1.001  # the uniform baseline ignores the LP's bounds
+                    clamped = (
+                        clamped or k > bound * 1.001
+                    )  # the uniform baseline ignores the LP's bounds
                     k = min(k, bound)
                     limited.setdefault(s.name, [1.0] * len(s.inputs))[i] = round(k, 4)
                 ks.append(round(max(self.cfg.min_keep, min(1.0, k)), 4) if k < 0.999 else 1.0)
             if any(k < 1.0 for k in ks):
                 keep[s.name] = ks
         if clamped:
-            plan = lp.evaluate(problem, {lp.arc(f"{s}#{i}", s): k for s, ks in keep.items() for i, k in enumerate(ks)},
-                               scale_overloaded=False)
+            plan = lp.evaluate(
+                problem,
+                {lp.arc(f"{s}#{i}", s): k for s, ks in keep.items() for i, k in enumerate(ks)},
+                scale_overloaded=False,
+            )
         shed = {
-            s: {"keep": ks, "seed": self.seed(epoch, s), "mode": self.cfg.mode,
-                **({"thresholds": self._cuts(s, ks)} if self.cfg.mode == "semantic" else {})}
+            s: {
+                "keep": ks,
+                "seed": self.seed(epoch, s),
+                "mode": self.cfg.mode,
+                **({"thresholds": self._cuts(s, ks)} if self.cfg.mode == "semantic" else {}),
+            }
             for s, ks in keep.items()
         }
-        decision.update({
-            "reason": f"{Outcome.SHEDDING.value} ({self.cfg.shedding})", "takeRows": n_read, "capacityMs": round(capacity, 1),
-            "status": plan.status, "keep": {s: v["keep"] for s, v in shed.items()},
-            "expectedUtility": round(plan.utility, 2), "expectedThroughput": {k: round(v, 1) for k, v in plan.throughput.items()},
-            "predictedMs": round(m["F"] + m["a"] * n_read + plan.node_load.get("epoch", 0.0), 1),
-            **({"keepRiseLimited": limited} if limited else {}),
-        })
+        decision.update(
+            {
+                "reason": f"{Outcome.SHEDDING.value} ({self.cfg.shedding})",
+                "takeRows": n_read,
+                "capacityMs": round(capacity, 1),
+                "status": plan.status,
+                "keep": {s: v["keep"] for s, v in shed.items()},
+                "expectedUtility": round(plan.utility, 2),
+                "expectedThroughput": {k: round(v, 1) for k, v in plan.throughput.items()},
+                "predictedMs": round(
+                    m["F"] + m["a"] * n_read + plan.node_load.get("epoch", 0.0), 1
+                ),
+                **({"keepRiseLimited": limited} if limited else {}),
+            }
+        )
         return OverloadVerdict(Outcome.SHEDDING, caps, shed, decision)
 
-    def _keep_bounds(self, offered_rows: dict[tuple[str, int], float], last: EpochCost | None) -> dict[tuple[str, int], float]:
+    def _keep_bounds(
+        self, offered_rows: dict[tuple[str, int], float], last: EpochCost | None
+    ) -> dict[tuple[str, int], float]:
         """Upper bounds on the keep fraction of each stateful step's inputs (see :meth:`plan`),
         given the rows expected to reach each input this epoch."""
         fitted = not self._declared
@@ -388,7 +533,10 @@ class OverloadController:
                 prev = previous.get(s.name, [1.0] * len(s.inputs))[i]
                 if prev < 0.999:
                     cap = max(2 * prev, prev + 0.15)
-                most = max((h.kept[s.name][i] for h in self.history if len(h.kept.get(s.name, [])) > i), default=0)
+                most = max(
+                    (h.kept[s.name][i] for h in self.history if len(h.kept.get(s.name, [])) > i),
+                    default=0,
+                )
                 offered = offered_rows[(s.name, i)]
                 if fitted and most > 0 and offered > 2 * most:
                     cap = min(cap, 2 * most / offered)
@@ -406,8 +554,13 @@ class OverloadController:
             out[s] = [k / o if o else 1.0 for k, o in zip(kept, offered, strict=False)]
         return out
 
-    def problem(self, m: dict[str, Any], rows: dict[str, int], capacity: float,
-                max_admitted: dict[str, float] | None = None) -> lp.ShedProblem:
+    def problem(
+        self,
+        m: dict[str, Any],
+        rows: dict[str, int],
+        capacity: float,
+        max_admitted: dict[str, float] | None = None,
+    ) -> lp.ShedProblem:
         """The network as the shedding LP sees it, for this epoch's rows."""
         read = sum(rows.values())
         steps: list[lp.StepLoad] = []
@@ -419,21 +572,39 @@ class OverloadController:
             for i, name in enumerate(s.inputs):
                 producer = self._producer(name)
                 tail = producer if producer in m["cost"] else src
-                frac = m["input_fraction"][s.name][i] if i < len(m["input_fraction"][s.name]) else 0.0
-                base = 1.0 if tail == src else max(m["selectivity"][tail] * _fraction_sum(m, tail), 1e-12)
+                frac = (
+                    m["input_fraction"][s.name][i] if i < len(m["input_fraction"][s.name]) else 0.0
+                )
+                base = (
+                    1.0
+                    if tail == src
+                    else max(m["selectivity"][tail] * _fraction_sum(m, tail), 1e-12)
+                )
                 steps.append(lp.StepLoad(f"{s.name}#{i}", "jvm", 0.0, frac / base, (tail,)))
                 inputs.append(f"{s.name}#{i}")
                 if i in s.info.shed_inputs(s):
                     points.append(lp.arc(f"{s.name}#{i}", s.name))
-            steps.append(lp.StepLoad(s.name, "epoch", m["cost"][s.name], m["selectivity"][s.name], tuple(inputs)))
+            steps.append(
+                lp.StepLoad(
+                    s.name, "epoch", m["cost"][s.name], m["selectivity"][s.name], tuple(inputs)
+                )
+            )
         utilities = {}
         for q in self.spec.sinks:
             producer = self._producer(q.input)
             tail = producer if producer in m["cost"] else src
-            steps.append(lp.StepLoad(f"q:{q.name}", "jvm", 0.0, m["sink_selectivity"][q.name], (tail,)))
+            steps.append(
+                lp.StepLoad(f"q:{q.name}", "jvm", 0.0, m["sink_selectivity"][q.name], (tail,))
+            )
             utilities[f"q:{q.name}"] = q.qos.utility if q.qos else 1.0
-        return lp.ShedProblem(rates, tuple(steps), {"epoch": capacity, "jvm": 1e18}, utilities, tuple(points),
-                              {a: v for a, v in (max_admitted or {}).items() if a in points} or None)
+        return lp.ShedProblem(
+            rates,
+            tuple(steps),
+            {"epoch": capacity, "jvm": 1e18},
+            utilities,
+            tuple(points),
+            {a: v for a, v in (max_admitted or {}).items() if a in points} or None,
+        )
 
     def seed(self, epoch: int, step: str) -> int:
         return zlib.crc32(f"{self.cfg.seed}:{epoch}:{step}".encode()) & 0x7FFFFFFF
@@ -443,7 +614,10 @@ class OverloadController:
         q = self.thresholds.get(step)
         if not q:
             return [None for _ in keep]
-        return [None if k >= 1.0 else float(q[min(len(q) - 1, int(round((1 - k) * (len(q) - 1))))]) for k in keep]
+        return [
+            None if k >= 1.0 else float(q[min(len(q) - 1, int(round((1 - k) * (len(q) - 1))))])
+            for k in keep
+        ]
 
     def _producer(self, name: str) -> str:
         """The nearest source or stateful step a node's rows come from (through stateless steps)."""

@@ -96,14 +96,21 @@ class StepLoad:
             "laneBusyMs": [round(b, 1) for b in self.lane_busy_ms],
             "laneShareOfMakespan": self.lane_shares(),
             "hotKeys": self.hot_keys,
-            **({"workRows": sum(self.kg_work.values()), "heldRows": sum(self.kg_held.values())}
-               if self.kg_work is not None else {}),
+            **(
+                {"workRows": sum(self.kg_work.values()), "heldRows": sum(self.kg_held.values())}
+                if self.kg_work is not None
+                else {}
+            ),
             "keyGroupLoadMs": {str(k): round(v, 2) for k, v in sorted(self.kg_load.items())},
         }
 
 
 def step_load(
-    epoch: int, lanes: int, manifests: Iterable[Mapping[str, Any]], wall_s: float, measure: str = "time"
+    epoch: int,
+    lanes: int,
+    manifests: Iterable[Mapping[str, Any]],
+    wall_s: float,
+    measure: str = "time",
 ) -> StepLoad:
     """Fold one step's lane manifests of one epoch into a :class:`StepLoad`. ``measure``
     (``control.load``): ``rows`` makes a key group's load the rows its kernel worked on, a
@@ -146,7 +153,11 @@ def step_load(
             held_before += int(m.get("held_before", 0))
             held_worked += int(m.get("held_worked", 0))
     work = kg_work if defers else kg_rows
-    total_in, total_work, total_st = sum(kg_rows.values()), sum(work.values()), sum(kg_state.values())
+    total_in, total_work, total_st = (
+        sum(kg_rows.values()),
+        sum(work.values()),
+        sum(kg_state.values()),
+    )
     if not total_work:  # no row worked on: the kernel's time went to the state (timers)
         state_ms, work_ms = state_ms + work_ms, 0.0
     if not total_in:
@@ -163,15 +174,31 @@ def step_load(
     per_work = work_ms / total_charge if total_charge else 0.0
     per_state_row = state_ms / total_st if total_st else 0.0
     kg_load = {
-        kg: kg_rows.get(kg, 0) * per_row + charge.get(kg, 0) * per_work + kg_state.get(kg, 0) * per_state_row
+        kg: kg_rows.get(kg, 0) * per_row
+        + charge.get(kg, 0) * per_work
+        + kg_state.get(kg, 0) * per_state_row
         for kg in set(kg_rows) | set(charge) | set(kg_state)
     }
     if measure == "rows":
         kg_load = {kg: float(n) for kg, n in work.items()}
     hot.sort(key=lambda h: -int(h["rows"]))
     return StepLoad(
-        epoch, lanes, kg_load, kg_rows, kg_state, busy, rows, state_rows, state_bytes, spilled, wall_s, hot[:4],
-        kg_work if defers else None, kg_held, held_before, held_worked,
+        epoch,
+        lanes,
+        kg_load,
+        kg_rows,
+        kg_state,
+        busy,
+        rows,
+        state_rows,
+        state_bytes,
+        spilled,
+        wall_s,
+        hot[:4],
+        kg_work if defers else None,
+        kg_held,
+        held_before,
+        held_worked,
     )
 
 
@@ -200,8 +227,13 @@ class LoadHistory:
 
     def restore(self, data: Mapping[str, list[Mapping[str, Any]]]) -> None:
         self._steps = {
-            step: deque((StepLoad.from_state(x) for x in loads), maxlen=self.depth) for step, loads in data.items()
+            step: deque((StepLoad.from_state(x) for x in loads), maxlen=self.depth)
+            for step, loads in data.items()
         }
+
+    def steps(self) -> list[str]:
+        """The steps with statistics, in the order they were first seen."""
+        return list(self._steps)
 
     def epochs(self, step: str) -> list[StepLoad]:
         return list(self._steps.get(step, ()))

@@ -9,7 +9,7 @@ import numpy as np
 
 from eddyline.control.controller import Controller
 from eddyline.control.overload import QUIET, Outcome, OverloadVerdict
-from eddyline.control.state import ControllerState
+from eddyline.control.state import ControllerState, ManagerState
 from eddyline.plan.keygroups import RoutingTable
 
 from .test_manager import K, load, spec
@@ -65,7 +65,7 @@ def test_without_its_state_a_controller_decides_differently_inside_a_cooldown() 
     for epoch in range(1, EPOCHS + 1):
         before = controller.snapshot()
         fresh = Controller(net, max_lanes=3)
-        fresh.manager.history.restore(before.manager["history"])  # the same statistics, no hysteresis
+        fresh.manager.restore(ManagerState(history=before.manager.history))  # the same statistics, no hysteresis
         frozen = controller.manager.balancers["s"].frozen
         table_fresh, made_fresh = fresh.manager.plan(epoch, "s", table)
         table, made = controller.manager.plan(epoch, "s", table)

@@ -54,7 +54,8 @@ def _one_way_plan(
     dst_series = s[a == dst].sum(axis=0)
     rest = src_series[None, :] - s[cand]
     score = _row_correlations(s[cand], rest) - _row_correlations(s[cand], dst_series[None, :])
-    order = np.lexsort((cand, -avg[cand], -_quantize(score)))  # ties: the larger item, then the lower index
+    # ties: the larger item, then the lower index
+    order = np.lexsort((cand, -avg[cand], -_quantize(score)))
     moves: list[Move] = []
     left = budget
     slack = _tol(budget)
@@ -66,7 +67,9 @@ def _one_way_plan(
     return moves
 
 
-def one_way(series: Any, assignment: Any, a: int, b: int, *, target: float | None = None) -> list[Move]:
+def one_way(
+    series: Any, assignment: Any, a: int, b: int, *, target: float | None = None
+) -> list[Move]:
     """One-way correlation-based load moving between lanes ``a`` and ``b`` (Borealis).
 
     The more loaded lane of the pair (call it A; equal loads: no moves) sends load to the other
@@ -178,9 +181,7 @@ def pair_lanes(avg_lane_loads: Any) -> list[tuple[int, int]]:
     return [(int(order[i]), int(order[n - 1 - i])) for i in range(n // 2)]
 
 
-def _select_improving(
-    plan: list[Move], load: dict[int, float], limit: int
-) -> list[Move]:
+def _select_improving(plan: list[Move], load: dict[int, float], limit: int) -> list[Move]:
     """At most ``limit`` moves of ``plan`` (between two lanes) that leave the pair better off.
 
     Repeatedly accepts the largest-load remaining move (ties: lower item) that does not widen
@@ -381,7 +382,11 @@ class Balancer:
         frozen = self.frozen
         self._frozen = {i: left - 1 for i, left in self._frozen.items() if left > 1}
         lane_avg = lane_loads(series, assignment, lanes).mean(axis=1)
-        if lanes > 1 and _imbalance(lane_avg) >= self.threshold and float(lane_avg.max() - lane_avg.min()) > 0:
+        if (
+            lanes > 1
+            and _imbalance(lane_avg) >= self.threshold
+            and float(lane_avg.max() - lane_avg.min()) > 0
+        ):
             self._streak += 1
         else:
             self._streak = 0

@@ -162,7 +162,9 @@ def makespan(avg_lane_loads: Any) -> float:
     return float(x.max()) if x.size else 0.0
 
 
-def predicted_lane_loads(series: Any, assignment: Any, lanes: int, moves: Iterable[Move]) -> np.ndarray:
+def predicted_lane_loads(
+    series: Any, assignment: Any, lanes: int, moves: Iterable[Move]
+) -> np.ndarray:
     """Average load of every lane once ``moves`` are applied (in order) to ``assignment``.
 
     Raises ``ValueError`` if a move's ``src`` is not the item's lane at that point: a stale move
@@ -175,7 +177,9 @@ def predicted_lane_loads(series: Any, assignment: Any, lanes: int, moves: Iterab
         if not 0 <= m.item < a.shape[0]:
             raise ValueError(f"move of unknown item {m.item}")
         if a[m.item] != m.src:
-            raise ValueError(f"move of item {m.item} from lane {m.src}, but it is on lane {int(a[m.item])}")
+            raise ValueError(
+                f"move of item {m.item} from lane {m.src}, but it is on lane {int(a[m.item])}"
+            )
         a[m.item] = _check_lane(m.dst, lanes, "move destination")
     out = np.zeros(lanes)
     np.add.at(out, a, s.mean(axis=1))

@@ -95,7 +95,9 @@ class Scaler:
         self.tolerance = float(tolerance)
         self._last_change: int | None = None
 
-    def decide(self, epoch: int, lanes_now: int, arrival_rate: float, true_rate_per_lane: float) -> int | None:
+    def decide(
+        self, epoch: int, lanes_now: int, arrival_rate: float, true_rate_per_lane: float
+    ) -> int | None:
         """The new lane count to run ``epoch`` with, or ``None`` to keep ``lanes_now``."""
         lanes_now = _check_lanes(lanes_now, "lanes_now")
         if not self.min_lanes <= lanes_now <= self.max_lanes:
@@ -108,10 +110,20 @@ class Scaler:
             return None
         t = self.target_utilization
         if arrival / (rate * lanes_now) > t * (1 + self.tolerance):
-            out = ds2_lanes(arrival, rate, target_utilization=t, min_lanes=self.min_lanes, max_lanes=self.max_lanes)
+            out = ds2_lanes(
+                arrival,
+                rate,
+                target_utilization=t,
+                min_lanes=self.min_lanes,
+                max_lanes=self.max_lanes,
+            )
             return self._change(epoch, out) if out > lanes_now else None
         smaller = ds2_lanes(
-            arrival, rate, target_utilization=t * (1 - self.tolerance), min_lanes=self.min_lanes, max_lanes=self.max_lanes
+            arrival,
+            rate,
+            target_utilization=t * (1 - self.tolerance),
+            min_lanes=self.min_lanes,
+            max_lanes=self.max_lanes,
         )
         return self._change(epoch, smaller) if smaller < lanes_now else None
 
