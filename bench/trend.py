@@ -112,7 +112,7 @@ def tables(results: list[tuple[str, str, dict[str, Any]]], prefix: str = "") -> 
         columns, row = KINDS[name][1], KINDS[name][2]
         t = Table(title=f"{name}{' · ' + workload if workload else ''}")
         for c in ("run", "commit", *columns):
-            t.add_column(c, justify="left" if c in ("run", "commit") else "right")
+            t.add_column(c, justify="left" if c in ("run", "commit") else "right", no_wrap=True)
         for r in runs:
             try:
                 cells = row(r)
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None, console: Console | None = None) -> None:
     ap.add_argument("prefix", nargs="?", default="", help="only benchmarks or workloads starting with this")
     ap.add_argument("--results", default=str(RESULTS), help="the folder of result JSON files")
     args = ap.parse_args(argv)
-    console = console or Console()
+    # wide tables rather than cut numbers: a narrow terminal scrolls
+    console = console or Console(width=max(Console().width, 150))
     for t in tables(load(sorted(Path(args.results).rglob("*.json"))), args.prefix):
         console.print(t)
 
