@@ -21,11 +21,16 @@ class Controller:
         self.manager = DistributionManager(spec, max_lanes=max_lanes)
         self.overload = OverloadController(spec) if spec.control.overload is not None else None
 
-    def snapshot(self) -> ControllerState:
-        """The whole state, as data (copies: it does not change as the controller goes on)."""
+    def snapshot(self, statistics: bool = True) -> ControllerState:
+        """The whole state, as data (copies: it does not change as the controller goes on).
+
+        Planning changes only the policies' hysteresis and decisions, never the statistics (the
+        load history, the overload model): those change when an epoch is observed. A plan's
+        snapshot therefore leaves them out (``statistics=False``); restoring it on top of the
+        last commit's state gives the state as the plan was made, at a fraction of the size."""
         return ControllerState(
-            manager=self.manager.state(),
-            overload=self.overload.state() if self.overload is not None else None,
+            manager=self.manager.state(statistics),
+            overload=self.overload.state() if self.overload is not None and statistics else None,
         )
 
     def restore(self, state: ControllerState) -> None:

@@ -152,7 +152,7 @@ class DistributionManager:
         return [d.to_json() for d in self.decisions[-n:]]
 
     # ------------------------------------------------------------------ state
-    def state(self) -> ManagerState:
+    def state(self, statistics: bool = True) -> ManagerState:
         """Everything the manager needs to decide after a restart as it would have without one:
         the statistics, the policies' hysteresis, what was placed, and of the decisions those
         still to be measured and the :data:`RECENT` ones (the others are never looked at again)."""
@@ -162,7 +162,9 @@ class DistributionManager:
                 n: [LoadRecord.model_validate(fields_plain(x)) for x in self.history.epochs(n)]
                 for n in self.history.steps()
                 if self.routing and n in self.steps
-            },
+            }
+            if statistics
+            else None,
             balancers={
                 n: BalancerState.model_validate(_pick(b.state(), BalancerState))
                 for n, b in self.balancers.items()
@@ -181,10 +183,12 @@ class DistributionManager:
         )
 
     def restore(self, state: ManagerState) -> None:
-        """Continue from ``state`` (the balancers and scalers keep their settings from the spec)."""
-        self.history.restore(
-            {n: [x.model_dump() for x in loads] for n, loads in state.history.items()}
-        )
+        """Continue from ``state`` (the balancers and scalers keep their settings from the spec;
+        a state without statistics leaves the load history as it is)."""
+        if state.history is not None:
+            self.history.restore(
+                {n: [x.model_dump() for x in loads] for n, loads in state.history.items()}
+            )
         for n, b in state.balancers.items():
             if n in self.balancers:
                 self.balancers[n] = policies.Balancer.from_state(

@@ -86,8 +86,9 @@ class ScalerState(_Data):
 class ManagerState(_Data):
     """The distribution manager's (:class:`~eddyline.control.manager.DistributionManager`)."""
 
-    #: per step, the statistics of its last epochs (at most ``control.history``), oldest first
-    history: dict[str, list[LoadRecord]] = {}
+    #: per step, the statistics of its last epochs (at most ``control.history``), oldest first;
+    #: None in a snapshot taken without the statistics (see :meth:`Controller.snapshot`)
+    history: dict[str, list[LoadRecord]] | None = {}
     balancers: dict[str, BalancerState] = {}
     scalers: dict[str, ScalerState] = {}
     #: steps whose initial placement was made (or is not to be made)

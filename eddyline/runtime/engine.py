@@ -156,7 +156,9 @@ class Engine:
         started_at = float(self.ckpt.open(self.spec.fingerprint())["started_at"])
         last = self.ckpt.latest_commit()
         pending = self.ckpt.pending_plan(last.epoch if last else 0)
-        self._restore(pending.control if pending else last.control if last else {})
+        self._restore(last.control if last else {})
+        if pending is not None:
+            self._restore(pending.control)
         summary, thawed, t_start, prev_start = RunSummary(), False, time.monotonic(), None
         try:
             while not (
@@ -178,8 +180,7 @@ class Engine:
                     self.ckpt.write_plan(plan)  # 2. log
                 self.faults.reached(FaultPoint.AFTER_PLAN, plan.epoch)
                 last, record = self._epoch(plan, last, replayed)  # 3.–8.
-                elapsed = epoch_start - prev_start if prev_start is not None else 0.0
-                record.data["inputRowsPerSecond"] = record.input_rows / elapsed if elapsed > 0 else 0.0
+                record = record.with_input_rate(epoch_start - prev_start if prev_start is not None else 0.0)
                 prev_start, self._python_used_at = epoch_start, time.monotonic()
                 summary.add(plan.epoch, record, replayed)
                 if summary.epochs == 1:
@@ -242,8 +243,8 @@ class Engine:
         return done, report(self.spec, self.controller, plan, staged, folded, shed, ms, replayed, observed_ms, wall_s)
 
     def _restore(self, control: dict) -> None:
-        """Continue with the controller state of the last commit, or of the plan being replayed
-        (as it was once that plan was made)."""
+        """Continue with the controller state of the last commit and, on top of it, of the plan
+        being replayed (as it was once that plan was made)."""
         if control:
             self.controller.restore(ControllerState.model_validate(control))
 

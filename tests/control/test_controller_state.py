@@ -82,3 +82,21 @@ def test_overload_outcomes_worth_a_decision() -> None:
         assert quiet.worth_reporting == (outcome not in QUIET)
         assert OverloadVerdict(outcome, {"src": 10}, {}, {}).worth_reporting
         assert OverloadVerdict(outcome, {}, {"s": {"keep": [0.5]}}, {}).worth_reporting
+
+
+def test_a_plans_snapshot_on_top_of_the_last_commits_is_the_state_the_plan_was_made_with() -> None:
+    """A plan logs the controller's state without the statistics (planning does not change
+    them); restored on top of the last commit's full state it gives back the whole state."""
+    net = spec(CONTROL)
+    controller = Controller(net, max_lanes=3)
+    table = RoutingTable.uniform(K, 2)
+    for epoch in range(1, EPOCHS + 1):
+        committed = json.loads(json.dumps(controller.snapshot().model_dump(mode="json")))
+        table, _ = controller.manager.plan(epoch, "s", table)
+        planned = controller.snapshot(statistics=False)
+        assert planned.manager.history is None
+        replay = Controller(net, max_lanes=3)
+        replay.restore(ControllerState.model_validate(committed))
+        replay.restore(ControllerState.model_validate(json.loads(json.dumps(planned.model_dump(mode="json")))))
+        assert replay.snapshot() == controller.snapshot(), epoch
+        controller.manager.observe("s", load(epoch, table, per_kg(epoch), wall_s=0.075))

@@ -79,7 +79,7 @@ class Planner:
             self.tables.plan(last.tables if last else {}),
             decisions,
             shed,
-            self.controller.snapshot().model_dump(mode="json"),
+            self.controller.snapshot(statistics=False).model_dump(mode="json"),
         )
 
     # ------------------------------------------------------------------ slices

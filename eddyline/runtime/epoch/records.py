@@ -31,7 +31,8 @@ class EpochPlan:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     #: stateful step -> {"keep": [per input], "seed", "mode", "thresholds"}: rows to shed
     shed: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: the controller's state once it planned this epoch (a replay continues from it)
+    #: the controller's state once it planned this epoch, without the statistics (they are the
+    #: last commit's): a replay continues from the two together
     control: dict[str, Any] = field(default_factory=dict)
     planned_at: float = field(default_factory=time.time)
 
@@ -171,6 +172,12 @@ class ProgressRecord:
     @property
     def input_rows(self) -> int:
         return int(self.data["numInputRows"])
+
+    def with_input_rate(self, seconds_since_last_epoch: float) -> ProgressRecord:
+        """The record with ``inputRowsPerSecond``: its input rows over the time since the
+        previous epoch of this run started (0 for the first)."""
+        s = seconds_since_last_epoch
+        return ProgressRecord({**self.data, "inputRowsPerSecond": self.input_rows / s if s > 0 else 0.0})
 
     def to_json(self) -> dict[str, Any]:
         return self.data
