@@ -156,6 +156,76 @@ def _run(
     )
 
 
+def _target(to: str) -> tuple[str, str]:
+    """``nats://host:port/STREAM`` → (server URL, stream)."""
+    head, _, stream = to.rstrip("/").rpartition("/")
+    if not to.startswith("nats://") or not stream or head in ("nats:", "nats:/"):
+        raise SpecError(f"--to: expected nats://host:port/STREAM, got {to!r}")
+    return head, stream
+
+
+def _feeds(what: str, subject: str, only: str | None, sets: list[str]):  # noqa: ANN202
+    from eddyline.api.sources import SourceSpec
+    from eddyline.io.produce import Feed
+
+    params: dict[str, object] = {"unpaced": True}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise SpecError(f"--set: expected key=value, got {item!r}")
+        params[key.strip()] = yaml_value(value)
+    try:
+        if what == "generator":
+            return [Feed(SourceSpec.model_validate({"name": "generator", "generator": params}), subject)]
+        if what == "nexmark":
+            kinds = [k.strip() for k in (only or "person,auction,bid").split(",")]
+            return [
+                Feed(SourceSpec.model_validate({"name": k, "nexmark": {**params, "stream": k}}), f"{subject}.{k}")
+                for k in kinds
+            ]
+    except ValueError as e:  # pydantic's, naming the field
+        raise SpecError(f"{what}: {e}") from None
+    raise SpecError(f"produce: expected 'nexmark' or 'generator', got {what!r}")
+
+
+def yaml_value(text: str) -> object:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+@app.command()
+def produce(
+    what: Annotated[str, typer.Argument(help="the built-in generator: nexmark or generator")],
+    to: Annotated[str, typer.Option(help="nats://host:port/STREAM (created if missing)")],
+    subject: Annotated[str | None, typer.Option(help="subject; nexmark publishes SUBJECT.person/.auction/.bid; default: the stream name in lower case")] = None,
+    only: Annotated[str | None, typer.Option(help="nexmark: which of person,auction,bid")] = None,
+    rate: Annotated[float | None, typer.Option(help="offsets (nexmark: events) per second of wall time; default: as fast as possible")] = None,
+    events: Annotated[int | None, typer.Option(help="how many offsets to publish; default: until Ctrl-C")] = None,
+    start: Annotated[int, typer.Option(help="the first offset")] = 0,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="a generator parameter, key=value (e.g. seed=3)")] = None,
+    master: Master = None,
+) -> None:
+    """Publish a built-in generator's rows to a NATS JetStream stream, one JSON object a message."""
+    from eddyline.io.produce import produce as run_producer
+
+    stop = {"now": False}
+    signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("now", True))
+    try:
+        url, stream = _target(to)
+        feeds = _feeds(what, subject or stream.lower(), only, set_ or [])
+        if events is None and rate is None:
+            err.print("[dim]no --events: publishing until Ctrl-C[/dim]")
+        reached = run_producer(
+            _spark(master), url, stream, feeds, start=start, end=None if events is None else start + events,
+            rate=rate, should_stop=lambda: stop["now"],
+            on_chunk=lambda done, n: err.print(f"[dim]offset {done:,}: {n:,} messages[/dim]"),
+        )
+    except EddylineError as e:
+        raise _fail(e) from None
+    typer.echo(f"published offsets {start:,}..{reached:,} to stream {stream} at {url}")
+
+
 @app.command()
 def demo(
     duration: Annotated[float, typer.Option(help="seconds to run")] = 60,

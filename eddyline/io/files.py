@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 from eddyline.api.registry import SINKS, SOURCES
 from eddyline.api.units import Files
 from eddyline.errors import SinkError, SourceError
+from eddyline.io.records import ddl_struct, decode
 from eddyline.io.sinks import Sink, SinkKind
 from eddyline.io.sources import BadCounter, Frames, Source, SourceKind
 from eddyline.storage import filesystem
@@ -138,7 +139,7 @@ class FilesSource(Source):
                 df, footers = self._read_parquet(spark, fs, paths)
                 if p.schema_:
                     df = df.select(
-                        *[F.col(f.name).cast(f.dataType) for f in _ddl_struct(spark, p.schema_)]
+                        *[F.col(f.name).cast(f.dataType) for f in ddl_struct(spark, p.schema_)]
                     )
                     footers = None  # the footers describe the files, not the cast columns
                 return Frames(df, footers=footers)
@@ -150,23 +151,10 @@ class FilesSource(Source):
                         "so the network can be planned before files arrive"
                     )
                 return Frames(spark.read.parquet(f"{base}/{known[0]}").limit(0))
-            return Frames(spark.createDataFrame([], _ddl_struct(spark, p.schema_)))
+            return Frames(spark.createDataFrame([], ddl_struct(spark, p.schema_)))
         assert p.schema_ is not None
-        struct = _ddl_struct(spark, p.schema_)
         lines = _read_lines(spark, [_spark_path(p.path, x) for x in paths])
-        parse = "from_json" if p.format == "json" else "from_csv"
-        ddl = f"{p.schema_}, _corrupt_record string".replace("'", "\\'")
-        opts = "map('mode', 'PERMISSIVE', 'columnNameOfCorruptRecord', '_corrupt_record')"
-        df = lines.selectExpr("file", "line", "raw", f"{parse}(raw, '{ddl}', {opts}) AS _r").selectExpr(
-            "*", "(_r IS NULL OR _r._corrupt_record IS NOT NULL) AS _bad"
-        )
-        if count_bad is not None:
-            df = count_bad(df)
-        data = df.where("NOT _bad").selectExpr(*[f"_r.`{f.name}` AS `{f.name}`" for f in struct])
-        dead = df.where("_bad").selectExpr(
-            f"'{self.name}' AS source", "file", "line", "raw", f"{_reason_sql(p.format, struct)} AS reason"
-        )
-        return Frames(data, dead)
+        return decode(spark, lines, p.format, p.schema_, self.name, count_bad)
 
 
 def _footer(fs: pafs.FileSystem, path: str) -> Any:
@@ -174,35 +162,6 @@ def _footer(fs: pafs.FileSystem, path: str) -> Any:
 
     with fs.open_input_file(path) as f:
         return pq.read_metadata(f)
-
-
-def _ddl_struct(spark: SparkSession, ddl: str) -> Any:
-    from pyspark.sql.types import StructType, _parse_datatype_string
-
-    t = _parse_datatype_string(ddl)
-    assert isinstance(t, StructType)
-    return t
-
-
-def _reason_sql(fmt: str, struct: Any) -> str:
-    """SQL naming the first field that does not fit, or saying the line is not JSON / CSV."""
-    if fmt == "json":
-        checks = ["CASE WHEN from_json(raw, 'map<string,string>') IS NULL THEN 'not a valid JSON object' END"]
-        for f in struct:
-            t = f.dataType.simpleString()
-            text = f"get_json_object(raw, '$.{f.name}')"
-            checks.append(
-                f"CASE WHEN {text} IS NOT NULL AND try_cast({text} AS {t}) IS NULL "
-                f"THEN concat('field ''{f.name}'': expected {t}, got ', substring({text}, 1, 80)) END"
-            )
-        checks.append("'record does not fit the schema'")
-        return f"coalesce({', '.join(checks)})"
-    n = len(struct.fields)
-    return (
-        f"CASE WHEN size(split(raw, ',')) != {n} "
-        f"THEN concat('expected {n} CSV fields, got ', CAST(size(split(raw, ',')) AS STRING)) "
-        f"ELSE 'a CSV field does not fit the schema: {struct.simpleString()}' END"
-    )
 
 
 def _spark_path(directory: str, full: str) -> str:

@@ -20,6 +20,7 @@ from eddyline.api.sinks import SinkSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
 
 @dataclass
@@ -34,8 +35,18 @@ class Sink:
     def name(self) -> str:
         return self.spec.name
 
+    def open(self, network: str, schema: StructType) -> None:
+        """Called once per run, before the sink stages its first epoch and before that epoch's
+        first job: ``network`` is the network's name, ``schema`` its input's Spark schema. A sink
+        that writes into something that exists already checks it here, raising
+        :class:`~eddyline.errors.SinkError` before anything is written."""
+
     def stage(self, df: DataFrame, epoch: int) -> None:
         raise NotImplementedError
+
+    def status(self) -> dict[str, Any] | None:
+        """How its server is doing (sinks that write to one): shown in the progress."""
+        return None
 
     def publish(self, epoch: int) -> None:
         """Make the staged epoch visible (no-op for sinks that stage in memory)."""

@@ -71,6 +71,10 @@ class Source:
         """How many offsets exist now (the end of the readable range)."""
         raise NotImplementedError
 
+    def status(self) -> dict[str, Any] | None:
+        """How its server is doing (sources that read from one): shown in the progress."""
+        return None
+
     def plan(self, start: int, elapsed_s: float, cursor: str | None = None, cap: int | None = None) -> dict[str, Any]:
         """The epoch's slice: ``{"start", "end"}`` plus anything a replay needs (files: the
         names, and ``cursor``, the last name read, which the commit keeps for the next plan).

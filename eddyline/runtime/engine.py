@@ -240,7 +240,15 @@ class Engine:
             commit=(t_commit - t_pub) * 1000,
             cleanup=(t_cleanup - t_commit) * 1000,
         )
-        return done, report(self.spec, self.controller, plan, staged, folded, shed, ms, replayed, observed_ms, wall_s)
+        status = {
+            name: health
+            for name, health in [(n, s.status()) for n, s in self.sources.items()]
+            + [(n, s.status()) for n, s in self.sinks.items()]
+            if health is not None
+        }
+        return done, report(
+            self.spec, self.controller, plan, staged, folded, shed, ms, replayed, observed_ms, wall_s, status
+        )
 
     def _restore(self, control: dict) -> None:
         """Continue with the controller state of the last commit and, on top of it, of the plan

@@ -41,9 +41,12 @@ def report(
     replayed: bool,
     observed_ms: float,
     wall_s: float,
+    status: dict[str, dict[str, Any]] | None = None,
 ) -> ProgressRecord:
     """``observed_ms``: the epoch's duration as the overload controller observed it (up to the
-    commit); ``wall_s``: seconds since the previous epoch started."""
+    commit); ``wall_s``: seconds since the previous epoch started; ``status``: per source and
+    sink name that talks to a server, how that server is doing."""
+    status = status or {}
     input_rows = sum(int(staged.observed.get(f"source:{s.name}", {}).get("rows") or 0) for s in spec.sources)
     total = ms.total
     watermark = min(plan.watermarks.values()) if plan.watermarks else None
@@ -74,10 +77,13 @@ def report(
                 "startOffset": s["start"],
                 "endOffset": s["end"],
                 "numInputRows": int(staged.observed.get(f"source:{n}", {}).get("rows") or 0),
+                **({"backlog": s.get("backlog", 0), **status[n]} if n in status else {}),
             }
             for n, s in plan.sources.items()
         ],
-        "sinks": [{"description": n, "numOutputRows": r} for n, r in staged.sink_rows.items()],
+        "sinks": [
+            {"description": n, "numOutputRows": r, **status.get(n, {})} for n, r in staged.sink_rows.items()
+        ],
         "deadLetters": staged.dead_letters,
         "lateRows": sum(folded.late_rows.values()),
         "routing": {n: _routing_summary(r) for n, r in plan.routing.items()},

@@ -1,0 +1,243 @@
+"""The ``nats`` source and sink: NATS JetStream streams.
+
+As a source, the offset is the stream sequence: an epoch's slice is a range of sequences, logged
+in the plan like any other, so a replay reads the very same messages (a stream keeps them until
+its limits remove them). Spark's tasks read the range themselves, split into sub-ranges so every
+core reads (batched direct get: the stream needs ``allow_direct``), and the records — one JSON
+object or CSV line per message — are decoded in Spark like a file's lines; one that does not fit
+becomes a dead letter whose ``file`` is the stream and ``line`` the sequence. The progress shows
+the lag (last sequence in the stream − the last one read) as ``backlog``. With ``subject`` the
+source reads only the matching messages; its offsets still count the stream's sequences.
+
+As a sink, the epoch's rows are published as JSON objects, each with the message id
+``network/sink/epoch/position`` (positions follow the rows' JSON text in byte order, so a replay
+of the epoch numbers them the same). The server drops a message whose id it saw within the
+stream's de-duplication window, so a replayed epoch's republish adds nothing: exactly once, as
+long as the replay comes within the window (``dedup_window``, 2 minutes by default; the sink
+creates the stream with it, or widens the window of an existing stream to it).
+
+A server that cannot be reached is retried with back-off for up to ``wait``; meanwhile the
+progress shows the source's or sink's ``status``; after that the epoch fails with an error that
+names the source or sink and the server. A restart then replays it exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+import pyarrow as pa
+from pydantic import Field
+
+from eddyline.api.registry import SINKS, SOURCES
+from eddyline.api.units import Duration, Model, format_duration_ms
+from eddyline.errors import SinkError, SourceError
+from eddyline.io.natswire import NatsConnection, NatsError, NatsUnreachable, ensure_stream, redact
+from eddyline.io.records import decode, to_json_column
+from eddyline.io.retry import Health, with_retry
+from eddyline.io.sinks import Sink, SinkKind
+from eddyline.io.sources import BadCounter, Frames, Source, SourceKind
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+    from eddyline.api.sinks import SinkSpec
+    from eddyline.api.sources import SourceSpec
+
+_STREAM = r"^[^\s.*>/\\]+$"
+#: a task reads at least this many sequences; fewer make one task (connecting costs ~1 ms)
+MIN_PER_TASK = 20_000
+
+
+class NatsIn(Model):
+    """A JetStream stream to read: one record per message, JSON (or CSV) with a declared schema."""
+
+    url: str = "nats://127.0.0.1:4222"
+    stream: str = Field(pattern=_STREAM)
+    subject: str | None = None  # read only the messages on these subjects (wildcards allowed)
+    format: Literal["json", "csv"] = "json"
+    schema_: str = Field(alias="schema", min_length=1)
+    wait: Duration = Field(default=30_000, gt=0)  # how long to retry an unreachable server
+
+
+class NatsOut(Model):
+    """A JetStream stream to write: each row a JSON object published on ``subject``."""
+
+    url: str = "nats://127.0.0.1:4222"
+    stream: str = Field(pattern=_STREAM)
+    subject: str = Field(min_length=1)
+    dedup_window: Duration = Field(default=120_000, gt=0)
+    wait: Duration = Field(default=30_000, gt=0)
+
+
+class _Server:
+    """The driver's connection to one server, made again when it is lost."""
+
+    def __init__(self, url: str, wait_ms: int, what: str, error: type[Exception]):
+        self.url, self.wait_s, self.what, self.error = url, wait_ms / 1000, what, error
+        self.health = Health()
+        self._conn: NatsConnection | None = None
+
+    def call(self, action: Any) -> Any:
+        def attempt() -> Any:
+            if self._conn is None:
+                self._conn = NatsConnection(self.url)
+            try:
+                return action(self._conn)
+            except NatsUnreachable:
+                self._conn.close()
+                self._conn = None
+                raise
+
+        def give_up(e: Exception, waited: float) -> Exception:
+            return self.error(
+                f"{self.what}: NATS server {redact(self.url)} unreachable for {waited:.0f}s "
+                f"(wait: {format_duration_ms(int(self.wait_s * 1000))}): {e}"
+            )
+
+        try:
+            return with_retry(attempt, retryable=(NatsUnreachable,), bound_s=self.wait_s,
+                              health=self.health, give_up=give_up)
+        except NatsError as e:
+            if isinstance(e, NatsUnreachable):
+                raise
+            raise self.error(f"{self.what}: {e}") from e
+
+
+class NatsSource(Source):
+    def __init__(self, spec: SourceSpec):
+        super().__init__(spec)
+        p: NatsIn = spec.params
+        self.server = _Server(p.url, p.wait, f"source '{spec.name}'", SourceError)
+        self._checked = False
+
+    @property
+    def params(self) -> NatsIn:
+        return self.spec.params
+
+    def status(self) -> dict[str, Any]:
+        return self.server.health.to_json()
+
+    def available(self, elapsed_s: float) -> int:
+        info = self.server.call(lambda c: c.stream_info(self.params.stream))
+        if not self._checked:
+            if not info["config"].get("allow_direct"):
+                raise SourceError(
+                    f"source '{self.name}': stream {self.params.stream!r} does not allow direct get, which "
+                    "Eddyline reads with; enable it (nats stream edit "
+                    f"{self.params.stream} --allow-direct) or let `eddyline produce` create the stream"
+                )
+            self._checked = True
+        return int(info["state"]["last_seq"])
+
+    def frames(
+        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
+    ) -> Frames:
+        p = self.params
+        lo, hi = planned["start"] + 1, planned["end"] + 1  # offset n = sequence n read
+        if hi <= lo:
+            lines = spark.createDataFrame([], "file string, line long, raw string")
+        else:
+            tasks = max(1, min(partitions, -(-(hi - lo) // MIN_PER_TASK)))
+            bounds = [lo + (hi - lo) * i // tasks for i in range(tasks + 1)]
+            read = functools.partial(read_ranges, p.url, p.stream, p.subject, bounds, p.wait / 1000, self.name)
+            lines = (
+                spark.range(0, tasks, 1, tasks)
+                .mapInArrow(read, "file string, line long, raw binary")
+                .selectExpr("file", "line", "CAST(raw AS STRING) AS raw")
+            )
+        return decode(spark, lines, p.format, p.schema_, self.name, count_bad)
+
+
+def read_ranges(
+    url: str, stream: str, subject: str | None, bounds: list[int], wait_s: float, source: str,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """In a Spark task: the messages of the sub-ranges whose numbers arrive in ``batches``
+    (sub-range i is [bounds[i], bounds[i+1])), as (stream, sequence, payload). A lost connection
+    is made again and the read resumes after the last sequence received, for up to ``wait_s``."""
+    conn: NatsConnection | None = None
+    for batch in batches:
+        for i in batch.column(0).to_pylist():
+            seq, end = bounds[i], bounds[i + 1]
+            t_lost: float | None = None
+            while seq < end:
+                try:
+                    if conn is None:
+                        conn = NatsConnection(url)
+                    for seqs, payloads in conn.read_range(stream, seq, end, subject):
+                        t_lost = None
+                        yield pa.RecordBatch.from_arrays(
+                            [pa.array([stream] * len(seqs), pa.string()), pa.array(seqs, pa.int64()),
+                             pa.array(payloads, pa.binary())],
+                            names=["file", "line", "raw"],
+                        )
+                        seq = seqs[-1] + 1
+                    break
+                except NatsUnreachable as e:
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                    t_lost = t_lost or time.monotonic()
+                    if time.monotonic() - t_lost > wait_s:
+                        raise SourceError(f"source '{source}': NATS server {redact(url)} unreachable: {e}") from e
+                    time.sleep(0.2)
+    if conn is not None:
+        conn.close()
+
+
+class NatsSink(Sink):
+    counts_itself = True
+
+    def __init__(self, spec: SinkSpec):
+        super().__init__(spec)
+        p: NatsOut = spec.params
+        self.server = _Server(p.url, p.wait, f"sink '{spec.name}'", SinkError)
+        self.network = ""
+
+    def status(self) -> dict[str, Any]:
+        return self.server.health.to_json()
+
+    def open(self, network: str, schema: StructType) -> None:
+        p: NatsOut = self.spec.params
+        self.network = network
+        self.server.call(lambda c: ensure_stream(c, p.stream, [p.subject], p.dedup_window))
+
+    def stage(self, df: DataFrame, epoch: int) -> None:
+        rows = to_json_column(df).toArrow()
+        self.collected[epoch] = pa.table({"v": pa.array(sorted(rows.column(0).to_pylist()), pa.string())})
+
+    def publish(self, epoch: int) -> None:
+        staged = self.collected.get(epoch)
+        if staged is None:
+            return
+        subject = self.spec.params.subject
+        prefix = f"{self.network}/{self.name}/{epoch}/"
+        messages = [(subject, f"{prefix}{i}", v.encode()) for i, v in enumerate(staged.column(0).to_pylist())]
+        self.server.call(lambda c: c.publish(messages))
+        del self.collected[epoch]
+
+
+@SOURCES.register
+class NatsSourceKind(SourceKind):
+    key = "nats"
+    params = NatsIn
+    offsets = "stream sequences"
+
+    def make(self, spec: SourceSpec) -> NatsSource:
+        return NatsSource(spec)
+
+
+@SINKS.register
+class NatsSinkKind(SinkKind):
+    key = "nats"
+    params = NatsOut
+
+    def describe(self, params: Any) -> str:
+        return f"NATS stream {params.stream} at {redact(params.url)}, subject {params.subject} (JSON)"
+
+    def make(self, spec: SinkSpec, console: Any = None) -> NatsSink:
+        return NatsSink(spec)

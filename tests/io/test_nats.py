@@ -1,0 +1,150 @@
+"""The ``nats`` source and sink against a real ``nats-server -js``; nats-py, the reference client,
+writes the input streams and reads the outputs back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+
+from eddyline.api.sinks import SinkSpec
+from eddyline.api.sources import SourceSpec
+from eddyline.errors import SourceError
+from eddyline.io.jetstream import NatsSink, NatsSource
+from eddyline.io.natswire import NatsConnection, NatsError, NatsUnreachable, ensure_stream
+
+SCHEMA = "id long, name string, price double"
+
+
+def _stream() -> str:
+    return f"S{uuid.uuid4().hex[:10]}"
+
+
+async def _publish(url: str, stream: str, payloads: list[bytes], *, allow_direct: bool = True) -> None:
+    import nats
+    from nats.js.api import StreamConfig
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"], allow_direct=allow_direct))
+    for i, p in enumerate(payloads):
+        await js.publish(f"{stream}.{'a' if i % 2 == 0 else 'b'}", p)
+    await nc.close()
+
+
+async def _read_all(url: str, stream: str) -> list[tuple[int, bytes, str | None]]:
+    """(sequence, payload, message id) of every message, read with nats-py."""
+    import nats
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    info = await js.stream_info(stream)
+    out = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        m = await js.get_msg(stream, seq)
+        out.append((m.seq, m.data, (m.headers or {}).get("Nats-Msg-Id")))
+    await nc.close()
+    return out
+
+
+def _source(url: str, stream: str, **extra) -> NatsSource:
+    return NatsSource(SourceSpec.model_validate(
+        {"name": "bids", "nats": {"url": url, "stream": stream, "schema": SCHEMA, **extra}}))
+
+
+def test_the_wire_client_reads_ranges_as_nats_py_wrote_them_and_publishes_with_dedup(nats_server):
+    stream = _stream()
+    payloads = [json.dumps({"id": i}).encode() for i in range(25)]
+    asyncio.run(_publish(nats_server.url, stream, payloads))
+    with NatsConnection(nats_server.url) as c:
+        got = [(s, p) for seqs, ps in c.read_range(stream, 3, 20, batch=4) for s, p in zip(seqs, ps, strict=True)]
+        assert got == [(s, payloads[s - 1]) for s in range(3, 20)]
+        only_b = [s for seqs, _ in c.read_range(stream, 1, 26, f"{stream}.b") for s in seqs]
+        assert only_b == list(range(2, 26, 2))
+        assert list(c.read_range(stream, 26, 40)) == []
+
+        out = _stream()
+        ensure_stream(c, out, [f"{out}.x"], duplicate_window_ms=60_000)
+        first = c.publish([(f"{out}.x", f"id-{i}", b"%d" % i) for i in range(5)])
+        again = c.publish([(f"{out}.x", f"id-{i}", b"%d" % i) for i in range(7)])
+        assert [a.duplicate for a in first] == [False] * 5
+        assert [a.duplicate for a in again] == [True] * 5 + [False] * 2
+        with pytest.raises(NatsError, match="no stream takes subject"):
+            c.publish([("nowhere.at.all", None, b"x")])
+    assert [(s, p) for s, p, _ in asyncio.run(_read_all(nats_server.url, out))] == [
+        (i + 1, b"%d" % i) for i in range(7)]
+    with pytest.raises(NatsUnreachable, match="127.0.0.1:1"):
+        NatsConnection("nats://127.0.0.1:1", timeout_s=1)
+
+
+def test_the_source_reads_its_planned_range_in_sub_ranges_and_keeps_bad_records_with_the_reason(spark, nats_server):
+    stream = _stream()
+    good = [json.dumps({"id": i, "name": f"n{i}", "price": i * 1.5}).encode() for i in range(40)]
+    bad = {
+        41: b"not json at all",
+        42: json.dumps({"id": "seven", "name": "x", "price": 1.0}).encode(),  # wrong type
+        43: json.dumps({"id": 43, "price": 2.0}).encode(),  # a field missing
+        44: json.dumps({"id": 44, "name": "y" * 1_000_000, "price": 3.0}).encode()[:1_000_000],  # cut 1 MB
+    }
+    payloads = good + [bad[k] for k in sorted(bad)] + [json.dumps({"id": 45, "name": None, "price": 0.5}).encode()]
+    asyncio.run(_publish(nats_server.url, stream, payloads))
+    src = _source(nats_server.url, stream)
+    assert src.available(0.0) == 45
+    planned = src.plan(10, 0.0)
+    assert (planned["start"], planned["end"], planned["backlog"]) == (10, 45, 0)
+
+    frames = src.frames(spark, planned, 3)
+    rows = sorted(tuple(r) for r in frames.data.collect())
+    assert rows == [(i, f"n{i}", i * 1.5) for i in range(10, 40)] + [(45, None, 0.5)]  # a null is a value
+    dead = {r.line: r for r in frames.dead_letters.collect()}
+    assert sorted(dead) == [41, 42, 43, 44] and {r.file for r in dead.values()} == {stream}
+    assert dead[41].reason == "not a valid JSON object"
+    assert dead[42].reason.startswith("field 'id': expected bigint, got seven")
+    assert dead[43].reason == "missing field(s): name"
+    assert dead[44].reason == "not a valid JSON object" and len(dead[44].raw) == 1_000_000
+
+    # more partitions than records still reads every record once; an empty range reads none
+    assert frames.data.count() == src.frames(spark, planned, 64).data.count() == 31
+    assert src.frames(spark, {"start": 45, "end": 45}, 2).data.count() == 0
+
+
+def test_the_source_refuses_a_stream_without_direct_get_and_a_missing_stream_by_name(nats_server):
+    stream = _stream()
+    asyncio.run(_publish(nats_server.url, stream, [b"{}"], allow_direct=False))
+    with pytest.raises(SourceError, match=f"source 'bids': stream '{stream}' does not allow direct get"):
+        _source(nats_server.url, stream).available(0.0)
+    with pytest.raises(SourceError, match="source 'bids'.*stream not found"):
+        _source(nats_server.url, "NOPE").available(0.0)
+
+
+def test_an_unreachable_server_is_retried_for_wait_then_named_in_the_error():
+    src = _source("nats://127.0.0.1:1", "S", wait="1s")
+    with pytest.raises(SourceError, match=r"source 'bids': NATS server nats://127.0.0.1:1 unreachable for \d+s"):
+        src.available(0.0)
+    assert src.status()["status"].startswith("retrying since") and src.status()["retries"] >= 3
+
+
+def test_the_sink_publishes_each_row_once_and_a_replayed_epoch_adds_nothing(spark, nats_server):
+    out = _stream()
+    spec = SinkSpec.model_validate(
+        {"name": "counts", "input": "x", "nats": {"url": nats_server.url, "stream": out, "subject": f"{out}.counts"}})
+    df = spark.createDataFrame([(2, "b"), (1, "a"), (3, "c")], "k long, v string")
+    first = NatsSink(spec)
+    first.open("net", df.schema)
+    first.stage(df, 7)
+    assert first.staged_rows(7) == 3
+    first.publish(7)
+    # a new driver replays epoch 7 (its rows come in another order) and goes on with epoch 8
+    second = NatsSink(spec)
+    second.open("net", df.schema)
+    second.stage(df.orderBy("v", ascending=False), 7)
+    second.publish(7)
+    second.stage(spark.createDataFrame([(4, "d")], "k long, v string"), 8)
+    second.publish(8)
+    got = asyncio.run(_read_all(nats_server.url, out))
+    assert [(json.loads(p), mid) for _, p, mid in got] == [
+        ({"k": 1, "v": "a"}, "net/counts/7/0"), ({"k": 2, "v": "b"}, "net/counts/7/1"),
+        ({"k": 3, "v": "c"}, "net/counts/7/2"), ({"k": 4, "v": "d"}, "net/counts/8/0"),
+    ]
