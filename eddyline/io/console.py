@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
@@ -36,7 +37,7 @@ class ConsoleSink(Sink):
         # epoch's observed metrics (input rows, late rows) come from the first action that runs.
         self.collected[epoch] = df.toArrow()
 
-    def publish(self, epoch: int) -> None:
+    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None) -> None:
         from rich.console import Console
         from rich.table import Table
 

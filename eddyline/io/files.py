@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -238,7 +239,7 @@ class FilesSink(Sink):
     def stage(self, df: DataFrame, epoch: int) -> None:
         write_frame(df, self.target, epoch)
 
-    def publish(self, epoch: int) -> None:
+    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None) -> None:
         self.target.publish(epoch)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -210,14 +210,17 @@ class NatsSink(Sink):
         rows = to_json_column(df).toArrow()
         self.collected[epoch] = pa.table({"v": pa.array(sorted(rows.column(0).to_pylist()), pa.string())})
 
-    def publish(self, epoch: int) -> None:
+    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None) -> None:
         staged = self.collected.get(epoch)
         if staged is None:
             return
         subject = self.spec.params.subject
         prefix = f"{self.network}/{self.name}/{epoch}/"
         messages = [(subject, f"{prefix}{i}", v.encode()) for i, v in enumerate(staged.column(0).to_pylist())]
-        self.server.call(lambda c: c.publish(messages))
+        half = len(messages) // 2  # two calls, so that a crash test can cut between them
+        self.server.call(lambda c: c.publish(messages[:half]))
+        midway()
+        self.server.call(lambda c: c.publish(messages[half:]))
         del self.collected[epoch]
 
 

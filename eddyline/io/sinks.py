@@ -10,6 +10,7 @@ epoch, which stages and publishes the same rows again. The kinds (``files``, ``c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -48,8 +49,9 @@ class Sink:
         """How its server is doing (sinks that write to one): shown in the progress."""
         return None
 
-    def publish(self, epoch: int) -> None:
-        """Make the staged epoch visible (no-op for sinks that stage in memory)."""
+    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None) -> None:
+        """Make the staged epoch visible (no-op for sinks that stage in memory). A sink that
+        publishes in several steps calls ``midway()`` between them (crash tests cut there)."""
 
     def staged_rows(self, epoch: int) -> int:
         """Rows staged for ``epoch`` (for sinks that ``counts_itself``)."""

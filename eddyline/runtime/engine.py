@@ -217,7 +217,7 @@ class Engine:
             raise EngineError(f"epoch {plan.epoch}: {line}") from e
         self.faults.reached(FaultPoint.AFTER_STAGE, plan.epoch)
         t_run = time.monotonic()
-        publish(self.outputs, staged, plan.epoch)
+        publish(self.outputs, staged, plan.epoch, self.faults)
         self.faults.reached(FaultPoint.AFTER_PUBLISH, plan.epoch)
         t_pub = time.monotonic()
         folded = fold(self.spec, self.ckpt, plan, last, staged, wall_s)

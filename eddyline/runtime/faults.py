@@ -24,6 +24,7 @@ class FaultPoint(StrEnum):
     AFTER_PLAN = "after_plan"  # the plan is logged; nothing ran
     IN_TASK = "in_task"  # inside the first lane's task, after it wrote its state
     AFTER_STAGE = "after_stage"  # every output staged, nothing published
+    MID_PUBLISH = "mid_publish"  # a sink that publishes in steps has taken some of them
     AFTER_PUBLISH = "after_publish"  # outputs published, the epoch not committed
     MID_COMMIT = "mid_commit"  # the commit written to a temporary file, not yet in place
     AFTER_COMMIT = "after_commit"

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from eddyline.io.files import FilesTarget
 from eddyline.io.sinks import Sink
 from eddyline.runtime.epoch.records import Staged
+from eddyline.runtime.faults import FaultPoint, Faults
 
 
 @dataclass(frozen=True)
@@ -22,9 +23,9 @@ class Outputs:
     shed: FilesTarget | None
 
 
-def publish(outputs: Outputs, staged: Staged, epoch: int) -> None:
+def publish(outputs: Outputs, staged: Staged, epoch: int, faults: Faults) -> None:
     for sink in outputs.sinks.values():
-        sink.publish(epoch)
+        sink.publish(epoch, lambda: faults.reached(FaultPoint.MID_PUBLISH, epoch))
     if staged.dead_letters:
         outputs.dead_letters.publish(epoch)
     for step in staged.late_steps:

@@ -1,0 +1,156 @@
+"""Exactly once through a real broker: ``eddyline run`` reading Nexmark bids from NATS and
+writing windowed counts to NATS is killed (SIGKILL) at every stage of an epoch, including between
+a sink's publishes, and restarted; the NATS server is frozen, killed and restarted under a run.
+Every time, the output stream ends up with exactly the rows of a run nobody disturbed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eddyline.api.sources import SourceSpec
+from eddyline.api.validate import load_spec
+from eddyline.io.nexmark import nexmark_schema
+from eddyline.io.produce import Feed, produce
+from eddyline.runtime.engine import Engine
+
+pytestmark = pytest.mark.slow
+
+EVENTS = 24_000
+PER_EPOCH = 2_500  # stream sequences per epoch: ~10 epochs
+
+
+@pytest.fixture(scope="module")
+def bids(spark, nats_server) -> str:
+    stream = f"BIDS{uuid.uuid4().hex[:8]}"
+    feed = Feed(SourceSpec.model_validate({"name": "bid", "nexmark": {"stream": "bid", "rate": 1_000, "unpaced": True}}),
+                f"{stream}.bid")
+    produce(spark, nats_server.url, stream, [feed], end=EVENTS)
+    return stream
+
+
+def network(url: str, stream: str, out: str, wait: str = "30s") -> dict:
+    return {
+        "name": "hot-auctions", "trigger": 0, "lanes": 2, "key_groups": 16,
+        "sources": [{"name": "bids", "max_rows_per_epoch": PER_EPOCH,
+                     "nats": {"url": url, "stream": stream, "schema": nexmark_schema("bid"), "wait": wait}}],
+        "steps": [
+            {"name": "per_auction", "input": "bids", "window_aggregate": {
+                "key": "auction", "time": "date_time", "window": {"size": "4s", "slide": "2s"},
+                "aggregates": {"bids": "count(*)", "top": "max(price)"}, "watermark_delay": "1s"}},
+        ],
+        "sinks": [{"name": "hot", "input": "per_auction",
+                   "nats": {"url": url, "stream": out, "subject": f"{out}.hot", "wait": wait}}],
+    }
+
+
+async def _read(url: str, stream: str) -> list[str]:
+    import nats
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    info = await js.stream_info(stream)
+    got = [(await js.get_msg(stream, s)).data.decode() for s in range(info.state.first_seq, info.state.last_seq + 1)]
+    await nc.close()
+    return got
+
+
+def output(url: str, stream: str) -> list[str]:
+    """The output stream's messages as canonical JSON, sorted (duplicates stay visible)."""
+    return sorted(json.dumps(json.loads(m), sort_keys=True) for m in asyncio.run(_read(url, stream)))
+
+
+@pytest.fixture(scope="module")
+def expected(spark, nats_server, bids, tmp_path_factory) -> list[str]:
+    out = f"REF{uuid.uuid4().hex[:8]}"
+    tmp = tmp_path_factory.mktemp("ref")
+    Engine(load_spec(network(nats_server.url, bids, out)), spark, str(tmp / "ckpt")).run(until_idle=True)
+    rows = output(nats_server.url, out)
+    assert len(rows) > 500
+    return rows
+
+
+def eddyline_run(spec: Path, ckpt: Path, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec), "--checkpoint", str(ckpt), "--until-idle",
+           "--no-live", "--master", "local[2]", "--progress-json", f"{ckpt}.progress.jsonl", *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _spec_file(tmp: Path, raw: dict) -> Path:
+    path = tmp / "net.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_sigkill_at_every_stage_then_restart_publishes_each_row_exactly_once(nats_server, bids, expected, tmp_path):
+    out = f"OUT{uuid.uuid4().hex[:8]}"
+    spec = _spec_file(tmp_path, network(nats_server.url, bids, out))
+    ckpt = tmp_path / "ckpt"
+    for moment in ["1:after_plan", "2:in_task", "3:after_stage", "4:mid_publish", "5:after_publish",
+                   "6:mid_commit", "7:after_commit"]:
+        proc = eddyline_run(spec, ckpt, "--crash-at", moment)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == -signal.SIGKILL, (moment, err[-2000:])
+    proc = eddyline_run(spec, ckpt)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert output(nats_server.url, out) == expected
+
+
+def _wait_for_epochs(progress: Path, n: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if progress.exists() and len(progress.read_text().splitlines()) >= n:
+            return
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.1)
+    raise AssertionError(f"no {n} epochs within {timeout_s}s")
+
+
+def test_a_frozen_then_a_killed_and_restarted_server_delays_the_run_and_loses_nothing(
+    nats_server, bids, expected, tmp_path
+):
+    out = f"OUT{uuid.uuid4().hex[:8]}"
+    spec = _spec_file(tmp_path, network(nats_server.url, bids, out))
+    ckpt = tmp_path / "ckpt"
+    progress = Path(f"{ckpt}.progress.jsonl")
+    proc = eddyline_run(spec, ckpt)
+    try:
+        _wait_for_epochs(progress, 2, proc)
+        nats_server.pause()  # SIGSTOP: connections hang, reads time out, the run retries
+        time.sleep(7)
+        nats_server.resume()
+        _wait_for_epochs(progress, 5, proc)
+        nats_server.kill()  # and gone: connections refused until it is back on the same port and store
+        time.sleep(3)
+        nats_server.start()
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if nats_server.proc is None:
+            nats_server.start()
+    assert proc.returncode == 0, err[-3000:]
+    assert output(nats_server.url, out) == expected
+    records = [json.loads(line) for line in progress.read_text().splitlines()]
+    retried = [r for r in records for s in r["sources"] + r["sinks"] if s.get("retries", 0) > 0]
+    assert retried, "the progress never showed a retry"
+
+
+def test_a_server_that_stays_away_fails_the_run_with_an_error_naming_the_source_and_server(
+    nats_server, bids, tmp_path
+):
+    raw = network("nats://127.0.0.1:9", bids, "NOWHERE", wait="2s")
+    proc = eddyline_run(_spec_file(tmp_path, raw), tmp_path / "ckpt")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    assert "source 'bids': NATS server nats://127.0.0.1:9 unreachable" in " ".join(err.split())
