@@ -230,13 +230,15 @@ def produce(
 def demo(
     duration: Annotated[float, typer.Option(help="seconds to run")] = 60,
     out: Annotated[str, typer.Option(help="directory for output, checkpoint and progress")] = "demo-out",
+    files: Annotated[bool, typer.Option("--files", help="no servers: the built-in generator in, Parquet out")] = False,
     master: Master = None,
 ) -> None:
-    """Hot auctions over the built-in Nexmark generator, with live progress and Parquet output."""
+    """Hot auctions: Nexmark bids through a local NATS server into PostgreSQL and Parquet, with
+    live progress (the servers run from the installed packages and stop at the end)."""
     import yaml
 
-    text = resources.files("eddyline").joinpath("examples/demo.yaml").read_text(encoding="utf-8")
-    raw = yaml.safe_load(text)
+    example = "demo.yaml" if files else "demo-broker.yaml"
+    raw = yaml.safe_load(resources.files("eddyline").joinpath(f"examples/{example}").read_text(encoding="utf-8"))
     ours = [Path(out) / "checkpoint", Path(out) / "progress.jsonl"]
     for sink in raw["sinks"]:
         if "files" in sink:
@@ -251,10 +253,64 @@ def demo(
             path.unlink()
     Path(out).mkdir(parents=True, exist_ok=True)
     spec_path = Path(out) / "demo.yaml"
-    spec_path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-    err.print(f"[bold]eddyline demo[/bold]: network {spec_path}, output under {out}/, {duration:.0f} s")
-    _run(spec_path, str(Path(out) / "checkpoint"), None, duration, False, None, str(Path(out) / "progress.jsonl"), True, master, None)
-    typer.echo(f"output: {Path(out) / 'hot-auctions'}/epoch=*/ (Parquet) · progress: {Path(out) / 'progress.jsonl'}")
+    checkpoint, progress = str(Path(out) / "checkpoint"), str(Path(out) / "progress.jsonl")
+    if files:
+        spec_path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+        err.print(f"[bold]eddyline demo[/bold]: network {spec_path}, output under {out}/, {duration:.0f} s")
+        _run(spec_path, checkpoint, None, duration, False, None, progress, True, master, None)
+    else:
+        _broker_demo(raw, spec_path, out, duration, checkpoint, progress, master)
+    typer.echo(f"output: {Path(out) / 'hot-auctions'}/epoch=*/ (Parquet) · progress: {progress}")
+
+
+#: Nexmark events per second the broker demo publishes (the producer shares the machine)
+DEMO_RATE = 10_000
+
+
+def _broker_demo(
+    raw: dict, spec_path: Path, out: str, duration: float, checkpoint: str, progress: str, master: str | None
+) -> None:
+    """Start NATS and PostgreSQL, publish paced Nexmark bids in a background thread, run."""
+    import threading
+
+    import yaml
+
+    from eddyline.api.sources import SourceSpec
+    from eddyline.io.local import LocalNats, LocalPostgres
+    from eddyline.io.natswire import NatsConnection, ensure_stream
+    from eddyline.io.produce import Feed, produce
+
+    source = raw["sources"][0]["nats"]
+    err.print("[bold]eddyline demo[/bold]: starting a local NATS server and PostgreSQL ...")
+    with LocalNats() as nats, LocalPostgres() as pg:
+        source["url"] = nats.url
+        for sink in raw["sinks"]:
+            if "postgres" in sink:
+                sink["postgres"]["url"] = pg.url
+                table = sink["postgres"]["table"]
+        spec_path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+        with NatsConnection(nats.url) as conn:
+            ensure_stream(conn, source["stream"], [source["subject"]], duplicate_window_ms=120_000)
+        session = _spark(master)
+        stop = threading.Event()
+        bids = Feed(SourceSpec.model_validate({"name": "bid", "nexmark": {"stream": "bid"}}), source["subject"])
+        producer = threading.Thread(
+            target=produce, args=(session, nats.url, source["stream"], [bids]),
+            kwargs={"rate": DEMO_RATE, "should_stop": stop.is_set}, daemon=True, name="demo-producer",
+        )
+        producer.start()
+        query = f"SELECT * FROM {table} ORDER BY window_start DESC, bids DESC LIMIT 10"
+        err.print(
+            f"[bold]eddyline demo[/bold]: network {spec_path}; Nexmark bids at {DEMO_RATE:,} events/s into "
+            f"stream {source['stream']} at {nats.url}; output in PostgreSQL and under {out}/; "
+            f"{duration:.0f} s. While it runs, look at the database with:"
+        )
+        err.print(f"  {pg.psql} '{pg.url}' -c '{query}'", soft_wrap=True, highlight=False)
+        try:
+            _run(spec_path, checkpoint, None, duration, False, None, progress, True, master, None)
+        finally:
+            stop.set()
+            producer.join(timeout=30)
 
 
 def main() -> None:  # pragma: no cover

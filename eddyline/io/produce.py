@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 #: offsets per chunk when producing as fast as possible
 UNPACED_CHUNK = 200_000
 #: pause between paced chunks
-TICK_S = 0.1
+TICK_S = 0.5
 
 
 @dataclass(frozen=True)

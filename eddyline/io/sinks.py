@@ -36,10 +36,12 @@ class Sink:
     def name(self) -> str:
         return self.spec.name
 
-    def open(self, network: str, schema: StructType) -> None:
+    def open(self, network: str, checkpoint: str, schema: StructType) -> None:
         """Called once per run, before the sink stages its first epoch and before that epoch's
-        first job: ``network`` is the network's name, ``schema`` its input's Spark schema. A sink
-        that writes into something that exists already checks it here, raising
+        first job: ``network`` is the network's name, ``checkpoint`` the id of its checkpoint
+        (a replay comes from the same checkpoint; a fresh start on a new checkpoint, whose epochs
+        count from 1 again, does not), ``schema`` its input's Spark schema. A sink that writes
+        into something that exists already checks it here, raising
         :class:`~eddyline.errors.SinkError` before anything is written."""
 
     def stage(self, df: DataFrame, epoch: int) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -45,12 +46,14 @@ class Checkpoint:
         """Create the checkpoint, or check that an existing one belongs to this network."""
         path = f"{self.base}/metadata.json"
         if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
-            meta = {"format": FORMAT_VERSION, "network": fingerprint, "started_at": time.time()}
+            meta = {"format": FORMAT_VERSION, "network": fingerprint, "started_at": time.time(),
+                    "id": uuid.uuid4().hex[:12]}
             self.fs.create_dir(self.base, recursive=True)
             write_atomic(self.fs, path, json.dumps(meta, indent=2).encode())
             return meta
         meta = read_json(self.fs, path)
         assert isinstance(meta, dict)
+        meta.setdefault("id", f"{int(meta['started_at'] * 1000):x}")  # made before checkpoints had ids
         old = meta.get("network", {})
         diffs = [f"{k}: checkpoint has {old.get(k)!r}, network has {v!r}" for k, v in fingerprint.items() if old.get(k) != v]
         if diffs:

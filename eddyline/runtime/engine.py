@@ -153,7 +153,9 @@ class Engine:
         until_idle: bool = False,
         should_stop: Callable[[], bool] | None = None,
     ) -> RunSummary:
-        started_at = float(self.ckpt.open(self.spec.fingerprint())["started_at"])
+        meta = self.ckpt.open(self.spec.fingerprint())
+        started_at = float(meta["started_at"])
+        self.executor.checkpoint_id = str(meta["id"])  # names this run's writes in sinks that remember them
         last = self.ckpt.latest_commit()
         pending = self.ckpt.pending_plan(last.epoch if last else 0)
         self._restore(last.control if last else {})

@@ -132,19 +132,19 @@ def test_the_sink_publishes_each_row_once_and_a_replayed_epoch_adds_nothing(spar
         {"name": "counts", "input": "x", "nats": {"url": nats_server.url, "stream": out, "subject": f"{out}.counts"}})
     df = spark.createDataFrame([(2, "b"), (1, "a"), (3, "c")], "k long, v string")
     first = NatsSink(spec)
-    first.open("net", df.schema)
+    first.open("net", "ckpt1", df.schema)
     first.stage(df, 7)
     assert first.staged_rows(7) == 3
     first.publish(7)
     # a new driver replays epoch 7 (its rows come in another order) and goes on with epoch 8
     second = NatsSink(spec)
-    second.open("net", df.schema)
+    second.open("net", "ckpt1", df.schema)
     second.stage(df.orderBy("v", ascending=False), 7)
     second.publish(7)
     second.stage(spark.createDataFrame([(4, "d")], "k long, v string"), 8)
     second.publish(8)
     got = asyncio.run(_read_all(nats_server.url, out))
     assert [(json.loads(p), mid) for _, p, mid in got] == [
-        ({"k": 1, "v": "a"}, "net/counts/7/0"), ({"k": 2, "v": "b"}, "net/counts/7/1"),
-        ({"k": 3, "v": "c"}, "net/counts/7/2"), ({"k": 4, "v": "d"}, "net/counts/8/0"),
+        ({"k": 1, "v": "a"}, "net/ckpt1/counts/7/0"), ({"k": 2, "v": "b"}, "net/ckpt1/counts/7/1"),
+        ({"k": 3, "v": "c"}, "net/ckpt1/counts/7/2"), ({"k": 4, "v": "d"}, "net/ckpt1/counts/8/0"),
     ]

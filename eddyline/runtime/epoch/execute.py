@@ -33,6 +33,7 @@ class Executor:
                 readers[name] = readers.get(name, 0) + 1
         self.shared = [s.name for s in self.stateful if readers.get(s.name, 0) > 1]
         self._opened: set[str] = set()  # the sinks told the schema they receive (once a run)
+        self.checkpoint_id = ""
 
     def execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any = None) -> Staged:
         """``before_jobs``: called once the frames are built, before the first job runs."""
@@ -57,7 +58,9 @@ class Executor:
         t_built = time.monotonic()
         for spec in self.spec.sinks:
             if spec.name not in self._opened:
-                self.outputs.sinks[spec.name].open(self.spec.name, frames.nodes[spec.input].schema)
+                self.outputs.sinks[spec.name].open(
+                    self.spec.name, self.checkpoint_id, frames.nodes[spec.input].schema
+                )
                 self._opened.add(spec.name)
         if before_jobs is not None:
             before_jobs()

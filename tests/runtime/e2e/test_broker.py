@@ -7,6 +7,7 @@ import asyncio
 import json
 import uuid
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 
 import duckdb
@@ -65,17 +66,20 @@ async def _messages(url: str, stream: str) -> list[tuple[bytes, str]]:
     return out
 
 
-def test_q5_from_nats_to_nats_equals_duckdb_over_the_same_events(spark, nats_server, nexmark_stream, tmp_path):
+def test_q5_from_nats_to_nats_and_postgres_equals_duckdb_over_the_same_events(
+    spark, nats_server, postgres, nexmark_stream, tmp_path
+):
     raw = from_nats(yaml.safe_load((EXAMPLES / "q5.yaml").read_text()), nats_server.url, nexmark_stream, 6_000)
     out_stream = f"Q5{uuid.uuid4().hex[:8]}"
     raw["sinks"] = [
         {"name": "out", "input": "q5", "memory": {}},
         {"name": "published", "input": "q5",
          "nats": {"url": nats_server.url, "stream": out_stream, "subject": f"{out_stream}.q5"}},
+        {"name": "db", "input": "q5", "postgres": {"url": postgres.url, "table": out_stream.lower()}},
     ]
     spec = load_spec(raw)
     memory = MemorySink(spec.sinks[0])
-    sinks = {"out": memory, "published": make_sink(spec.sinks[1])}
+    sinks = {"out": memory, **{s.name: make_sink(s) for s in spec.sinks[1:]}}
     summary = Engine(spec, spark, str(tmp_path / "ckpt"), sinks=sinks).run(until_idle=True)
     bids = nexmark_frame(spark, Nexmark(stream="bid", rate=RATE, unpaced=True), 0, EVENTS, 2).toArrow()
     assert summary.input_rows == bids.num_rows
@@ -95,7 +99,45 @@ def test_q5_from_nats_to_nats_equals_duckdb_over_the_same_events(spark, nats_ser
     assert sorted(_key(r["auction"], r["num"], datetime.fromisoformat(r["window_start"])) for r in rows) == sorted(
         _key(r["auction"], r["num"], r["window_start"]) for r in got.to_pylist())
     assert len({mid for _, mid in published}) == len(published)
-    assert all(mid.startswith("nexmark-q5/published/") for _, mid in published)
+    assert all(mid.split("/")[0] == "nexmark-q5" and mid.split("/")[2] == "published" for _, mid in published)
+
+    # and the PostgreSQL table too
+    db = _query(postgres.url, f"SELECT auction, num, window_start FROM {out_stream.lower()}")
+    assert sorted(_key(*r) for r in db) == sorted(_key(r["auction"], r["num"], r["window_start"]) for r in got.to_pylist())
+
+
+def test_the_demo_network_from_nats_upserts_its_windows_into_postgres_as_duckdb_computes_them(
+    spark, nats_server, postgres, nexmark_stream, tmp_path
+):
+    raw = yaml.safe_load(resources.files("eddyline").joinpath("examples/demo-broker.yaml").read_text())
+    table = f"hot_{uuid.uuid4().hex[:8]}"
+    raw["trigger"], raw["lanes"] = 0, 2
+    raw["sources"][0]["nats"] |= {"url": nats_server.url, "stream": nexmark_stream, "subject": f"{nexmark_stream}.bid"}
+    raw["sources"][0]["max_rows_per_epoch"] = 5_000
+    raw["sinks"] = [{"name": "hot_db", "input": "per_auction",
+                     "postgres": {"url": postgres.url, "table": table, "mode": "upsert", "key": ["auction", "window_start"]}}]
+    Engine(load_spec(raw), spark, str(tmp_path / "ckpt")).run(until_idle=True)
+
+    con = duckdb.connect()
+    con.register("bid", nexmark_frame(spark, Nexmark(stream="bid", rate=RATE, unpaced=True), 0, EVENTS, 2).toArrow())
+    want = con.execute(
+        """SELECT auction, ws, count(*), max(price), round(avg(price), 6) FROM (
+             SELECT auction, price, (epoch_us(date_time) // 1000 // 2000) * 2000 - i * 2000 AS ws
+             FROM bid, range(5) g(i) WHERE price > 100)
+           GROUP BY ALL ORDER BY ALL"""
+    ).fetchall()
+    got = sorted(
+        (a, int(ws.timestamp() * 1000), n, top, round(mean, 6))
+        for a, ws, n, top, mean in _query(postgres.url, f"SELECT auction, window_start, bids, top, mean FROM {table}")
+    )
+    assert len(want) > 500 and got == want
+
+
+def _query(url: str, sql: str) -> list[tuple]:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return conn.execute(sql).fetchall()
 
 
 def _key(auction: int, num: int, start: datetime) -> tuple[int, int, int]:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def bids(spark, nats_server) -> str:
     return stream
 
 
-def network(url: str, stream: str, out: str, wait: str = "30s") -> dict:
+def network(url: str, stream: str, out: str, wait: str = "30s", db: str | None = None) -> dict:
     return {
         "name": "hot-auctions", "trigger": 0, "lanes": 2, "key_groups": 16,
         "sources": [{"name": "bids", "max_rows_per_epoch": PER_EPOCH,
@@ -49,8 +50,24 @@ def network(url: str, stream: str, out: str, wait: str = "30s") -> dict:
                 "aggregates": {"bids": "count(*)", "top": "max(price)"}, "watermark_delay": "1s"}},
         ],
         "sinks": [{"name": "hot", "input": "per_auction",
-                   "nats": {"url": url, "stream": out, "subject": f"{out}.hot", "wait": wait}}],
+                   "nats": {"url": url, "stream": out, "subject": f"{out}.hot", "wait": wait}}]
+        + ([{"name": "hot_db", "input": "per_auction", "postgres": {"url": db, "table": out.lower(), "mode": "append"}}]
+           if db else []),
     }
+
+
+def table(db: str, name: str) -> list[str]:
+    """The table's rows as canonical JSON (the output stream's form), sorted."""
+    import psycopg
+
+    with psycopg.connect(db) as conn:
+        columns = ("auction", "window_start", "window_end", "bids", "top", "revision")
+        cur = conn.execute(f"SELECT {', '.join(columns)} FROM {name.lower()}")
+        rows = [dict(zip(columns, r, strict=True)) for r in cur]
+    for r in rows:
+        for k in ("window_start", "window_end"):
+            r[k] = r[k].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return sorted(json.dumps(r, sort_keys=True) for r in rows)
 
 
 async def _read(url: str, stream: str) -> list[str]:
@@ -91,9 +108,11 @@ def _spec_file(tmp: Path, raw: dict) -> Path:
     return path
 
 
-def test_sigkill_at_every_stage_then_restart_publishes_each_row_exactly_once(nats_server, bids, expected, tmp_path):
+def test_sigkill_at_every_stage_then_restart_publishes_each_row_exactly_once(
+    nats_server, postgres, bids, expected, tmp_path
+):
     out = f"OUT{uuid.uuid4().hex[:8]}"
-    spec = _spec_file(tmp_path, network(nats_server.url, bids, out))
+    spec = _spec_file(tmp_path, network(nats_server.url, bids, out, db=postgres.url))
     ckpt = tmp_path / "ckpt"
     for moment in ["1:after_plan", "2:in_task", "3:after_stage", "4:mid_publish", "5:after_publish",
                    "6:mid_commit", "7:after_commit"]:
@@ -104,6 +123,7 @@ def test_sigkill_at_every_stage_then_restart_publishes_each_row_exactly_once(nat
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
     assert output(nats_server.url, out) == expected
+    assert table(postgres.url, out) == expected
 
 
 def _wait_for_epochs(progress: Path, n: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:
@@ -117,10 +137,10 @@ def _wait_for_epochs(progress: Path, n: int, proc: subprocess.Popen, timeout_s: 
 
 
 def test_a_frozen_then_a_killed_and_restarted_server_delays_the_run_and_loses_nothing(
-    nats_server, bids, expected, tmp_path
+    nats_server, postgres, bids, expected, tmp_path
 ):
     out = f"OUT{uuid.uuid4().hex[:8]}"
-    spec = _spec_file(tmp_path, network(nats_server.url, bids, out))
+    spec = _spec_file(tmp_path, network(nats_server.url, bids, out, db=postgres.url))
     ckpt = tmp_path / "ckpt"
     progress = Path(f"{ckpt}.progress.jsonl")
     proc = eddyline_run(spec, ckpt)
@@ -133,6 +153,8 @@ def test_a_frozen_then_a_killed_and_restarted_server_delays_the_run_and_loses_no
         nats_server.kill()  # and gone: connections refused until it is back on the same port and store
         time.sleep(3)
         nats_server.start()
+        _wait_for_epochs(progress, 7, proc)
+        postgres.restart()  # the sink's connection is cut; it reconnects and retries the epoch
         _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -141,6 +163,7 @@ def test_a_frozen_then_a_killed_and_restarted_server_delays_the_run_and_loses_no
             nats_server.start()
     assert proc.returncode == 0, err[-3000:]
     assert output(nats_server.url, out) == expected
+    assert table(postgres.url, out) == expected
     records = [json.loads(line) for line in progress.read_text().splitlines()]
     retried = [r for r in records for s in r["sources"] + r["sinks"] if s.get("retries", 0) > 0]
     assert retried, "the progress never showed a retry"

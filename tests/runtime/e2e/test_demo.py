@@ -27,7 +27,7 @@ def own_signal_handlers():
 def test_a_second_demo_starts_afresh(spark, tmp_path: Path, own_signal_handlers) -> None:
     from eddyline import cli
 
-    cli.demo(duration=3, out=str(tmp_path), master=None)
+    cli.demo(duration=3, out=str(tmp_path), files=True, master=None)
     first = _batches(tmp_path)
     assert first and first[0] == 1, first
     assert list((tmp_path / "hot-auctions").glob("epoch=*")), "no output"
@@ -35,8 +35,26 @@ def test_a_second_demo_starts_afresh(spark, tmp_path: Path, own_signal_handlers)
     stale.mkdir()
     (tmp_path / "notes.txt").write_text("the user's own file")
 
-    cli.demo(duration=3, out=str(tmp_path), master=None)
+    cli.demo(duration=3, out=str(tmp_path), files=True, master=None)
     second = _batches(tmp_path)
     assert second and second[0] == 1, second  # not last + 1: nothing was resumed
     assert not stale.exists()
     assert (tmp_path / "notes.txt").read_text() == "the user's own file"  # only the demo's paths go
+
+
+def test_the_broker_demo_carries_bids_through_nats_into_postgres_and_parquet(
+    spark, tmp_path: Path, own_signal_handlers, capsys
+) -> None:
+    import pyarrow.parquet as pq
+
+    from eddyline import cli
+
+    cli.demo(duration=15, out=str(tmp_path), master=None)
+    records = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert records and records[0]["sources"][0]["status"] == "ok"
+    assert sum(r["numInputRows"] for r in records) > 0
+    # the same windows reached the table (the upsert sink counts what it wrote) and the files
+    to_db = sum(s["numOutputRows"] for r in records for s in r["sinks"] if s["description"] == "hot_db")
+    files = sum(pq.read_table(p).num_rows for p in (tmp_path / "hot-auctions").glob("epoch=*/*.parquet"))
+    assert to_db == files > 0
+    assert "psql 'postgresql://" in " ".join(capsys.readouterr().err.split())
