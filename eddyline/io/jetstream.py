@@ -34,8 +34,9 @@ from pydantic import Field
 from eddyline.api.registry import SINKS, SOURCES
 from eddyline.api.units import Duration, Model, format_duration_ms
 from eddyline.errors import SinkError, SourceError
+from eddyline.io.jsonrecords import JsonSchema, arrow_schema, decode_json
 from eddyline.io.natswire import NatsConnection, NatsError, NatsUnreachable, ensure_stream, redact
-from eddyline.io.records import decode, to_json_column
+from eddyline.io.records import decode, split_decoded, to_json_column
 from eddyline.io.retry import Health, with_retry
 from eddyline.io.sinks import Sink, SinkKind
 from eddyline.io.sources import BadCounter, Frames, Source, SourceKind
@@ -133,35 +134,80 @@ class NatsSource(Source):
             self._checked = True
         return int(info["state"]["last_seq"])
 
-    def lines(self, spark: SparkSession, planned: dict[str, Any], partitions: int) -> DataFrame:
-        """The slice's messages as ``(file, line, raw)``: stream, sequence, payload."""
+    def _read(self, spark: SparkSession, planned: dict[str, Any], partitions: int, reader: Any, ddl: str) -> DataFrame | None:
+        """``reader`` run over the slice's sub-ranges, one per task; None for an empty slice."""
         p = self.params
         lo, hi = planned["start"] + 1, planned["end"] + 1  # offset n = sequence n read
         if hi <= lo:
-            return spark.createDataFrame([], "file string, line long, raw string")
+            return None
         tasks = max(1, min(partitions, -(-(hi - lo) // MIN_PER_TASK)))
         bounds = [lo + (hi - lo) * i // tasks for i in range(tasks + 1)]
-        read = functools.partial(read_ranges, p.url, p.stream, p.subject, bounds, p.wait / 1000, self.name)
-        return (
-            spark.range(0, tasks, 1, tasks)
-            .mapInArrow(read, "file string, line long, raw binary")
-            .selectExpr("file", "line", "CAST(raw AS STRING) AS raw")
-        )
+        fetch = functools.partial(fetch_ranges, p.url, p.stream, p.subject, bounds, p.wait / 1000, self.name)
+        return spark.range(0, tasks, 1, tasks).mapInArrow(functools.partial(reader, fetch, p.stream), ddl)
+
+    def lines(self, spark: SparkSession, planned: dict[str, Any], partitions: int) -> DataFrame:
+        """The slice's messages as ``(file, line, raw)``: stream, sequence, payload."""
+        df = self._read(spark, planned, partitions, raw_batches, "file string, line long, raw binary")
+        if df is None:
+            return spark.createDataFrame([], "file string, line long, raw string")
+        return df.selectExpr("file", "line", "CAST(raw AS STRING) AS raw")
 
     def frames(
         self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
     ) -> Frames:
         p = self.params
-        return decode(spark, self.lines(spark, planned, partitions), p.format, p.schema_, self.name, count_bad)
+        schema = arrow_schema(p.schema_) if p.format == "json" else None
+        if schema is None:  # CSV, or a schema Arrow's reader does not take: parsed in the JVM
+            return decode(spark, self.lines(spark, planned, partitions), p.format, p.schema_, self.name, count_bad)
+        ddl = f"{p.schema_}, _file string, _line long, _raw string, _reason string"
+        df = self._read(spark, planned, partitions, functools.partial(json_batches, schema), ddl)
+        if df is None:
+            df = spark.createDataFrame([], ddl)
+        return split_decoded(df, list(schema.arrow.names), self.name, count_bad)
 
 
-def read_ranges(
+def raw_batches(
+    fetch: Any, stream: str, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """In a Spark task: the messages as (stream, sequence, payload)."""
+    for seqs, payloads in fetch(batches):
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([stream] * len(seqs), pa.string()), pa.array(seqs, pa.int64()), pa.array(payloads, pa.binary())],
+            names=["file", "line", "raw"],
+        )
+
+
+def json_batches(
+    schema: JsonSchema, fetch: Any, stream: str, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """In a Spark task: the messages decoded as JSON records, the ones that do not fit as rows of
+    nulls with their stream, sequence, text and reason (``_file``, ``_line``, ``_raw``, ``_reason``)."""
+    for seqs, payloads in fetch(batches):
+        d = decode_json(payloads, schema)
+        good, bad = len(d.good), len(d.bad)
+        columns = [
+            pa.concat_arrays([*d.rows.column(f.name).chunks, pa.nulls(bad, f.type)]) if bad
+            else d.rows.column(f.name).combine_chunks()
+            for f in schema.arrow
+        ]
+        lines = [seqs[i] for i in d.good] + [seqs[i] for i, _ in d.bad]
+        extra = [
+            pa.array([stream] * (good + bad), pa.string()),
+            pa.array(lines, pa.int64()),
+            pa.array([None] * good + [payloads[i].decode(errors="replace") for i, _ in d.bad], pa.string()),
+            pa.array([None] * good + [reason for _, reason in d.bad], pa.string()),
+        ]
+        yield pa.RecordBatch.from_arrays([*columns, *extra], names=[*schema.arrow.names, "_file", "_line", "_raw", "_reason"])
+
+
+def fetch_ranges(
     url: str, stream: str, subject: str | None, bounds: list[int], wait_s: float, source: str,
     batches: Iterator[pa.RecordBatch],
-) -> Iterator[pa.RecordBatch]:
+) -> Iterator[tuple[list[int], list[bytes]]]:
     """In a Spark task: the messages of the sub-ranges whose numbers arrive in ``batches``
-    (sub-range i is [bounds[i], bounds[i+1])), as (stream, sequence, payload). A lost connection
-    is made again and the read resumes after the last sequence received, for up to ``wait_s``."""
+    (sub-range i is [bounds[i], bounds[i+1])), as chunks of (sequences, payloads). A lost
+    connection is made again and the read resumes after the last sequence received, for up to
+    ``wait_s``."""
     conn: NatsConnection | None = None
     for batch in batches:
         for i in batch.column(0).to_pylist():
@@ -173,11 +219,7 @@ def read_ranges(
                         conn = NatsConnection(url)
                     for seqs, payloads in conn.read_range(stream, seq, end, subject):
                         t_lost = None
-                        yield pa.RecordBatch.from_arrays(
-                            [pa.array([stream] * len(seqs), pa.string()), pa.array(seqs, pa.int64()),
-                             pa.array(payloads, pa.binary())],
-                            names=["file", "line", "raw"],
-                        )
+                        yield seqs, payloads
                         seq = seqs[-1] + 1
                     break
                 except NatsUnreachable as e:

@@ -195,40 +195,49 @@ class NatsConnection:
             seq = seqs[-1] + 1
 
     # ------------------------------------------------------------------ publishing
-    def publish(self, messages: list[tuple[str, str | None, bytes]], window: int = 2000) -> list[Ack]:
+    def publish(self, messages: list[tuple[str, str | None, bytes]], window: int = 4000) -> list[Ack]:
         """Publish (subject, message id or None, payload) to JetStream and wait for every
         acknowledgement, at most ``window`` outstanding. Returns the acks in message order."""
         acks: list[Ack | None] = [None] * len(messages)
         pending: dict[bytes, int] = {}
         sent = 0
         while sent < len(messages) or pending:
-            frames = []
-            while sent < len(messages) and len(pending) < window:
-                subject, msg_id, payload = messages[sent]
-                reply = self._reply_subject()
-                pending[reply.encode()] = sent
-                if msg_id is None:
-                    frames.append(b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply.encode(), len(payload), payload))
-                else:
-                    hdr = b"NATS/1.0\r\nNats-Msg-Id: %s\r\n\r\n" % msg_id.encode()
-                    frames.append(
-                        b"HPUB %s %s %d %d\r\n%s%s\r\n"
-                        % (subject.encode(), reply.encode(), len(hdr), len(hdr) + len(payload), hdr, payload)
-                    )
-                sent += 1
-            if frames:
+            # refill only once half the window is acknowledged: one send per batch, not per ack
+            if sent < len(messages) and len(pending) <= window // 2:
+                frames = []
+                while sent < len(messages) and len(pending) < window:
+                    subject, msg_id, payload = messages[sent]
+                    reply = self._reply_subject().encode()
+                    pending[reply] = sent
+                    if msg_id is None:
+                        frames.append(b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply, len(payload), payload))
+                    else:
+                        hdr = b"NATS/1.0\r\nNats-Msg-Id: %s\r\n\r\n" % msg_id.encode()
+                        frames.append(
+                            b"HPUB %s %s %d %d\r\n%s%s\r\n"
+                            % (subject.encode(), reply, len(hdr), len(hdr) + len(payload), hdr, payload)
+                        )
+                    sent += 1
                 self._send(b"".join(frames))
             to, headers, body = self._message()
             index = pending.pop(to, None)
-            if index is None:
-                continue
-            if _status(headers) == b"503":
-                raise NatsError(f"{redact(self.url)}: no stream takes subject {messages[index][0]!r}")
+            if index is not None:
+                acks[index] = self._ack(messages[index][0], headers, body)
+        return [a for a in acks if a is not None]
+
+    def _ack(self, subject: str, headers: bytes, body: bytes) -> Ack:
+        if _status(headers) == b"503":
+            raise NatsError(f"{redact(self.url)}: no stream takes subject {subject!r}")
+        # {"stream":"S","seq":N} or {"stream":"S","seq":N,"duplicate": true}; errors go through json
+        i, j = body.find(b'"seq":'), body.find(b'"stream":"')
+        if b'"error"' in body or i < 0 or j < 0:
             ack = json.loads(body)
             if "error" in ack:
-                raise NatsError(f"{redact(self.url)}: publish to {messages[index][0]!r}: {ack['error'].get('description')}")
-            acks[index] = Ack(ack["stream"], int(ack["seq"]), bool(ack.get("duplicate", False)))
-        return [a for a in acks if a is not None]
+                raise NatsError(f"{redact(self.url)}: publish to {subject!r}: {ack['error'].get('description')}")
+            return Ack(ack["stream"], int(ack["seq"]), bool(ack.get("duplicate", False)))
+        comma = body.find(b",", i)
+        seq = body[i + 6 : comma if comma > 0 else body.find(b"}", i)]
+        return Ack(body[j + 10 : body.find(b'"', j + 10)].decode(), int(seq), b'"duplicate"' in body)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -27,6 +27,20 @@ def to_json_column(df: DataFrame) -> DataFrame:
 _TIMESTAMP = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
 
 
+def split_decoded(df: DataFrame, columns: list[str], source: str, count_bad: BadCounter = None) -> Frames:
+    """Records decoded elsewhere (:mod:`eddyline.io.jsonrecords`, in the Python worker) into
+    ``columns`` plus ``_file``, ``_line``, ``_raw``, ``_reason`` (null for a record that fits):
+    the data and the dead letters, as :func:`decode` gives them."""
+    df = df.selectExpr("*", "_reason IS NOT NULL AS _bad")
+    if count_bad is not None:
+        df = count_bad(df)
+    data = df.where("NOT _bad").selectExpr(*[f"`{c}`" for c in columns])
+    dead = df.where("_bad").selectExpr(
+        f"'{source}' AS source", "_file AS file", "_line AS line", "_raw AS raw", "_reason AS reason"
+    )
+    return Frames(data, dead)
+
+
 def decode(
     spark: SparkSession, lines: DataFrame, fmt: str, schema: str, source: str, count_bad: BadCounter = None
 ) -> Frames:
