@@ -173,7 +173,7 @@ def _feeds(what: str, subject: str, only: str | None, sets: list[str]):  # noqa:
         key, eq, value = item.partition("=")
         if not eq:
             raise SpecError(f"--set: expected key=value, got {item!r}")
-        params[key.strip()] = yaml_value(value)
+        params[key.strip()] = _yaml_value(value)
     try:
         if what == "generator":
             return [Feed(SourceSpec.model_validate({"name": "generator", "generator": params}), subject)]
@@ -188,7 +188,7 @@ def _feeds(what: str, subject: str, only: str | None, sets: list[str]):  # noqa:
     raise SpecError(f"produce: expected 'nexmark' or 'generator', got {what!r}")
 
 
-def yaml_value(text: str) -> object:
+def _yaml_value(text: str) -> object:
     import yaml
 
     return yaml.safe_load(text)
