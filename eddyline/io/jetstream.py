@@ -34,7 +34,7 @@ from pydantic import Field
 from eddyline.api.registry import SINKS, SOURCES
 from eddyline.api.units import Duration, Model, format_duration_ms
 from eddyline.errors import SinkError, SourceError
-from eddyline.io.jsonrecords import JsonSchema, arrow_schema, decode_json
+from eddyline.io.jsonrecords import EXTRA_DDL, JsonSchema, arrow_schema, decoded_batch
 from eddyline.io.natswire import NatsConnection, NatsError, NatsUnreachable, ensure_stream, redact
 from eddyline.io.records import decode, split_decoded, to_json_column
 from eddyline.io.retry import Health, with_retry
@@ -159,7 +159,7 @@ class NatsSource(Source):
         schema = arrow_schema(p.schema_) if p.format == "json" else None
         if schema is None:  # CSV, or a schema Arrow's reader does not take: parsed in the JVM
             return decode(spark, self.lines(spark, planned, partitions), p.format, p.schema_, self.name, count_bad)
-        ddl = f"{p.schema_}, _file string, _line long, _raw string, _reason string"
+        ddl = f"{p.schema_}, {EXTRA_DDL}"
         df = self._read(spark, planned, partitions, functools.partial(json_batches, schema), ddl)
         if df is None:
             df = spark.createDataFrame([], ddl)
@@ -180,24 +180,9 @@ def raw_batches(
 def json_batches(
     schema: JsonSchema, fetch: Any, stream: str, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """In a Spark task: the messages decoded as JSON records, the ones that do not fit as rows of
-    nulls with their stream, sequence, text and reason (``_file``, ``_line``, ``_raw``, ``_reason``)."""
+    """In a Spark task: the messages decoded as JSON records (see :func:`decoded_batch`)."""
     for seqs, payloads in fetch(batches):
-        d = decode_json(payloads, schema)
-        good, bad = len(d.good), len(d.bad)
-        columns = [
-            pa.concat_arrays([*d.rows.column(f.name).chunks, pa.nulls(bad, f.type)]) if bad
-            else d.rows.column(f.name).combine_chunks()
-            for f in schema.arrow
-        ]
-        lines = [seqs[i] for i in d.good] + [seqs[i] for i, _ in d.bad]
-        extra = [
-            pa.array([stream] * (good + bad), pa.string()),
-            pa.array(lines, pa.int64()),
-            pa.array([None] * good + [payloads[i].decode(errors="replace") for i, _ in d.bad], pa.string()),
-            pa.array([None] * good + [reason for _, reason in d.bad], pa.string()),
-        ]
-        yield pa.RecordBatch.from_arrays([*columns, *extra], names=[*schema.arrow.names, "_file", "_line", "_raw", "_reason"])
+        yield decoded_batch(stream, seqs, payloads, schema)
 
 
 def fetch_ranges(

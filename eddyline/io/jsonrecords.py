@@ -148,3 +148,29 @@ def _reason(payload: bytes, schema: JsonSchema) -> str:
             text = value if isinstance(value, str) else json.dumps(value)
             return f"field '{field.name}': expected {spark}, got {text[:80]}"
     return "record does not fit the schema"
+
+
+def decoded_batch(where: str, positions: list[int], payloads: list[bytes], schema: JsonSchema) -> pa.RecordBatch:
+    """``payloads`` decoded into one batch of the schema's columns plus ``_file`` (``where``: a
+    file, a stream), ``_line`` (the payload's line or sequence from ``positions``), ``_raw`` and
+    ``_reason``, which are null for a record that fits; one that does not has nulls in the
+    schema's columns."""
+    d = decode_json(payloads, schema)
+    good, bad = len(d.good), len(d.bad)
+    columns = [
+        pa.concat_arrays([*d.rows.column(f.name).chunks, pa.nulls(bad, f.type)]) if bad
+        else d.rows.column(f.name).combine_chunks()
+        for f in schema.arrow
+    ]
+    extra = [
+        pa.array([where] * (good + bad), pa.string()),
+        pa.array([positions[i] for i in d.good] + [positions[i] for i, _ in d.bad], pa.int64()),
+        pa.array([None] * good + [payloads[i].decode(errors="replace") for i, _ in d.bad], pa.string()),
+        pa.array([None] * good + [reason for _, reason in d.bad], pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays([*columns, *extra], names=[*schema.arrow.names, *EXTRA])
+
+
+#: the columns :func:`decoded_batch` adds, and their Spark DDL
+EXTRA = ("_file", "_line", "_raw", "_reason")
+EXTRA_DDL = "_file string, _line long, _raw string, _reason string"
