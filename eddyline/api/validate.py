@@ -95,7 +95,7 @@ def format_errors(err: ValidationError, raw: dict[str, Any]) -> list[str]:
             msg = f"unknown field; expected one of {', '.join(allowed)}" if allowed else "unknown field"
         elif e["type"] == "missing":
             msg = "field required"
-        elif "input" in e and e["type"] not in ("value_error", "assertion_error") and not isinstance(e["input"], dict):
+        elif "input" in e and e["type"] not in ("value_error", "assertion_error") and not isinstance(e["input"], dict | list | tuple):
             msg = f"{msg}, got {e['input']!r}"
         merged.setdefault((who, ".".join(path)), []).append(msg)
     out = []

@@ -26,10 +26,11 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import pyarrow as pa
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from eddyline.api.registry import SINKS, SOURCES
 from eddyline.api.units import Duration, Model, format_duration_ms
@@ -53,10 +54,20 @@ _STREAM = r"^[^\s.*>/\\]+$"
 MIN_PER_TASK = 20_000
 
 
+def _nats_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme != "nats" or not parts.hostname:
+        raise ValueError(f"expected nats://[user:password@]host[:port] (no TLS yet), got {redact(url)!r}")
+    return url
+
+
+NatsUrl = Annotated[str, AfterValidator(_nats_url)]
+
+
 class NatsIn(Model):
     """A JetStream stream to read: one record per message, JSON (or CSV) with a declared schema."""
 
-    url: str = "nats://127.0.0.1:4222"
+    url: NatsUrl = "nats://127.0.0.1:4222"
     stream: str = Field(pattern=_STREAM)
     subject: str | None = None  # read only the messages on these subjects (wildcards allowed)
     format: Literal["json", "csv"] = "json"
@@ -67,7 +78,7 @@ class NatsIn(Model):
 class NatsOut(Model):
     """A JetStream stream to write: each row a JSON object published on ``subject``."""
 
-    url: str = "nats://127.0.0.1:4222"
+    url: NatsUrl = "nats://127.0.0.1:4222"
     stream: str = Field(pattern=_STREAM)
     subject: str = Field(min_length=1)
     dedup_window: Duration = Field(default=120_000, gt=0)

@@ -148,3 +148,19 @@ def test_the_sink_publishes_each_row_once_and_a_replayed_epoch_adds_nothing(spar
         ({"k": 1, "v": "a"}, "net/ckpt1/counts/7/0"), ({"k": 2, "v": "b"}, "net/ckpt1/counts/7/1"),
         ({"k": 3, "v": "c"}, "net/ckpt1/counts/7/2"), ({"k": 4, "v": "d"}, "net/ckpt1/counts/8/0"),
     ]
+
+
+def test_a_url_that_is_not_nats_is_refused_with_the_spec_and_names_the_field():
+    from pydantic import ValidationError
+
+    from eddyline.api.validate import load_spec
+    from eddyline.errors import SpecError
+
+    for bad in ("tls://user:secret@host:4222", "http://host", "nats://"):
+        with pytest.raises(SpecError) as e:
+            load_spec({"name": "n", "sources": [{"name": "b", "nats": {"url": bad, "stream": "S", "schema": SCHEMA}}],
+                       "steps": [], "sinks": [{"name": "o", "input": "b", "memory": {}}]})
+        first = e.value.problems[0]
+        assert first.startswith("source 'b': url: expected nats://") and "secret" not in first, first
+    with pytest.raises(ValidationError, match="nats.url"):
+        SinkSpec.model_validate({"name": "o", "input": "x", "nats": {"url": "tls://h", "stream": "S", "subject": "s"}})
