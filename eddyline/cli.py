@@ -277,7 +277,6 @@ def _broker_demo(
 
     from eddyline.api.sources import SourceSpec
     from eddyline.io.local import LocalNats, LocalPostgres
-    from eddyline.io.natswire import NatsConnection, ensure_stream
     from eddyline.io.produce import Feed, produce
 
     source = raw["sources"][0]["nats"]
@@ -289,16 +288,16 @@ def _broker_demo(
                 sink["postgres"]["url"] = pg.url
                 table = sink["postgres"]["table"]
         spec_path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-        with NatsConnection(nats.url) as conn:
-            ensure_stream(conn, source["stream"], [source["subject"]], duplicate_window_ms=120_000)
         session = _spark(master)
-        stop = threading.Event()
+        stop, first_chunk = threading.Event(), threading.Event()
         bids = Feed(SourceSpec.model_validate({"name": "bid", "nexmark": {"stream": "bid"}}), source["subject"])
         producer = threading.Thread(
             target=produce, args=(session, nats.url, source["stream"], [bids]),
-            kwargs={"rate": DEMO_RATE, "should_stop": stop.is_set}, daemon=True, name="demo-producer",
+            kwargs={"rate": DEMO_RATE, "should_stop": stop.is_set, "on_chunk": lambda *_: first_chunk.set()},
+            daemon=True, name="demo-producer",
         )
         producer.start()
+        first_chunk.wait(60)  # the source refuses a stream that does not exist yet
         query = f"SELECT * FROM {table} ORDER BY window_start DESC, bids DESC LIMIT 10"
         err.print(
             f"[bold]eddyline demo[/bold]: network {spec_path}; Nexmark bids at {DEMO_RATE:,} events/s into "

@@ -36,7 +36,14 @@ from eddyline.api.registry import SINKS, SOURCES
 from eddyline.api.units import Duration, Model, format_duration_ms
 from eddyline.errors import SinkError, SourceError
 from eddyline.io.jsonrecords import EXTRA_DDL, JsonSchema, arrow_schema, decoded_batch
-from eddyline.io.natswire import NatsConnection, NatsError, NatsUnreachable, ensure_stream, redact
+from eddyline.io.natswire import (
+    DEDUP_WINDOW_MS,
+    NatsConnection,
+    NatsError,
+    NatsUnreachable,
+    ensure_stream,
+    redact,
+)
 from eddyline.io.records import decode, split_decoded, to_json_column
 from eddyline.io.retry import Health, with_retry
 from eddyline.io.sinks import Sink, SinkKind
@@ -81,7 +88,7 @@ class NatsOut(Model):
     url: NatsUrl = "nats://127.0.0.1:4222"
     stream: str = Field(pattern=_STREAM)
     subject: str = Field(min_length=1)
-    dedup_window: Duration = Field(default=120_000, gt=0)
+    dedup_window: Duration = Field(default=DEDUP_WINDOW_MS, gt=0)
     wait: Duration = Field(default=30_000, gt=0)
 
 
@@ -110,12 +117,10 @@ class _Server:
                 f"(wait: {format_duration_ms(int(self.wait_s * 1000))}): {e}"
             )
 
-        try:
+        try:  # an unreachable server ends in give_up's error; any other refusal at once
             return with_retry(attempt, retryable=(NatsUnreachable,), bound_s=self.wait_s,
                               health=self.health, give_up=give_up)
         except NatsError as e:
-            if isinstance(e, NatsUnreachable):
-                raise
             raise self.error(f"{self.what}: {e}") from e
 
 

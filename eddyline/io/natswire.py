@@ -31,6 +31,10 @@ class NatsUnreachable(NatsError):
     """The server could not be reached, or the connection was lost or timed out."""
 
 
+#: the de-duplication window Eddyline gives the streams it creates
+DEDUP_WINDOW_MS = 120_000
+
+
 @dataclass(frozen=True)
 class Ack:
     stream: str
@@ -53,7 +57,6 @@ class NatsConnection:
         parts = urlsplit(url if "://" in url else f"nats://{url}")
         if parts.scheme not in ("nats", ""):
             raise NatsError(f"{redact(url)}: only nats:// URLs are supported (no TLS yet)")
-        self.timeout_s = timeout_s
         options: dict[str, Any] = {
             "verbose": False, "pedantic": False, "headers": True, "no_responders": True,
             "protocol": 1, "name": name, "lang": "python-eddyline",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from eddyline.api.sources import SourceSpec
-from eddyline.io.natswire import NatsConnection, ensure_stream
+from eddyline.io.natswire import DEDUP_WINDOW_MS, NatsConnection, ensure_stream
 from eddyline.io.records import to_json_column
 from eddyline.io.sources import Source, make_source
 
@@ -57,7 +57,7 @@ def produce(
     published, done, t0 = 0, start, time.monotonic()
     counts = [0] * len(sources)  # rows published per source, for the message ids
     with NatsConnection(url) as conn:
-        ensure_stream(conn, stream, sorted({s for _, s in sources}), duplicate_window_ms=120_000)
+        ensure_stream(conn, stream, sorted({s for _, s in sources}), duplicate_window_ms=DEDUP_WINDOW_MS)
         while (end is None or done < end) and not (should_stop is not None and should_stop()):
             if rate is None:
                 upto = done + UNPACED_CHUNK

@@ -15,6 +15,8 @@ from eddyline.errors import SourceError
 from eddyline.io.jetstream import NatsSink, NatsSource
 from eddyline.io.natswire import NatsConnection, NatsError, NatsUnreachable, ensure_stream
 
+from ..natsref import read_stream
+
 SCHEMA = "id long, name string, price double"
 
 
@@ -32,21 +34,6 @@ async def _publish(url: str, stream: str, payloads: list[bytes], *, allow_direct
     for i, p in enumerate(payloads):
         await js.publish(f"{stream}.{'a' if i % 2 == 0 else 'b'}", p)
     await nc.close()
-
-
-async def _read_all(url: str, stream: str) -> list[tuple[int, bytes, str | None]]:
-    """(sequence, payload, message id) of every message, read with nats-py."""
-    import nats
-
-    nc = await nats.connect(url)
-    js = nc.jetstream()
-    info = await js.stream_info(stream)
-    out = []
-    for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        m = await js.get_msg(stream, seq)
-        out.append((m.seq, m.data, (m.headers or {}).get("Nats-Msg-Id")))
-    await nc.close()
-    return out
 
 
 def _source(url: str, stream: str, **extra) -> NatsSource:
@@ -73,7 +60,7 @@ def test_the_wire_client_reads_ranges_as_nats_py_wrote_them_and_publishes_with_d
         assert [a.duplicate for a in again] == [True] * 5 + [False] * 2
         with pytest.raises(NatsError, match="no stream takes subject"):
             c.publish([("nowhere.at.all", None, b"x")])
-    assert [(s, p) for s, p, _ in asyncio.run(_read_all(nats_server.url, out))] == [
+    assert [(s, p) for s, p, _ in read_stream(nats_server.url, out)] == [
         (i + 1, b"%d" % i) for i in range(7)]
     with pytest.raises(NatsUnreachable, match="127.0.0.1:1"):
         NatsConnection("nats://127.0.0.1:1", timeout_s=1)
@@ -143,7 +130,7 @@ def test_the_sink_publishes_each_row_once_and_a_replayed_epoch_adds_nothing(spar
     second.publish(7)
     second.stage(spark.createDataFrame([(4, "d")], "k long, v string"), 8)
     second.publish(8)
-    got = asyncio.run(_read_all(nats_server.url, out))
+    got = read_stream(nats_server.url, out)
     assert [(json.loads(p), mid) for _, p, mid in got] == [
         ({"k": 1, "v": "a"}, "net/ckpt1/counts/7/0"), ({"k": 2, "v": "b"}, "net/ckpt1/counts/7/1"),
         ({"k": 3, "v": "c"}, "net/ckpt1/counts/7/2"), ({"k": 4, "v": "d"}, "net/ckpt1/counts/8/0"),

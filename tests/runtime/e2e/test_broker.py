@@ -3,7 +3,6 @@ the stream and writing to NATS (and PostgreSQL), compared with DuckDB over the s
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from eddyline.io.produce import Feed, produce
 from eddyline.io.sinks import make_sink
 from eddyline.runtime.engine import Engine
 
+from ...natsref import read_stream
 from .test_nexmark_queries import REFERENCE, canonical
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "nexmark"
@@ -52,20 +52,6 @@ def from_nats(raw: dict, url: str, stream: str, per_epoch: int) -> dict:
     return raw
 
 
-async def _messages(url: str, stream: str) -> list[tuple[bytes, str]]:
-    import nats
-
-    nc = await nats.connect(url)
-    js = nc.jetstream()
-    info = await js.stream_info(stream)
-    out = []
-    for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        m = await js.get_msg(stream, seq)
-        out.append((m.data, m.headers["Nats-Msg-Id"]))
-    await nc.close()
-    return out
-
-
 def test_q5_from_nats_to_nats_and_postgres_equals_duckdb_over_the_same_events(
     spark, nats_server, postgres, nexmark_stream, tmp_path
 ):
@@ -94,7 +80,7 @@ def test_q5_from_nats_to_nats_and_postgres_equals_duckdb_over_the_same_events(
     assert len(want) > 10 and canonical(con, f"({got_sql})") == want
 
     # the NATS output stream holds the same rows, once each, with the epoch in the message id
-    published = asyncio.run(_messages(nats_server.url, out_stream))
+    published = [(p, mid) for _, p, mid in read_stream(nats_server.url, out_stream)]
     rows = [json.loads(p) for p, _ in published]
     assert sorted(_key(r["auction"], r["num"], datetime.fromisoformat(r["window_start"])) for r in rows) == sorted(
         _key(r["auction"], r["num"], r["window_start"]) for r in got.to_pylist())

@@ -5,7 +5,6 @@ Every time, the output stream ends up with exactly the rows of a run nobody dist
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import subprocess
@@ -23,6 +22,8 @@ from eddyline.api.validate import load_spec
 from eddyline.io.nexmark import nexmark_schema
 from eddyline.io.produce import Feed, produce
 from eddyline.runtime.engine import Engine
+
+from ...natsref import read_stream
 
 pytestmark = pytest.mark.slow
 
@@ -70,20 +71,9 @@ def table(db: str, name: str) -> list[str]:
     return sorted(json.dumps(r, sort_keys=True) for r in rows)
 
 
-async def _read(url: str, stream: str) -> list[str]:
-    import nats
-
-    nc = await nats.connect(url)
-    js = nc.jetstream()
-    info = await js.stream_info(stream)
-    got = [(await js.get_msg(stream, s)).data.decode() for s in range(info.state.first_seq, info.state.last_seq + 1)]
-    await nc.close()
-    return got
-
-
 def output(url: str, stream: str) -> list[str]:
     """The output stream's messages as canonical JSON, sorted (duplicates stay visible)."""
-    return sorted(json.dumps(json.loads(m), sort_keys=True) for m in asyncio.run(_read(url, stream)))
+    return sorted(json.dumps(json.loads(m), sort_keys=True) for _, m, _ in read_stream(url, stream))
 
 
 @pytest.fixture(scope="module")
