@@ -2,10 +2,10 @@
 
 As a source, offsets are positions in the name-sorted file list; the plan records the file names,
 so files added later never change an epoch that was already planned. A malformed JSON or CSV line
-becomes a dead letter (raw text, reason, file, line) instead of failing the epoch. JSON lines of a
-flat schema are decoded by Arrow's JSON reader in the Python workers (:mod:`.jsonrecords`, 2-3×
-faster than parsing them in the JVM); CSV lines, and JSON of nested schemas, are read raw and
-parsed in Spark (:mod:`.records`).
+becomes a dead letter (raw text, reason, file, line) instead of failing the epoch. Files of a flat
+schema are decoded by Arrow's JSON and CSV readers in the Python workers (:mod:`.textrecords`,
+faster than Spark's own readers); JSON of nested schemas, and CSV with a type Arrow's reader does
+not take, are read raw and parsed in Spark (:mod:`.records`).
 
 As a sink, writing is two steps so that an epoch's output appears all at once and a replay never
 duplicates: :meth:`FilesTarget.staging` receives the rows where no reader looks
@@ -29,10 +29,10 @@ import pyarrow.fs as pafs
 from eddyline.api.registry import SINKS, SOURCES
 from eddyline.api.units import Files
 from eddyline.errors import SinkError, SourceError
-from eddyline.io.jsonrecords import EXTRA_DDL, JsonSchema, arrow_schema, decoded_batch
 from eddyline.io.records import ddl_struct, decode, split_decoded
 from eddyline.io.sinks import Sink, SinkKind
 from eddyline.io.sources import BadCounter, Frames, Source, SourceKind
+from eddyline.io.textrecords import EXTRA_DDL, TextSchema, arrow_schema, file_batches
 from eddyline.storage import filesystem
 
 if TYPE_CHECKING:
@@ -158,14 +158,14 @@ class FilesSource(Source):
                 return Frames(spark.read.parquet(f"{base}/{known[0]}").limit(0))
             return Frames(spark.createDataFrame([], ddl_struct(spark, p.schema_)))
         assert p.schema_ is not None
-        schema = arrow_schema(p.schema_) if p.format == "json" else None
-        if schema is not None:  # Arrow's JSON reader in the Python workers (io/jsonrecords.py)
+        schema = arrow_schema(p.schema_)
+        if schema is not None:  # Arrow's readers in the Python workers (io/textrecords.py)
             ddl = f"{p.schema_}, {EXTRA_DDL}"
             names = planned.get("files", [])
             if not names:
                 return split_decoded(spark.createDataFrame([], ddl), list(schema.arrow.names), self.name, count_bad)
             tasks = min(len(names), partitions)
-            read = functools.partial(_json_files, p.path, names, tasks, schema)
+            read = functools.partial(_text_files, p.format, p.path, names, tasks, schema)
             df = spark.range(0, tasks, 1, tasks).mapInArrow(read, ddl)
             return split_decoded(df, list(schema.arrow.names), self.name, count_bad)
         lines = _read_lines(spark, [_spark_path(p.path, x) for x in paths])
@@ -179,25 +179,17 @@ def _footer(fs: pafs.FileSystem, path: str) -> Any:
         return pq.read_metadata(f)
 
 
-#: lines decoded together (a batch handed to Spark)
-_LINES_PER_BATCH = 50_000
-
-
-def _json_files(
-    directory: str, names: list[str], tasks: int, schema: JsonSchema, batches: Iterator[pa.RecordBatch]
+def _text_files(
+    fmt: Any, directory: str, names: list[str], tasks: int, schema: TextSchema, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """In a Spark task: task i's share of the files (every ``tasks``-th), decoded line by line;
-    line numbers count from 1 and include blank lines, which are skipped."""
+    """In a Spark task: task i's share of the files (every ``tasks``-th), decoded."""
     fs, base = filesystem(directory)
     for batch in batches:
         for task in batch.column(0).to_pylist():
             for name in names[task::tasks]:
                 with fs.open_input_stream(f"{base}/{name}") as f:
                     text = f.read()
-                numbered = [(n, line.rstrip(b"\r")) for n, line in enumerate(text.split(b"\n"), 1) if line.strip()]
-                for lo in range(0, len(numbered), _LINES_PER_BATCH):
-                    chunk = numbered[lo : lo + _LINES_PER_BATCH]
-                    yield decoded_batch(name, [n for n, _ in chunk], [line for _, line in chunk], schema)
+                yield from file_batches(fmt, name, text, schema)
 
 
 def _spark_path(directory: str, full: str) -> str:

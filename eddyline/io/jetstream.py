@@ -35,7 +35,6 @@ from pydantic import AfterValidator, Field
 from eddyline.api.registry import SINKS, SOURCES
 from eddyline.api.units import Duration, Model, format_duration_ms
 from eddyline.errors import SinkError, SourceError
-from eddyline.io.jsonrecords import EXTRA_DDL, JsonSchema, arrow_schema, decoded_batch
 from eddyline.io.natswire import (
     DEDUP_WINDOW_MS,
     NatsConnection,
@@ -48,6 +47,7 @@ from eddyline.io.records import decode, split_decoded, to_json_column
 from eddyline.io.retry import Health, with_retry
 from eddyline.io.sinks import Sink, SinkKind
 from eddyline.io.sources import BadCounter, Frames, Source, SourceKind
+from eddyline.io.textrecords import EXTRA_DDL, TextSchema, arrow_schema, decoded_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -172,11 +172,11 @@ class NatsSource(Source):
         self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
     ) -> Frames:
         p = self.params
-        schema = arrow_schema(p.schema_) if p.format == "json" else None
-        if schema is None:  # CSV, or a schema Arrow's reader does not take: parsed in the JVM
+        schema = arrow_schema(p.schema_)
+        if schema is None:  # a schema Arrow's readers do not take: parsed in the JVM
             return decode(spark, self.lines(spark, planned, partitions), p.format, p.schema_, self.name, count_bad)
         ddl = f"{p.schema_}, {EXTRA_DDL}"
-        df = self._read(spark, planned, partitions, functools.partial(json_batches, schema), ddl)
+        df = self._read(spark, planned, partitions, functools.partial(text_batches, p.format, schema), ddl)
         if df is None:
             df = spark.createDataFrame([], ddl)
         return split_decoded(df, list(schema.arrow.names), self.name, count_bad)
@@ -193,12 +193,12 @@ def raw_batches(
         )
 
 
-def json_batches(
-    schema: JsonSchema, fetch: Any, stream: str, batches: Iterator[pa.RecordBatch]
+def text_batches(
+    fmt: Any, schema: TextSchema, fetch: Any, stream: str, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """In a Spark task: the messages decoded as JSON records (see :func:`decoded_batch`)."""
+    """In a Spark task: the messages decoded as JSON or CSV records (see :func:`decoded_batch`)."""
     for seqs, payloads in fetch(batches):
-        yield decoded_batch(stream, seqs, payloads, schema)
+        yield decoded_batch(fmt, stream, seqs, payloads, schema)
 
 
 def fetch_ranges(

@@ -28,7 +28,7 @@ _TIMESTAMP = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
 
 
 def split_decoded(df: DataFrame, columns: list[str], source: str, count_bad: BadCounter = None) -> Frames:
-    """Records decoded elsewhere (:mod:`eddyline.io.jsonrecords`, in the Python worker) into
+    """Records decoded elsewhere (:mod:`eddyline.io.textrecords`, in the Python worker) into
     ``columns`` plus ``_file``, ``_line``, ``_raw``, ``_reason`` (null for a record that fits):
     the data and the dead letters, as :func:`decode` gives them."""
     df = df.selectExpr("*", "_reason IS NOT NULL AS _bad")

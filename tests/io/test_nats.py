@@ -97,6 +97,17 @@ def test_the_source_reads_its_planned_range_in_sub_ranges_and_keeps_bad_records_
     assert src.frames(spark, {"start": 45, "end": 45}, 2).data.count() == 0
 
 
+def test_csv_records_in_a_stream_are_decoded_with_their_dead_letters(spark, nats_server):
+    stream = _stream()
+    payloads = [b"1,a,1.5", b"2,\"b, c\",2.5", b"3,x", b"four,d,4.0", b"5,,"]
+    asyncio.run(_publish(nats_server.url, stream, payloads))
+    frames = _source(nats_server.url, stream, format="csv").frames(spark, {"start": 0, "end": 5}, 2)
+    assert sorted(tuple(r) for r in frames.data.collect()) == [(1, "a", 1.5), (2, "b, c", 2.5), (5, None, None)]
+    dead = sorted((r.file, r.line, r.raw, r.reason) for r in frames.dead_letters.collect())
+    assert dead == [(stream, 3, "3,x", "expected 3 CSV fields, got 2"),
+                    (stream, 4, "four,d,4.0", "field 'id': expected bigint, got four")]
+
+
 def test_the_source_refuses_a_stream_without_direct_get_and_a_missing_stream_by_name(nats_server):
     stream = _stream()
     asyncio.run(_publish(nats_server.url, stream, [b"{}"], allow_direct=False))

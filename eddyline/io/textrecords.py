@@ -1,0 +1,266 @@
+"""Decoding text records (JSON objects or CSV lines) with Arrow's readers, in the Python worker that
+received them, with every record that does not fit kept with the reason. Pure: bytes in, Arrow
+out, no Spark.
+
+Arrow parses a whole block of newline-separated records in C++ straight into typed columns, which
+is faster than Spark's own JSON and CSV readers, and far faster than handing the text to the JVM.
+It cannot say which record of a block failed, so a block that fails is halved until the failing
+records are alone; only those are looked at in Python, to say why. A whole file is parsed at once
+and only split into lines when something in it does not fit. The reasons read like the JVM path's
+(:mod:`eddyline.io.records`): "not a valid JSON object", "missing field(s): …", "expected 4 CSV
+fields, got 3", "field 'x': expected bigint, got …".
+
+What counts as a value follows Spark's readers: in JSON a missing field is a bad record but an
+explicit null is a value (Arrow fills both with null, so rows with a null are checked for their
+keys, only those); in CSV an empty unquoted field is null and ``""`` is the empty string. One
+leniency: Arrow takes a number with spaces around it (`` 1``), which Spark's CSV reader refuses.
+
+Only flat schemas of scalar types take this path (:func:`arrow_schema` returns None otherwise).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+
+Format = Literal["json", "csv"]
+
+#: Spark DDL type names → (Arrow type, the name Spark prints in reasons)
+_TYPES: dict[str, tuple[pa.DataType, str]] = {
+    "long": (pa.int64(), "bigint"), "bigint": (pa.int64(), "bigint"),
+    "int": (pa.int32(), "int"), "integer": (pa.int32(), "int"),
+    "short": (pa.int16(), "smallint"), "smallint": (pa.int16(), "smallint"),
+    "byte": (pa.int8(), "tinyint"), "tinyint": (pa.int8(), "tinyint"),
+    "double": (pa.float64(), "double"), "float": (pa.float32(), "float"), "real": (pa.float32(), "float"),
+    "string": (pa.string(), "string"), "boolean": (pa.bool_(), "boolean"),
+    "timestamp": (pa.timestamp("us", tz="UTC"), "timestamp"),
+    "timestamp_ntz": (pa.timestamp("us"), "timestamp_ntz"),
+    "date": (pa.date32(), "date"),
+}
+_FIELD = re.compile(r"^\s*`?([A-Za-z_][A-Za-z0-9_]*)`?\s+([A-Za-z_]+)\s*$")
+
+
+@dataclass(frozen=True)
+class TextSchema:
+    arrow: pa.Schema
+    spark_names: tuple[str, ...]  # per field, the type as Spark prints it
+
+
+def arrow_schema(ddl: str) -> TextSchema | None:
+    """The Arrow schema of a flat Spark DDL schema (``"id long, name string"``), or None when it
+    has a type this path does not take (nested, decimal, binary, ...)."""
+    fields, names = [], []
+    for part in ddl.split(","):
+        m = _FIELD.match(part)
+        if m is None or m.group(2).lower() not in _TYPES:
+            return None
+        arrow, spark = _TYPES[m.group(2).lower()]
+        fields.append(pa.field(m.group(1), arrow))
+        names.append(spark)
+    return TextSchema(pa.schema(fields), tuple(names))
+
+
+#: records parsed together; a block with a bad record is halved until the record is alone
+BLOCK = 4096
+#: rows per batch handed to Spark
+BATCH_ROWS = 50_000
+
+
+@dataclass(frozen=True)
+class Decoded:
+    rows: pa.Table  # the records that fit, in order
+    good: list[int]  # their positions among the payloads
+    bad: list[tuple[int, str]]  # (position, reason) of the others
+
+
+def _parse(fmt: Format, text: bytes, schema: TextSchema) -> pa.Table | None:
+    """``text`` (records separated by newlines) parsed in one go; None if any record fails.
+    Blank lines are skipped."""
+    read = pa.BufferReader(text)
+    block = max(1 << 20, len(text) + 1)  # one block: no record is cut, and one thread
+    try:
+        if fmt == "json":
+            return pajson.read_json(
+                read,
+                read_options=pajson.ReadOptions(use_threads=False, block_size=block),
+                parse_options=pajson.ParseOptions(explicit_schema=schema.arrow, unexpected_field_behavior="ignore"),
+            )
+        return pacsv.read_csv(
+            read,
+            read_options=pacsv.ReadOptions(use_threads=False, block_size=block, column_names=schema.arrow.names),
+            parse_options=pacsv.ParseOptions(newlines_in_values=False, ignore_empty_lines=True),
+            convert_options=pacsv.ConvertOptions(
+                column_types=schema.arrow, strings_can_be_null=True, quoted_strings_can_be_null=False
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+
+
+def decode(fmt: Format, payloads: list[bytes], schema: TextSchema) -> Decoded:
+    """``payloads`` (one record each) as rows of ``schema``, and the ones that do not fit."""
+    tables: list[pa.Table] = []
+    good: list[int] = []
+    bad: list[tuple[int, str]] = []
+
+    def parse(lo: int, hi: int) -> None:
+        chunk = [_one_line(p) for p in payloads[lo:hi]] if fmt == "json" else payloads[lo:hi]
+        table = _parse(fmt, b"\n".join(chunk), schema)
+        if table is not None and table.num_rows == hi - lo:
+            keep = _complete(fmt, table, chunk, schema, lo, bad)
+            tables.append(table if keep is None else table.filter(pa.array(keep)))
+            good.extend(range(lo, hi) if keep is None else [lo + i for i, k in enumerate(keep) if k])
+        elif hi - lo == 1:
+            bad.append((lo, _reason(fmt, payloads[lo], schema)))
+        else:  # some record in here does not fit (or is empty): halve until it is alone
+            mid = (lo + hi) // 2
+            parse(lo, mid)
+            parse(mid, hi)
+
+    for lo in range(0, len(payloads), BLOCK):  # a bad record costs halvings of its block only
+        parse(lo, min(lo + BLOCK, len(payloads)))
+    rows = pa.concat_tables(tables) if tables else schema.arrow.empty_table()
+    bad.sort()
+    return Decoded(rows, good, bad)
+
+
+def _one_line(payload: bytes) -> bytes:
+    """A JSON record spread over lines, on one line (JSON allows a newline wherever it allows a
+    space, and a newline inside a string is escaped)."""
+    return payload.replace(b"\n", b" ").replace(b"\r", b" ") if b"\n" in payload or b"\r" in payload else payload
+
+
+def _complete(
+    fmt: Format, table: pa.Table, chunk: list[bytes], schema: TextSchema, lo: int, bad: list[tuple[int, str]]
+) -> list[bool] | None:
+    """JSON: which rows have every field (a null may stand for a missing key); None when all do."""
+    if fmt != "json" or not any(c.null_count for c in table.columns):
+        return None
+    nulls = None
+    for column in table.columns:
+        if column.null_count:
+            mask = column.is_null()
+            nulls = mask if nulls is None else pc.or_(nulls, mask)
+    assert nulls is not None
+    keep = [True] * table.num_rows
+    for i, has_null in enumerate(nulls.to_pylist()):
+        if has_null:
+            missing = [n for n in schema.arrow.names if n not in json.loads(chunk[i])]
+            if missing:
+                keep[i] = False
+                bad.append((lo + i, f"missing field(s): {', '.join(missing)}"))
+    return None if all(keep) else keep
+
+
+def _reason(fmt: Format, payload: bytes, schema: TextSchema) -> str:
+    """Why one record does not fit, in the JVM path's words."""
+    return _json_reason(payload, schema) if fmt == "json" else _csv_reason(payload, schema)
+
+
+def _json_reason(payload: bytes, schema: TextSchema) -> str:
+    try:
+        record = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        return "not a valid JSON object"
+    if not isinstance(record, dict):
+        return "not a valid JSON object"
+    missing = [n for n in schema.arrow.names if n not in record]
+    if missing:
+        return f"missing field(s): {', '.join(missing)}"
+    for field, spark in zip(schema.arrow, schema.spark_names, strict=True):
+        value = record[field.name]
+        if value is None:
+            continue
+        one = TextSchema(pa.schema([field]), (spark,))
+        if _parse("json", json.dumps({field.name: value}).encode(), one) is None:
+            text = value if isinstance(value, str) else json.dumps(value)
+            return f"field '{field.name}': expected {spark}, got {text[:80]}"
+    return "record does not fit the schema"
+
+
+def _csv_reason(payload: bytes, schema: TextSchema) -> str:
+    text = payload.decode(errors="replace").rstrip("\r\n")
+    if "\n" in text:
+        return f"expected one CSV record, got {text.count(chr(10)) + 1} lines"
+    try:
+        fields = next(csv.reader([text]), [])
+    except csv.Error as e:
+        return f"not a valid CSV line: {e}"
+    n = len(schema.arrow)
+    if len(fields) != n:
+        return f"expected {n} CSV fields, got {len(fields)}"
+    for value, field, spark in zip(fields, schema.arrow, schema.spark_names, strict=True):
+        line = io.StringIO()
+        csv.writer(line).writerow([value])
+        if _parse("csv", line.getvalue().encode(), TextSchema(pa.schema([field]), (spark,))) is None:
+            return f"field '{field.name}': expected {spark}, got {value[:80]}"
+    return "record does not fit the schema"
+
+
+def decoded_batch(
+    fmt: Format, where: str, positions: list[int], payloads: list[bytes], schema: TextSchema
+) -> pa.RecordBatch:
+    """``payloads`` decoded into one batch of the schema's columns plus ``_file`` (``where``: a
+    file, a stream), ``_line`` (the payload's line or sequence from ``positions``), ``_raw`` and
+    ``_reason``; a record that fits has nulls in these four (only dead letters need them), one
+    that does not has nulls in the schema's columns."""
+    d = decode(fmt, payloads, schema)
+    return _batch(d.rows, schema, where, [(positions[i], payloads[i], reason) for i, reason in d.bad])
+
+
+def _batch(rows: pa.Table, schema: TextSchema, where: str, bad: list[tuple[int, bytes, str]]) -> pa.RecordBatch:
+    good = rows.num_rows
+    columns = [
+        pa.concat_arrays([*rows.column(f.name).chunks, pa.nulls(len(bad), f.type)]) if bad
+        else rows.column(f.name).combine_chunks()
+        for f in schema.arrow
+    ]
+    if bad:
+        extra = [
+            pa.array([None] * good + [where] * len(bad), pa.string()),
+            pa.array([None] * good + [line for line, _, _ in bad], pa.int64()),
+            pa.array([None] * good + [raw.decode(errors="replace") for _, raw, _ in bad], pa.string()),
+            pa.array([None] * good + [reason for _, _, reason in bad], pa.string()),
+        ]
+    else:
+        extra = [pa.nulls(good, pa.string()), pa.nulls(good, pa.int64()), pa.nulls(good, pa.string()),
+                 pa.nulls(good, pa.string())]
+    return pa.RecordBatch.from_arrays([*columns, *extra], names=[*schema.arrow.names, *EXTRA])
+
+
+def file_batches(fmt: Format, name: str, text: bytes, schema: TextSchema) -> Iterator[pa.RecordBatch]:
+    """A whole file of records (one per line; blank lines skipped, line numbers counted from 1
+    including them) decoded into batches as :func:`decoded_batch` gives them. The file is parsed
+    in one go; only a file in which something does not fit, or that has blank lines, is split
+    into lines and decoded record by record."""
+    if text:
+        table = _parse(fmt, text, schema)
+        # As many rows as lines: no line was blank (the readers skip those), so row i is line
+        # i + 1 (a JSON line holding two objects could make up for a blank line; its two records
+        # are then both taken, the only difference to decoding line by line).
+        if table is not None and table.num_rows == text.count(b"\n") + (not text.endswith(b"\n")):
+            bad: list[tuple[int, str]] = []
+            keep = _complete(fmt, table, text.split(b"\n") if fmt == "json" else [], schema, 0, bad)
+            if keep is None:
+                for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+                    yield _batch(pa.Table.from_batches([batch]), schema, name, [])
+                return
+    numbered = [(n, line.rstrip(b"\r")) for n, line in enumerate(text.split(b"\n"), 1) if line.strip()]
+    for lo in range(0, len(numbered), BATCH_ROWS):
+        chunk = numbered[lo : lo + BATCH_ROWS]
+        yield decoded_batch(fmt, name, [n for n, _ in chunk], [line for _, line in chunk], schema)
+
+
+#: the columns :func:`decoded_batch` adds, and their Spark DDL
+EXTRA = ("_file", "_line", "_raw", "_reason")
+EXTRA_DDL = "_file string, _line long, _raw string, _reason string"
