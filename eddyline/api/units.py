@@ -120,12 +120,17 @@ class Files(Model):
     As a source, ``schema`` (a Spark DDL string such as ``"id long, name string"``) is required for
     ``json`` and ``csv``; records that do not parse or do not fit it go to the dead-letter sink.
     As a sink, each epoch's output appears atomically as ``path/epoch=NNNNNNNN/``.
+
+    CSV is RFC 4180 (a quote inside a quoted field written twice). ``header``: whether the first
+    line of each CSV file names the columns; a source skips it (default: no header), a sink
+    writes it (default: a header), so a source reading a sink's CSV sets ``header: true``.
     """
 
     path: str = Field(min_length=1)
     format: Literal["parquet", "json", "csv"] = "parquet"
     schema_: str | None = Field(default=None, alias="schema")
     max_files_per_epoch: int | None = Field(default=None, gt=0)
+    header: bool | None = None
 
     def __init__(self, path: str | None = None, /, **data: Any) -> None:
         """Allow ``Files("out/dir", format="json")`` with the path first."""

@@ -165,10 +165,12 @@ class FilesSource(Source):
             if not names:
                 return split_decoded(spark.createDataFrame([], ddl), list(schema.arrow.names), self.name, count_bad)
             tasks = min(len(names), partitions)
-            read = functools.partial(_text_files, p.format, p.path, names, tasks, schema)
+            read = functools.partial(_text_files, p.format, bool(p.header), p.path, names, tasks, schema)
             df = spark.range(0, tasks, 1, tasks).mapInArrow(read, ddl)
             return split_decoded(df, list(schema.arrow.names), self.name, count_bad)
         lines = _read_lines(spark, [_spark_path(p.path, x) for x in paths])
+        if p.header:
+            lines = lines.where("line > 1")
         return decode(spark, lines, p.format, p.schema_, self.name, count_bad)
 
 
@@ -180,7 +182,8 @@ def _footer(fs: pafs.FileSystem, path: str) -> Any:
 
 
 def _text_files(
-    fmt: Any, directory: str, names: list[str], tasks: int, schema: TextSchema, batches: Iterator[pa.RecordBatch]
+    fmt: Any, header: bool, directory: str, names: list[str], tasks: int, schema: TextSchema,
+    batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
     """In a Spark task: task i's share of the files (every ``tasks``-th), decoded."""
     fs, base = filesystem(directory)
@@ -189,7 +192,7 @@ def _text_files(
             for name in names[task::tasks]:
                 with fs.open_input_stream(f"{base}/{name}") as f:
                     text = f.read()
-                yield from file_batches(fmt, name, text, schema)
+                yield from file_batches(fmt, name, text, schema, header=header)
 
 
 def _spark_path(directory: str, full: str) -> str:
@@ -275,8 +278,8 @@ def write_frame(df: DataFrame, target: FilesTarget, epoch: int) -> None:
     fmt = target.files.format
     path = target.staging(epoch)
     writer = df.write
-    if fmt == "csv":
-        writer = writer.option("header", "true")
+    if fmt == "csv":  # RFC 4180: a quote inside a quoted field is doubled (Spark's default: \")
+        writer = writer.option("header", target.files.header is not False).option("escape", '"')
     if isinstance(target.fs, pafs.LocalFileSystem):
         # Hadoop's local file system (without its native library) forks a `chmod` for every
         # directory it creates; a job's commit protocol creates three before the job starts
@@ -302,6 +305,8 @@ class FilesSourceKind(SourceKind):
         p = source.params
         if p.format != "parquet" and not p.schema_:
             return [f"files.schema: a {p.format} source needs a schema (Spark DDL)"]
+        if p.header is not None and p.format != "csv":
+            return [f"files.header: only CSV files have a header line, not {p.format}"]
         return []
 
     def make(self, spec: SourceSpec) -> FilesSource:
@@ -316,6 +321,8 @@ class FilesSinkKind(SinkKind):
     def check(self, sink: SinkSpec) -> list[str]:
         if sink.params.schema_ is not None:
             return ["files.schema: a sink writes its input's schema; remove 'schema'"]
+        if sink.params.header is not None and sink.params.format != "csv":
+            return [f"files.header: only CSV files have a header line, not {sink.params.format}"]
         return []
 
     def describe(self, params: Any) -> str:

@@ -50,7 +50,8 @@ def decode(
     struct = ddl_struct(spark, schema)
     parse = "from_json" if fmt == "json" else "from_csv"
     ddl = f"{schema}, _corrupt_record string".replace("'", "\\'")
-    opts = "map('mode', 'PERMISSIVE', 'columnNameOfCorruptRecord', '_corrupt_record')"
+    opts = "map('mode', 'PERMISSIVE', 'columnNameOfCorruptRecord', '_corrupt_record'"
+    opts += ", 'escape', '\"', 'nullValue', '\\u0000')" if fmt == "csv" else ")"  # RFC 4180, as io/textrecords.py
     bad = "_r IS NULL OR _r._corrupt_record IS NOT NULL"
     if fmt == "json":  # a declared field must be there (null is a value); looked up only when null
         nulls = " OR ".join(f"_r.`{f.name}` IS NULL" for f in struct)

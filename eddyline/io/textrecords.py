@@ -10,10 +10,13 @@ and only split into lines when something in it does not fit. The reasons read li
 (:mod:`eddyline.io.records`): "not a valid JSON object", "missing field(s): …", "expected 4 CSV
 fields, got 3", "field 'x': expected bigint, got …".
 
-What counts as a value follows Spark's readers: in JSON a missing field is a bad record but an
-explicit null is a value (Arrow fills both with null, so rows with a null are checked for their
-keys, only those); in CSV an empty unquoted field is null and ``""`` is the empty string. One
-leniency: Arrow takes a number with spaces around it (`` 1``), which Spark's CSV reader refuses.
+In JSON a missing field is a bad record but an explicit null is a value (Arrow fills both with
+null, so rows with a null are checked for their keys, only those). CSV is read as RFC 4180
+describes it, the dialect of most tools that write CSV (and of the ``files`` sink): a field with
+a comma, quote or line break is quoted, a quote inside it is written twice, a
+backslash is an ordinary character. An empty field is null, ``""`` the empty string. (Spark's own
+reader differs: it escapes with a backslash and reads ``""`` as null.) Arrow takes a number with
+spaces around it (`` 1``), which Spark refuses.
 
 Only flat schemas of scalar types take this path (:func:`arrow_schema` returns None otherwise).
 """
@@ -86,6 +89,8 @@ class Decoded:
 def _parse(fmt: Format, text: bytes, schema: TextSchema) -> pa.Table | None:
     """``text`` (records separated by newlines) parsed in one go; None if any record fails.
     Blank lines are skipped."""
+    if fmt == "csv" and not text.endswith(b"\n"):
+        text += b"\n"  # Arrow takes an empty last field after a quoted one for quoted, without it
     read = pa.BufferReader(text)
     block = max(1 << 20, len(text) + 1)  # one block: no record is cut, and one thread
     try:
@@ -200,6 +205,10 @@ def _csv_reason(payload: bytes, schema: TextSchema) -> str:
     if len(fields) != n:
         return f"expected {n} CSV fields, got {len(fields)}"
     for value, field, spark in zip(fields, schema.arrow, schema.spark_names, strict=True):
+        if value == "":  # fits unless quoted (`""`), which is the empty string, not null
+            if field.type != pa.string():
+                return f"field '{field.name}': expected {spark}, got \"\""
+            continue
         line = io.StringIO()
         csv.writer(line).writerow([value])
         if _parse("csv", line.getvalue().encode(), TextSchema(pa.schema([field]), (spark,))) is None:
@@ -238,11 +247,18 @@ def _batch(rows: pa.Table, schema: TextSchema, where: str, bad: list[tuple[int, 
     return pa.RecordBatch.from_arrays([*columns, *extra], names=[*schema.arrow.names, *EXTRA])
 
 
-def file_batches(fmt: Format, name: str, text: bytes, schema: TextSchema) -> Iterator[pa.RecordBatch]:
+def file_batches(
+    fmt: Format, name: str, text: bytes, schema: TextSchema, *, header: bool = False
+) -> Iterator[pa.RecordBatch]:
     """A whole file of records (one per line; blank lines skipped, line numbers counted from 1
-    including them) decoded into batches as :func:`decoded_batch` gives them. The file is parsed
-    in one go; only a file in which something does not fit, or that has blank lines, is split
-    into lines and decoded record by record."""
+    including them; with ``header`` the first line is not a record) decoded into batches as
+    :func:`decoded_batch` gives them. The file is parsed in one go; only a file in which
+    something does not fit, or that has blank lines, is split into lines and decoded record by
+    record."""
+    first = 1
+    if header:
+        cut = text.find(b"\n")
+        text, first = (text[cut + 1 :] if cut >= 0 else b""), 2
     if text:
         table = _parse(fmt, text, schema)
         # As many rows as lines: no line was blank (the readers skip those), so row i is line
@@ -255,7 +271,7 @@ def file_batches(fmt: Format, name: str, text: bytes, schema: TextSchema) -> Ite
                 for batch in table.to_batches(max_chunksize=BATCH_ROWS):
                     yield _batch(pa.Table.from_batches([batch]), schema, name, [])
                 return
-    numbered = [(n, line.rstrip(b"\r")) for n, line in enumerate(text.split(b"\n"), 1) if line.strip()]
+    numbered = [(n, line.rstrip(b"\r")) for n, line in enumerate(text.split(b"\n"), first) if line.strip()]
     for lo in range(0, len(numbered), BATCH_ROWS):
         chunk = numbered[lo : lo + BATCH_ROWS]
         yield decoded_batch(fmt, name, [n for n, _ in chunk], [line for _, line in chunk], schema)

@@ -71,6 +71,8 @@ STRUCTURAL = [
     (mutate("steps.0.input", "per_auction"), "step 'expensive': input: part of a cycle"),
     (mutate("sources.0.files", {"path": "in", "format": "json"}),
      "source 'bids': files.schema: a json source needs a schema"),
+    (mutate("sources.0.files", {"path": "in", "format": "json", "schema": "a long", "header": True}),
+     "source 'bids': files.header: only CSV files have a header line, not json"),
     (mutate("steps.1.window_aggregate.watermark_delay", "-4s"),
      "step 'per_auction': watermark_delay: expected a duration like '10s', got '-4s'"),
     (mutate("steps.1.name", "expensive"), "step 'expensive': name: already used by a step"),

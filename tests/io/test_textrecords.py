@@ -105,21 +105,25 @@ def test_each_kind_of_bad_csv_line_gets_its_reason_and_good_ones_keep_spark_s_va
         b"6,a,1.5,yesterday",
         b"7,a,1.5,2026-01-01T00:00:00Z,extra",
         b"8,a\n9,b,1,2026-01-01T00:00:00Z",
+        b'9,"say ""hi""",,',  # RFC 4180: a quote inside quotes written twice; empty last fields
+        b'10,a\\b,"",',  # a backslash is a character; "" is an empty string, not a number
     ]
     d = decode("csv", payloads, CSV_SCHEMA)
-    assert d.good == [0, 1, 4, 5]
+    assert d.good == [0, 1, 4, 5, 9]
     assert d.bad == [
         (2, "field 'id': expected bigint, got seven"),
         (3, "expected 4 CSV fields, got 3"),
         (6, "field 'at': expected timestamp, got yesterday"),
         (7, "expected 4 CSV fields, got 5"),
         (8, "expected one CSV record, got 2 lines"),
+        (10, "field 'price': expected double, got \"\""),
     ]
     rows = d.rows.to_pylist()
     assert rows[0] == {"id": 1, "name": "a", "price": 1.5, "at": datetime(2026, 1, 1, 0, 0, 0, 123, tzinfo=UTC)}
     assert rows[1]["name"] == "b, with a comma"
     assert rows[2] == {"id": 4, "name": None, "price": None, "at": None}
     assert rows[3]["name"] == ""
+    assert rows[4] == {"id": 9, "name": 'say "hi"', "price": None, "at": None}
 
 
 csv_field = st.text(alphabet="ab,\" 1", max_size=4)
@@ -181,3 +185,13 @@ def test_a_whole_file_decodes_alike_in_one_go_or_line_by_line(fmt):
         assert table.column("id").to_pylist() == [0, 8, None]
         assert table.column("_reason").to_pylist() == [None, None, "missing field(s): name"]
         assert table.column("_line").to_pylist() == [None, None, 2]
+
+
+def test_a_header_line_is_skipped_and_line_numbers_still_count_it():
+    schema = arrow_schema("id long, name string")
+    for text in (b"id,name\n1,a\n2,b\n", b"id,name\n1,a\nx,b\n"):
+        table = pa.Table.from_batches(list(file_batches("csv", "f", text, schema, header=True)))
+        assert table.column("name").to_pylist()[:1] == ["a"]
+    assert _lines(file_batches("csv", "f", b"id,name\n1,a\nx,b\n", schema, header=True))[1] == (
+        3, "field 'id': expected bigint, got x")
+    assert list(file_batches("csv", "f", b"id,name", schema, header=True)) == []

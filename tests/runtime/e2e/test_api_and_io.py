@@ -60,6 +60,28 @@ def test_csv_source_and_dead_letters(spark, tmp_path: Path) -> None:
                     (3, "expected 3 CSV fields, got 2")]
 
 
+def test_csv_written_by_a_files_sink_reads_back_unchanged(spark, tmp_path: Path) -> None:
+    """RFC 4180 both ways: quotes, commas, backslashes, the empty string and null survive a
+    files sink's CSV (with its header line) read by a files source with ``header: true``."""
+    texts = ['say "hi"', "a,b", "back\\slash", "", None, "plain"]
+    pq.write_table(pa.table({"id": list(range(len(texts))), "s": texts}), tmp_path / "in.parquet")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "in.parquet").rename(tmp_path / "src" / "in.parquet")
+    write = eddyline.Network("csv-out", trigger=0, lanes=1)
+    write.source("rows", eddyline.Files(str(tmp_path / "src"))).to(
+        eddyline.Files(str(tmp_path / "csv"), format="csv"), name="out")
+    write.run(str(tmp_path / "ck1"), until_idle=True, spark=spark)
+    written = next((tmp_path / "csv").glob("epoch=*/*.csv")).read_text()
+    assert written.startswith("id,s\n") and '"say ""hi"""' in written
+    read = eddyline.Network("csv-in", trigger=0, lanes=1)
+    read.source("rows", eddyline.Files(str(next((tmp_path / "csv").glob("epoch=*"))), format="csv",
+                                       schema="id long, s string", header=True)).to(eddyline.Memory(), name="got")
+    summary = read.run(str(tmp_path / "ck2"), until_idle=True, spark=spark)
+    assert summary.dead_letters == 0
+    assert sorted(read.collected("got").to_pylist(), key=lambda r: r["id"]) == [
+        {"id": i, "s": t} for i, t in enumerate(texts)]
+
+
 def test_uri_checkpoint_and_retention(spark, tmp_path: Path) -> None:
     write_bid_files(tmp_path / "in", files=24, rows=40, seed=2)
     spec = bids_window_spec(tmp_path / "in", tmp_path / "out")
