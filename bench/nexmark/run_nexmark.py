@@ -13,6 +13,12 @@ same number of files each; file ``k`` of every stream holds the events with glob
   ``trigger(availableNow=True)``. Where Spark rejects the query, every formulation tried is kept
   with Spark's exact error.
 
+Issue #21: ``--formats parquet,csv,json`` runs the same comparison over CSV and JSON-lines copies
+of the data set too (made once from the Parquet files: same names, same order, same mtimes;
+timestamps as ``2026-01-01T00:00:00.000100Z``, read back by Spark to the same rows, checked).
+Eddyline reads them with a ``files`` source of that ``format`` and the stream's ``schema``;
+Structured Streaming with ``readStream.schema(...).csv(dir)`` / ``.json(dir)``.
+
 Both engines are warmed first on a tiny prefix of the data (the first files of each stream) with
 the same query, so JIT, codegen and Python workers are warm. The measured wall time runs from the
 start of the first epoch / micro-batch to the end of the last one (progress timestamps);
@@ -21,10 +27,12 @@ manifest) / that time. One SparkSession, ``local[2]``, 2 shuffle partitions.
 
 Usage::
 
-    python bench/nexmark/run_nexmark.py                       # 2M events, every query
+    python bench/nexmark/run_nexmark.py                       # 2M events, every query, Parquet
+    python bench/nexmark/run_nexmark.py --formats parquet,csv,json        # and the text copies
     python bench/nexmark/run_nexmark.py --events 200000 --queries q0,q5   # a quick check
 
-Writes ``bench/results/nexmark-<timestamp>.json`` and the generated tables inside the
+Writes ``bench/results/nexmark-<timestamp>.json`` (``queries``: the Parquet runs, as before;
+``by_format``: the other formats' runs, shaped the same) and the generated tables inside the
 ``<!-- nexmark:start -->`` section of ``bench/RESULTS.md`` (prose around them is kept).
 """
 
@@ -52,6 +60,14 @@ SPECS = (
     ROOT / "examples" / "nexmark"
 )  # replaced in main() by the specs next to the imported eddyline
 STREAMS = ("person", "auction", "bid")
+FORMATS = ("parquet", "csv", "json")
+FORMAT_NAMES = {"parquet": "Parquet", "csv": "CSV", "json": "JSON-lines"}
+EXTENSIONS = {"parquet": "parquet", "csv": "csv", "json": "jsonl"}
+#: how the text copies write timestamps (UTC, to the microsecond); Spark's default parser reads
+#: this form back exactly, so neither engine is given a ``timestampFormat``
+TEXT_TIMESTAMP = "%Y-%m-%dT%H:%M:%SZ"  # %S is "SS.ffffff" for microsecond timestamps
+#: bump when the text copies are written differently, so cached copies are made again
+TEXT_COPY_VERSION = 1
 
 sys.path.insert(0, str(BENCH))
 from run_bench import _lane_medians, _ts, cached_data_set, save_manifest, write_section  # noqa: E402  (the issue #2 benchmark's helpers)
@@ -96,16 +112,110 @@ def generate(spark: Any, data: Path, events: int, files: int, rate: float) -> di
     return save_manifest(data, manifest)
 
 
-def warm_copy(data: Path, files: int) -> Path:
-    """The first ``files`` files of each stream, for warm-up runs."""
-    warm = data / "warm"
+def warm_copy(root: Path, files: int, fmt: str = "parquet") -> Path:
+    """The first ``files`` files of each stream under ``root``, for warm-up runs."""
+    warm = root / "warm"
+    ext = EXTENSIONS[fmt]
     for stream in STREAMS:
         (warm / stream).mkdir(parents=True, exist_ok=True)
         for k in range(files):
-            target = warm / stream / f"{k:05d}.parquet"
+            target = warm / stream / f"{k:05d}.{ext}"
             if not target.exists():
-                shutil.copy2(data / stream / f"{k:05d}.parquet", target)
+                shutil.copy2(root / stream / f"{k:05d}.{ext}", target)
     return warm
+
+
+def read_text(reader: Any, fmt: str, path: str) -> Any:
+    """A text copy through Spark's reader (batch or streaming) with its default options:
+    PERMISSIVE, no header, timestamps by Spark's default parser. The one place both the check of
+    the copy and the native runs read it, so the check covers what the benchmark reads."""
+    return reader.csv(path) if fmt == "csv" else reader.json(path)
+
+
+def text_copy(spark: Any, data: Path, manifest: dict[str, Any], fmt: str) -> dict[str, Any]:
+    """A ``fmt`` (``csv`` or ``json``) copy of the Parquet data set in ``data/fmt/`` (made once,
+    then reused): the same streams, file names and row order, each file with its Parquet file's
+    mtime. Read back by Spark with the stream's schema, it must give the Parquet rows (count and
+    ``sum(hash(*))`` per stream), or the run stops. Returns the copy's record (``copy.json``)."""
+    from eddyline.io.nexmark import nexmark_schema
+
+    root = data / fmt
+    marker = root / "copy.json"
+    if marker.exists():
+        done = json.loads(marker.read_text())
+        if done.get("version") == TEXT_COPY_VERSION:
+            return {**done, "reused": True}
+    shutil.rmtree(root, ignore_errors=True)
+    t0 = time.perf_counter()
+    for stream in STREAMS:
+        (root / stream).mkdir(parents=True)
+        for k in range(manifest["files"]):
+            source = data / stream / f"{k:05d}.parquet"
+            target = root / stream / f"{k:05d}.{EXTENSIONS[fmt]}"
+            _write_text(source, target, fmt)
+            mtime = source.stat().st_mtime
+            os.utime(target, (mtime, mtime))
+    write_s = time.perf_counter() - t0
+    checks: dict[str, Any] = {}
+    for stream in STREAMS:
+        ddl = nexmark_schema(stream)
+        names = spark.createDataFrame([], ddl).columns
+        parquet = _digest(spark.read.parquet(str(data / stream)).select(*names))
+        text = _digest(read_text(spark.read.schema(ddl), fmt, str(root / stream)))
+        if text != parquet:
+            raise SystemExit(
+                f"the {fmt} copy of {stream} does not read back as the Parquet rows: "
+                f"(rows, sum(hash)) {text} against {parquet}; see {root / stream}"
+            )
+        checks[stream] = {"rows": parquet[0], "sum_hash": parquet[1]}
+    done = {
+        "version": TEXT_COPY_VERSION,
+        "format": fmt,
+        "write_s": round(write_s, 1),
+        "check_s": round(time.perf_counter() - t0 - write_s, 1),
+        "mb": round(sum(f.stat().st_size for s in STREAMS for f in (root / s).iterdir()) / 1e6, 1),
+        "checked": checks,
+    }
+    marker.write_text(json.dumps(done, indent=2))
+    return done
+
+
+def _write_text(source: Path, target: Path, fmt: str) -> None:
+    """One Parquet file as CSV (no header; unquoted values, or every string quoted if some value
+    must be) or as JSON lines, timestamps in :data:`TEXT_TIMESTAMP`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(source)
+    for i, field in enumerate(table.schema):
+        if pa.types.is_timestamp(field.type):
+            utc = table.column(i).cast(pa.timestamp("us", tz="UTC"))
+            table = table.set_column(i, field.name, pc.strftime(utc, format=TEXT_TIMESTAMP))
+    if fmt == "csv":
+        try:  # plain values, as Spark's own CSV writer would write these
+            pacsv.write_csv(
+                table, target, pacsv.WriteOptions(include_header=False, quoting_style="none")
+            )
+        except pa.ArrowInvalid:  # a value holds a comma, quote or line break: quote strings
+            pacsv.write_csv(
+                table, target, pacsv.WriteOptions(include_header=False, quoting_style="needed")
+            )
+        return
+    names = table.column_names
+    columns = [c.to_pylist() for c in table.columns]
+    with target.open("w", encoding="utf-8") as f:
+        f.writelines(
+            json.dumps(dict(zip(names, row, strict=True)), separators=(",", ":")) + "\n"
+            for row in zip(*columns, strict=True)
+        )
+
+
+def _digest(df: Any) -> tuple[int, int]:
+    """(rows, sum of Spark's ``hash`` of every row)."""
+    row = df.selectExpr("count(*) AS n", "coalesce(sum(hash(*)), 0) AS h").first()
+    return int(row["n"]), int(row["h"])
 
 
 def code_version() -> dict[str, Any]:
@@ -157,8 +267,12 @@ def spec_streams(raw: dict[str, Any]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- Eddyline
-def eddyline_spec(query: str, data: Path, per_epoch: int, lanes: int, out: Path) -> dict[str, Any]:
+def eddyline_spec(
+    query: str, data: Path, per_epoch: int, lanes: int, out: Path, fmt: str = "parquet"
+) -> dict[str, Any]:
     import yaml
+
+    from eddyline.io.nexmark import nexmark_schema
 
     raw = yaml.safe_load((SPECS / f"{query}.yaml").read_text())
     raw["trigger"] = 0
@@ -167,9 +281,11 @@ def eddyline_spec(query: str, data: Path, per_epoch: int, lanes: int, out: Path)
         stream = src.pop("nexmark")["stream"]
         src["files"] = {
             "path": str(data / stream),
-            "format": "parquet",
+            "format": fmt,
             "max_files_per_epoch": per_epoch,
         }
+        if fmt != "parquet":  # text files need their schema (Spark DDL)
+            src["files"]["schema"] = nexmark_schema(stream)
     for sink in raw["sinks"]:
         sink.pop("files", None)
         sink.pop("console", None)
@@ -203,6 +319,7 @@ def run_eddyline(spark: Any, raw: dict[str, Any], tmp: Path) -> dict[str, Any]:
         "outer_s": outer,
         "engine_input_rows": summary.input_rows,
         "output_rows": sum(summary.output_rows.values()),
+        "dead_letters": summary.dead_letters,
         "epochs": len(records),
         "data_epochs": len(data_epochs),
         "batch_ms": [r["durationMs"]["triggerExecution"] for r in records],
@@ -520,16 +637,20 @@ def run_native(
     tmp: Path,
     schemas: dict[str, Any],
     only: int | None = None,
+    fmt: str = "parquet",
 ) -> dict[str, Any]:
-    """The first formulation Spark accepts (or only formulation ``only``); with every error."""
+    """The first formulation Spark accepts (or only formulation ``only``); with every error.
+    ``schemas``: each stream's schema for the reader of ``fmt``."""
     readers: dict[str, Any] = {}
 
     def S(stream: str) -> Any:
         if stream not in readers:
+            reader = spark.readStream.schema(schemas[stream]).option(
+                "maxFilesPerTrigger", per_epoch
+            )
+            path = str(data / stream)
             readers[stream] = (
-                spark.readStream.schema(schemas[stream])
-                .option("maxFilesPerTrigger", per_epoch)
-                .parquet(str(data / stream))
+                reader.parquet(path) if fmt == "parquet" else read_text(reader, fmt, path)
             )
         return readers[stream]
 
@@ -643,9 +764,79 @@ def _short(error: str) -> str:
     return (text if len(text) < 110 else text[:107] + "…").replace("|", "\\|")
 
 
+def format_entries(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A result's query entries by format, in the order run. Files written before issue #21 have
+    only ``queries``, the Parquet runs."""
+    by = {"parquet": result["queries"]} if result.get("queries") else {}
+    by |= result.get("by_format", {})
+    order = result.get("formats", ["parquet"])
+    return {f: by[f] for f in sorted(by, key=lambda f: order.index(f) if f in order else 99)}
+
+
+def _k(rate: float | None) -> str:
+    return f"{rate / 1000:,.0f}" if rate else "–"
+
+
+def formats_md(by: dict[str, dict[str, Any]]) -> str:
+    """The ratio per query and format, K events/s (every run: Eddyline's / Spark's)."""
+    head = ["query"]
+    for fmt in by:
+        name = FORMAT_NAMES[fmt]
+        head += [f"{name}: Eddyline", "Spark SS", "ratio", "every run E / S"]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|---|" + "---:|---:|---:|---:|" * len(by),
+    ]
+    below: dict[str, list[str]] = {fmt: [] for fmt in by}
+    queries = list(dict.fromkeys(q for entries in by.values() for q in entries))
+    for q in queries:
+        cells = [q]
+        for fmt, entries in by.items():
+            r = entries.get(q)
+            if r is None:
+                cells += ["–"] * 4
+                continue
+            e, n = r["eddyline"], r["native"]
+            ratio = r.get("ratio")
+            if ratio is not None and ratio < 1.0:
+                below[fmt].append(f"{q} {ratio:.2f}")
+            runs = " / ".join(
+                ", ".join(_k(x) for x in side.get("runs_events_per_s", [])) or "–"
+                for side in (e, n)
+            )
+            cells += [
+                _k(e.get("events_per_s")) if "wall_s" in e else "failed",
+                _k(n.get("events_per_s")) if "wall_s" in n else "–",
+                f"**{ratio:.2f}**" if ratio is not None else "–",
+                runs,
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    if any(below.values()):
+        verdict = (
+            "Eddyline slower than Spark (ratio below 1.0): "
+            + "; ".join(
+                f"{FORMAT_NAMES[fmt]} {', '.join(b) if b else 'none'}" for fmt, b in below.items()
+            )
+            + "."
+        )
+    else:
+        verdict = "Ratio of 1.0 or more on every query that Spark runs, in every format."
+    notes = [
+        n for q in queries for n in output_notes(q, {f: e[q] for f, e in by.items() if q in e})[0]
+    ]
+    rows = (
+        "Output rows differ between formats: " + "; ".join(notes) + "."
+        if notes
+        else "Each engine wrote the same number of rows for a query in every format."
+    )
+    return "\n".join(lines) + f"\n\n{verdict} {rows}"
+
+
 def tables_md(result: dict[str, Any]) -> str:
+    by = format_entries(result)
+    main_format = next(iter(by), "parquet")
     rows, errors, prof = [], [], []
-    for q, r in result["queries"].items():
+    for q, r in by.get(main_format, {}).items():
         e, n = r["eddyline"], r["native"]
         ev = r["input_events"]
         if "wall_s" in n:
@@ -700,11 +891,23 @@ def tables_md(result: dict[str, Any]) -> str:
         f"{result.get('repeat', 1)} runs per engine · whole run "
         f"{result['total_s'] / 60:.1f} min\n\n"
     )
+    if list(by) != ["parquet"]:
+        copies = result.get("text_copies", {})
+        head += (
+            "Formats: "
+            + ", ".join(
+                FORMAT_NAMES[f] + (f" ({copies[f]['mb']:,.0f} MB)" if f in copies else "")
+                for f in by
+            )
+            + f". The first table is the {FORMAT_NAMES[main_format]} run; the second compares "
+            "the formats (K events/s).\n\n"
+        )
     table = (
         "| query | streams | input events | Eddyline events/s | Spark SS events/s | ratio | every run, K events/s E / S "
         "| epochs (data+no-input) E / S | median data-epoch ms E / S |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
         + "\n".join(rows)
     )
+    per_format = "\n\n" + formats_md(by) if list(by) != ["parquet"] else ""
     errs = (
         "\n\nSpark's errors, exactly (first lines), for each formulation tried:\n\n"
         + "\n".join(errors)
@@ -712,12 +915,14 @@ def tables_md(result: dict[str, Any]) -> str:
         else ""
     )
     profile = (
-        "\n\nEddyline, summed over the run (s): epoch total, driver planning, Spark execution (includes the "
+        "\n\nEddyline"
+        + (f" on {FORMAT_NAMES[main_format]}" if list(by) != ["parquet"] else "")
+        + ", summed over the run (s): epoch total, driver planning, Spark execution (includes the "
         "lanes), publish + commit; per stateful step the lanes' time summed over epochs (ms, the slower lane "
         "of each epoch):\n\n| query | total | planning | execution | publish+commit | lanes (ms) |\n"
         "|---|---:|---:|---:|---:|---|\n" + "\n".join(prof)
     )
-    return head + table + errs + profile
+    return head + table + per_format + errs + profile
 
 
 SECTION_START, SECTION_END = "<!-- nexmark:start -->", "<!-- nexmark:end -->"
@@ -763,6 +968,11 @@ def main() -> None:
     ap.add_argument(
         "--keep", default=None, help="keep the measured runs' output and checkpoints here"
     )
+    ap.add_argument(
+        "--formats",
+        default="parquet",
+        help="comma-separated data set formats to run, of parquet, csv, json (default: parquet)",
+    )
     ap.add_argument("--no-md", action="store_true", help="do not touch bench/RESULTS.md")
     ap.add_argument(
         "--md-from", default=None, help="only rewrite bench/RESULTS.md from this results JSON"
@@ -771,9 +981,13 @@ def main() -> None:
     if args.md_from:
         write_results_md(json.loads(Path(args.md_from).read_text()))
         return
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    if not formats or any(f not in FORMATS for f in formats) or len(set(formats)) < len(formats):
+        raise SystemExit(f"--formats: expected some of {', '.join(FORMATS)}, got {args.formats!r}")
 
     import yaml
 
+    from eddyline.io.nexmark import nexmark_schema
     from eddyline.runtime.session import get_spark
 
     global SPECS
@@ -801,98 +1015,38 @@ def main() -> None:
     )
     manifest = generate(spark, data, args.events, args.files, args.rate)
     print(f"data set: {data} ({manifest['generate_s']} s to generate)", flush=True)
-    warm = warm_copy(data, args.warmup_files)
-    schemas = {s: spark.read.parquet(str(data / s)).schema for s in STREAMS}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-
-    out: dict[str, Any] = {}
-    for query in queries:
-        streams = spec_streams(yaml.safe_load((SPECS / f"{query}.yaml").read_text()))
-        events = sum(sum(manifest["rows"][s]) for s in streams)
-        entry: dict[str, Any] = {"streams": streams, "input_events": events}
-
-        def run(
-            engine: str,
-            d: Path,
-            per_epoch: int,
-            tag: str,
-            only: int | None = None,
-            query: str = query,
-        ) -> dict[str, Any]:
-            keep = (
-                Path(args.keep) / query / f"{engine}-{tag}"
-                if args.keep and tag != "warmup"
-                else None
-            )
-            if keep is not None:
-                shutil.rmtree(keep, ignore_errors=True)
-                keep.mkdir(parents=True)
-            tmp = keep or Path(tempfile.mkdtemp(prefix=f"nexmark-{query}-{engine}-"))
-            try:
-                if engine == "native":
-                    return run_native(spark, query, d, per_epoch, tmp, schemas, only)
-                try:
-                    return run_eddyline(
-                        spark, eddyline_spec(query, d, per_epoch, args.lanes, tmp / "out"), tmp
-                    )
-                except Exception as exc:  # noqa: BLE001 - recorded, the other queries still run
-                    return {"engine": "eddyline", "error": _error_text(exc)}
-            finally:
-                if keep is None:
-                    shutil.rmtree(tmp, ignore_errors=True)
-
-        # Warm-up on the first files; it also finds the native formulation Spark accepts (a
-        # query Spark rejects is rejected the same way on the full data).
-        warmed = {engine: run(engine, warm, 1, "warmup") for engine in ("native", "eddyline")}
-        runs: dict[str, list[dict[str, Any]]] = {e: [] for e in warmed if "wall_s" in warmed[e]}
-        for rep in range(
-            args.repeat
-        ):  # alternating order, so a slow spell of the machine hits both
-            for engine in ("native", "eddyline") if rep % 2 == 0 else ("eddyline", "native"):
-                if engine in runs:
-                    runs[engine].append(
-                        run(
-                            engine,
-                            data,
-                            args.files_per_epoch,
-                            f"run{rep}",
-                            warmed[engine].get("attempt"),
-                        )
-                    )
-        for engine in ("native", "eddyline"):
-            done = [r for r in runs.get(engine, []) if "wall_s" in r]
-            if not done:
-                failed = runs.get(engine) or [warmed[engine]]
-                entry[engine] = {
-                    **failed[0],
-                    "tried": warmed[engine].get("tried", failed[0].get("tried", [])),
-                }
-                continue
-            best = min(
-                done, key=lambda r: r["wall_s"]
-            )  # the fastest run: least disturbed by the machine
-            best["events_per_s"] = events / best["wall_s"]
-            best["runs_wall_s"] = [round(r["wall_s"], 2) for r in done]
-            best["runs_events_per_s"] = [round(events / r["wall_s"]) for r in done]
-            if engine == "native":
-                best["tried"] = warmed[engine]["tried"]
-            entry[engine] = best
-        e, n = entry["eddyline"], entry["native"]
-        entry["ratio"] = (
-            e["events_per_s"] / n["events_per_s"] if "wall_s" in e and "wall_s" in n else None
-        )
-        out[query] = entry
+    # Per format: (the data set's directory, its warm-up copy, each stream's schema for Spark).
+    sets: dict[str, tuple[Path, Path, dict[str, Any]]] = {}
+    copies: dict[str, Any] = {}
+    for fmt in formats:
+        if fmt == "parquet":
+            schemas = {s: spark.read.parquet(str(data / s)).schema for s in STREAMS}
+            sets[fmt] = (data, warm_copy(data, args.warmup_files), schemas)
+            continue
+        copies[fmt] = text_copy(spark, data, manifest, fmt)
         print(
-            f"{query}: eddyline {_cell(e.get('events_per_s'))} ev/s ({e.get('epochs', '-')} epochs, "
-            f"median {e.get('median_ms', 0):.0f} ms) · native "
+            f"{FORMAT_NAMES[fmt]} copy: {data / fmt} ({copies[fmt]['mb']:,.0f} MB; "
             + (
-                f"{_cell(n['events_per_s'])} ev/s ({n['epochs']} batches, median {n['median_ms']:.0f} ms) · "
-                f"ratio {entry['ratio']:.2f}"
-                if entry["ratio"]
-                else f"{n.get('error', e.get('error'))}"
+                "reused)"
+                if copies[fmt].get("reused")
+                else f"{copies[fmt]['write_s']} s to write, {copies[fmt]['check_s']} s to check)"
             ),
             flush=True,
         )
+        schemas = {s: nexmark_schema(s) for s in STREAMS}
+        sets[fmt] = (data / fmt, warm_copy(data / fmt, args.warmup_files, fmt), schemas)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+
+    out: dict[str, dict[str, Any]] = {fmt: {} for fmt in formats}
+    for query in queries:
+        streams = spec_streams(yaml.safe_load((SPECS / f"{query}.yaml").read_text()))
+        events = sum(sum(manifest["rows"][s]) for s in streams)
+        for fmt in formats:
+            full, warm, schemas = sets[fmt]
+            out[fmt][query] = run_query(
+                spark, args, query, fmt, streams, events, full, warm, schemas
+            )
+        check_outputs(query, {fmt: out[fmt][query] for fmt in formats})
 
     when = datetime.now(UTC).isoformat()
     result = {
@@ -900,6 +1054,8 @@ def main() -> None:
         "when": when,
         "dataset": {k: v for k, v in manifest.items() if k != "rows"}
         | {"rows": {s: sum(v) for s, v in manifest["rows"].items()}},
+        "formats": formats,
+        "text_copies": copies,
         "rate": args.rate,
         "files_per_epoch": args.files_per_epoch,
         "warmup_files": args.warmup_files,
@@ -909,7 +1065,9 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "eddyline": version,
         "pyflink": "not run (not required by issue #3)",
-        "queries": out,
+        # the Parquet runs where they always were, so older readers of these files still work
+        "queries": out.get("parquet", {}),
+        "by_format": {fmt: v for fmt, v in out.items() if fmt != "parquet"},
         "total_s": time.perf_counter() - t_all,
     }
     path = RESULTS / f"nexmark-{when[:19].replace(':', '')}.json"
@@ -917,6 +1075,139 @@ def main() -> None:
     print(f"wrote {path} · whole run {result['total_s'] / 60:.1f} min")
     if not args.no_md:
         write_results_md(result)
+
+
+def run_query(
+    spark: Any,
+    args: argparse.Namespace,
+    query: str,
+    fmt: str,
+    streams: list[str],
+    events: int,
+    full: Path,
+    warm: Path,
+    schemas: dict[str, Any],
+) -> dict[str, Any]:
+    """One query on one format: both engines warmed, then ``--repeat`` runs each, alternating."""
+    entry: dict[str, Any] = {"format": fmt, "streams": streams, "input_events": events}
+
+    def run(
+        engine: str, d: Path, per_epoch: int, tag: str, only: int | None = None
+    ) -> dict[str, Any]:
+        keep = (
+            Path(args.keep) / fmt / query / f"{engine}-{tag}"
+            if args.keep and tag != "warmup"
+            else None
+        )
+        if keep is not None:
+            shutil.rmtree(keep, ignore_errors=True)
+            keep.mkdir(parents=True)
+        tmp = keep or Path(tempfile.mkdtemp(prefix=f"nexmark-{query}-{fmt}-{engine}-"))
+        try:
+            if engine == "native":
+                return run_native(spark, query, d, per_epoch, tmp, schemas, only, fmt)
+            try:
+                return run_eddyline(
+                    spark, eddyline_spec(query, d, per_epoch, args.lanes, tmp / "out", fmt), tmp
+                )
+            except Exception as exc:  # noqa: BLE001 - recorded, the other queries still run
+                return {"engine": "eddyline", "error": _error_text(exc)}
+        finally:
+            if keep is None:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    # Warm-up on the first files; it also finds the native formulation Spark accepts (a
+    # query Spark rejects is rejected the same way on the full data).
+    warmed = {engine: run(engine, warm, 1, "warmup") for engine in ("native", "eddyline")}
+    runs: dict[str, list[dict[str, Any]]] = {e: [] for e in warmed if "wall_s" in warmed[e]}
+    for rep in range(args.repeat):  # alternating order, so a slow spell of the machine hits both
+        for engine in ("native", "eddyline") if rep % 2 == 0 else ("eddyline", "native"):
+            if engine in runs:
+                runs[engine].append(
+                    run(
+                        engine,
+                        full,
+                        args.files_per_epoch,
+                        f"run{rep}",
+                        warmed[engine].get("attempt"),
+                    )
+                )
+    for engine in ("native", "eddyline"):
+        done = [r for r in runs.get(engine, []) if "wall_s" in r]
+        if not done:
+            failed = runs.get(engine) or [warmed[engine]]
+            entry[engine] = {
+                **failed[0],
+                "tried": warmed[engine].get("tried", failed[0].get("tried", [])),
+            }
+            continue
+        best = min(
+            done, key=lambda r: r["wall_s"]
+        )  # the fastest run: least disturbed by the machine
+        best["events_per_s"] = events / best["wall_s"]
+        best["runs_wall_s"] = [round(r["wall_s"], 2) for r in done]
+        best["runs_events_per_s"] = [round(events / r["wall_s"]) for r in done]
+        best["runs_output_rows"] = [r["output_rows"] for r in done]
+        if engine == "native":
+            best["tried"] = warmed[engine]["tried"]
+        entry[engine] = best
+    e, n = entry["eddyline"], entry["native"]
+    entry["ratio"] = (
+        e["events_per_s"] / n["events_per_s"] if "wall_s" in e and "wall_s" in n else None
+    )
+    print(
+        f"{query} {fmt}: eddyline {_cell(e.get('events_per_s'))} ev/s ({e.get('epochs', '-')} epochs, "
+        f"median {e.get('median_ms', 0):.0f} ms, {e.get('output_rows', '-')} rows out) · native "
+        + (
+            f"{_cell(n['events_per_s'])} ev/s ({n['epochs']} batches, median {n['median_ms']:.0f} ms, "
+            f"{n.get('output_rows', '-')} rows out) · ratio {entry['ratio']:.2f}"
+            if entry["ratio"]
+            else f"{n.get('error', e.get('error'))}"
+        ),
+        flush=True,
+    )
+    if e.get("dead_letters"):
+        print(f"warning: {query} {fmt}: Eddyline sent {e['dead_letters']:,} rows to dead letters")
+    return entry
+
+
+def output_notes(query: str, entries: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """What disagrees about the rows written for ``query`` (entries by format): an engine whose
+    output row count changes with the format; and, per format, Eddyline and Spark writing a
+    different number of rows (noted when Parquet shows the same difference: Eddyline also
+    flushes the windows and sessions still open at the end of the input)."""
+    notes, engines = [], []
+    for engine, name in (("eddyline", "Eddyline"), ("native", "Spark")):
+        counts = {
+            fmt: ent[engine]["output_rows"]
+            for fmt, ent in entries.items()
+            if ent[engine].get("output_rows") is not None
+        }
+        if len(set(counts.values())) > 1:
+            notes.append(
+                f"{query}: {name} wrote a different number of rows per format: "
+                + ", ".join(f"{FORMAT_NAMES[f]} {c:,}" for f, c in counts.items())
+            )
+    parquet = entries.get("parquet", {})
+    for fmt, ent in entries.items():
+        e, n = ent["eddyline"].get("output_rows"), ent["native"].get("output_rows")
+        if e is None or n is None or e == n:
+            continue
+        same = fmt != "parquet" and (
+            parquet.get("eddyline", {}).get("output_rows"),
+            parquet.get("native", {}).get("output_rows"),
+        ) == (e, n)
+        engines.append(
+            f"{query} {FORMAT_NAMES[fmt]}: Eddyline wrote {e:,} rows, Spark {n:,}"
+            + (" (as on Parquet)" if same else "")
+        )
+    return notes, engines
+
+
+def check_outputs(query: str, entries: dict[str, dict[str, Any]]) -> None:
+    between_formats, between_engines = output_notes(query, entries)
+    for note in between_formats + between_engines:
+        print(f"warning: {note}", flush=True)
 
 
 if __name__ == "__main__":
