@@ -3,7 +3,7 @@
 As a source, the offset is the stream sequence: an epoch's slice is a range of sequences, logged
 in the plan like any other, so a replay reads the very same messages (a stream keeps them until
 its limits remove them). Spark's tasks read the range themselves, split into sub-ranges so every
-core reads (batched direct get: the stream needs ``allow_direct``), and the records — one JSON
+core reads (each through a short-lived pull consumer), and the records — one JSON
 object or CSV line per message — are decoded in Spark like a file's lines; one that does not fit
 becomes a dead letter whose ``file`` is the stream and ``line`` the sequence. The progress shows
 the lag (last sequence in the stream − the last one read) as ``backlog``. With ``subject`` the
@@ -129,7 +129,6 @@ class NatsSource(Source):
         super().__init__(spec)
         p: NatsIn = spec.params
         self.server = _Server(p.url, p.wait, f"source '{spec.name}'", SourceError)
-        self._checked = False
 
     @property
     def params(self) -> NatsIn:
@@ -140,14 +139,6 @@ class NatsSource(Source):
 
     def available(self, elapsed_s: float) -> int:
         info = self.server.call(lambda c: c.stream_info(self.params.stream))
-        if not self._checked:
-            if not info["config"].get("allow_direct"):
-                raise SourceError(
-                    f"source '{self.name}': stream {self.params.stream!r} does not allow direct get, which "
-                    "Eddyline reads with; enable it (nats stream edit "
-                    f"{self.params.stream} --allow-direct) or let `eddyline produce` create the stream"
-                )
-            self._checked = True
         return int(info["state"]["last_seq"])
 
     def _read(self, spark: SparkSession, planned: dict[str, Any], partitions: int, reader: Any, ddl: str) -> DataFrame | None:

@@ -1,9 +1,9 @@
 """A small, synchronous NATS client for the two paths where Eddyline moves every record: reading
-a range of a JetStream stream (batched direct get) and publishing with acknowledgements.
+a range of a JetStream stream (through a pull consumer) and publishing with acknowledgements.
 
 Why not nats-py for these: it is asyncio-only (each Spark task would need its own event loop) and
 spends most of its time per message in Python (header parsing alone is ~35 µs a message). Reading
-200K small messages by direct get took 3 s with it and 0.9 s here; see docs/perf-notes.md. The
+200K small messages took 3 s with it and under 0.5 s here; see docs/perf-notes.md. The
 protocol subset is small — CONNECT, SUB, PUB/HPUB, MSG/HMSG, PING/PONG, -ERR — and everything else
 (stream administration in the tests, the reference reader the tests compare against) is left to
 nats-py. URLs: ``nats://[user:password@ | token@]host[:port]``; TLS is not supported here.
@@ -151,84 +151,99 @@ class NatsConnection:
         self, stream: str, start: int, end: int, subject: str | None = None, batch: int = 10_000
     ) -> Iterator[tuple[list[int], list[bytes]]]:
         """The stream's messages with sequence in [``start``, ``end``) (matching ``subject`` if
-        given), as chunks of (sequences, payloads) in sequence order, by batched direct get (the
-        stream needs ``allow_direct``).
+        given), as chunks of (sequences, payloads) in sequence order.
 
-        This loop runs once per record read, so it is written for speed: frames are parsed
-        inline, and without a subject the next batch is requested before the current one is
-        read, so the server prepares it meanwhile (the client waited for the server about half
-        the time otherwise). A batch asks for its own sub-range only; messages past it (the
-        server fills a batch from later sequences when some were deleted) are dropped, since
-        the next batch reads them."""
-        seq, ahead = start, None
-        while seq < end:
-            hi = end if subject else min(seq + batch, end)
-            if ahead is not None and ahead[1] == seq:
-                reply = ahead[0]
-            else:
-                reply = self._direct_get(stream, seq, min(batch, hi - seq), subject)
-            # with a subject the next batch starts after the last match, known only once it arrives
-            ahead = None if subject or hi >= end else (self._direct_get(stream, hi, min(hi + batch, end) - hi), hi)
-            seqs, payloads, short = self._direct_batch(stream, reply, hi)
-            if seqs:
-                yield seqs, payloads
-            if not short:  # a message at or past hi came: everything before hi is read
-                seq = hi
-            elif not seqs:  # nothing at or after seq
-                return
-            else:  # the server sent fewer than asked: go on after the last one
-                seq = seqs[-1] + 1
-
-    def _direct_get(self, stream: str, seq: int, count: int, subject: str | None = None) -> bytes:
-        """Asks for up to ``count`` messages from ``seq`` on; returns the reply subject."""
-        req: dict[str, Any] = {"seq": seq, "batch": count}
+        Read through a short-lived pull consumer that starts at ``start`` (in memory, no acks,
+        deleted when done or, should this process die, by the server after a minute idle). Direct
+        get would need no consumer, but the server spends about three times the CPU per message
+        on it when messages carry headers (a ``Nats-Msg-Id``, as most producers set), which made
+        it the bottleneck on two cores. This loop runs once per record, so frames are parsed
+        inline, and the next batch is asked for before the current one is read."""
+        if start >= end:
+            return
+        config: dict[str, Any] = {
+            "deliver_policy": "by_start_sequence", "opt_start_seq": start, "ack_policy": "none",
+            "mem_storage": True, "num_replicas": 1, "inactive_threshold": 60_000_000_000,
+        }
         if subject:
-            req["next_by_subj"] = subject
-        reply = self._reply_subject().encode()
-        body = json.dumps(req).encode()
-        self._send(b"PUB $JS.API.DIRECT.GET.%s %s %d\r\n%s\r\n" % (stream.encode(), reply, len(body), body))
-        return reply
+            config["filter_subject"] = subject
+        consumer = self.api(f"CONSUMER.CREATE.{stream}", {"stream_name": stream, "config": config})["name"]
+        pull = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}".encode()
+        try:
+            yield from self._pull(pull, consumer.encode(), end, batch)
+        finally:
+            with contextlib.suppress(NatsError):
+                self.api(f"CONSUMER.DELETE.{stream}.{consumer}")
 
-    def _direct_batch(self, stream: str, reply: bytes, end: int) -> tuple[list[int], list[bytes], bool]:
-        """The messages answering the direct get sent to ``reply`` that lie before ``end``, and
-        whether the batch ended short of ``end`` (no message at or past it came)."""
+    def _pull(self, pull: bytes, consumer: bytes, end: int, batch: int) -> Iterator[tuple[list[int], list[bytes]]]:
+        """The consumer's messages before sequence ``end``. Two pull requests are kept open (a
+        request that does not wait would be refused while another is open); the server fills
+        them in order, so after every ``batch`` messages another is sent. The read ends with the
+        message at ``end - 1`` or past it, or when a request expires unfilled (messages before
+        ``end`` were deleted and the stream has no more). Messages
+        come with their own subject and the ack subject ``$JS.ACK.<stream>.<consumer>.<delivered
+        count>.<stream sequence>.…`` (newer servers put a domain and an account hash after ACK);
+        only a request's end of messages comes to the request's reply subject."""
+        mine: set[bytes] = set()
+
+        def ask() -> None:
+            reply = self._reply_subject().encode()
+            body = b'{"batch":%d,"expires":%d}' % (batch, _PULL_EXPIRES_NS)
+            self._send(b"PUB %s %s %d\r\n%s\r\n" % (pull, reply, len(body), body))
+            mine.add(reply)
+
+        readline, read = self.file.readline, self.file.read
+        ask()
+        ask()
+        due = 2 * batch  # messages asked for and not yet received
         seqs: list[int] = []
         payloads: list[bytes] = []
-        readline, read = self.file.readline, self.file.read
-        short = True
         try:
             while True:
                 line = readline()
-                if line[:5] != b"HMSG ":
+                if line[:5] == b"HMSG ":
+                    parts = line.split()
+                    total = int(parts[-1])
+                    blob = read(total + 2)
+                    if len(parts) == 5:  # no ack subject: a status, for a pull request of ours?
+                        if parts[1] in mine and blob[8:9] == b" ":
+                            if blob[9:12] in (b"404", b"408"):  # expired unfilled: all there is was read
+                                break
+                            first = blob[: blob.find(b"\r\n")].decode(errors="replace")
+                            raise NatsError(f"{redact(self.url)}: reading through consumer {consumer.decode()}: {first}")
+                        continue
+                    ack, payload = parts[3], blob[int(parts[-2]) : total]
+                elif line[:4] == b"MSG ":
+                    parts = line.split()
+                    total = int(parts[-1])
+                    blob = read(total + 2)
+                    if len(parts) != 5:
+                        continue
+                    ack, payload = parts[3], blob[:total]
+                else:
                     self._control(line)
                     continue
-                _, to, _, hlen_, total_ = line.split()
-                hlen, total = int(hlen_), int(total_)
-                blob = read(total + 2)
-                if len(blob) < total + 2:
-                    raise NatsUnreachable(f"{redact(self.url)}: the connection closed mid-message")
-                if to != reply:
+                tokens = ack.split(b".")
+                old = len(tokens) == 9
+                if tokens[3 if old else 5] != consumer:
                     continue
-                if blob[8:9] == b" ":  # a status line, "NATS/1.0 204 EOB"
-                    status = blob[9:12]
-                    if status in (b"204", b"404"):  # end of this batch / nothing at or after seq
-                        return seqs, payloads, short
-                    first = blob[: blob.find(b"\r\n")].decode(errors="replace")
-                    raise NatsError(
-                        f"{redact(self.url)}: direct get from stream {stream!r}: {first}"
-                        + (" (the stream needs allow_direct: true)" if status == b"503" else "")
-                    )
-                i = blob.find(b"Nats-Sequence: ", 0, hlen)
-                if i < 0:
-                    raise NatsError(f"{redact(self.url)}: a direct-get reply without Nats-Sequence")
-                sq = int(blob[i + 15 : blob.find(b"\r\n", i)])
-                if sq >= end:
-                    short = False
-                    continue
-                seqs.append(sq)
-                payloads.append(blob[hlen:total])
+                seq = int(tokens[5 if old else 7])
+                if seq >= end:
+                    break
+                seqs.append(seq)
+                payloads.append(payload)
+                if seq == end - 1:
+                    break
+                due -= 1
+                if due <= batch:  # the older request is filled
+                    yield seqs, payloads
+                    seqs, payloads = [], []
+                    ask()
+                    due += batch
         except OSError as e:
             raise NatsUnreachable(f"{redact(self.url)}: {e}") from e
+        if seqs:
+            yield seqs, payloads
 
     def _control(self, line: bytes) -> None:
         """A frame other than HMSG while reading: answered (PING), skipped (MSG) or raised."""
@@ -304,7 +319,7 @@ class NatsConnection:
 
 
 def ensure_stream(conn: NatsConnection, stream: str, subjects: list[str], duplicate_window_ms: int | None = None) -> dict[str, Any]:
-    """Create ``stream`` (file storage, direct get allowed) if it does not exist; widen its
+    """Create ``stream`` (file storage; direct get allowed, for other readers) if it does not exist; widen its
     de-duplication window to ``duplicate_window_ms`` if it is shorter. Returns its config."""
     try:
         config = conn.stream_info(stream)["config"]
@@ -319,6 +334,11 @@ def ensure_stream(conn: NatsConnection, stream: str, subjects: list[str], duplic
     if duplicate_window_ms is not None and config.get("duplicate_window", 0) < duplicate_window_ms * 1_000_000:
         config = conn.api(f"STREAM.UPDATE.{stream}", {**config, "duplicate_window": duplicate_window_ms * 1_000_000})["config"]
     return config
+
+
+#: how long a pull request waits for messages: they are in the stream already, so only a read
+#: whose last messages were deleted waits this long
+_PULL_EXPIRES_NS = 1_000_000_000
 
 
 def _status(headers: bytes) -> bytes | None:

@@ -116,11 +116,12 @@ def test_csv_records_in_a_stream_are_decoded_with_their_dead_letters(spark, nats
                     (stream, 4, "four,d,4.0", "field 'id': expected bigint, got four")]
 
 
-def test_the_source_refuses_a_stream_without_direct_get_and_a_missing_stream_by_name(nats_server):
+def test_any_stream_is_read_and_a_missing_one_is_named(spark, nats_server):
     stream = _stream()
-    asyncio.run(_publish(nats_server.url, stream, [b"{}"], allow_direct=False))
-    with pytest.raises(SourceError, match=f"source 'bids': stream '{stream}' does not allow direct get"):
-        _source(nats_server.url, stream).available(0.0)
+    asyncio.run(_publish(nats_server.url, stream, [b'{"id": 1, "name": "a", "price": 2.0}'], allow_direct=False))
+    src = _source(nats_server.url, stream)
+    assert src.available(0.0) == 1
+    assert [tuple(r) for r in src.frames(spark, {"start": 0, "end": 1}, 2).data.collect()] == [(1, "a", 2.0)]
     with pytest.raises(SourceError, match="source 'bids'.*stream not found"):
         _source(nats_server.url, "NOPE").available(0.0)
 
