@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Annotated
@@ -104,10 +105,20 @@ def run(
     progress_json: Annotated[str | None, typer.Option(help="append one JSON progress record per epoch")] = None,
     live: Annotated[bool, typer.Option(help="live progress table in the terminal")] = True,
     master: Master = None,
+    standby: Annotated[bool, typer.Option(
+        help="wait until the driver holding the checkpoint's lease stops renewing it, then take over")] = False,
+    lease_timeout: Annotated[float, typer.Option(
+        help="seconds without a renewal after which a driver's lease is free", min=0.5)] = 5.0,
     crash_at: Annotated[str | None, typer.Option(hidden=True, help="test hook: EPOCH:POINT")] = None,
+    freeze_at: Annotated[str | None, typer.Option(hidden=True, help="test hook: SIGSTOP at EPOCH:POINT")] = None,
 ) -> None:
-    """Run a network in epochs until --epochs / --duration / --until-idle (or Ctrl-C)."""
-    _run(spec, checkpoint, epochs, duration, until_idle, lanes, progress_json, live, master, crash_at)
+    """Run a network in epochs until --epochs / --duration / --until-idle (or Ctrl-C).
+
+    A driver holds the checkpoint's lease while it runs (local or mounted checkpoints). Without
+    --standby it takes the lease at once: a driver still running on the checkpoint is fenced
+    (it stops before its next visible step). With --standby it waits for the lease to expire."""
+    _run(spec, checkpoint, epochs, duration, until_idle, lanes, progress_json, live, master, crash_at,
+         standby, lease_timeout, freeze_at)
 
 
 def _run(
@@ -121,6 +132,9 @@ def _run(
     live: bool,
     master: str | None,
     crash_at: str | None,
+    standby: bool = False,
+    lease_timeout: float = 5.0,
+    freeze_at: str | None = None,
 ) -> None:
     from eddyline.facade import validate as analyze
     from eddyline.observe.progress import ProgressReporter
@@ -135,14 +149,18 @@ def _run(
         stop["now"] = True  # finish the current epoch, then stop cleanly
 
     try:
-        faults = KillDriver.parse(crash_at) if crash_at else None
+        faults = (KillDriver.parse(crash_at) if crash_at
+                  else KillDriver.parse(freeze_at, signal.SIGSTOP, "--freeze-at") if freeze_at else None)
         net = _load(spec)
         session = _spark(master)
         analyze(net, session)
         signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
+        lease = _lease(checkpoint, standby, lease_timeout, lambda: stop["now"])
+        if lease is None and standby:
+            return
         with ProgressReporter(live=live and sys.stderr.isatty(), json_path=progress_json) as reporter:
-            engine = Engine(net, session, checkpoint, lanes=lanes, reporter=reporter, faults=faults)
+            engine = Engine(net, session, checkpoint, lanes=lanes, reporter=reporter, faults=faults, lease=lease)
             summary = engine.run(
                 epochs=epochs, duration_s=duration, until_idle=until_idle, should_stop=lambda: stop["now"]
             )
@@ -154,6 +172,33 @@ def _run(
         f"{summary.input_rows} input rows, output rows {outputs or '-'}, "
         f"{summary.late_rows} late, {summary.dead_letters} dead letters"
     )
+
+
+def _lease(checkpoint: str, standby: bool, timeout_s: float, stopped: Callable[[], bool]):  # noqa: ANN202
+    """The checkpoint's lease, taken (None: an object-store checkpoint, which has none, or a
+    standby stopped before it could take over)."""
+    from eddyline.ha.lease import Lease
+
+    local = "://" not in checkpoint or checkpoint.startswith("file://")
+    if not local:
+        if standby:
+            raise CheckpointError("--standby: a lease needs a local or mounted checkpoint path")
+        return None
+    lease = Lease(checkpoint, timeout_s=timeout_s)
+    if standby:
+        shown: set[int] = set()
+
+        def waiting(cur) -> None:  # noqa: ANN001
+            if cur.generation not in shown:
+                shown.add(cur.generation)
+                err.print(f"standby: {cur.holder} leads (generation {cur.generation}); waiting for its lease to expire")
+
+        if not lease.acquire(should_stop=stopped, on_wait=waiting):
+            return None
+    else:
+        lease.try_acquire(force=True)
+    err.print(f"leading as {lease.holder} (lease generation {lease.generation})")
+    return lease
 
 
 def _target(to: str) -> tuple[str, str]:

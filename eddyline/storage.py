@@ -34,6 +34,24 @@ def write_atomic(
     fs.move(tmp, path)
 
 
+def create_exclusive(fs: pafs.FileSystem, path: str, data: bytes) -> bool:
+    """Write ``path`` whole unless it exists (False then): of two processes creating the same file
+    exactly one wins, and nobody sees it half written. A hard link fails if its name exists, so
+    this needs a local or mounted file system."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        raise OSError(f"{path}: creating a file exclusively needs a local or mounted file system")
+    tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(3).hex()}"
+    with open(tmp, "wb") as out:
+        out.write(data)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+
+
 def read_json(fs: pafs.FileSystem, path: str) -> object:
     with fs.open_input_stream(path) as f:
         return json.loads(f.read())

@@ -25,7 +25,7 @@ import pyarrow.fs as pafs
 
 from eddyline.errors import CheckpointError
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan
-from eddyline.storage import filesystem, read_json, write_atomic
+from eddyline.storage import create_exclusive, filesystem, read_json, write_atomic
 
 FORMAT_VERSION = 1
 
@@ -71,20 +71,40 @@ class Checkpoint:
         infos = self.fs.get_file_info(pafs.FileSelector(f"{self.base}/{kind}", allow_not_found=True))
         return sorted(int(i.base_name[:-5]) for i in infos if i.base_name.endswith(".json") and i.base_name[:-5].isdigit())
 
-    def write_plan(self, plan: EpochPlan) -> None:
+    def write_plan(self, plan: EpochPlan, *, exclusive: bool = False) -> bool:
+        """Log ``plan``; with ``exclusive`` only if no plan of its epoch is logged (False then:
+        another driver logged one first)."""
         self.fs.create_dir(f"{self.base}/plans", recursive=True)
-        write_atomic(self.fs, self._path("plans", plan.epoch), json.dumps(plan.to_json()).encode())
+        data = json.dumps(plan.to_json()).encode()
+        if exclusive:
+            return create_exclusive(self.fs, self._path("plans", plan.epoch), data)
+        write_atomic(self.fs, self._path("plans", plan.epoch), data)
+        return True
 
     def read_plan(self, epoch: int) -> EpochPlan:
         data = read_json(self.fs, self._path("plans", epoch))
         assert isinstance(data, dict)
         return EpochPlan.from_json(data)
 
-    def write_commit(self, commit: EpochCommit, before_rename: Callable[[], None] | None = None) -> None:
-        """``before_rename``: runs with the commit written to a temporary file only."""
+    def write_commit(
+        self, commit: EpochCommit, before_rename: Callable[[], None] | None = None, *, exclusive: bool = False
+    ) -> bool:
+        """``before_rename``: runs with the commit written to a temporary file only (or, with
+        ``exclusive``, just before the commit is created, which fails if the epoch was
+        committed already: False then)."""
         self.fs.create_dir(f"{self.base}/commits", recursive=True)
         data = json.dumps(commit.to_json()).encode()
+        if exclusive:
+            if before_rename is not None:
+                before_rename()
+            return create_exclusive(self.fs, self._path("commits", commit.epoch), data)
         write_atomic(self.fs, self._path("commits", commit.epoch), data, before_rename)
+        return True
+
+    def read_commit(self, epoch: int) -> EpochCommit:
+        data = read_json(self.fs, self._path("commits", epoch))
+        assert isinstance(data, dict)
+        return EpochCommit.from_json(data)
 
     def latest_commit(self) -> EpochCommit | None:
         epochs = self._epochs("commits")

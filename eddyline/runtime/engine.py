@@ -16,6 +16,7 @@ A :class:`~eddyline.runtime.faults.Faults` hook is told each boundary the epoch 
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 import time
@@ -28,6 +29,7 @@ from eddyline.api.units import Files
 from eddyline.control.controller import Controller
 from eddyline.control.state import ControllerState
 from eddyline.errors import CheckpointError, EddylineError, EngineError, task_error_line
+from eddyline.ha.lease import Lease
 from eddyline.io.files import FilesTarget
 from eddyline.io.sinks import Sink, make_sink
 from eddyline.io.sources import Source, make_source
@@ -42,7 +44,7 @@ from eddyline.runtime.epoch.plan import Planner
 from eddyline.runtime.epoch.publish import Outputs, publish
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan, ProgressRecord
 from eddyline.runtime.epoch.report import Timings, report
-from eddyline.runtime.faults import FaultPoint, Faults, NoFaults
+from eddyline.runtime.faults import FaultPoint, Faults, NoFaults, UnderLease
 from eddyline.runtime.lookahead import LookAhead
 from eddyline.state.store import KeyGroupStore
 
@@ -106,9 +108,17 @@ class Engine:
         faults: Faults | None = None,
         retain_epochs: int = 10,
         worker_keepalive_s: float | None = WORKER_KEEPALIVE_S,
+        lease: Lease | None = None,
     ):
+        """``lease``: acquired by the caller; the engine renews it and checks it before every
+        step others can see, so that it stops (:class:`eddyline.ha.lease.Fenced`) once another
+        driver took over; its plans and commits carry the lease's generation and are created
+        only if no other driver created them first."""
         self.spec, self.spark, self.reporter = spec, spark, reporter
         self.faults = faults or NoFaults()
+        self.lease = lease
+        # the boundaries the driver passes; tasks get self.faults alone (the lease stays here)
+        self.boundaries: Faults = UnderLease(self.faults, lease) if lease is not None else self.faults
         self.worker_keepalive_s = worker_keepalive_s
         self.retain_epochs = retain_epochs
         self.ckpt = Checkpoint(checkpoint)
@@ -162,6 +172,8 @@ class Engine:
         if pending is not None:
             self._restore(pending.control)
         summary, thawed, t_start, prev_start = RunSummary(), False, time.monotonic(), None
+        if self.lease is not None:
+            self.lease.start_heartbeat()
         try:
             while not (
                 (epochs is not None and summary.epochs >= epochs)
@@ -179,8 +191,9 @@ class Engine:
                     time.sleep(min(max(self.spec.trigger, 100), 1000) / 1000)
                     continue
                 if not replayed:
-                    self.ckpt.write_plan(plan)  # 2. log
-                self.faults.reached(FaultPoint.AFTER_PLAN, plan.epoch)
+                    plan = self._log(plan)  # 2. log
+                    replayed = plan.generation != self._generation
+                self.boundaries.reached(FaultPoint.AFTER_PLAN, plan.epoch)
                 last, record = self._epoch(plan, last, replayed)  # 3.–8.
                 record = record.with_input_rate(epoch_start - prev_start if prev_start is not None else 0.0)
                 prev_start, self._python_used_at = epoch_start, time.monotonic()
@@ -197,10 +210,27 @@ class Engine:
             raise
         finally:
             self.lookahead.close()
+            if self.lease is not None:
+                self.lease.release()
             if thawed:
                 gc.unfreeze()
         self._finish_cleanup()  # the last cleanup is done when run() returns
         return summary
+
+    @property
+    def _generation(self) -> int:
+        return self.lease.generation or 0 if self.lease is not None else 0
+
+    def _log(self, plan: EpochPlan) -> EpochPlan:
+        """Log a new plan (with our lease generation); if a driver we fenced logged this epoch's
+        plan between our reading the checkpoint and now, that plan is the one to run."""
+        plan = dataclasses.replace(plan, generation=self._generation)
+        self.boundaries.reached(FaultPoint.PLANNED, plan.epoch)
+        if self.ckpt.write_plan(plan, exclusive=self.lease is not None):
+            return plan
+        theirs = self.ckpt.read_plan(plan.epoch)
+        self._restore(theirs.control)
+        return theirs
 
     def _epoch(self, plan: EpochPlan, last: EpochCommit | None, replayed: bool) -> tuple[EpochCommit, ProgressRecord]:
         """Stages 3–8 of one logged epoch."""
@@ -217,10 +247,10 @@ class Engine:
             if line is None:
                 raise
             raise EngineError(f"epoch {plan.epoch}: {line}") from e
-        self.faults.reached(FaultPoint.AFTER_STAGE, plan.epoch)
+        self.boundaries.reached(FaultPoint.AFTER_STAGE, plan.epoch)
         t_run = time.monotonic()
-        publish(self.outputs, staged, plan.epoch, self.faults)
-        self.faults.reached(FaultPoint.AFTER_PUBLISH, plan.epoch)
+        publish(self.outputs, staged, plan.epoch, self.boundaries)
+        self.boundaries.reached(FaultPoint.AFTER_PUBLISH, plan.epoch)
         t_pub = time.monotonic()
         folded = fold(self.spec, self.ckpt, plan, last, staged, wall_s)
         for name, load in folded.loads.items():
@@ -229,8 +259,11 @@ class Engine:
         observed_ms = (time.monotonic() - t0) * 1000
         shed = observe(self.controller, self.spec, plan, staged, folded, observed_ms, wall_s, cold=self._cold)
         self._cold = False
-        done = commit(self.ckpt, plan, staged, folded, self.controller.snapshot().model_dump(mode="json"), self.faults)
-        self.faults.reached(FaultPoint.AFTER_COMMIT, plan.epoch)
+        done = commit(
+            self.ckpt, plan, staged, folded, self.controller.snapshot().model_dump(mode="json"), self.boundaries,
+            generation=self._generation, exclusive=self.lease is not None,
+        )
+        self.boundaries.reached(FaultPoint.AFTER_COMMIT, plan.epoch)
         t_commit = time.monotonic()
         if plan.epoch % self.retain_epochs == 0:
             self._start_cleanup(plan.epoch)

@@ -13,8 +13,12 @@ from eddyline.runtime.faults import FaultPoint, Faults
 
 
 def commit(
-    ckpt: Checkpoint, plan: EpochPlan, staged: Staged, folded: Folded, control: dict[str, Any], faults: Faults
+    ckpt: Checkpoint, plan: EpochPlan, staged: Staged, folded: Folded, control: dict[str, Any], faults: Faults,
+    *, generation: int = 0, exclusive: bool = False,
 ) -> EpochCommit:
+    """With ``exclusive`` (a driver under a lease), the commit is only created if the epoch has
+    none; if a driver that was fenced meanwhile committed the same logged plan first, its commit
+    stands (the plan's outputs and state files are the same) and is returned."""
     done = EpochCommit(
         epoch=plan.epoch,
         source_ends={n: s["end"] for n, s in plan.sources.items()},
@@ -24,6 +28,9 @@ def commit(
         cursors={n: s["cursor"] for n, s in plan.sources.items() if s.get("cursor") is not None},
         tables=plan.tables,
         control=control,
+        generation=generation,
     )
-    ckpt.write_commit(done, before_rename=lambda: faults.reached(FaultPoint.MID_COMMIT, plan.epoch))
+    if not ckpt.write_commit(done, before_rename=lambda: faults.reached(FaultPoint.MID_COMMIT, plan.epoch),
+                             exclusive=exclusive):
+        return ckpt.read_commit(plan.epoch)
     return done

@@ -34,6 +34,8 @@ class EpochPlan:
     #: the controller's state once it planned this epoch, without the statistics (they are the
     #: last commit's): a replay continues from the two together
     control: dict[str, Any] = field(default_factory=dict)
+    #: the lease generation of the driver that planned it (0: run without a lease)
+    generation: int = 0
     planned_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
@@ -92,6 +94,8 @@ class EpochCommit:
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: the controller's state after it observed this epoch (:class:`eddyline.control.state.ControllerState`)
     control: dict[str, Any] = field(default_factory=dict)
+    #: the lease generation of the driver that committed it (0: run without a lease)
+    generation: int = 0
     committed_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:

@@ -1,0 +1,188 @@
+"""Who may run a network: a lease in the checkpoint, with generations that fence a former holder.
+
+::
+
+    <checkpoint>/lease/<generation>.json    holder and start, created exclusively: one winner
+    <checkpoint>/lease/<generation>.beat    the holder's heartbeat (the lease's expiry), replaced
+
+The holder renews its lease every ``timeout / 3`` from a background thread and at every epoch.
+A lease whose expiry has passed is free: a standby takes it by creating the next generation's
+file, which only one process can create. Every plan and commit carries the generation that
+wrote it, and a holder checks before each step that could change what others see (logging a
+plan, publishing, committing) that no newer generation exists; one that finds a newer one, for
+instance after being frozen past its expiry, stops with :class:`Fenced` and writes nothing more.
+
+Creating a file exclusively needs a file system with hard links (a local or mounted path), so a
+lease cannot live under an object-store URI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+
+from eddyline.errors import CheckpointError, EddylineError
+from eddyline.storage import create_exclusive
+
+_LOCAL = pafs.LocalFileSystem()
+
+
+class Fenced(EddylineError):
+    """A newer driver holds the lease: this one must stop without writing anything more."""
+
+
+@dataclass(frozen=True)
+class Holding:
+    generation: int
+    holder: str
+    acquired_at: float
+    expires_at: float
+
+    def to_json(self, now: float) -> dict[str, object]:
+        return {"generation": self.generation, "holder": self.holder, "since": self.acquired_at,
+                "expiresInS": round(self.expires_at - now, 1)}
+
+
+def holder_name() -> str:
+    """This process, as the lease names it: host, pid and a random part (pids are reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Lease:
+    def __init__(self, checkpoint: str, *, timeout_s: float = 5.0, holder: str | None = None,
+                 clock: Callable[[], float] = time.time):
+        if "://" in checkpoint and not checkpoint.startswith("file://"):
+            raise CheckpointError(
+                f"checkpoint {checkpoint!r}: a lease needs a local or mounted path (files are created "
+                "exclusively with hard links), not an object store"
+            )
+        base = checkpoint.removeprefix("file://")
+        self.dir = os.path.join(os.path.abspath(base), "lease")
+        self.timeout_s, self.clock = timeout_s, clock
+        self.holder = holder or holder_name()
+        self.generation: int | None = None  # ours, once acquired
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.fenced: Fenced | None = None  # set by the heartbeat thread
+
+    # ------------------------------------------------------------------ reading
+    def _generations(self) -> list[int]:
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+
+    def current(self) -> Holding | None:
+        """The newest generation and its expiry (a generation without a heartbeat yet expires a
+        timeout after it was created)."""
+        gens = self._generations()
+        if not gens:
+            return None
+        g = gens[-1]
+        with open(self._path(g, "json")) as f:
+            info = json.load(f)
+        try:
+            with open(self._path(g, "beat")) as f:
+                expires = float(json.load(f)["expires_at"])
+        except (FileNotFoundError, ValueError, KeyError):
+            expires = float(info["acquired_at"]) + self.timeout_s
+        return Holding(g, str(info["holder"]), float(info["acquired_at"]), expires)
+
+    def _path(self, generation: int, kind: str) -> str:
+        return os.path.join(self.dir, f"{generation:010d}.{kind}")
+
+    # ------------------------------------------------------------------ taking it
+    def try_acquire(self, *, force: bool = False) -> bool:
+        """Take the lease if nobody holds it or its holder let it expire; with ``force`` even
+        from a live holder (it is fenced: an operator started this driver to lead)."""
+        now = self.clock()
+        cur = self.current()
+        if cur is not None and cur.expires_at > now and cur.holder != self.holder and not force:
+            return False
+        g = (cur.generation if cur is not None else 0) + 1
+        os.makedirs(self.dir, exist_ok=True)
+        body = json.dumps({"generation": g, "holder": self.holder, "acquired_at": now}).encode()
+        if not create_exclusive(_LOCAL, self._path(g, "json"), body):
+            return False  # another standby was quicker
+        self.generation = g
+        self._beat()
+        return True
+
+    def acquire(self, *, poll_s: float | None = None, should_stop: Callable[[], bool] | None = None,
+                on_wait: Callable[[Holding], None] | None = None) -> bool:
+        """Wait until the lease is ours (True), or ``should_stop`` says so (False)."""
+        poll = poll_s if poll_s is not None else min(0.5, self.timeout_s / 4)
+        while not self.try_acquire():
+            if should_stop is not None and should_stop():
+                return False
+            cur = self.current()
+            if on_wait is not None and cur is not None:
+                on_wait(cur)
+            time.sleep(poll)
+        return True
+
+    # ------------------------------------------------------------------ holding it
+    def _beat(self) -> None:
+        assert self.generation is not None
+        path = self._path(self.generation, "beat")
+        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+        with open(tmp, "w") as f:
+            json.dump({"expires_at": self.clock() + self.timeout_s}, f)
+        os.replace(tmp, path)
+
+    def check(self) -> None:
+        """Raise :class:`Fenced` if a newer generation exists (or the heartbeat found one)."""
+        if self.fenced is not None:
+            raise self.fenced
+        assert self.generation is not None, "check() before the lease was acquired"
+        newest = self._generations()
+        if newest and newest[-1] > self.generation:
+            cur = self.current()
+            who = f" by {cur.holder}" if cur is not None else ""
+            self.fenced = Fenced(
+                f"this driver's lease (generation {self.generation}) was taken over{who} "
+                f"(generation {newest[-1]}); stopping without writing anything more"
+            )
+            raise self.fenced
+
+    def renew(self) -> None:
+        """Check, then push the expiry a timeout ahead."""
+        self.check()
+        self._beat()
+
+    def start_heartbeat(self) -> None:
+        """Renew every ``timeout / 3`` in a background thread until :meth:`release`."""
+        def loop() -> None:
+            while not self._stop.wait(self.timeout_s / 3):
+                try:
+                    self.renew()
+                except Fenced:
+                    return
+                except OSError:  # the checkpoint's disk hiccupped: try again at the next beat
+                    continue
+
+        self._thread = threading.Thread(target=loop, name="eddyline-lease", daemon=True)
+        self._thread.start()
+
+    def release(self) -> None:
+        """Stop renewing and, unless fenced, expire the lease now so a standby need not wait."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.generation is not None and self.fenced is None:
+            with contextlib.suppress(Fenced, OSError):
+                self.check()
+                path = self._path(self.generation, "beat")
+                with open(f"{path}.tmp-{os.getpid()}", "w") as f:
+                    json.dump({"expires_at": self.clock() - 1}, f)
+                os.replace(f"{path}.tmp-{os.getpid()}", path)

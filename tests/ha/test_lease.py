@@ -1,0 +1,85 @@
+"""The lease: one holder at a time, taken over only once it expired, and a former holder fenced."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from eddyline.errors import CheckpointError
+from eddyline.ha.lease import Fenced, Lease
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_live_lease_is_not_taken_an_expired_one_is_and_its_former_holder_is_fenced(tmp_path):
+    clock = Clock()
+    leader = Lease(str(tmp_path), timeout_s=5, holder="a", clock=clock)
+    standby = Lease(str(tmp_path), timeout_s=5, holder="b", clock=clock)
+    assert leader.try_acquire() and leader.generation == 1
+    clock.now += 4
+    assert not standby.try_acquire()
+    leader.renew()  # expiry now 1009
+    clock.now += 4.5
+    assert not standby.try_acquire()
+    leader.check()
+    clock.now += 1  # 1009.5: expired
+    assert standby.try_acquire() and standby.generation == 2
+    assert standby.current().holder == "b"
+    with pytest.raises(Fenced, match=r"generation 1\) was taken over by b \(generation 2\)"):
+        leader.check()
+    with pytest.raises(Fenced):
+        leader.renew()  # and it does not push the new holder's expiry
+    assert standby.current().expires_at == pytest.approx(1014.5)
+
+
+def test_of_standbys_racing_for_an_expired_lease_exactly_one_wins(tmp_path):
+    clock = Clock()
+    Lease(str(tmp_path), timeout_s=1, holder="old", clock=clock).try_acquire()
+    clock.now += 2
+    racers = [Lease(str(tmp_path), timeout_s=1, holder=f"s{i}", clock=clock) for i in range(8)]
+    start = threading.Barrier(len(racers))
+    won: list[str] = []
+
+    def race(lease: Lease) -> None:
+        start.wait()
+        if lease.try_acquire():
+            won.append(lease.holder)
+
+    threads = [threading.Thread(target=race, args=(r,)) for r in racers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and racers[0].current().holder == won[0]
+    assert {r.generation for r in racers} == {None, 2}
+
+
+def test_the_heartbeat_keeps_the_lease_a_dead_holder_loses_it_and_a_release_frees_it_at_once(tmp_path):
+    leader = Lease(str(tmp_path), timeout_s=0.3, holder="a")
+    assert leader.try_acquire()
+    leader.start_heartbeat()
+    standby = Lease(str(tmp_path), timeout_s=0.3, holder="b")
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        assert not standby.try_acquire()
+        time.sleep(0.05)
+    leader._stop.set()  # the holder dies: no more beats, no release
+    t0 = time.monotonic()
+    assert standby.acquire(poll_s=0.02)
+    assert 0.1 < time.monotonic() - t0 < 1.0 and standby.generation == 2
+    standby.release()
+    third = Lease(str(tmp_path), timeout_s=30, holder="c")
+    assert third.try_acquire() and third.generation == 3  # no wait for the 30 s timeout
+
+
+def test_a_lease_needs_a_file_system_with_links():
+    with pytest.raises(CheckpointError, match="local or mounted path"):
+        Lease("s3://bucket/ckpt")

@@ -1,0 +1,107 @@
+"""Failover between drivers on one checkpoint: a standby takes over once the leader's lease
+expires, and a leader that was only frozen is fenced when it wakes. The output is the
+uninterrupted run's, each row once."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .helpers import bids_window_spec, read_windows, write_bid_files
+
+pytestmark = pytest.mark.slow
+
+LEASE = "1.5"
+
+
+def start(spec: Path, ckpt: Path, *extra: str) -> subprocess.Popen:
+    """``eddyline run`` in a subprocess; its stderr goes to a file (``proc.errfile``) to read
+    while it runs."""
+    cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec), "--checkpoint", str(ckpt), "--until-idle",
+           "--no-live", "--master", "local[2]", "--lease-timeout", LEASE, *extra]
+    errfile = ckpt.parent / f"stderr-{time.monotonic_ns()}.txt"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errfile.open("w"), text=True)
+    proc.errfile = errfile  # type: ignore[attr-defined]
+    return proc
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    proc.communicate(timeout=300)
+    return proc.returncode, proc.errfile.read_text()  # type: ignore[attr-defined]
+
+
+def wait_for(condition, timeout_s: float = 120.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def commits(ckpt: Path) -> dict[int, dict]:
+    return {int(p.name[:-5]): json.loads(p.read_text()) for p in (ckpt / "commits").glob("*.json")}
+
+
+@pytest.fixture
+def network(spark, tmp_path: Path) -> tuple[Path, list[tuple]]:
+    write_bid_files(tmp_path / "in", files=16, rows=150, seed=5)
+    spec = bids_window_spec(tmp_path / "in", tmp_path / "out")
+    raw = spec.model_dump(mode="json", by_alias=True, exclude_none=True) | {"trigger": 1000}  # epochs 1 s apart
+    spec_file = tmp_path / "net.yaml"
+    spec_file.write_text(yaml.safe_dump(raw))
+    from eddyline.runtime.engine import Engine
+
+    Engine(bids_window_spec(tmp_path / "in", tmp_path / "ref"), spark, str(tmp_path / "ref-ckpt")).run(until_idle=True)
+    expected = read_windows(tmp_path / "ref")
+    assert len(expected) > 100
+    return spec_file, expected
+
+
+def test_a_frozen_leader_is_fenced_after_the_standby_took_over(network, tmp_path: Path) -> None:
+    spec, expected = network
+    ckpt = tmp_path / "ckpt"
+    # the leader freezes itself (SIGSTOP) once epoch 3's plan is logged, before anything of it ran
+    leader = start(spec, ckpt, "--freeze-at", "3:after_plan")
+    wait_for(lambda: (ckpt / "plans" / f"{3:010d}.json").exists() and leader.poll() is None)
+    time.sleep(0.5)
+    standby = start(spec, ckpt, "--standby")
+    code, err = finish(standby)
+    assert code == 0, err[-3000:]
+    assert "lease generation 2" in err  # (its Spark took longer to start than the lease to expire)
+    assert read_windows(tmp_path / "out") == expected  # the standby replayed epoch 3 and went on
+
+    leader.send_signal(signal.SIGCONT)
+    code, err = finish(leader)
+    assert code != 0 and "was taken over" in err, err[-3000:]
+    assert read_windows(tmp_path / "out") == expected  # the woken leader published nothing
+    done = commits(ckpt)
+    assert {e for e, c in done.items() if c["generation"] == 1} == {1, 2}
+    assert all(c["generation"] == 2 for e, c in done.items() if e >= 3)
+
+
+def test_a_standby_takes_over_when_the_leader_dies(network, tmp_path: Path) -> None:
+    spec, expected = network
+    ckpt = tmp_path / "ckpt"
+    leader = start(spec, ckpt)
+    wait_for(lambda: len(commits(ckpt)) >= 1)
+    standby = start(spec, ckpt, "--standby")  # its SparkSession up, waiting for the lease
+    wait_for(lambda: "waiting for its lease to expire" in standby.errfile.read_text())
+    wait_for(lambda: len(commits(ckpt)) >= 3)
+    leader.send_signal(signal.SIGKILL)
+    died = time.time()
+    assert leader.wait(timeout=60) == -signal.SIGKILL
+    code, err = finish(standby)
+    assert code == 0, err[-3000:]
+    assert read_windows(tmp_path / "out") == expected
+    done = commits(ckpt)
+    first = min(c["committed_at"] for c in done.values() if c["generation"] == 2)
+    assert all(c["generation"] == 1 for c in done.values() if c["committed_at"] < first)
+    takeover_s = first - died
+    print(f"takeover: {takeover_s:.1f} s from the leader's death to the standby's first commit (lease {LEASE} s)")
+    assert takeover_s > float(LEASE) * 0.5  # it did wait for the lease to expire
