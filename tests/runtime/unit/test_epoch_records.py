@@ -35,5 +35,5 @@ def test_crash_points_parse_or_are_refused_with_the_list() -> None:
     kill = KillDriver.parse("4:mid_commit")
     assert (kill.epoch, kill.point) == (4, FaultPoint.MID_COMMIT)
     for bad in ("x:in_task", "4:during_lunch", "4"):
-        with pytest.raises(CheckpointError, match="EPOCH:POINT with POINT in after_plan, in_task"):
+        with pytest.raises(CheckpointError, match="EPOCH:POINT with POINT in planned, after_plan, in_task"):
             KillDriver.parse(bad)
