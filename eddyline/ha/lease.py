@@ -70,6 +70,7 @@ class Lease:
         self.timeout_s, self.clock = timeout_s, clock
         self.holder = holder or holder_name()
         self.generation: int | None = None  # ours, once acquired
+        self.acquired_at: float | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.fenced: Fenced | None = None  # set by the heartbeat thread
@@ -114,9 +115,13 @@ class Lease:
         body = json.dumps({"generation": g, "holder": self.holder, "acquired_at": now}).encode()
         if not create_exclusive(_LOCAL, self._path(g, "json"), body):
             return False  # another standby was quicker
-        self.generation = g
+        self.generation, self.acquired_at = g, now
         self._beat()
         return True
+
+    def describe(self) -> dict[str, object]:
+        """Who leads and since when, for the progress record."""
+        return {"holder": self.holder, "generation": self.generation, "leadingSince": self.acquired_at}
 
     def acquire(self, *, poll_s: float | None = None, should_stop: Callable[[], bool] | None = None,
                 on_wait: Callable[[Holding], None] | None = None) -> bool:

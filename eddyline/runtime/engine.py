@@ -282,7 +282,8 @@ class Engine:
             if health is not None
         }
         return done, report(
-            self.spec, self.controller, plan, staged, folded, shed, ms, replayed, observed_ms, wall_s, status
+            self.spec, self.controller, plan, staged, folded, shed, ms, replayed, observed_ms, wall_s, status,
+            driver=self.lease.describe() if self.lease is not None else None,
         )
 
     def _restore(self, control: dict) -> None:

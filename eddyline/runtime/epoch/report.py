@@ -42,10 +42,12 @@ def report(
     observed_ms: float,
     wall_s: float,
     status: dict[str, dict[str, Any]] | None = None,
+    driver: dict[str, Any] | None = None,
 ) -> ProgressRecord:
     """``observed_ms``: the epoch's duration as the overload controller observed it (up to the
     commit); ``wall_s``: seconds since the previous epoch started; ``status``: per source and
-    sink name that talks to a server, how that server is doing."""
+    sink name that talks to a server, how that server is doing; ``driver``: which driver leads
+    (its lease), if it runs under one."""
     status = status or {}
     input_rows = sum(int(staged.observed.get(f"source:{s.name}", {}).get("rows") or 0) for s in spec.sources)
     total = ms.total
@@ -94,6 +96,8 @@ def report(
         "backlog": {n: s.get("backlog", 0) for n, s in plan.sources.items()},
         "endOfStream": plan.end_of_stream,
     }
+    if driver is not None:
+        record["driver"] = driver
     return ProgressRecord(record)
 
 

@@ -70,10 +70,12 @@ def test_a_frozen_leader_is_fenced_after_the_standby_took_over(network, tmp_path
     leader = start(spec, ckpt, "--freeze-at", "3:after_plan")
     wait_for(lambda: (ckpt / "plans" / f"{3:010d}.json").exists() and leader.poll() is None)
     time.sleep(0.5)
-    standby = start(spec, ckpt, "--standby")
+    standby = start(spec, ckpt, "--standby", "--progress-json", str(tmp_path / "standby.jsonl"))
     code, err = finish(standby)
     assert code == 0, err[-3000:]
     assert "lease generation 2" in err  # (its Spark took longer to start than the lease to expire)
+    progress = [json.loads(x) for x in (tmp_path / "standby.jsonl").read_text().splitlines()]
+    assert {r["driver"]["generation"] for r in progress} == {2} and progress[0]["batchId"] == 3
     assert read_windows(tmp_path / "out") == expected  # the standby replayed epoch 3 and went on
 
     leader.send_signal(signal.SIGCONT)
