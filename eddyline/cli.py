@@ -179,12 +179,12 @@ def _lease(checkpoint: str, standby: bool, timeout_s: float, stopped: Callable[[
     standby stopped before it could take over)."""
     from eddyline.ha.lease import Lease
 
-    local = "://" not in checkpoint or checkpoint.startswith("file://")
-    if not local:
+    try:
+        lease = Lease(checkpoint, timeout_s=timeout_s)
+    except CheckpointError:  # an object-store checkpoint: no lease, so no standby either
         if standby:
-            raise CheckpointError("--standby: a lease needs a local or mounted checkpoint path")
+            raise
         return None
-    lease = Lease(checkpoint, timeout_s=timeout_s)
     if standby:
         shown: set[int] = set()
 
@@ -196,7 +196,8 @@ def _lease(checkpoint: str, standby: bool, timeout_s: float, stopped: Callable[[
         if not lease.acquire(should_stop=stopped, on_wait=waiting):
             return None
     else:
-        lease.try_acquire(force=True)
+        while not lease.try_acquire(force=True):  # another driver took this generation: the next
+            pass
     err.print(f"leading as {lease.holder} (lease generation {lease.generation})")
     return lease
 

@@ -47,10 +47,6 @@ class Holding:
     acquired_at: float
     expires_at: float
 
-    def to_json(self, now: float) -> dict[str, object]:
-        return {"generation": self.generation, "holder": self.holder, "since": self.acquired_at,
-                "expiresInS": round(self.expires_at - now, 1)}
-
 
 def holder_name() -> str:
     """This process, as the lease names it: host, pid and a random part (pids are reused)."""
@@ -137,12 +133,13 @@ class Lease:
         return True
 
     # ------------------------------------------------------------------ holding it
-    def _beat(self) -> None:
+    def _beat(self, expires_at: float | None = None) -> None:
+        """Set our lease's expiry (default: a timeout from now)."""
         assert self.generation is not None
         path = self._path(self.generation, "beat")
         tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
         with open(tmp, "w") as f:
-            json.dump({"expires_at": self.clock() + self.timeout_s}, f)
+            json.dump({"expires_at": expires_at if expires_at is not None else self.clock() + self.timeout_s}, f)
         os.replace(tmp, path)
 
     def check(self) -> None:
@@ -187,7 +184,4 @@ class Lease:
         if self.generation is not None and self.fenced is None:
             with contextlib.suppress(Fenced, OSError):
                 self.check()
-                path = self._path(self.generation, "beat")
-                with open(f"{path}.tmp-{os.getpid()}", "w") as f:
-                    json.dump({"expires_at": self.clock() - 1}, f)
-                os.replace(f"{path}.tmp-{os.getpid()}", path)
+                self._beat(expires_at=self.clock() - 1)

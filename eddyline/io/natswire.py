@@ -80,19 +80,33 @@ class NatsConnection:
             line = self._line()
             if line.startswith(b"PONG"):
                 return
-            if line.startswith(b"PING"):
-                self.sock.sendall(b"PONG\r\n")
+            self._control(line)
 
     def _line(self) -> bytes:
         try:
-            line = self.file.readline()
+            return self.file.readline()
         except OSError as e:
             raise NatsUnreachable(f"{redact(self.url)}: {e}") from e
+
+    def _read(self, total: int) -> bytes:
+        """A message's ``total`` bytes and the CRLF after them."""
+        try:
+            blob = self.file.read(total + 2)
+        except OSError as e:
+            raise NatsUnreachable(f"{redact(self.url)}: {e}") from e
+        if len(blob) < total + 2:
+            raise NatsUnreachable(f"{redact(self.url)}: the connection closed mid-message")
+        return blob
+
+    def _control(self, line: bytes) -> None:
+        """A frame that is not a message: answered (PING), raised (-ERR, a closed connection) or
+        ignored (+OK, INFO)."""
         if not line:
             raise NatsUnreachable(f"{redact(self.url)}: the server closed the connection")
         if line.startswith(b"-ERR"):
             raise NatsError(f"{redact(self.url)}: {line[5:].strip().decode(errors='replace')}")
-        return line
+        if line.startswith(b"PING"):
+            self._send(b"PONG\r\n")
 
     def _message(self) -> tuple[bytes, bytes, bytes]:
         """The next message for us: (reply subject it came to, headers, payload)."""
@@ -102,15 +116,9 @@ class NatsConnection:
                 parts = line.split()
                 total = int(parts[-1])
                 hlen = int(parts[-2]) if line.startswith(b"HMSG") else 0
-                try:
-                    blob = self.file.read(total + 2)
-                except OSError as e:
-                    raise NatsUnreachable(f"{redact(self.url)}: {e}") from e
-                if len(blob) < total + 2:
-                    raise NatsUnreachable(f"{redact(self.url)}: the connection closed mid-message")
+                blob = self._read(total)
                 return parts[1], blob[:hlen], blob[hlen:total]
-            if line.startswith(b"PING"):
-                self.sock.sendall(b"PONG\r\n")
+            self._control(line)
 
     def _reply_subject(self) -> str:
         self._next += 1
@@ -180,10 +188,10 @@ class NatsConnection:
         request that does not wait would be refused while another is open); the server fills
         them in order, so after every ``batch`` messages another is sent. The read ends with the
         message at ``end - 1`` or past it, or when a request expires unfilled (messages before
-        ``end`` were deleted and the stream has no more). Messages
-        come with their own subject and the ack subject ``$JS.ACK.<stream>.<consumer>.<delivered
-        count>.<stream sequence>.…`` (newer servers put a domain and an account hash after ACK);
-        only a request's end of messages comes to the request's reply subject."""
+        ``end`` were deleted and the stream has no more). Messages come with their own subject
+        and the ack subject ``$JS.ACK.<stream>.<consumer>.<delivered count>.<stream sequence>.…``
+        (newer servers put a domain and an account hash after ACK); only a request's end of
+        messages comes to the request's reply subject."""
         mine: set[bytes] = set()
 
         def ask() -> None:
@@ -205,6 +213,8 @@ class NatsConnection:
                     parts = line.split()
                     total = int(parts[-1])
                     blob = read(total + 2)
+                    if len(blob) < total + 2:
+                        raise NatsUnreachable(f"{redact(self.url)}: the connection closed mid-message")
                     if len(parts) == 5:  # no ack subject: a status, for a pull request of ours?
                         if parts[1] in mine and blob[8:9] == b" ":
                             if blob[9:12] in (b"404", b"408"):  # expired unfilled: all there is was read
@@ -217,6 +227,8 @@ class NatsConnection:
                     parts = line.split()
                     total = int(parts[-1])
                     blob = read(total + 2)
+                    if len(blob) < total + 2:
+                        raise NatsUnreachable(f"{redact(self.url)}: the connection closed mid-message")
                     if len(parts) != 5:
                         continue
                     ack, payload = parts[3], blob[:total]
@@ -245,17 +257,6 @@ class NatsConnection:
         if seqs:
             yield seqs, payloads
 
-    def _control(self, line: bytes) -> None:
-        """A frame other than HMSG while reading: answered (PING), skipped (MSG) or raised."""
-        if not line:
-            raise NatsUnreachable(f"{redact(self.url)}: the server closed the connection")
-        if line.startswith(b"-ERR"):
-            raise NatsError(f"{redact(self.url)}: {line[5:].strip().decode(errors='replace')}")
-        if line.startswith(b"PING"):
-            self._send(b"PONG\r\n")
-        elif line.startswith(b"MSG "):
-            self.file.read(int(line.split()[-1]) + 2)
-
     # ------------------------------------------------------------------ publishing
     def publish(self, messages: list[tuple[str, str | None, bytes]], window: int = 4000) -> list[bool]:
         """Publish (subject, message id or None, payload) to JetStream and wait for every
@@ -265,7 +266,7 @@ class NatsConnection:
         duplicate = [False] * len(messages)
         pending: dict[bytes, int] = {}
         sent = 0
-        readline, read = self.file.readline, self.file.read
+        readline = self.file.readline
         try:
             while sent < len(messages) or pending:
                 # refill only once half the window is acknowledged: one send per batch, not per ack
@@ -288,7 +289,7 @@ class NatsConnection:
                 line = readline()
                 if line[:4] == b"MSG ":  # an ack: {"stream":"S","seq":N[,"duplicate":true]}
                     parts = line.split()
-                    body = read(int(parts[-1]) + 2)
+                    body = self._read(int(parts[-1]))
                     index = pending.pop(parts[1], None)
                     if index is not None:
                         if b'"error"' in body:
@@ -297,7 +298,7 @@ class NatsConnection:
                         duplicate[index] = b'"duplicate"' in body
                 elif line[:5] == b"HMSG ":  # a status: no stream takes the subject
                     parts = line.split()
-                    body = read(int(parts[-1]) + 2)
+                    body = self._read(int(parts[-1]))
                     index = pending.pop(parts[1], None)
                     if index is not None and _status(body) == b"503":
                         raise NatsError(f"{redact(self.url)}: no stream takes subject {messages[index][0]!r}")

@@ -242,8 +242,7 @@ def _batch(rows: pa.Table, schema: TextSchema, where: str, bad: list[tuple[int, 
             pa.array([None] * good + [reason for _, _, reason in bad], pa.string()),
         ]
     else:
-        extra = [pa.nulls(good, pa.string()), pa.nulls(good, pa.int64()), pa.nulls(good, pa.string()),
-                 pa.nulls(good, pa.string())]
+        extra = [pa.nulls(good, t) for t in (pa.string(), pa.int64(), pa.string(), pa.string())]
     return pa.RecordBatch.from_arrays([*columns, *extra], names=[*schema.arrow.names, *EXTRA])
 
 
@@ -266,7 +265,9 @@ def file_batches(
         # are then both taken, the only difference to decoding line by line).
         if table is not None and table.num_rows == text.count(b"\n") + (not text.endswith(b"\n")):
             bad: list[tuple[int, str]] = []
-            keep = _complete(fmt, table, text.split(b"\n") if fmt == "json" else [], schema, 0, bad)
+            # the lines are looked at only for rows with a null (a JSON key may be missing)
+            nulls = fmt == "json" and any(c.null_count for c in table.columns)
+            keep = _complete(fmt, table, text.split(b"\n") if nulls else [], schema, 0, bad)
             if keep is None:
                 for batch in table.to_batches(max_chunksize=BATCH_ROWS):
                     yield _batch(pa.Table.from_batches([batch]), schema, name, [])

@@ -108,19 +108,10 @@ class Checkpoint:
 
     def latest_commit(self) -> EpochCommit | None:
         epochs = self._epochs("commits")
-        if not epochs:
-            return None
-        data = read_json(self.fs, self._path("commits", epochs[-1]))
-        assert isinstance(data, dict)
-        return EpochCommit.from_json(data)
+        return self.read_commit(epochs[-1]) if epochs else None
 
     def commits(self) -> list[EpochCommit]:
-        out = []
-        for e in self._epochs("commits"):
-            data = read_json(self.fs, self._path("commits", e))
-            assert isinstance(data, dict)
-            out.append(EpochCommit.from_json(data))
-        return out
+        return [self.read_commit(e) for e in self._epochs("commits")]
 
     def pending_plan(self, last_committed: int) -> EpochPlan | None:
         """The plan logged after the last commit, if an epoch was cut short."""

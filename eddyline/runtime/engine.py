@@ -219,7 +219,10 @@ class Engine:
 
     @property
     def _generation(self) -> int:
-        return self.lease.generation or 0 if self.lease is not None else 0
+        """The lease generation this driver runs under (0 without a lease)."""
+        if self.lease is None or self.lease.generation is None:
+            return 0
+        return self.lease.generation
 
     def _log(self, plan: EpochPlan) -> EpochPlan:
         """Log a new plan (with our lease generation); if a driver we fenced logged this epoch's
