@@ -87,8 +87,11 @@ def _reason_sql(fmt: str, struct: Any) -> str:
         for f in struct:
             t = f.dataType.simpleString()
             text = f"get_json_object(raw, '$.{f.name}')"
+            # a string does not cast to a nested type: parse the field's JSON text as one
+            nested = t.startswith(("array<", "map<", "struct<"))
+            parsed = f"from_json({text}, '{t}')" if nested else f"try_cast({text} AS {t})"
             checks.append(
-                f"CASE WHEN {text} IS NOT NULL AND try_cast({text} AS {t}) IS NULL "
+                f"CASE WHEN {text} IS NOT NULL AND {parsed} IS NULL "
                 f"THEN concat('field ''{f.name}'': expected {t}, got ', substring({text}, 1, 80)) END"
             )
         checks.append("'record does not fit the schema'")
@@ -99,7 +102,6 @@ def _reason_sql(fmt: str, struct: Any) -> str:
         f"THEN concat('expected {n} CSV fields, got ', CAST(size(split(raw, ',')) AS STRING)) "
         f"ELSE 'a CSV field does not fit the schema: {struct.simpleString()}' END"
     )
-
 
 
 def _names(struct: Any) -> str:
