@@ -37,6 +37,14 @@ class SourceError(EddylineError):
     retryable = True
 
 
+class SourceUnreachable(SourceError):
+    """A source's server could not be reached within the time it was given to answer."""
+
+    def __init__(self, source: str, message: str):
+        self.source = source
+        super().__init__(message)
+
+
 class SinkError(EddylineError):
     """A sink could not be written or published."""
 

@@ -32,6 +32,10 @@ class NetworkSpec(Model):
     dead_letters: Files | None = None
     #: The control plane: placement, balancing, rescaling, hot-key splits, state budget.
     control: Control = Control()
+    #: Delay-Process-Correct: how long epochs wait for a source whose server cannot be reached
+    #: before they go on without it, their outputs marked tentative and corrected once it is
+    #: back. None: wait for it (up to the source's own ``wait``, then fail).
+    max_delay: Duration | None = Field(default=None, gt=0)
 
     def node(self, name: str) -> SourceSpec | StepSpec | SinkSpec:
         for n in (*self.sources, *self.steps, *self.sinks):

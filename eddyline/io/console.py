@@ -37,7 +37,7 @@ class ConsoleSink(Sink):
         # epoch's observed metrics (input rows, late rows) come from the first action that runs.
         self.collected[epoch] = df.toArrow()
 
-    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None) -> None:
+    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
         from rich.console import Console
         from rich.table import Table
 
@@ -46,12 +46,19 @@ class ConsoleSink(Sink):
             return
         shown = self.spec.params.rows
         more = f" (first {shown} of {table.num_rows} rows)" if table.num_rows > shown else ""
-        out = Table(title=f"{self.name} · epoch {epoch}{more}", show_lines=False)
+        kind = " (tentative)" if tentative else ""
+        out = Table(title=f"{self.name} · epoch {epoch}{kind}{more}", show_lines=False)
         for name in table.column_names:
             out.add_column(name)
         for row in table.slice(0, shown).to_pylist():
             out.add_row(*[str(v) for v in row.values()])
         (self.console or Console()).print(out)
+
+    def retract(self, epochs: list[int], at_epoch: int) -> None:
+        from rich.console import Console
+
+        listed = ", ".join(map(str, epochs))
+        (self.console or Console()).print(f"{self.name} · epoch {at_epoch}: retracts tentative epochs {listed}")
 
 
 @SINKS.register

@@ -13,6 +13,17 @@ duplicates: :meth:`FilesTarget.staging` receives the rows where no reader looks
 replacing whatever an earlier, crashed attempt published. The runtime publishes before it
 commits the epoch; a crash in between replays the epoch, which stages and publishes the same rows
 again.
+
+Tentative epochs (Delay-Process-Correct, :mod:`eddyline.ha.dpc`) publish to
+``path/_tentative/epoch=N`` instead, which readers of ``path`` skip (Spark, Arrow and Hive skip
+names that start with ``_``) and readers who want them read on purpose. The epoch that corrects
+them moves them to ``path/_corrections/epoch=M/retracted/epoch=N`` and publishes the stable rows
+in ``path/epoch=M`` as usual.
+
+A driver under a lease (:mod:`eddyline.ha.lease`) writes its generation to ``path/_leader``
+when it first publishes, and refuses to publish once a newer generation is there: a driver that
+was frozen past its lease cannot move an epoch into place after the driver that took over has
+published.
 """
 
 from __future__ import annotations
@@ -228,30 +239,68 @@ def epoch_dir(epoch: int) -> str:
 class FilesTarget:
     """A directory that receives one sub-directory per epoch."""
 
-    def __init__(self, files: Files):
+    def __init__(self, files: Files, generation: int = 0):
+        """``generation``: the lease generation of the driver that writes (0: no lease)."""
         self.files = files
         self.fs, self.base = filesystem(files.path)
+        self.generation = generation
 
     def staging(self, epoch: int) -> str:
         return f"{self.base}/_staging/{epoch_dir(epoch)}"
 
-    def final(self, epoch: int) -> str:
-        return f"{self.base}/{epoch_dir(epoch)}"
+    def final(self, epoch: int, tentative: bool = False) -> str:
+        return f"{self.base}/{'_tentative/' if tentative else ''}{epoch_dir(epoch)}"
 
     def spark_uri(self, path: str) -> str:
         return path if "://" in self.files.path else f"file://{path}"
 
-    def publish(self, epoch: int) -> None:
-        src, dst = self.staging(epoch), self.final(epoch)
+    def publish(self, epoch: int, tentative: bool = False) -> None:
+        src, dst = self.staging(epoch), self.final(epoch, tentative)
         if self.fs.get_file_info(src).type == pafs.FileType.NotFound:
             return
+        self._fence(epoch)
         if self.fs.get_file_info(dst).type != pafs.FileType.NotFound:
             self.fs.delete_dir(dst)
-        self.fs.create_dir(self.base, recursive=True)
+        self.fs.create_dir(dst.rpartition("/")[0], recursive=True)
         try:
             self.fs.move(src, dst)
         except OSError as e:
             raise SinkError(f"cannot publish epoch {epoch} to {dst}: {e}") from e
+
+    def retract(self, epochs: list[int], at_epoch: int) -> None:
+        """Move the tentative ``epochs``' output aside, into ``_corrections/epoch=<at_epoch>``."""
+        for epoch in epochs:
+            src = self.final(epoch, tentative=True)
+            if self.fs.get_file_info(src).type == pafs.FileType.NotFound:
+                continue  # nothing published, or retracted by an earlier attempt
+            dst = f"{self.base}/_corrections/{epoch_dir(at_epoch)}/retracted/{epoch_dir(epoch)}"
+            self.fs.create_dir(dst.rpartition("/")[0], recursive=True)
+            try:
+                self.fs.move(src, dst)
+            except OSError as e:
+                raise SinkError(f"cannot retract tentative epoch {epoch} from {src}: {e}") from e
+
+    def _fence(self, epoch: int) -> None:
+        """Refuse to publish under an older lease generation than the newest that published."""
+        if not self.generation:
+            return
+        marker = f"{self.base}/_leader"
+        try:
+            with self.fs.open_input_stream(marker) as f:
+                newest = int(f.read().decode() or 0)
+        except (FileNotFoundError, ValueError):
+            newest = 0
+        if newest > self.generation:
+            raise SinkError(
+                f"{self.files.path}: not publishing epoch {epoch}: a driver with lease generation "
+                f"{newest} publishes here now (this one has {self.generation}; it was fenced)"
+            )
+        if newest < self.generation:
+            self.fs.create_dir(self.base, recursive=True)
+            tmp = f"{marker}.{os.getpid()}.tmp"
+            with self.fs.open_output_stream(tmp) as f:
+                f.write(str(self.generation).encode())
+            self.fs.move(tmp, marker)
 
     def discard_staging(self) -> None:
         path = f"{self.base}/_staging"
@@ -269,8 +318,12 @@ class FilesSink(Sink):
     def stage(self, df: DataFrame, epoch: int) -> None:
         write_frame(df, self.target, epoch)
 
-    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None) -> None:
-        self.target.publish(epoch)
+    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
+        self.target.generation = self.generation
+        self.target.publish(epoch, tentative)
+
+    def retract(self, epochs: list[int], at_epoch: int) -> None:
+        self.target.retract(epochs, at_epoch)
 
 
 def write_frame(df: DataFrame, target: FilesTarget, epoch: int) -> None:

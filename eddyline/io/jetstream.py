@@ -16,6 +16,20 @@ stream's de-duplication window, so a replayed epoch's republish adds nothing: ex
 long as the replay comes within the window (``dedup_window``, 2 minutes by default; the sink
 creates the stream with it, or widens the window of an existing stream to it).
 
+Tentative epochs (Delay-Process-Correct, :mod:`eddyline.ha.dpc`): their messages carry the headers
+``Eddyline-Tentative: true`` and ``Eddyline-Epoch: <epoch>`` besides ``Nats-Msg-Id``; a stable
+epoch's messages carry the id alone. A stream is a log, so taking them back is a message too:
+when an epoch corrects them, :meth:`NatsSink.retract` publishes on the sink's subject one
+correction per tentative epoch, with the headers ``Eddyline-Retract: <epoch>`` and ``Nats-Msg-Id:
+network/checkpoint id/sink/retract/<epoch>`` (a replayed correction is dropped like a replayed
+row; one replayed after the window only repeats what the first said), and the body ``{"retract_epoch": N, "at_epoch": M, "writer": "network/checkpoint id",
+"sink": "<sink>"}``. A consumer that shows tentative results keeps the rows it got marked
+tentative by writer and sink (the start of their message id) and epoch; on a correction it drops
+those of that writer, sink and epoch: the correcting epoch ``M`` and those after it publish what
+replaces them, stable. A consumer that wants final results only skips marked messages and
+corrections alike. Epochs are never numbered twice (the correcting epoch comes after the
+tentative ones), so a stable row never shares its id with a tentative one.
+
 A server that cannot be reached is retried with back-off for up to ``wait``; meanwhile the
 progress shows the source's or sink's ``status``; after that the epoch fails with an error that
 names the source or sink and the server. A restart then replays it exactly.
@@ -24,6 +38,7 @@ names the source or sink and the server. A restart then replays it exactly.
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -34,7 +49,7 @@ from pydantic import AfterValidator, Field
 
 from eddyline.api.registry import SINKS, SOURCES
 from eddyline.api.units import Duration, Model, format_duration_ms
-from eddyline.errors import SinkError, SourceError
+from eddyline.errors import SinkError, SourceError, SourceUnreachable
 from eddyline.io.natswire import (
     DEDUP_WINDOW_MS,
     NatsConnection,
@@ -100,7 +115,10 @@ class _Server:
         self.health = Health()
         self._conn: NatsConnection | None = None
 
-    def call(self, action: Any) -> Any:
+    def call(self, action: Any, bound_s: float | None = None, unreachable: Callable[[str], Exception] | None = None) -> Any:
+        """``action(connection)``, retried while the server cannot be reached for up to
+        ``bound_s`` (default: the configured ``wait``); then the error ``unreachable(message)``
+        if given, else the server's error kind."""
         def attempt() -> Any:
             if self._conn is None:
                 self._conn = NatsConnection(self.url)
@@ -112,13 +130,12 @@ class _Server:
                 raise
 
         def give_up(e: Exception, waited: float) -> Exception:
-            return self.error(
-                f"{self.what}: NATS server {redact(self.url)} unreachable for {waited:.0f}s "
-                f"(wait: {format_duration_ms(int(self.wait_s * 1000))}): {e}"
-            )
+            message = (f"{self.what}: NATS server {redact(self.url)} unreachable for {waited:.0f}s "
+                       f"(wait: {format_duration_ms(int(self.wait_s * 1000))}): {e}")
+            return unreachable(message) if unreachable is not None else self.error(message)
 
         try:  # an unreachable server ends in give_up's error; any other refusal at once
-            return with_retry(attempt, retryable=(NatsUnreachable,), bound_s=self.wait_s,
+            return with_retry(attempt, retryable=(NatsUnreachable,), bound_s=self.wait_s if bound_s is None else bound_s,
                               health=self.health, give_up=give_up)
         except NatsError as e:
             raise self.error(f"{self.what}: {e}") from e
@@ -138,7 +155,8 @@ class NatsSource(Source):
         return self.server.health.to_json()
 
     def available(self, elapsed_s: float) -> int:
-        info = self.server.call(lambda c: c.stream_info(self.params.stream))
+        info = self.server.call(lambda c: c.stream_info(self.params.stream), self.patience_s,
+                                lambda message: SourceUnreachable(self.name, message))
         return int(info["state"]["last_seq"])
 
     def _read(self, spark: SparkSession, planned: dict[str, Any], partitions: int, reader: Any, ddl: str) -> DataFrame | None:
@@ -238,7 +256,7 @@ class NatsSink(Sink):
     def status(self) -> dict[str, Any]:
         return self.server.health.to_json()
 
-    def open(self, network: str, checkpoint: str, schema: StructType) -> None:
+    def open(self, network: str, checkpoint: str, schema: StructType, tentative: bool = False) -> None:
         p: NatsOut = self.spec.params
         self.writer = f"{network}/{checkpoint}"
         self.server.call(lambda c: ensure_stream(c, p.stream, [p.subject], p.dedup_window))
@@ -247,18 +265,43 @@ class NatsSink(Sink):
         rows = to_json_column(df).toArrow()
         self.collected[epoch] = pa.table({"v": pa.array(sorted(rows.column(0).to_pylist()), pa.string())})
 
-    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None) -> None:
+    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
         staged = self.collected.get(epoch)
         if staged is None:
             return
         subject = self.spec.params.subject
         prefix = f"{self.writer}/{self.name}/{epoch}/"
         messages = [(subject, f"{prefix}{i}", v.encode()) for i, v in enumerate(staged.column(0).to_pylist())]
+        headers = b"Eddyline-Tentative: true\r\nEddyline-Epoch: %d\r\n" % epoch if tentative else b""
         half = len(messages) // 2  # two calls, so that a crash test can cut between them
-        self.server.call(lambda c: c.publish(messages[:half]))
+        self.server.call(lambda c: c.publish(messages[:half], headers=headers))
         midway()
-        self.server.call(lambda c: c.publish(messages[half:]))
+        self.server.call(lambda c: c.publish(messages[half:], headers=headers))
         del self.collected[epoch]
+
+    def retract(self, epochs: list[int], at_epoch: int) -> None:
+        """One correction per tentative epoch (see the module's docstring); a replay publishes
+        the same ids again, which the server drops."""
+        if not epochs:
+            return
+        if not self.writer:
+            raise SinkError(f"sink '{self.name}': asked to retract epochs {sorted(epochs)} before it was opened")
+        subject = self.spec.params.subject
+        corrections = [
+            (
+                [(subject, f"{self.writer}/{self.name}/retract/{epoch}", json.dumps(
+                    {"retract_epoch": epoch, "at_epoch": at_epoch, "writer": self.writer, "sink": self.name}
+                ).encode())],
+                b"Eddyline-Retract: %d\r\n" % epoch,
+            )
+            for epoch in sorted(set(epochs))
+        ]
+
+        def send(conn: NatsConnection) -> None:  # all again after a lost connection: ids dedupe
+            for message, headers in corrections:
+                conn.publish(message, headers=headers)
+
+        self.server.call(send)
 
 
 @SOURCES.register

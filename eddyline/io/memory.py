@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -21,12 +22,25 @@ class Memory(Model):
 
 
 class MemorySink(Sink):
-    """Keeps every epoch's rows in the driver, keyed by epoch (so a replay replaces, never adds)."""
+    """Keeps every epoch's rows in the driver, keyed by epoch (so a replay replaces, never adds).
+    Tentative epochs are listed in ``tentative``; a retraction drops their rows."""
 
     counts_itself = True
 
+    def __init__(self, spec: SinkSpec):
+        super().__init__(spec)
+        self.tentative: set[int] = set()
+
     def stage(self, df: DataFrame, epoch: int) -> None:
         self.collected[epoch] = df.toArrow()
+
+    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
+        if tentative:
+            self.tentative.add(epoch)
+
+    def retract(self, epochs: list[int], at_epoch: int) -> None:
+        super().retract(epochs, at_epoch)
+        self.tentative.difference_update(epochs)
 
     def table(self) -> pa.Table | None:
         if not self.collected:

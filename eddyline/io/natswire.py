@@ -1,5 +1,7 @@
-"""A small, synchronous NATS client for the two paths where Eddyline moves every record: reading
-a range of a JetStream stream (through a pull consumer) and publishing with acknowledgements.
+"""A small, synchronous NATS client for the paths where Eddyline moves every record: reading
+a range of a JetStream stream (through a pull consumer), publishing with acknowledgements, and
+receiving a core NATS subscription in batches (:class:`Subscription`, for the ``nats_core``
+source's write-ahead log).
 
 Why not nats-py for these: it is asyncio-only (each Spark task would need its own event loop) and
 spends most of its time per message in Python (header parsing alone is ~35 µs a message). Reading
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -258,11 +261,20 @@ class NatsConnection:
             yield seqs, payloads
 
     # ------------------------------------------------------------------ publishing
-    def publish(self, messages: list[tuple[str, str | None, bytes]], window: int = 4000) -> list[bool]:
+    def publish(
+        self, messages: list[tuple[str, str | None, bytes]], window: int = 4000, headers: bytes = b""
+    ) -> list[bool]:
         """Publish (subject, message id or None, payload) to JetStream and wait for every
         acknowledgement, at most ``window`` outstanding. Returns, in message order, whether the
         server dropped each message as a duplicate of one with the same id. Like reading, this
-        runs once per record, so acknowledgements are parsed inline."""
+        runs once per record, so acknowledgements are parsed inline. ``headers``: header lines
+        (``Name: value``, each ending in CRLF) that every message of the call carries besides its
+        id, the same for all of them."""
+        if headers and (not headers.endswith(b"\r\n") or b"\r\n\r\n" in headers or headers.startswith(b"\r\n")):
+            raise ValueError(f"headers: expected lines 'Name: value\\r\\n', got {headers!r}")
+        # the header block is made once per call, so that extra headers cost nothing per message
+        with_id = b"NATS/1.0\r\nNats-Msg-Id: %s\r\n" + headers.replace(b"%", b"%%") + b"\r\n"
+        bare = b"NATS/1.0\r\n" + headers + b"\r\n" if headers else None
         duplicate = [False] * len(messages)
         pending: dict[bytes, int] = {}
         sent = 0
@@ -276,15 +288,18 @@ class NatsConnection:
                         subject, msg_id, payload = messages[sent]
                         reply = self._reply_subject().encode()
                         pending[reply] = sent
-                        if msg_id is None:
-                            frames.append(b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply, len(payload), payload))
-                        else:
-                            hdr = b"NATS/1.0\r\nNats-Msg-Id: %s\r\n\r\n" % msg_id.encode()
-                            frames.append(
-                                b"HPUB %s %s %d %d\r\n%s%s\r\n"
-                                % (subject.encode(), reply, len(hdr), len(hdr) + len(payload), hdr, payload)
-                            )
                         sent += 1
+                        if msg_id is not None:
+                            hdr = with_id % msg_id.encode()
+                        elif bare is not None:
+                            hdr = bare
+                        else:
+                            frames.append(b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply, len(payload), payload))
+                            continue
+                        frames.append(
+                            b"HPUB %s %s %d %d\r\n%s%s\r\n"
+                            % (subject.encode(), reply, len(hdr), len(hdr) + len(payload), hdr, payload)
+                        )
                     self._send(b"".join(frames))
                 line = readline()
                 if line[:4] == b"MSG ":  # an ack: {"stream":"S","seq":N[,"duplicate":true]}
@@ -313,6 +328,110 @@ class NatsConnection:
             self.sock.close()
 
     def __enter__(self) -> NatsConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Subscription:
+    """A core NATS subscription (plain ``SUB``: no JetStream, nothing kept by the server) on a
+    connection of its own, received in batches: :meth:`receive` returns every message that has
+    arrived (up to ``max_bytes``), waiting at most ``timeout_s`` for the first, so the caller can
+    store one batch while the next arrives. Messages published while nobody is subscribed are
+    not delivered: that is core NATS.
+
+    The connection is made and subscribed like any other (the ``PONG`` after ``SUB`` says the
+    server registered it); from then on the socket is read directly into a buffer of its own
+    and parsed in place, so that a wait can time out without leaving a half-read frame behind.
+    Not thread-safe."""
+
+    SID = b"2"  # sid 1 is the connection's request inbox
+
+    def __init__(self, url: str, subject: str, *, timeout_s: float = 5.0, name: str = "eddyline-subscriber"):
+        if not subject or any(c.isspace() for c in subject):
+            raise NatsError(f"{redact(url)}: invalid subject {subject!r}")
+        self.conn = NatsConnection(url, timeout_s=timeout_s, name=name)
+        self.url, self.subject = url, subject
+        try:
+            self.conn._send(b"SUB %s %s\r\nPING\r\n" % (subject.encode(), self.SID))
+            self.conn._expect_pong()  # the server took the SUB, or said why not (-ERR)
+            sock = self.conn.sock
+            sock.setblocking(False)  # what the buffered reader holds past the PONG, without waiting
+            self._buf = bytearray(self.conn.file.read1(1 << 20) or b"")
+            sock.settimeout(timeout_s)
+        except BaseException:
+            self.conn.close()
+            raise
+        self.received = 0  # messages received on this connection
+
+    def receive(self, timeout_s: float, max_bytes: int = 4 << 20) -> list[bytes]:
+        """The payloads of the messages that have arrived, in order, at most about ``max_bytes``
+        of them (the rest stay for the next call); waits up to ``timeout_s`` for the first.
+        A lost connection raises :class:`NatsUnreachable`, a refusal (-ERR) :class:`NatsError`."""
+        out = self._parse(max_bytes)
+        if out:
+            return out
+        sock, wait, limit = self.conn.sock, timeout_s, max_bytes
+        try:
+            while True:
+                ready, _, _ = select.select([sock], [], [], wait)
+                if not ready:
+                    return []
+                while True:  # what is there, without waiting, up to the limit
+                    chunk = sock.recv(1 << 20)
+                    if not chunk:
+                        raise NatsUnreachable(f"{redact(self.url)}: the server closed the connection")
+                    self._buf += chunk
+                    if len(self._buf) >= limit or not select.select([sock], [], [], 0)[0]:
+                        break
+                out = self._parse(max_bytes)
+                if out:
+                    return out
+                # a frame is not complete yet (it may be larger than max_bytes: read on past
+                # the limit until it is), or only control frames came
+                limit, wait = len(self._buf) + (1 << 20), 0.05
+        except OSError as e:
+            raise NatsUnreachable(f"{redact(self.url)}: {e}") from e
+
+    def _parse(self, max_bytes: int) -> list[bytes]:
+        """The complete messages at the front of the buffer (control frames handled on the way)."""
+        buf, pos, out, size = self._buf, 0, [], 0
+        while size < max_bytes:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            if buf.startswith(b"MSG ", pos) or buf.startswith(b"HMSG ", pos):
+                parts = bytes(buf[pos:eol]).split()  # [H]MSG subject sid [reply] [hdr bytes] bytes
+                total = int(parts[-1])
+                start, end = eol + 2, eol + 2 + total
+                if end + 2 > len(buf):
+                    break  # the rest of the message has not arrived
+                if parts[2] == self.SID:
+                    hlen = int(parts[-2]) if parts[0] == b"HMSG" else 0
+                    out.append(bytes(buf[start + hlen : end]))
+                    size += total
+                pos = end + 2
+                continue
+            line = bytes(buf[pos : eol + 2])
+            pos = eol + 2
+            if line.startswith(b"-ERR"):
+                text = line[5:].strip().decode(errors="replace")
+                if "Permissions Violation" in text or "Invalid Subject" in text:
+                    raise NatsError(f"{redact(self.url)}: subscribing to {self.subject!r}: {text}")
+                raise NatsUnreachable(f"{redact(self.url)}: {text}")  # the server closes the connection
+            if line.startswith(b"PING"):
+                self.conn._send(b"PONG\r\n")
+            # +OK, PONG, INFO: nothing to do
+        if pos:
+            del buf[:pos]
+        self.received += len(out)
+        return out
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Subscription:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -19,6 +19,25 @@ no window in which both write.
 The sink collects each epoch's rows in the driver (:meth:`PostgresSink.stage`) and writes them
 from there: what goes into a database table is meant to be small (aggregates, alerts, top lists),
 not a stream of raw events; those belong in a ``files`` sink.
+
+Tentative epochs (Delay-Process-Correct, :mod:`eddyline.ha.dpc`). Opened with ``tentative=True``
+(its network has ``max_delay``), the sink gives the table one more column, ``tentative boolean
+NOT NULL DEFAULT false``, and writes it in every epoch: true for a tentative epoch's rows, false
+for a stable one's, so that dashboards show tentative results and can tell them apart. A table
+that exists already must have that column; the user's table gets nothing else. Everything else
+lives beside ``eddyline_epochs``: its rows say whether an epoch was published tentative, and
+``eddyline_undo`` holds what :meth:`PostgresSink.retract` needs to take a tentative epoch back,
+written in the epoch's own transaction: in append mode the rows it inserted, in upsert mode the
+before-image of every key it touched (the row as it was, or null when there was none), only the
+first per key in a stretch of tentative epochs, which is the row as the last stable epoch left
+it. The retraction is one transaction: append mode deletes one tentative row per recorded row
+(rows are told apart by their values, since the table has no other mark; equal rows are
+interchangeable), upsert mode deletes the current row of every recorded key and inserts its
+before-image again; the undo records and the epochs' rows in ``eddyline_epochs`` go with them, so
+nothing counts the retracted epochs as written and a replay of the retraction finds nothing left
+to do. Rows and before-images are kept as JSON; the transactions that write and read them fix
+the settings that shape its text (time zone, float digits, bytea format), so a value comes back
+exactly as it was and compares equal to itself.
 """
 
 from __future__ import annotations
@@ -50,6 +69,9 @@ T = TypeVar("T")
 
 _TABLE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$"
 EPOCHS = "eddyline_epochs"
+UNDO = "eddyline_undo"
+#: the column of the target table that marks the rows of tentative epochs
+TENTATIVE = "tentative"
 _STAGED = "eddyline_staged"
 _UPSERT_OPS = ("insert", "update")
 _DELETE = "delete"
@@ -101,6 +123,7 @@ class Layout:
     columns: tuple[Column, ...]
     key: tuple[str, ...]
     changelog: bool  # the input has an _op column
+    tentative: bool = False  # the table has the column TENTATIVE, which the sink writes
 
     @property
     def names(self) -> list[str]:
@@ -136,10 +159,16 @@ def column_of(field: StructField, sink: str) -> Column:
     return Column(field.name, *known)
 
 
-def layout_of(schema: StructType, params: Postgres, sink: str) -> Layout:
+def layout_of(schema: StructType, params: Postgres, sink: str, tentative: bool = False) -> Layout:
     key = names(params.key)
     present = set(schema.fieldNames())
     changelog = OP in present
+    if tentative and TENTATIVE in present:
+        raise SinkError(
+            f"sink '{sink}': its input has a column {TENTATIVE!r}, the name of the column the "
+            "sink adds to mark the rows of tentative epochs (its network has max_delay); rename "
+            "the input's column"
+        )
     if changelog and params.mode == "append":
         raise SinkError(
             f"sink '{sink}': its input is a changelog (column {OP}: insert/update/delete per "
@@ -153,7 +182,7 @@ def layout_of(schema: StructType, params: Postgres, sink: str) -> Layout:
                 f"{', '.join(f for f in schema.fieldNames() if f != OP)})"
             )
     columns = tuple(column_of(f, sink) for f in schema.fields if f.name != OP)
-    return Layout(columns, key, changelog)
+    return Layout(columns, key, changelog, tentative)
 
 
 def last_per_key(table: pa.Table, key: Sequence[str]) -> pa.Table:
@@ -180,8 +209,10 @@ class PostgresSink(Sink):
         self.network = ""
         self.checkpoint = ""  # a fresh start on a new checkpoint counts epochs from 1 again
         self.layout: Layout | None = None
+        self.tentative = False  # opened for tentative epochs (the network has max_delay)
         self.health = Health()
         self._conn: psycopg.Connection[Any] | None = None
+        self._marked = False  # eddyline_epochs has the column that marks tentative epochs
 
     def status(self) -> dict[str, Any]:
         return self.health.to_json()
@@ -190,22 +221,45 @@ class PostgresSink(Sink):
     def server(self) -> str:
         return redact(self.url)
 
-    def open(self, network: str, checkpoint: str, schema: StructType) -> None:
-        self.network, self.checkpoint = network, checkpoint
-        self.layout = layout_of(schema, self.params, self.name)
+    def open(self, network: str, checkpoint: str, schema: StructType, tentative: bool = False) -> None:
+        self.network, self.checkpoint, self.tentative = network, checkpoint, tentative
+        self.layout = layout_of(schema, self.params, self.name, tentative)
         self._run(self._prepare)
 
     def stage(self, df: DataFrame, epoch: int) -> None:
         self.collected[epoch] = df.toArrow()
 
-    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None) -> None:
+    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
+        if tentative and not self.tentative:
+            raise SinkError(
+                f"sink '{self.name}': epoch {epoch} is tentative, but the sink was opened without "
+                f"tentative=True, so table {self.params.table} may have no {TENTATIVE!r} column "
+                "to mark its rows"
+            )
         staged = self.collected.get(epoch)
         if staged is None:
             return
         if staged.num_rows:  # an empty epoch has nothing that could be written twice
             values = self._values(staged)
-            self._run(lambda conn: self._write(conn, epoch, values))
+            self._run(lambda conn: self._write(conn, epoch, values, tentative))
         del self.collected[epoch]
+
+    def retract(self, epochs: list[int], at_epoch: int) -> None:
+        """Take back the tentative ``epochs`` in one transaction (see the module's docstring).
+        Epochs that published nothing tentative (empty ones, stable ones, those retracted by an
+        earlier attempt) are passed over, so a replay changes nothing. Since a before-image is
+        kept per key for a whole stretch of tentative epochs, the stretch goes back as a whole:
+        if this sink published tentative epochs that are not among ``epochs``, nothing is
+        changed and :class:`SinkError` says which."""
+        if not epochs:
+            return
+        if self.layout is None or not self.tentative:
+            raise SinkError(
+                f"sink '{self.name}': asked to retract epochs {sorted(epochs)}, but the sink was "
+                "not opened with tentative=True (its network has no max_delay?)"
+            )
+        wanted = sorted(set(epochs))
+        self._run(lambda conn: self._retract(conn, wanted, at_epoch))
 
     def close(self) -> None:
         if self._conn is not None:
@@ -257,10 +311,17 @@ class PostgresSink(Sink):
         # validated as an SQL name: lower-cased, it is what PostgreSQL makes of it unquoted
         return sql.Identifier(*self.params.table.lower().split("."))
 
-    def _epochs(self) -> sql.Identifier:
+    def _beside(self, name: str) -> sql.Identifier:
+        """A bookkeeping table in the target table's schema."""
         from psycopg import sql
 
-        return sql.Identifier(*self.params.table.lower().split(".")[:-1], EPOCHS)
+        return sql.Identifier(*self.params.table.lower().split(".")[:-1], name)
+
+    def _epochs(self) -> sql.Identifier:
+        return self._beside(EPOCHS)
+
+    def _undo(self) -> sql.Identifier:
+        return self._beside(UNDO)
 
     def _prepare(self, conn: psycopg.Connection[Any]) -> None:
         from psycopg import sql
@@ -269,8 +330,25 @@ class PostgresSink(Sink):
         with conn.transaction():
             conn.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (network text, checkpoint text, sink text, epoch bigint, "
-                "committed_at timestamptz DEFAULT now(), PRIMARY KEY (network, checkpoint, sink, epoch))"
+                "committed_at timestamptz DEFAULT now(), tentative boolean NOT NULL DEFAULT false, "
+                "PRIMARY KEY (network, checkpoint, sink, epoch))"
             ).format(self._epochs()))
+            epochs = ".".join([*self.params.table.lower().split(".")[:-1], EPOCHS])
+            self._marked = conn.execute(
+                "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+                " AND attname = %s AND NOT attisdropped", (epochs, TENTATIVE),
+            ).fetchone() == (1,)
+            if self.tentative:
+                if not self._marked:  # made by a version that knew no tentative epochs
+                    conn.execute(sql.SQL(
+                        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS tentative boolean NOT NULL DEFAULT false"
+                    ).format(self._epochs()))
+                    self._marked = True
+                conn.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (network text NOT NULL, checkpoint text NOT NULL, "
+                    "sink text NOT NULL, epoch bigint NOT NULL, key jsonb, image jsonb, "
+                    "UNIQUE (network, checkpoint, sink, key))"
+                ).format(self._undo()))
             name = self.params.table.lower()
             oid = conn.execute("SELECT to_regclass(%s)::oid", (name,)).fetchone()
             if oid is None or oid[0] is None:
@@ -286,6 +364,8 @@ class PostgresSink(Sink):
         assert self.layout is not None
         parts = [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.sql_type))
                  for c in self.layout.columns]
+        if self.layout.tentative:
+            parts.append(sql.SQL("{} boolean NOT NULL DEFAULT false").format(sql.Identifier(TENTATIVE)))
         if self.layout.key:
             parts.append(sql.SQL("PRIMARY KEY ({})").format(_idents(self.layout.key)))
         return sql.SQL("CREATE TABLE {} ({})").format(self._target(), sql.SQL(", ").join(parts))
@@ -345,24 +425,58 @@ class PostgresSink(Sink):
                 f"{', '.join([*_UPSERT_OPS, _DELETE])}"
             )
 
-    def _write(self, conn: psycopg.Connection[Any], epoch: int, values: list[list[Any]]) -> None:
+    def _write(
+        self, conn: psycopg.Connection[Any], epoch: int, values: list[list[Any]], tentative: bool
+    ) -> None:
+        assert self.layout is not None
         with conn.transaction():
-            if not self._claim(conn, epoch):
+            if not self._claim(conn, epoch, tentative):
                 return  # a replay: this epoch committed before
-            if self.params.mode == "append":
-                self._copy(conn, self._target(), self._copy_types(), values)
+            if tentative:
+                _fix_json_text(conn)
+            if self.params.mode == "upsert":
+                self._apply(conn, epoch, values, tentative)
+            elif tentative:
+                self._append_tentative(conn, epoch, values)
+            elif self.layout.tentative:
+                flags = [False] * len(values[0])
+                self._copy(conn, self._target(), [*self._copy_types(), (TENTATIVE, "bool")], [*values, flags])
             else:
-                self._apply(conn, values)
+                self._copy(conn, self._target(), self._copy_types(), values)
 
-    def _claim(self, conn: psycopg.Connection[Any], epoch: int) -> bool:
+    def _claim(self, conn: psycopg.Connection[Any], epoch: int, tentative: bool) -> bool:
         from psycopg import sql
 
+        key = (self.network, self.checkpoint, self.name, epoch)
+        if not self._marked:
+            cur = conn.execute(
+                sql.SQL("INSERT INTO {} (network, checkpoint, sink, epoch) VALUES (%s, %s, %s, %s) "
+                        "ON CONFLICT DO NOTHING").format(self._epochs()), key)
+            return cur.rowcount == 1
         cur = conn.execute(
-            sql.SQL("INSERT INTO {} (network, checkpoint, sink, epoch) VALUES (%s, %s, %s, %s) "
-                    "ON CONFLICT DO NOTHING").format(self._epochs()),
-            (self.network, self.checkpoint, self.name, epoch),
+            sql.SQL("INSERT INTO {} (network, checkpoint, sink, epoch, tentative) "
+                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING").format(self._epochs()),
+            (*key, tentative),
         )
-        return cur.rowcount == 1
+        if cur.rowcount == 1:
+            return True
+        # a replay must publish the epoch as its first attempt did: a stable replay of a
+        # tentative epoch would keep the tentative rows as if they were the epoch's output
+        (was,) = conn.execute(
+            sql.SQL("SELECT tentative FROM {} WHERE network = %s AND checkpoint = %s AND sink = %s "
+                    "AND epoch = %s").format(self._epochs()), key,
+        ).fetchone() or (tentative,)
+        if was and not tentative:
+            raise SinkError(
+                f"sink '{self.name}': epoch {epoch} was published tentative and not retracted; "
+                "publishing it as stable would keep its tentative rows (retract it first)"
+            )
+        if tentative and not was:
+            raise SinkError(
+                f"sink '{self.name}': epoch {epoch} was published stable; it cannot be published "
+                "again as tentative"
+            )
+        return False
 
     def _copy_types(self) -> list[tuple[str, str]]:
         assert self.layout is not None
@@ -383,20 +497,64 @@ class PostgresSink(Sink):
             for row in zip(*values, strict=True):
                 copy.write_row(row)
 
-    def _apply(self, conn: psycopg.Connection[Any], values: list[list[Any]]) -> None:
-        """Upsert mode: the changes go to a temporary table first, so that two set-based
-        statements apply them, whatever their number."""
+    def _stage_in_temp(self, conn: psycopg.Connection[Any], values: list[list[Any]], op: bool) -> sql.Identifier:
+        """The epoch's rows in a temporary table with the layout's columns (and ``_op``), gone
+        at commit: set-based statements then apply them, whatever their number."""
         from psycopg import sql
 
         assert self.layout is not None
         staged = sql.Identifier(_STAGED)
         defs = [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.sql_type))
                 for c in self.layout.columns]
-        conn.execute(sql.SQL("CREATE TEMP TABLE {} ({}, {} text) ON COMMIT DROP").format(
-            staged, sql.SQL(", ").join(defs), sql.Identifier(OP)))
-        self._copy(conn, staged, [*self._copy_types(), (OP, "text")], values)
+        if op:
+            defs.append(sql.SQL("{} text").format(sql.Identifier(OP)))
+        conn.execute(sql.SQL("CREATE TEMP TABLE {} ({}) ON COMMIT DROP").format(
+            staged, sql.SQL(", ").join(defs)))
+        self._copy(conn, staged, [*self._copy_types(), *([(OP, "text")] if op else [])], values)
+        return staged
+
+    def _apply(self, conn: psycopg.Connection[Any], epoch: int, values: list[list[Any]], tentative: bool) -> None:
+        """Upsert mode. A tentative epoch first records the before-image of every key it
+        touches, unless an earlier epoch of the stretch did."""
+        staged = self._stage_in_temp(conn, values, op=True)
+        if tentative:
+            conn.execute(self._before_images_statement(staged), self._sink_key(epoch))
         conn.execute(self._delete_statement(staged))
-        conn.execute(self._upsert_statement(staged))
+        conn.execute(self._upsert_statement(staged, tentative))
+
+    def _append_tentative(self, conn: psycopg.Connection[Any], epoch: int, values: list[list[Any]]) -> None:
+        """Append mode, a tentative epoch: its rows are inserted marked, and recorded."""
+        from psycopg import sql
+
+        assert self.layout is not None
+        staged = self._stage_in_temp(conn, values, op=False)
+        conn.execute(sql.SQL("INSERT INTO {} ({}, {}) SELECT {}, true FROM {}").format(
+            self._target(), _idents(self.layout.names), sql.Identifier(TENTATIVE),
+            _idents(self.layout.names), staged))
+        conn.execute(sql.SQL(
+            "INSERT INTO {} (network, checkpoint, sink, epoch, image) "
+            "SELECT %s, %s, %s, %s, to_jsonb(_s.*) FROM {} AS _s"
+        ).format(self._undo(), staged), self._sink_key(epoch))
+
+    def _sink_key(self, epoch: int) -> tuple[str, str, str, int]:
+        return self.network, self.checkpoint, self.name, epoch
+
+    def _before_images_statement(self, staged: sql.Identifier) -> sql.Composed:
+        """The row of each key as it is (null: absent), unless the key has a record already:
+        that one is older, from this stretch's first epoch to touch the key."""
+        from psycopg import sql
+
+        assert self.layout is not None
+        key = sql.SQL(", ").join(
+            sql.SQL("{}, _s.{}").format(sql.Literal(k), sql.Identifier(k)) for k in self.layout.key)
+        same_key = sql.SQL(" AND ").join(
+            sql.SQL("_t.{k} = _s.{k}").format(k=sql.Identifier(k)) for k in self.layout.key)
+        return sql.SQL(
+            "INSERT INTO {} (network, checkpoint, sink, epoch, key, image) "
+            "SELECT %s, %s, %s, %s, jsonb_build_object({}), to_jsonb(_t.*) "
+            "FROM {} AS _s LEFT JOIN {} AS _t ON {} "
+            "ON CONFLICT (network, checkpoint, sink, key) DO NOTHING"
+        ).format(self._undo(), key, staged, self._target(), same_key)
 
     def _delete_statement(self, staged: sql.Identifier) -> sql.Composed:
         from psycopg import sql
@@ -408,11 +566,16 @@ class PostgresSink(Sink):
         return sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE {} AND s.{} = {}").format(
             self._target(), staged, same_key, sql.Identifier(OP), sql.Literal(_DELETE))
 
-    def _upsert_statement(self, staged: sql.Identifier) -> sql.Composed:
+    def _upsert_statement(self, staged: sql.Identifier, tentative: bool = False) -> sql.Composed:
         from psycopg import sql
 
         assert self.layout is not None
         others = [n for n in self.layout.names if n not in self.layout.key]
+        columns, values = _idents(self.layout.names), _idents(self.layout.names)
+        if self.layout.tentative:  # every row the epoch writes says which kind of epoch it was
+            others.append(TENTATIVE)
+            columns = sql.SQL("{}, {}").format(columns, sql.Identifier(TENTATIVE))
+            values = sql.SQL("{}, {}").format(values, sql.Literal(tentative))
         on_conflict = (
             sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
                 sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in others))
@@ -421,9 +584,92 @@ class PostgresSink(Sink):
         return sql.SQL(
             "INSERT INTO {} ({}) SELECT {} FROM {} WHERE {} <> {} ON CONFLICT ({}) {}"
         ).format(
-            self._target(), _idents(self.layout.names), _idents(self.layout.names), staged,
+            self._target(), columns, values, staged,
             sql.Identifier(OP), sql.Literal(_DELETE), _idents(self.layout.key), on_conflict,
         )
+
+    # -- retracting tentative epochs ---------------------------------------------------------
+
+    def _retract(self, conn: psycopg.Connection[Any], epochs: list[int], at_epoch: int) -> None:
+        from psycopg import sql
+
+        sink = (self.network, self.checkpoint, self.name)
+        of_sink = sql.SQL("network = %s AND checkpoint = %s AND sink = %s")
+        with conn.transaction():
+            # locked, so that a second driver retracting at the same time waits, then finds
+            # nothing left to do
+            published = [e for (e,) in conn.execute(
+                sql.SQL("SELECT epoch FROM {} WHERE {} AND tentative ORDER BY epoch FOR UPDATE")
+                .format(self._epochs(), of_sink), sink).fetchall()]
+            left = [e for e in published if e not in epochs]
+            if left:
+                raise SinkError(
+                    f"sink '{self.name}': epoch {at_epoch} retracts tentative epochs {epochs}, but "
+                    f"epochs {left} were published tentative too; a stretch of tentative epochs "
+                    "is taken back as a whole (the undo records keep each key as it was before "
+                    "the stretch), so nothing was retracted"
+                )
+            if not published:
+                return
+            _fix_json_text(conn)
+            if self.params.mode == "upsert":
+                self._restore_before_images(conn, published)
+            else:
+                self._delete_tentative_rows(conn, published)
+            conn.execute(sql.SQL("DELETE FROM {} WHERE {} AND epoch = ANY(%s)").format(
+                self._undo(), of_sink), (*sink, published))
+            conn.execute(sql.SQL("DELETE FROM {} WHERE {} AND tentative AND epoch = ANY(%s)").format(
+                self._epochs(), of_sink), (*sink, published))
+
+    def _restore_before_images(self, conn: psycopg.Connection[Any], epochs: list[int]) -> None:
+        """Upsert mode: every recorded key's current row goes, its before-image comes back,
+        whole (columns the sink does not write too; generated ones are computed again)."""
+        from psycopg import sql
+
+        assert self.layout is not None
+        target, records = self._target(), self._undo()
+        row_type = sql.SQL("NULL::{}").format(target)
+        of_epochs = sql.SQL(
+            "_u.network = %s AND _u.checkpoint = %s AND _u.sink = %s AND _u.epoch = ANY(%s)")
+        args = (self.network, self.checkpoint, self.name, epochs)
+        same_key = sql.SQL(" AND ").join(
+            sql.SQL("_t.{k} = _k.{k}").format(k=sql.Identifier(k)) for k in self.layout.key)
+        conn.execute(sql.SQL(
+            "DELETE FROM {} AS _t USING {} AS _u, jsonb_populate_record({}, _u.key) AS _k "
+            "WHERE {} AND {}"
+        ).format(target, records, row_type, of_epochs, same_key), args)
+        columns = [name for (name,) in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0"
+            " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
+            (self.params.table.lower(),)).fetchall()]
+        conn.execute(sql.SQL(
+            "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {} AS _u, "
+            "jsonb_populate_record({}, _u.image) AS _r WHERE {} AND _u.image IS NOT NULL"
+        ).format(target, _idents(columns),
+                 sql.SQL(", ").join(sql.SQL("_r.{}").format(sql.Identifier(c)) for c in columns),
+                 records, row_type, of_epochs), args)
+
+    def _delete_tentative_rows(self, conn: psycopg.Connection[Any], epochs: list[int]) -> None:
+        """Append mode: for each recorded row, one tentative row of the table with the same
+        values goes (equal rows are interchangeable, so which one does not matter), as many as
+        were recorded. Rows are matched by their JSON, which makes it one hash join."""
+        from psycopg import sql
+
+        assert self.layout is not None
+        values = sql.SQL(", ").join(sql.SQL("_t.{}").format(sql.Identifier(n)) for n in self.layout.names)
+        conn.execute(sql.SQL(
+            "WITH _recorded AS (SELECT image, count(*) AS n FROM {undo} WHERE network = %s "
+            "AND checkpoint = %s AND sink = %s AND epoch = ANY(%s) GROUP BY image), "
+            "_rows AS (SELECT _t.ctid AS row_id, (SELECT to_jsonb(_v.*) FROM (SELECT {values}) AS _v) "
+            "AS image FROM {target} AS _t WHERE _t.{tentative}), "
+            "_matched AS (SELECT _rows.row_id, _recorded.n, row_number() OVER "
+            "(PARTITION BY _rows.image ORDER BY _rows.row_id) AS i FROM _rows JOIN _recorded "
+            "ON _rows.image = _recorded.image) "
+            "DELETE FROM {target} AS _t USING _matched WHERE _t.ctid = _matched.row_id "
+            "AND _matched.i <= _matched.n"
+        ).format(undo=self._undo(), values=values, target=self._target(),
+                 tentative=sql.Identifier(TENTATIVE)),
+            (self.network, self.checkpoint, self.name, epochs))
 
 
 def column_problems(layout: Layout, found: dict[str, tuple[str, bool, bool]]) -> list[str]:
@@ -436,6 +682,18 @@ def column_problems(layout: Layout, found: dict[str, tuple[str, bool, bool]]) ->
         elif found[c.name][0] != c.sql_type:
             problems.append(f"column {c.name!r}: expected {c.sql_type}, found {found[c.name][0]}")
     expected = set(layout.names)
+    if layout.tentative:
+        expected.add(TENTATIVE)
+        if TENTATIVE not in found:
+            problems.append(
+                f"column {TENTATIVE!r} is missing, which marks the rows of tentative epochs (the "
+                f"network has max_delay); add it: ADD COLUMN {TENTATIVE} boolean NOT NULL DEFAULT false"
+            )
+        elif found[TENTATIVE][0] != "boolean":
+            problems.append(
+                f"column {TENTATIVE!r}: expected boolean (it marks the rows of tentative epochs), "
+                f"found {found[TENTATIVE][0]}"
+            )
     for name, (sql_type, not_null, has_default) in found.items():
         if name not in expected and not_null and not has_default:
             problems.append(
@@ -449,6 +707,16 @@ def _idents(columns: Sequence[str]) -> sql.Composed:
     from psycopg import sql
 
     return sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+
+
+def _fix_json_text(conn: psycopg.Connection[Any]) -> None:
+    """For the rest of the transaction, the settings that shape the JSON text of values as the
+    undo records need it: exact floats, one time zone, one bytea format; so a value goes into
+    JSON and back unchanged, and the same value has the same JSON in every session."""
+    conn.execute(
+        "SELECT set_config('TimeZone', 'UTC', true), set_config('extra_float_digits', '3', true),"
+        " set_config('bytea_output', 'hex', true)"
+    )
 
 
 @SINKS.register

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 class Sink:
     spec: SinkSpec
     collected: dict[int, pa.Table] = field(default_factory=dict)
+    #: the lease generation of the driver that writes (0: no lease); a sink that can tell
+    #: refuses to publish once a newer generation published (see :mod:`eddyline.ha.lease`)
+    generation: int = 0
     #: a sink that writes from Spark cannot count what it wrote without an extra job: the
     #: runtime counts its rows on the way (an observation); one that collects knows the count
     counts_itself: ClassVar[bool] = False
@@ -36,13 +39,21 @@ class Sink:
     def name(self) -> str:
         return self.spec.name
 
-    def open(self, network: str, checkpoint: str, schema: StructType) -> None:
+    def open(
+        self, network: str, checkpoint: str, schema: StructType, tentative: bool = False
+    ) -> None:
         """Called once per run, before the sink stages its first epoch and before that epoch's
         first job: ``network`` is the network's name, ``checkpoint`` the id of its checkpoint
         (a replay comes from the same checkpoint; a fresh start on a new checkpoint, whose epochs
         count from 1 again, does not), ``schema`` its input's Spark schema. A sink that writes
         into something that exists already checks it here, raising
-        :class:`~eddyline.errors.SinkError` before anything is written."""
+        :class:`~eddyline.errors.SinkError` before anything is written.
+
+        ``tentative``: the network may publish tentative epochs and retract them (it has
+        ``max_delay``, see :mod:`eddyline.ha.dpc`). A sink whose readers see the mark in what it
+        writes prepares for that here, before the first epoch, when a tentative one can no longer
+        wait (the ``postgres`` sink's table gets its ``tentative`` column); the others ignore
+        it."""
 
     def stage(self, df: DataFrame, epoch: int) -> None:
         raise NotImplementedError
@@ -51,9 +62,22 @@ class Sink:
         """How its server is doing (sinks that write to one): shown in the progress."""
         return None
 
-    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None) -> None:
+    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
         """Make the staged epoch visible (no-op for sinks that stage in memory). A sink that
-        publishes in several steps calls ``midway()`` between them (crash tests cut there)."""
+        publishes in several steps calls ``midway()`` between them (crash tests cut there).
+
+        ``tentative``: the epoch ran without an input that could not be reached (see
+        :mod:`eddyline.ha.dpc`); its rows are published marked as tentative, so that readers can
+        tell them from stable ones, and :meth:`retract` can take them back later."""
+
+    def retract(self, epochs: list[int], at_epoch: int) -> None:
+        """Take back everything the tentative ``epochs`` published, as part of epoch
+        ``at_epoch`` (the first epoch that recomputes them with the missing input), before it
+        publishes its own rows. Idempotent: a replay of ``at_epoch`` retracts again and must
+        change nothing more. Every sink kind that can stand in a network with ``max_delay``
+        implements it."""
+        for epoch in epochs:
+            self.collected.pop(epoch, None)
 
     def staged_rows(self, epoch: int) -> int:
         """Rows staged for ``epoch`` (for sinks that ``counts_itself``)."""

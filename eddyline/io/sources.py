@@ -62,18 +62,38 @@ class Frames:
 @dataclass
 class Source:
     spec: SourceSpec
+    #: how long planning retries a server that does not answer before the source is reported
+    #: unreachable (:class:`~eddyline.errors.SourceUnreachable`); None: the source's own bound.
+    #: A network with ``max_delay`` probes once per plan: it waits by planning again, so that it
+    #: can go on without the source once ``max_delay`` has passed.
+    patience_s: float | None = None
 
     @property
     def name(self) -> str:
         return self.spec.name
 
     def available(self, elapsed_s: float) -> int:
-        """How many offsets exist now (the end of the readable range)."""
+        """How many offsets exist now (the end of the readable range). A source whose server
+        does not answer raises :class:`~eddyline.errors.SourceUnreachable`."""
         raise NotImplementedError
 
     def status(self) -> dict[str, Any] | None:
         """How its server is doing (sources that read from one): shown in the progress."""
         return None
+
+    # Upstream backup (sources whose input cannot replay, e.g. ``nats_core``): the engine
+    # attaches every source when a run starts, tells it each commit, and detaches it at the end.
+    # Sources that can replay ignore all three.
+    def attach(self, checkpoint: str, committed: int) -> None:
+        """A run starts on ``checkpoint`` (its location), where this source's committed end
+        offset is ``committed`` (0: none yet): start receiving, into a log in the checkpoint."""
+
+    def committed(self, end: int) -> None:
+        """An epoch committed, with this source's end offset ``end``: offsets before it will not
+        be read again (a log may delete them)."""
+
+    def detach(self) -> None:
+        """The run ends (also on an error): stop receiving, release what :meth:`attach` took."""
 
     def plan(self, start: int, elapsed_s: float, cursor: str | None = None, cap: int | None = None) -> dict[str, Any]:
         """The epoch's slice: ``{"start", "end"}`` plus anything a replay needs (files: the

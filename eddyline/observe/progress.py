@@ -72,7 +72,8 @@ class ProgressReporter:
             trig = r.get("triggerMs") or 0
             flag = " [red]![/red]" if trig and d > trig else ""
             t.add_row(
-                str(r["batchId"]) + (" (replay)" if r.get("replayed") else ""),
+                str(r["batchId"]) + (" (replay)" if r.get("replayed") else "")
+                + (" tentative" if r.get("tentative") else "") + (" corrects" if r.get("retracts") else ""),
                 _human(r["numInputRows"]),
                 _human(r["inputRowsPerSecond"]),
                 _human(r["processedRowsPerSecond"]),

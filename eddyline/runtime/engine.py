@@ -142,7 +142,9 @@ class Engine:
         self.controller = Controller(spec, max_lanes=spark.sparkContext.defaultParallelism)
         self.lookahead = LookAhead(spec.key_groups)
         self.compiler = EpochCompiler(spark, spec, self.sources, checkpoint, self.faults)
-        self.planner = Planner(spec, self.sources, self.lanes, self.controller, self.lookahead, self.compiler.tables)
+        self.planner = Planner(
+            spec, self.sources, self.lanes, self.controller, self.lookahead, self.compiler.tables, self.ckpt.read_commit
+        )
         self.executor = Executor(spec, self.compiler, self.outputs)
         self._cleaner: _Cleaner | None = None
         self._python_used_at = time.monotonic()  # when Python workers last ran a task of ours
@@ -170,11 +172,18 @@ class Engine:
         pending = self.ckpt.pending_plan(last.epoch if last else 0)
         self._restore(last.control if last else {})
         if pending is not None:
+            if pending.base is not None:  # a correction: it continues from an earlier commit
+                base = self._base(pending, last)
+                self._restore(base.control if base else {})
             self._restore(pending.control)
         summary, thawed, t_start, prev_start = RunSummary(), False, time.monotonic(), None
         if self.lease is not None:
             self.lease.start_heartbeat()
+        for out in [*self.outputs.sinks.values(), *self.outputs.targets()]:
+            out.generation = self._generation  # sinks that can tell refuse a fenced driver's output
         try:
+            for name, source in self.sources.items():  # upstream backup: start receiving (Source.attach)
+                source.attach(self.ckpt.location, last.source_ends.get(name, 0) if last else 0)
             while not (
                 (epochs is not None and summary.epochs >= epochs)
                 or (duration_s is not None and time.monotonic() - t_start >= duration_s)
@@ -185,7 +194,7 @@ class Engine:
                 plan = pending or self.planner.next(last, time.time() - started_at, until_idle)  # 1. plan
                 pending = None
                 if plan is None:
-                    if until_idle:
+                    if until_idle and not self.planner.waiting_for:
                         break
                     summary.worker_keepalives += self._keep_workers_warm()
                     time.sleep(min(max(self.spec.trigger, 100), 1000) / 1000)
@@ -194,7 +203,7 @@ class Engine:
                     plan = self._log(plan)  # 2. log
                     replayed = plan.generation != self._generation
                 self.boundaries.reached(FaultPoint.AFTER_PLAN, plan.epoch)
-                last, record = self._epoch(plan, last, replayed)  # 3.–8.
+                last, record = self._epoch(plan, self._base(plan, last), replayed)  # 3.–8.
                 record = record.with_input_rate(epoch_start - prev_start if prev_start is not None else 0.0)
                 prev_start, self._python_used_at = epoch_start, time.monotonic()
                 summary.add(plan.epoch, record, replayed)
@@ -209,6 +218,8 @@ class Engine:
             self._finish_cleanup(raise_error=False)
             raise
         finally:
+            for source in self.sources.values():  # upstream backup: stop receiving (Source.detach)
+                source.detach()
             self.lookahead.close()
             if self.lease is not None:
                 self.lease.release()
@@ -223,6 +234,13 @@ class Engine:
         if self.lease is None or self.lease.generation is None:
             return 0
         return self.lease.generation
+
+    def _base(self, plan: EpochPlan, last: EpochCommit | None) -> EpochCommit | None:
+        """The commit ``plan`` continues from: the last one, or for a correction the stable
+        commit it names (None: the start)."""
+        if plan.base is None:
+            return last
+        return self.ckpt.read_commit(plan.base) if plan.base else None
 
     def _log(self, plan: EpochPlan) -> EpochPlan:
         """Log a new plan (with our lease generation); if a driver we fenced logged this epoch's
@@ -252,7 +270,7 @@ class Engine:
             raise EngineError(f"epoch {plan.epoch}: {line}") from e
         self.boundaries.reached(FaultPoint.AFTER_STAGE, plan.epoch)
         t_run = time.monotonic()
-        publish(self.outputs, staged, plan.epoch, self.boundaries)
+        publish(self.outputs, staged, plan, self.boundaries)
         self.boundaries.reached(FaultPoint.AFTER_PUBLISH, plan.epoch)
         t_pub = time.monotonic()
         folded = fold(self.spec, self.ckpt, plan, last, staged, wall_s)
@@ -263,10 +281,15 @@ class Engine:
         shed = observe(self.controller, self.spec, plan, staged, folded, observed_ms, wall_s, cold=self._cold)
         self._cold = False
         done = commit(
-            self.ckpt, plan, staged, folded, self.controller.snapshot().model_dump(mode="json"), self.boundaries,
+            self.ckpt, plan, last, staged, folded, self.controller.snapshot().model_dump(mode="json"), self.boundaries,
             generation=self._generation, exclusive=self.lease is not None,
         )
         self.boundaries.reached(FaultPoint.AFTER_COMMIT, plan.epoch)
+        # upstream backup (Source.committed): what no later plan reads again; a correction
+        # re-reads from the last stable commit (eddyline.ha.dpc)
+        stable = done if not done.tentative else self.ckpt.read_commit(done.stable) if done.stable else None
+        for name, source in self.sources.items():
+            source.committed(stable.source_ends.get(name, 0) if stable else 0)
         t_commit = time.monotonic()
         if plan.epoch % self.retain_epochs == 0:
             self._start_cleanup(plan.epoch)
@@ -332,7 +355,12 @@ class Engine:
         import pyarrow as pa
 
         keep_from = epoch - self.retain_epochs + 1
-        commits = [c for c in self.ckpt.commits() if c.epoch >= keep_from]
+        every = self.ckpt.commits()
+        # a tentative stretch may outlast the retained epochs: its correction continues from
+        # the stable commit before it, which must stay (eddyline.ha.dpc)
+        anchors = [c.stable for c in every if c.epoch >= keep_from and c.tentative and c.stable is not None]
+        keep_from = min([keep_from, *anchors])
+        commits = [c for c in every if c.epoch >= keep_from]
         if not commits:
             return
         for s in self.spec.stateful_steps():

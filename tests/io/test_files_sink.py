@@ -9,6 +9,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from eddyline.api.units import Files
+from eddyline.errors import SinkError
 from eddyline.io.files import FilesTarget, write_frame
 
 
@@ -34,3 +35,45 @@ def test_staging_an_epoch_again_replaces_it(spark, tmp_path, fmt) -> None:
     target.publish(3)
     assert _rows(target.final(3), fmt) == [100, 101, 102, 103]
     assert not os.path.exists(staged)
+
+
+def _stage(target: FilesTarget, epoch: int, rows: int = 1) -> None:
+    """A staged epoch as a sink's job leaves it (one file), without Spark."""
+    os.makedirs(target.staging(epoch))
+    with open(f"{target.staging(epoch)}/part-0.json", "w") as f:
+        f.writelines(f'{{"id": {i}}}\n' for i in range(rows))
+
+
+def test_tentative_epochs_publish_apart_and_a_retraction_moves_them_to_the_corrections(tmp_path) -> None:
+    target = FilesTarget(Files(str(tmp_path / "out"), format="json"))
+    _stage(target, 1)
+    target.publish(1)
+    for epoch in (2, 3):
+        _stage(target, epoch)
+        target.publish(epoch, tentative=True)
+    out = tmp_path / "out"
+    assert sorted(os.listdir(out)) == ["_staging", "_tentative", "epoch=0000000001"]
+    assert sorted(os.listdir(out / "_tentative")) == ["epoch=0000000002", "epoch=0000000003"]
+    # readers of the directory see the stable epoch only
+    assert ds.dataset(str(out), format="json").to_table().num_rows == 1
+    target.retract([2, 3], 4)
+    target.retract([2, 3], 4)  # a replay of epoch 4 retracts again: nothing more happens
+    assert os.listdir(out / "_tentative") == []
+    retracted = out / "_corrections" / "epoch=0000000004" / "retracted"
+    assert sorted(os.listdir(retracted)) == ["epoch=0000000002", "epoch=0000000003"]
+    assert os.listdir(retracted / "epoch=0000000002") == ["part-0.json"]
+
+
+def test_a_driver_of_an_older_lease_generation_cannot_publish_after_a_newer_one(tmp_path) -> None:
+    old = FilesTarget(Files(str(tmp_path / "out"), format="json"), generation=1)
+    new = FilesTarget(Files(str(tmp_path / "out"), format="json"), generation=2)
+    _stage(old, 1)
+    old.publish(1)
+    _stage(new, 2)
+    new.publish(2)
+    _stage(old, 3)
+    with pytest.raises(SinkError, match="lease generation 2 publishes here now .* it was fenced"):
+        old.publish(3)
+    assert sorted(p for p in os.listdir(tmp_path / "out") if p.startswith("epoch=")) == [
+        "epoch=0000000001", "epoch=0000000002"]
+    assert (tmp_path / "out" / "_leader").read_text() == "2"

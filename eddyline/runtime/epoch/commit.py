@@ -13,12 +13,13 @@ from eddyline.runtime.faults import FaultPoint, Faults
 
 
 def commit(
-    ckpt: Checkpoint, plan: EpochPlan, staged: Staged, folded: Folded, control: dict[str, Any], faults: Faults,
-    *, generation: int = 0, exclusive: bool = False,
+    ckpt: Checkpoint, plan: EpochPlan, last: EpochCommit | None, staged: Staged, folded: Folded,
+    control: dict[str, Any], faults: Faults, *, generation: int = 0, exclusive: bool = False,
 ) -> EpochCommit:
-    """With ``exclusive`` (a driver under a lease), the commit is only created if the epoch has
-    none; if a driver that was fenced meanwhile committed the same logged plan first, its commit
-    stands (the plan's outputs and state files are the same) and is returned."""
+    """``last``: the commit the epoch continued from. With ``exclusive`` (a driver under a
+    lease), the commit is only created if the epoch has none; if a driver that was fenced
+    meanwhile committed the same logged plan first, its commit stands (the plan's outputs and
+    state files are the same) and is returned."""
     done = EpochCommit(
         epoch=plan.epoch,
         source_ends={n: s["end"] for n, s in plan.sources.items()},
@@ -29,8 +30,19 @@ def commit(
         tables=plan.tables,
         control=control,
         generation=generation,
+        tentative=plan.tentative,
+        stable=_stable_ancestor(plan, last),
     )
     if not ckpt.write_commit(done, before_rename=lambda: faults.reached(FaultPoint.MID_COMMIT, plan.epoch),
                              exclusive=exclusive):
         return ckpt.read_commit(plan.epoch)
     return done
+
+
+def _stable_ancestor(plan: EpochPlan, last: EpochCommit | None) -> int | None:
+    """For a tentative epoch, the last stable commit its state descends from (0: none)."""
+    if not plan.tentative:
+        return None
+    if last is None:
+        return 0
+    return last.stable if last.tentative else last.epoch

@@ -59,7 +59,8 @@ class Executor:
         for spec in self.spec.sinks:
             if spec.name not in self._opened:
                 self.outputs.sinks[spec.name].open(
-                    self.spec.name, self.checkpoint_id, frames.nodes[spec.input].schema
+                    self.spec.name, self.checkpoint_id, frames.nodes[spec.input].schema,
+                    tentative=self.spec.max_delay is not None,  # eddyline.ha.dpc may mark epochs
                 )
                 self._opened.add(spec.name)
         if before_jobs is not None:

@@ -16,6 +16,7 @@ receives what its ancestors flush.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,10 @@ from eddyline.api.network import NetworkSpec
 from eddyline.api.steps import StepSpec
 from eddyline.control import policies
 from eddyline.control.controller import Controller
+from eddyline.control.state import ControllerState
+from eddyline.errors import SourceUnreachable
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
+from eddyline.ha.dpc import DelayProcessCorrect, Verdict
 from eddyline.io.sources import Source
 from eddyline.io.tables import LookupTables
 from eddyline.plan.keygroups import RoutingTable
@@ -41,28 +45,61 @@ class Planner:
         controller: Controller,
         lookahead: LookAhead,
         tables: LookupTables,
+        read_commit: Callable[[int], EpochCommit] | None = None,
     ):
+        """``read_commit``: an earlier commit of the checkpoint (a correction continues from the
+        last stable one; needed with ``max_delay``)."""
         self.spec, self.sources, self.lanes = spec, sources, lanes
         self.controller, self.lookahead, self.tables = controller, lookahead, tables
         self.stateful = spec.stateful_steps()  # inputs before their readers
         self.upstream = {s.name: spec.stateful_upstream(s) for s in self.stateful}
+        self.read_commit = read_commit
+        self.dpc = DelayProcessCorrect(spec.max_delay / 1000) if spec.max_delay is not None else None
+        if self.dpc is not None:
+            for source in sources.values():
+                source.patience_s = 0.0  # one probe per plan: the planner itself waits
+        #: the sources the last call found down or the state lacks: the run is not idle while
+        #: there are any, even if nothing could be planned
+        self.waiting_for: list[str] = []
 
     def next(self, last: EpochCommit | None, elapsed_s: float, until_idle: bool) -> EpochPlan | None:
-        """The next epoch's plan, or None when there is nothing to do."""
+        """The next epoch's plan, or None when there is nothing to do (or, with ``max_delay``,
+        nothing to do yet: a source is down and the delay has not passed)."""
         epoch = last.epoch + 1 if last else 1
         ended = last is not None and last.end_of_stream
-        slices = self._slices(last, elapsed_s, ended)
+        slices, down = self._slices(last, elapsed_s, ended)
+        tentative: list[str] = []
+        base: int | None = None
+        retracts: list[int] = []
+        if self.dpc is not None and not ended:
+            missing = last.tentative if last else []
+            verdict = self.dpc.verdict(down, missing)
+            self.waiting_for = sorted({*down, *missing})
+            if verdict == Verdict.WAIT:
+                return None
+            if verdict == Verdict.TENTATIVE:
+                tentative = self.waiting_for
+            elif verdict == Verdict.CORRECT:
+                assert last is not None and last.stable is not None
+                stable = self._commit(last.stable)
+                slices, down = self._slices(stable, elapsed_s, False)
+                if down:  # gone again since the probe: correct once it answers
+                    return None
+                base, retracts = last.stable, list(range(last.stable + 1, last.epoch + 1))
+                last = stable
+                if last is not None and last.control:  # the controller goes back with the state
+                    self.controller.restore(ControllerState.model_validate(last.control))
         shed: dict[str, dict[str, Any]] = {}
         overload: dict[str, Any] | None = None
         if self.controller.overload is not None and not ended:
-            slices, shed, overload = self._admit(epoch, last, elapsed_s, slices)
+            slices, shed, overload = self._admit(epoch, last, elapsed_s, slices, down)
         new_rows = any(s["end"] > s["start"] for s in slices.values())
         watermarks = self._watermarks(last, flush=ended)
         moved = any(wm != _watermark(last, name) for name, wm in watermarks.items())
         has_state = last is not None and any(c.index for c in last.steps.values())
         end_of_stream = ended
-        if not new_rows and not (moved and has_state):
-            if ended or not (until_idle and has_state):
+        if not new_rows and not (moved and has_state) and not retracts:
+            if ended or not (until_idle and has_state) or tentative:
                 return None
             end_of_stream = True
             watermarks = self._watermarks(last, flush=True)
@@ -80,22 +117,37 @@ class Planner:
             decisions,
             shed,
             self.controller.snapshot(statistics=False).model_dump(mode="json"),
+            tentative=tentative,
+            base=base,
+            retracts=retracts,
         )
 
+    def _commit(self, epoch: int) -> EpochCommit | None:
+        """Commit ``epoch`` of the checkpoint (None for 0: the start)."""
+        if epoch == 0:
+            return None
+        assert self.read_commit is not None, "a planner with max_delay needs read_commit"
+        return self.read_commit(epoch)
+
     # ------------------------------------------------------------------ slices
-    def _slices(self, last: EpochCommit | None, elapsed_s: float, ended: bool) -> dict[str, dict[str, Any]]:
-        if not ended:
-            return {name: self._slice(name, last, elapsed_s) for name in self.sources}
-        assert last is not None  # sources read nothing more
-        return {
-            name: {
-                "start": last.source_ends.get(name, 0),
-                "end": last.source_ends.get(name, 0),
-                "files": [],
-                **({"cursor": last.cursors[name]} if name in last.cursors else {}),
-            }
-            for name in self.sources
-        }
+    def _slices(
+        self, last: EpochCommit | None, elapsed_s: float, ended: bool
+    ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """Every source's slice, and the sources that did not answer (with ``max_delay``: their
+        slices are empty; without, their error is raised)."""
+        if ended:  # sources read nothing more
+            return {name: _empty_slice(name, last) for name in self.sources}, []
+        slices: dict[str, dict[str, Any]] = {}
+        down: list[str] = []
+        for name in self.sources:
+            try:
+                slices[name] = self._slice(name, last, elapsed_s)
+            except SourceUnreachable:
+                if self.dpc is None:
+                    raise
+                down.append(name)
+                slices[name] = _empty_slice(name, last)
+        return slices, down
 
     def _slice(self, name: str, last: EpochCommit | None, elapsed_s: float, cap: int | None = None) -> dict[str, Any]:
         start = last.source_ends.get(name, 0) if last else 0
@@ -103,7 +155,8 @@ class Planner:
         return self.sources[name].plan(start, elapsed_s, cursor, cap=cap)
 
     def _admit(
-        self, epoch: int, last: EpochCommit | None, elapsed_s: float, slices: dict[str, dict[str, Any]]
+        self, epoch: int, last: EpochCommit | None, elapsed_s: float, slices: dict[str, dict[str, Any]],
+        down: list[str],
     ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], dict[str, Any] | None]:
         """Admission control and shedding: the overload controller may cap what a source reads
         (files are never capped: their slices are whole files) and shed rows before stateful
@@ -112,7 +165,7 @@ class Planner:
         assert overload is not None
         verdict = overload.plan(epoch, {n: s["end"] - s["start"] for n, s in slices.items()})
         for name, cap in verdict.caps.items():
-            if self.sources[name].spec.kind != "files":
+            if self.sources[name].spec.kind != "files" and name not in down:
                 slices[name] = self._slice(name, last, elapsed_s, cap)
         if not verdict.worth_reporting:  # also reported: when the bound cannot be met at all
             return slices, verdict.shed, None
@@ -200,6 +253,13 @@ class Planner:
                 return None
             node = up.input
         return node, tuple(keys)
+
+
+def _empty_slice(name: str, last: EpochCommit | None) -> dict[str, Any]:
+    """A slice that reads nothing and leaves the source where the commit left it."""
+    end = last.source_ends.get(name, 0) if last else 0
+    cursor = last.cursors.get(name) if last else None
+    return {"start": end, "end": end, "files": [], **({"cursor": cursor} if cursor is not None else {})}
 
 
 def _watermark(last: EpochCommit | None, step: str) -> int:

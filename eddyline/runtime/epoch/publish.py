@@ -1,6 +1,10 @@
 """Stage 4, publish: make the epoch's staged outputs visible, each atomically per epoch (a
 replay replaces an earlier attempt's). Nothing is committed yet: a crash after this stage
-replays the epoch, which publishes the very same outputs again."""
+replays the epoch, which publishes the very same outputs again.
+
+An epoch that corrects tentative ones (:mod:`eddyline.ha.dpc`) first retracts their outputs
+from every sink and files target, then publishes its own; a tentative epoch publishes its
+outputs marked tentative."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from dataclasses import dataclass
 
 from eddyline.io.files import FilesTarget
 from eddyline.io.sinks import Sink
-from eddyline.runtime.epoch.records import Staged
+from eddyline.runtime.epoch.records import EpochPlan, Staged
 from eddyline.runtime.faults import FaultPoint, Faults
 
 
@@ -23,12 +27,22 @@ class Outputs:
     shed: FilesTarget | None
 
 
-def publish(outputs: Outputs, staged: Staged, epoch: int, faults: Faults) -> None:
+    def targets(self) -> list[FilesTarget]:
+        return [self.dead_letters, *self.late.values(), *([self.shed] if self.shed is not None else [])]
+
+
+def publish(outputs: Outputs, staged: Staged, plan: EpochPlan, faults: Faults) -> None:
+    epoch, tentative = plan.epoch, bool(plan.tentative)
+    if plan.retracts:
+        for sink in outputs.sinks.values():
+            sink.retract(plan.retracts, epoch)
+        for target in outputs.targets():
+            target.retract(plan.retracts, epoch)
     for sink in outputs.sinks.values():
-        sink.publish(epoch, lambda: faults.reached(FaultPoint.MID_PUBLISH, epoch))
+        sink.publish(epoch, lambda: faults.reached(FaultPoint.MID_PUBLISH, epoch), tentative=tentative)
     if staged.dead_letters:
-        outputs.dead_letters.publish(epoch)
+        outputs.dead_letters.publish(epoch, tentative)
     for step in staged.late_steps:
-        outputs.late[step].publish(epoch)
+        outputs.late[step].publish(epoch, tentative)
     if outputs.shed is not None and staged.shed_rows:
-        outputs.shed.publish(epoch)
+        outputs.shed.publish(epoch, tentative)

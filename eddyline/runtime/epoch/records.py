@@ -36,6 +36,14 @@ class EpochPlan:
     control: dict[str, Any] = field(default_factory=dict)
     #: the lease generation of the driver that planned it (0: run without a lease)
     generation: int = 0
+    #: Delay-Process-Correct (:mod:`eddyline.ha.dpc`): the sources this epoch's state lacks
+    #: input from (their servers did not answer); its outputs are tentative. Empty: stable.
+    tentative: list[str] = field(default_factory=list)
+    #: the epoch of the commit this one continues from, when that is not the previous epoch
+    #: (a correction continues from the last stable commit; 0: from the very start)
+    base: int | None = None
+    #: the tentative epochs whose outputs this epoch takes back before it publishes its own
+    retracts: list[int] = field(default_factory=list)
     planned_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
@@ -96,6 +104,10 @@ class EpochCommit:
     control: dict[str, Any] = field(default_factory=dict)
     #: the lease generation of the driver that committed it (0: run without a lease)
     generation: int = 0
+    #: the sources this commit's state lacks input from (see :attr:`EpochPlan.tentative`)
+    tentative: list[str] = field(default_factory=list)
+    #: a tentative commit's last stable ancestor (0: none, the run started tentative)
+    stable: int | None = None
     committed_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:

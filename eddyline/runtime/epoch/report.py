@@ -98,6 +98,9 @@ def report(
     }
     if driver is not None:
         record["driver"] = driver
+    if plan.tentative or plan.retracts:  # Delay-Process-Correct (eddyline.ha.dpc)
+        record["tentative"] = plan.tentative  # its outputs lack these sources' input
+        record["retracts"] = plan.retracts  # the tentative epochs whose outputs it took back
     return ProgressRecord(record)
 
 

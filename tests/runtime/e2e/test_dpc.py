@@ -1,0 +1,261 @@
+"""Delay-Process-Correct with a real broker: bids come from local files and from a NATS stream;
+the NATS server is killed for longer than the network's ``max_delay`` and started again. The run
+goes on without it (tentative windows, published apart from the stable ones), and once the server
+is back it takes the tentative output back and recomputes: the stable output equals DuckDB's over
+every bid, as if the server had never been away."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import psycopg
+import pyarrow as pa
+import pytest
+
+from eddyline.api.validate import load_spec
+from eddyline.io.local import LocalNats
+from eddyline.io.natswire import NatsConnection, ensure_stream
+from eddyline.runtime.engine import Engine
+from eddyline.runtime.faults import FaultPoint
+
+from .helpers import T0
+
+pytestmark = pytest.mark.slow
+
+CHUNKS, PER_CHUNK = 10, 80  # per source: chunk k holds the bids of [20k s, 20(k+1) s)
+MAX_DELAY_S = 2.0
+
+
+def bids(seed: int) -> list[list[dict[str, Any]]]:
+    """Per chunk, in-order bids (no row is ever late, however the epochs cut the input)."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(CHUNKS):
+        out.append([
+            {"auction": rng.randint(0, 9), "price": rng.randint(0, 999),
+             "ts": (T0 + timedelta(milliseconds=k * 20_000 + i * (20_000 // PER_CHUNK))).isoformat().replace("+00:00", "Z")}
+            for i in range(PER_CHUNK)
+        ])
+    return out
+
+
+class Partition:
+    """The progress reporter of the run: kills the NATS server once epoch ``cut_after`` is
+    reported, and starts it again after ``tentative_epochs`` tentative epochs."""
+
+    console = None
+
+    def __init__(self, server: Any, cut_after: int, tentative_epochs: int):
+        self.server, self.cut_after, self.tentative_epochs = server, cut_after, tentative_epochs
+        self.records: list[dict[str, Any]] = []
+        self.cut_at = self.healed_at = 0.0
+        self.seen_tentative: list[list[str]] = []  # the tentative directories, while they are out
+
+    def report(self, record: dict[str, Any]) -> None:
+        record = {**record, "reportedAt": time.monotonic()}
+        self.records.append(record)
+        if record["batchId"] == self.cut_after and not self.cut_at:
+            self.server.kill()
+            self.cut_at = time.monotonic()
+        tentative = [r for r in self.records if r.get("tentative")]
+        if len(tentative) == self.tentative_epochs and not self.healed_at:
+            self.server.start()
+            self.healed_at = time.monotonic()
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAfterPublish:
+    """Stops the driver (an exception out of the run) once ``epoch`` published, before its commit."""
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+    def reached(self, point: FaultPoint, epoch: int) -> None:
+        if point == FaultPoint.AFTER_PUBLISH and epoch == self.epoch:
+            raise Crash(f"crashed after publishing epoch {epoch}")
+
+
+def network(files: Path, url: str, stream: str, out: Path, pg: str, table: str, bus: str) -> dict[str, Any]:
+    schema = "auction long, price long, ts timestamp"
+    return {
+        "name": "dpc-bids", "trigger": 0, "lanes": 2, "key_groups": 16, "max_delay": f"{MAX_DELAY_S}s",
+        "sources": [
+            {"name": "local", "files": {"path": str(files), "format": "json", "schema": schema, "max_files_per_epoch": 1}},
+            {"name": "remote", "max_rows_per_epoch": PER_CHUNK,
+             "nats": {"url": url, "stream": stream, "schema": schema, "wait": "20s"}},
+        ],
+        "steps": [
+            {"name": "all", "union": ["local", "remote"]},
+            {"name": "per_auction", "input": "all", "window_aggregate": {
+                "key": "auction", "time": "ts", "window": {"size": "20s"},
+                "aggregates": {"n": "count(*)", "total": "sum(price)"}, "watermark_delay": "1s"}},
+        ],
+        "sinks": [
+            {"name": "out", "input": "per_auction", "files": {"path": str(out), "format": "parquet"}},
+            {"name": "mem", "input": "per_auction", "memory": {}},
+            {"name": "db", "input": "per_auction",
+             "postgres": {"url": pg, "table": table, "mode": "upsert", "key": ["auction", "window_start"]}},
+            {"name": "bus", "input": "per_auction", "nats": {"url": bus, "stream": f"{stream}OUT", "subject": f"{stream}OUT.rows"}},
+        ],
+    }
+
+
+def bus_messages(url: str, stream: str) -> tuple[list[int], list[int], list[dict[str, Any]]]:
+    """The output stream read back: the epochs of tentative messages, the epochs retracted, and
+    the stable rows (window_start as epoch milliseconds)."""
+    import asyncio
+
+    import nats
+
+    async def read() -> list[Any]:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        sub = await js.subscribe(f"{stream}.rows", stream=stream, ordered_consumer=True)
+        got = []
+        while True:
+            try:
+                got.append(await sub.next_msg(timeout=2))
+            except nats.errors.TimeoutError:
+                break
+        await nc.close()
+        return got
+
+    marked, retracted, stable = [], [], []
+    for m in asyncio.run(read()):
+        headers = m.headers or {}
+        if "Eddyline-Retract" in headers:
+            retracted.append(int(headers["Eddyline-Retract"]))
+        elif headers.get("Eddyline-Tentative") == "true":
+            marked.append(int(headers["Eddyline-Epoch"]))
+        else:
+            row = json.loads(m.data)
+            stable.append({**row, "window_start": _millis(row["window_start"])})
+    return marked, retracted, stable
+
+
+def _millis(value: Any) -> int:
+    from datetime import datetime
+
+    return int(datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def oracle(rows: list[dict[str, Any]]) -> list[tuple]:
+    con = duckdb.connect()
+    con.register("bids", pa.Table.from_pylist(rows))
+    return con.execute(
+        "SELECT auction, epoch_ms(time_bucket(INTERVAL 20 seconds, ts::TIMESTAMP)), count(*), sum(price) "
+        "FROM bids GROUP BY ALL ORDER BY ALL"
+    ).fetchall()
+
+
+def windows(glob: str) -> list[tuple]:
+    return duckdb.connect().execute(
+        f"SELECT auction, epoch_ms(window_start), n, total FROM read_parquet('{glob}') ORDER BY ALL"
+    ).fetchall()
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["straight", "crash-in-the-correction"])
+def test_a_partitioned_source_gives_tentative_windows_then_corrections_and_the_stable_output_of_an_unbroken_run(
+    spark, nats_server, postgres, tmp_path: Path, crash: bool
+) -> None:
+    """``crash``: the driver dies once the correcting epoch published (its retractions done,
+    nothing committed); the restarted one replays it from its stable base and retracts again."""
+    local, remote = bids(1), bids(2)
+    files = tmp_path / "in"
+    files.mkdir()
+    for k, chunk in enumerate(local):
+        (files / f"bids-{k:03d}.json").write_text("".join(json.dumps(b) + "\n" for b in chunk))
+    stream = f"DPC{uuid.uuid4().hex[:8]}"
+    conn = NatsConnection(nats_server.url)
+    ensure_stream(conn, stream, [f"{stream}.>"])
+    conn.publish([(f"{stream}.bid", None, json.dumps(b).encode()) for chunk in remote for b in chunk])
+    conn.close()
+
+    out = tmp_path / "out"
+    table = f"dpc_{uuid.uuid4().hex[:8]}"
+    bus = LocalNats().start()  # the output's broker is not the one that goes away
+    spec = load_spec(network(files, nats_server.url, stream, out, postgres.url, table, bus.url))
+    partition = Partition(nats_server, cut_after=3, tentative_epochs=3)
+    fixing = 3 + 3 + 1
+
+    def engine(crashing: bool = False) -> Engine:
+        return Engine(spec, spark, str(tmp_path / "ckpt"), reporter=partition,  # type: ignore[arg-type]
+                      faults=CrashAfterPublish(fixing) if crashing else None)
+
+    try:
+        first = engine(crash)
+        if crash:
+            with pytest.raises(Crash):
+                first.run(until_idle=True)
+            first = engine()
+        summary = first.run(until_idle=True)
+    except BaseException:
+        bus.stop()
+        raise
+    finally:
+        if nats_server.proc is None:
+            nats_server.start()
+    records = partition.records
+
+    # delay, then process: the first tentative epoch came once max_delay had passed, not before
+    tentative = [r for r in records if r.get("tentative")]
+    assert [r["tentative"] for r in tentative] == [["remote"]] * 3
+    delayed = tentative[0]["reportedAt"] - partition.cut_at
+    assert MAX_DELAY_S <= delayed < MAX_DELAY_S + 15, delayed
+    assert all(s["numInputRows"] == 0 for r in tentative for s in r["sources"] if s["description"] == "remote")
+
+    # correct: the next epoch continued from the stable commit before them and took them back
+    epochs = [r["batchId"] for r in tentative]
+    fix = next(r for r in records if r.get("retracts"))  # (the crashed attempt reported nothing)
+    assert fix["retracts"] == epochs and fix["batchId"] == epochs[-1] + 1 == fixing
+    assert not fix.get("tentative") and fix["replayed"] == crash
+    committed = json.loads((tmp_path / "ckpt" / "commits" / f"{epochs[0]:010d}.json").read_text())
+    assert committed["tentative"] == ["remote"] and committed["stable"] == epochs[0] - 1
+    remote_start = next(s for s in fix["sources"] if s["description"] == "remote")["startOffset"]
+    assert remote_start == 3 * PER_CHUNK  # where the last stable commit left the stream
+
+    # the tentative windows were published apart, then moved to the corrections of the fixing epoch
+    retracted = out / "_corrections" / f"epoch={fix['batchId']:010d}" / "retracted"
+    assert {p.name for p in retracted.iterdir()} <= {f"epoch={e:010d}" for e in epochs}
+    assert not (out / "_tentative").exists() or not any((out / "_tentative").iterdir())
+    tentative_rows = windows(f"{retracted}/*/*.parquet")
+    assert tentative_rows, "no tentative window was published"
+    # they counted the local bids only: each is below the complete window
+    expected = oracle([b for chunk in local + remote for b in chunk])
+    complete = {(a, w): (n, t) for a, w, n, t in expected}
+    assert all(n <= complete[(a, w)][0] for a, w, n, _ in tentative_rows)
+    assert any(n < complete[(a, w)][0] for a, w, n, _ in tentative_rows)
+
+    # the stable output is every bid's, from both sinks, each window once
+    assert windows(f"{out}/epoch=*/*.parquet") == expected
+    assert summary.late_rows == 0
+    # the database holds the same windows, none of them still marked tentative (upserts took the
+    # tentative values back to their before-images, then the stable epochs wrote the complete ones)
+    with psycopg.connect(postgres.url) as conn:
+        db = conn.execute(f"SELECT auction, window_start, n, total, tentative FROM {table} ORDER BY 1, 2").fetchall()
+    assert [(a, int(w.timestamp() * 1000), n, t) for a, w, n, t, _ in db] == expected
+    assert not any(row[-1] for row in db)
+    # the bus carried tentative messages, one retraction per tentative epoch, then the stable rows
+    try:
+        marked, retracted, stable = bus_messages(bus.url, f"{stream}OUT")
+    finally:
+        bus.stop()
+    assert marked and set(marked) <= set(epochs) and sorted(set(retracted)) == epochs
+    assert sorted((m["auction"], m["window_start"], m["n"], m["total"]) for m in stable) == [
+        (a, w, n, t) for a, w, n, t in expected]
+    if not crash:  # (the restarted driver's memory sink holds only what it published)
+        mem = first.sinks["mem"]
+        assert mem.tentative == set()  # type: ignore[attr-defined]
+        got = pa.concat_tables(mem.collected[e] for e in sorted(mem.collected))
+        assert sorted((r["auction"], int(r["window_start"].timestamp() * 1000), r["n"], r["total"])
+                      for r in got.to_pylist()) == expected
