@@ -10,6 +10,7 @@ what a static run on ``local[2]`` writes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -58,32 +59,77 @@ def alive_workers(ui_port: int) -> int:
         return 0
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """``spark://`` URL of a master with two 1-core workers; the workers' directory (one folder
-    per application and executor)."""
-    base = tmp_path_factory.mktemp("cluster")
-    port, ui, *worker_ui = free_ports(4)
-    env = {**os.environ, "SPARK_LOG_DIR": str(base), "SPARK_LOCAL_IP": "127.0.0.1"}
-    cmd = [spark_class()]
-    procs = [subprocess.Popen([*cmd, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
-                               str(port), "--webui-port", str(ui)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=(base / "master.log").open("w"))]
-    url = f"spark://127.0.0.1:{port}"
-    try:
-        for i in range(2):
-            procs.append(subprocess.Popen(
-                [*cmd, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "1", "--memory",
-                 "2g", "--webui-port", str(worker_ui[i]), "--work-dir", str(base / "work")],
-                env=env, stdout=subprocess.DEVNULL, stderr=(base / f"worker-{i}.log").open("w")))
-        deadline = time.monotonic() + 90
-        while alive_workers(ui) < 2:
-            assert time.monotonic() < deadline, (base / "master.log").read_text()[-2000:]
-            assert all(p.poll() is None for p in procs), "a cluster process exited"
+class Cluster:
+    """A standalone master and ``workers`` 1-core workers on 127.0.0.1, each a process of its own
+    (the fault matrix in ``bench/faults`` uses it too); :attr:`work` holds one folder per
+    application and executor."""
+
+    def __init__(self, base: Path, workers: int = 2):
+        self.base, self.work = base, base / "work"
+        self.port, self.ui = free_ports(2)
+        self.env = {**os.environ, "SPARK_LOG_DIR": str(base), "SPARK_LOCAL_IP": "127.0.0.1"}
+        self.master = subprocess.Popen(
+            [spark_class(), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port),
+             "--webui-port", str(self.ui)],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=(base / "master.log").open("w"))
+        self.workers: list[subprocess.Popen] = []
+        self.started = 0
+        try:
+            for _ in range(workers):
+                self.workers.append(self.start_worker())
+            self.wait_alive(workers)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    def start_worker(self) -> subprocess.Popen:
+        (ui,) = free_ports(1)
+        self.started += 1
+        return subprocess.Popen(
+            [spark_class(), "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1", "--cores", "1",
+             "--memory", "2g", "--webui-port", str(ui), "--work-dir", str(self.work)],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=(self.base / f"worker-{self.started}.log").open("w"))
+
+    def wait_alive(self, n: int, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while alive_workers(self.ui) < n:
+            assert time.monotonic() < deadline, (self.base / "master.log").read_text()[-2000:]
+            assert self.master.poll() is None and all(p.poll() is None for p in self.workers), "a cluster process exited"
             time.sleep(0.5)
-        yield url, base / "work"
-    finally:
-        for p in reversed(procs):
+
+    def kill_worker(self, i: int) -> list[int]:
+        """SIGKILL worker ``i`` with everything it started (its executor's JVM and Python
+        workers), as when its machine dies; start a fresh worker in its place (it registers
+        with the master, which may or may not give it an executor of the running application).
+        The pids killed."""
+        import psutil
+
+        victim = psutil.Process(self.workers[i].pid)
+        procs = [victim, *victim.children(recursive=True)]
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(procs, timeout=10)
+        self.workers[i].wait()
+        self.workers[i] = self.start_worker()
+        return [p.pid for p in procs]
+
+    def executors(self, i: int) -> list:
+        """The executor JVMs worker ``i`` runs (psutil processes)."""
+        import psutil
+
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return [p for p in psutil.Process(self.workers[i].pid).children(recursive=True)
+                    if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline())]
+        return []
+
+    def stop(self) -> None:
+        procs = [*reversed(self.workers), self.master]
+        for p in procs:
             p.terminate()
         for p in procs:
             try:
@@ -92,28 +138,52 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
                 p.kill()
 
 
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A master with two 1-core workers."""
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def static_run(spark, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The network's output from a static run on ``local[2]`` (in this process)."""
+    base = tmp_path_factory.mktemp("static")
+    Engine(load_spec(network(base / "ref")), spark, str(base / "ref-ckpt")).run(until_idle=True)
+    return base / "ref"
+
+
+def cli_run(spec: Path, ckpt: Path, master: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec), "--checkpoint", str(ckpt), "--until-idle",
+           "--no-live", "--master", master]
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}  # the executors reach the driver on loopback
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
 @pytest.mark.slow
 def test_moves_rescales_and_splits_on_a_two_worker_cluster_match_a_static_local_run(
-    spark, cluster: tuple[str, Path], tmp_path: Path
+    cluster: Cluster, static_run: Path, tmp_path: Path
 ) -> None:
-    url, work = cluster
-    Engine(load_spec(network(tmp_path / "ref")), spark, str(tmp_path / "ref-ckpt")).run(until_idle=True)
+    url, work = cluster.url, cluster.work
     spec_file = tmp_path / "net.yaml"
     spec_file.write_text(yaml.safe_dump(network(tmp_path / "out", CHURN)))
     ckpt = tmp_path / "ckpt"
-    cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec_file), "--checkpoint", str(ckpt), "--until-idle",
-           "--no-live", "--master", url]
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}  # the executors reach the driver on loopback
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    before = set(work.glob("app-*"))
+    done = cli_run(spec_file, ckpt, url)
+    _, err = done.communicate(timeout=600)
+    assert done.returncode == 0, err[-3000:]
 
     for what in ("windows", "firsts", "pairs"):
-        want = read(tmp_path / "ref", what)
+        want = read(static_run, what)
         assert len(want) > 100, what
         assert read(tmp_path / "out", what) == want, what
 
     # the application ran on both workers, and both executors ran tasks
-    executors = [d for d in work.glob("app-*/*") if d.is_dir()]
+    (app,) = set(work.glob("app-*")) - before
+    executors = [d for d in app.iterdir() if d.is_dir()]
     assert len(executors) == 2, executors
     for d in executors:
         assert "Running task" in (d / "stderr").read_text(), d
@@ -122,3 +192,33 @@ def test_moves_rescales_and_splits_on_a_two_worker_cluster_match_a_static_local_
     assert [p["routing"]["per_key"]["lanes"] for p in logged][2:4] == [3, 3]
     assert any(d["kind"] == "chaos" for p in logged for d in p["decisions"])
     assert any(p["routing"]["bids_in_auction"].get("spread") for p in logged)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_epoch_does_not_change_the_output(cluster: Cluster, static_run: Path, tmp_path: Path) -> None:
+    """SIGKILL one of the two workers (its JVM, its executor, their Python workers) once epoch 3's
+    plan is logged: Spark loses the executor's tasks and shuffle output and runs them again on
+    the other one; the lanes load their key groups' state from the checkpoint wherever they run,
+    so the output is the static local run's."""
+    spec_file = tmp_path / "net.yaml"
+    spec_file.write_text(yaml.safe_dump(network(tmp_path / "out", {"chaos": {"random_moves": 3, "seed": 11}})))
+    ckpt = tmp_path / "ckpt"
+    proc = cli_run(spec_file, ckpt, cluster.url)
+    try:
+        deadline = time.monotonic() + 180
+        while not (ckpt / "plans" / f"{3:010d}.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no epoch 3"
+            time.sleep(0.02)
+        assert cluster.executors(0), "worker 0 runs no executor"
+        killed_at = time.time()
+        cluster.kill_worker(0)
+        _, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    commit = json.loads((ckpt / "commits" / f"{3:010d}.json").read_text())
+    assert commit["committed_at"] > killed_at  # the kill came inside epoch 3
+    assert "Lost executor" in err or "ExecutorLost" in err, err[-3000:]
+    for what in ("windows", "firsts", "pairs"):
+        assert read(tmp_path / "out", what) == read(static_run, what), what

@@ -1,0 +1,397 @@
+"""The cells of the fault matrix: one fault applied to one run of the network of :mod:`.harness`,
+and what recovers from it. :func:`run_cell` runs a cell and verifies its sinks.
+
+A run is ``eddyline run --until-idle`` (the leader), as a user would start it. A fault from the
+outside comes once the leader has committed ``FAULT_AFTER`` epochs, as soon as the next epoch's
+plan is logged (so it lands inside an epoch); the test hooks ``--crash-at`` / ``--freeze-at``
+land exactly at a stage boundary of a chosen epoch. A driver that dies is started again with a
+plain ``eddyline run`` (it takes the lease at once); a frozen driver is replaced by a standby
+(``--standby``, started beside it and waiting) that takes over once the lease expires, and is
+woken afterwards: it must stop ("taken over") without writing anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .harness import (
+    MOVE_EVERY,
+    CellError,
+    Driver,
+    Outputs,
+    Servers,
+    Setup,
+    SinkCheck,
+    SinkRows,
+    Watch,
+    read_outputs,
+    verify,
+    wait_until,
+    write_spec,
+)
+
+#: outside faults come once this many epochs are committed
+FAULT_AFTER = 3
+#: the epoch a crash point inside a key-group move is aimed at (the relocation drill changes the
+#: routing every MOVE_EVERY epochs), and the epochs for the commit and publish points
+MOVE_EPOCH = 3 * MOVE_EVERY
+COMMIT_EPOCH = 8
+PUBLISH_EPOCH = 7
+#: how long a stopped or killed server stays away (below the sources' and sinks' retry budget)
+DOWN_S = 6.0
+#: the lease's timeout: a standby takes over this long after the leader's last renewal
+LEASE_S = 3.0
+
+
+@dataclass
+class Ctx:
+    """One cell's run: its directory, drivers, the checkpoint watch, when the fault began and
+    when what it took away was back."""
+
+    setup: Setup
+    servers: Servers
+    directory: Path
+    out: Outputs
+    master: str = "local[2]"
+    cluster: Any = None  # tests.runtime.e2e.test_cluster.Cluster, for the executor cell
+    drivers: list[Driver] = field(default_factory=list)
+    fault_at: float | None = None
+    back_at: float | None = None  # the server restarted / resumed; None: at once
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.spec = write_spec(self.directory / "net.yaml", self.setup, self.out)
+        self.ckpt = self.directory / "ckpt"
+        self.watch = Watch(self.ckpt)
+        self.watch.start()
+
+    def driver(self, name: str, *extra: str) -> Driver:
+        d = Driver(name, self.directory, self.spec, self.ckpt, self.master, LEASE_S, *extra)
+        self.drivers.append(d)
+        return d
+
+    def leader(self, *extra: str) -> Driver:
+        d = self.driver("leader", *extra)
+        wait_until(lambda: (self.ckpt / "lease").is_dir() and any((self.ckpt / "lease").iterdir()), 180,
+                   "the leader's lease", alive=lambda: d.proc.poll() is None)
+        return d
+
+    def mid_epoch(self, who: Driver) -> int:
+        """Wait until ``FAULT_AFTER`` epochs are committed and the next one's plan is logged."""
+        wait_until(lambda: self.watch.last_commit >= FAULT_AFTER, 300, f"commit {FAULT_AFTER}",
+                   alive=lambda: who.proc.poll() is None)
+        e = self.watch.last_commit + 1
+        wait_until(lambda: e in self.watch.plans, 60, f"epoch {e}'s plan", alive=lambda: who.proc.poll() is None)
+        return e
+
+    def fault(self) -> None:
+        self.fault_at = time.time()
+
+    def back(self) -> None:
+        self.back_at = time.time()
+
+    def died(self, d: Driver, timeout_s: float = 300) -> None:
+        wait_until(lambda: d.proc.poll() is not None, timeout_s, f"{d.name} to die")
+
+    def finish(self, timeout_s: float = 400) -> None:
+        deadline = time.monotonic() + timeout_s
+        for d in self.drivers:
+            try:
+                d.proc.wait(max(1.0, deadline - time.monotonic()))
+            except Exception:
+                self.problems.append(f"{d.name} still running after {timeout_s:.0f} s")
+
+    def expect(self, d: Driver, ok: Callable[[int | None, str], bool], what: str) -> None:
+        rc = d.proc.poll()
+        if not ok(rc, d.err()):
+            self.problems.append(f"{d.name}: expected {what}, got exit {rc}: {d.last_error()}")
+
+    def close(self) -> None:
+        for d in self.drivers:
+            if d.proc.poll() is None:
+                self.problems.append(f"{d.name} had to be killed")
+            d.end()
+        self.watch.stop()
+
+
+EXITED_0 = (lambda rc, err: rc == 0, "exit 0")
+KILLED = (lambda rc, err: rc == -signal.SIGKILL, "death by SIGKILL")
+FENCED = (lambda rc, err: rc not in (0, None) and "taken over" in err, "a non-zero exit saying it was taken over")
+TOOK_OVER = (lambda rc, err: rc == 0 and "lease generation 2" in err, "exit 0 under lease generation 2")
+
+
+# ---------------------------------------------------------------------------- the cells' runs
+
+
+def driver_kill(ctx: Ctx) -> None:
+    """SIGKILL to the leader inside an epoch, then ``eddyline run`` again."""
+    leader = ctx.leader()
+    e = ctx.mid_epoch(leader)
+    ctx.fault()
+    leader.signal(signal.SIGKILL)
+    ctx.died(leader)
+    again = ctx.driver("restarted")
+    ctx.notes.append(f"killed in epoch {e}")
+    ctx.finish()
+    ctx.expect(leader, *KILLED)
+    ctx.expect(again, *TOOK_OVER)
+
+
+def standby(ctx: Ctx) -> Driver:
+    """A ``--standby`` on the checkpoint, started now; not waited for."""
+    return ctx.driver("standby", "--standby")
+
+
+def fenced(ctx: Ctx, leader: Driver, standby: Driver) -> None:
+    """The leader is frozen (``ctx.fault_at`` set): the standby takes over once the lease has
+    expired; once it has committed, the leader (its whole process tree) is woken and must stop
+    without writing anything."""
+    wait_until(lambda: any(c["generation"] >= 2 for c in ctx.watch.commits.values()), 300,
+               "a commit by the standby", alive=lambda: standby.proc.poll() is None)
+    time.sleep(1.0)
+    signal_tree(leader, signal.SIGCONT)
+    ctx.finish()
+    ctx.expect(leader, *FENCED)
+    ctx.expect(standby, *TOOK_OVER)
+
+
+def signal_tree(d: Driver, sig: int) -> None:
+    """``sig`` to a driver and every process it started (the tree as last seen)."""
+    d.remember_tree()
+    for pid in [d.pid, *d.tree]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def driver_freeze(ctx: Ctx) -> None:
+    """SIGSTOP to the leader's whole process tree (its Python, its JVM, Spark's Python workers:
+    a paused machine) inside an epoch, past the lease; a standby takes over; then SIGCONT."""
+    leader = ctx.leader()
+    waiting = standby(ctx)
+    wait_until(lambda: "waiting for its lease to expire" in waiting.err(), 300, "the standby to wait",
+               alive=lambda: waiting.proc.poll() is None)
+    e = ctx.mid_epoch(leader)
+    ctx.fault()
+    signal_tree(leader, signal.SIGSTOP)
+    ctx.notes.append(f"frozen in epoch {e} ({1 + len(leader.tree)} processes)")
+    fenced(ctx, leader, waiting)
+
+
+def executor_kill(ctx: Ctx) -> None:
+    """On the two-worker standalone cluster: SIGKILL to a worker (its JVM, its executor's JVM and
+    Python workers) inside an epoch. A new worker is started in its place."""
+    cluster = ctx.cluster
+    leader = ctx.leader()
+    wait_until(lambda: len(list(cluster.work.glob("app-*/*/stderr"))) >= 2, 120, "two executors",
+               alive=lambda: leader.proc.poll() is None)
+    e = ctx.mid_epoch(leader)
+    ctx.fault()
+    had = len(cluster.executors(0))
+    killed = cluster.kill_worker(0)
+    ctx.notes.append(f"worker killed in epoch {e} ({len(killed)} processes, {had} executor JVM)")
+    ctx.finish()
+    ctx.expect(leader, *EXITED_0)
+    if "Lost executor" not in leader.err() and "ExecutorLost" not in leader.err():
+        ctx.notes.append("the driver's log does not show the executor lost")
+
+
+def server_fault(server: str, sig: int) -> Callable[[Ctx], None]:
+    """SIGKILL (then started again on the same port and store) or SIGSTOP (then SIGCONT) to the
+    NATS server or to every PostgreSQL process, for ``DOWN_S`` seconds inside an epoch."""
+
+    def run(ctx: Ctx) -> None:
+        s = ctx.servers
+        leader = ctx.leader()
+        e = ctx.mid_epoch(leader)
+        ctx.fault()
+        if server == "nats":
+            if sig == signal.SIGKILL:
+                s.nats.kill()
+            else:
+                s.nats.pause()
+        elif not s.pg_signal(sig):
+            raise CellError("no PostgreSQL process to signal")
+        time.sleep(DOWN_S)
+        if server == "nats":
+            if sig == signal.SIGKILL:
+                s.nats.start()
+            else:
+                s.nats.resume()
+        elif sig == signal.SIGKILL:
+            s.pg.restart()  # crash recovery from its WAL
+        else:
+            s.pg_signal(signal.SIGCONT)
+        ctx.back()
+        ctx.notes.append(f"in epoch {e}")
+        ctx.finish()
+        ctx.expect(leader, *EXITED_0)
+        retried = [x for x in leader.progress_records() for part in x.get("sources", []) + x.get("sinks", [])
+                   if part.get("retries", 0) > 0]
+        if not retried:
+            ctx.notes.append("no retry shown in the progress")
+
+    return run
+
+
+def point_crash(epoch: int, point: str) -> Callable[[Ctx], None]:
+    """``--crash-at EPOCH:POINT`` (SIGKILL there), then ``eddyline run`` again."""
+
+    def run(ctx: Ctx) -> None:
+        leader = ctx.leader("--crash-at", f"{epoch}:{point}")
+        ctx.died(leader)
+        ctx.fault()  # (when the harness saw it dead: a few ms after the point)
+        again = ctx.driver("restarted")
+        ctx.finish()
+        ctx.expect(leader, *KILLED)
+        ctx.expect(again, *TOOK_OVER)
+
+    return run
+
+
+def point_freeze(epoch: int, point: str) -> Callable[[Ctx], None]:
+    """``--freeze-at EPOCH:POINT`` (SIGSTOP to the driver's Python there) with a standby
+    started beside the leader: it takes over, then SIGCONT."""
+
+    def run(ctx: Ctx) -> None:
+        leader = ctx.leader("--freeze-at", f"{epoch}:{point}")
+        waiting = standby(ctx)
+        wait_until(leader.stopped, 300, "the leader to freeze", alive=lambda: leader.proc.poll() is None)
+        ctx.fault()
+        if "waiting for its lease to expire" not in waiting.err():
+            ctx.notes.append("the standby was not yet waiting when the leader froze")
+        fenced(ctx, leader, waiting)
+
+    return run
+
+
+# ---------------------------------------------------------------------------- the matrix
+
+
+@dataclass(frozen=True)
+class Cell:
+    target: str
+    mode: str
+    how: str
+    run: Callable[[Ctx], None]
+    cluster: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.target} × {self.mode}"
+
+
+KILL, STOP = "SIGKILL → restart", "SIGSTOP → SIGCONT"
+
+CELLS: list[Cell] = [
+    Cell("driver", KILL, "SIGKILL to the leader inside an epoch, then `eddyline run` again", driver_kill),
+    Cell("driver", STOP, f"SIGSTOP to the leader's process tree inside an epoch; a `--standby` takes over "
+         f"after the lease ({LEASE_S:.0f} s); SIGCONT: the old leader must stop, fenced", driver_freeze),
+    Cell("executor (2-worker cluster)", "SIGKILL", "SIGKILL to one of the two standalone workers with its executor "
+         "inside an epoch (a new worker is started)", executor_kill, cluster=True),
+    Cell("NATS server", KILL, f"SIGKILL inside an epoch, started again {DOWN_S:.0f} s later (same port and store)",
+         server_fault("nats", signal.SIGKILL)),
+    Cell("NATS server", STOP, f"SIGSTOP inside an epoch, SIGCONT {DOWN_S:.0f} s later",
+         server_fault("nats", signal.SIGSTOP)),
+    Cell("PostgreSQL", KILL, f"SIGKILL to every PostgreSQL process inside an epoch, started again {DOWN_S:.0f} s "
+         "later (crash recovery)", server_fault("pg", signal.SIGKILL)),
+    Cell("PostgreSQL", STOP, f"SIGSTOP to every PostgreSQL process inside an epoch, SIGCONT {DOWN_S:.0f} s later",
+         server_fault("pg", signal.SIGSTOP)),
+    Cell("key-group move", KILL, f"`--crash-at {MOVE_EPOCH}:in_task` (epoch {MOVE_EPOCH} moves 2 key groups; "
+         "a lane has written its state), then `eddyline run` again", point_crash(MOVE_EPOCH, "in_task")),
+    Cell("commit", KILL, f"`--crash-at {COMMIT_EPOCH}:mid_commit` (commit written, not yet in place), "
+         "then `eddyline run` again", point_crash(COMMIT_EPOCH, "mid_commit")),
+    Cell("commit", f"{STOP} (standby)", f"`--freeze-at {COMMIT_EPOCH}:mid_commit`; a `--standby` takes over; "
+         "SIGCONT: the old leader must not put its commit in place", point_freeze(COMMIT_EPOCH, "mid_commit")),
+    Cell("publish", KILL, f"`--crash-at {PUBLISH_EPOCH}:mid_publish` (a sink has published part of the epoch), "
+         "then `eddyline run` again", point_crash(PUBLISH_EPOCH, "mid_publish")),
+]
+
+#: rows of the issue's matrix that have no cell yet
+NOT_RUN = {"hot-standby replica": "hot standby: not built yet (a replica that runs the same epochs)"}
+
+
+@dataclass
+class Result:
+    target: str
+    mode: str
+    how: str
+    status: str  # pass | FAIL | error
+    checks: list[SinkCheck] = field(default_factory=list)
+    recovery_s: float | None = None
+    outage_s: float = 0.0
+    next_commit: int | None = None
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def lost(self) -> int:
+        return sum(c.lost for c in self.checks)
+
+    @property
+    def duplicated(self) -> int:
+        return sum(c.duplicated for c in self.checks)
+
+    @property
+    def identical(self) -> bool:
+        return bool(self.checks) and all(c.identical for c in self.checks)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Result:
+        return cls(d["target"], d["mode"], d["how"], d["status"], [SinkCheck(**c) for c in d["sinks"]],
+                   d["recovery_s"], d["outage_s"], d["next_commit"], d["notes"], d["seconds"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target, "mode": self.mode, "how": self.how, "status": self.status,
+            "lost": self.lost, "duplicated": self.duplicated, "identical": self.identical,
+            "recovery_s": self.recovery_s, "outage_s": round(self.outage_s, 2), "next_commit": self.next_commit,
+            "notes": self.notes, "seconds": round(self.seconds, 1), "sinks": [c.__dict__ for c in self.checks],
+        }
+
+
+def run_cell(c: Cell, setup: Setup, servers: Servers, directory: Path, reference: SinkRows | None,
+             expected: list, cluster: Any = None) -> Result:
+    """Run one cell in ``directory`` and verify every sink against the input and ``reference``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    name = "c" + "".join(ch for ch in directory.name.lower() if ch.isalnum())[:20]
+    ctx = Ctx(setup, servers, directory, Outputs(directory / "out", name),
+              master=cluster.url if c.cluster else "local[2]", cluster=cluster)
+    t0 = time.monotonic()
+    error = None
+    try:
+        c.run(ctx)
+    except CellError as e:
+        error = str(e)
+    except Exception as e:  # a bug of the harness: say so, go on with the next cell
+        error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+    finally:
+        ctx.close()
+        servers.heal()
+    result = Result(c.target, c.mode, c.how, "error" if error else "pass", seconds=time.monotonic() - t0,
+                    notes=list(ctx.notes))
+    if error:
+        result.notes.append(f"harness: {error}")
+        result.notes += [f"{d.name} exit {d.proc.poll()}: {d.last_error()}" for d in ctx.drivers]
+    result.checks = verify(read_outputs(setup, ctx.out), setup.n, expected, reference)
+    if ctx.fault_at is not None:
+        back = ctx.back_at or ctx.fault_at
+        result.outage_s = back - ctx.fault_at
+        nxt = ctx.watch.first_commit_after(back)
+        if nxt is not None:
+            result.next_commit, at = nxt
+            result.recovery_s = round(at - ctx.fault_at, 2)
+    if not any(v["end_of_stream"] for v in ctx.watch.commits.values()):
+        ctx.problems.append("the run never committed its end of stream")
+    if not error and (ctx.problems or not all(ch.ok for ch in result.checks)):
+        result.status = "FAIL"
+    result.notes.extend(ctx.problems)
+    return result
