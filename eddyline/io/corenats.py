@@ -55,22 +55,16 @@ from pydantic import Field, field_validator, model_validator
 from eddyline.api.registry import SOURCES
 from eddyline.api.units import ByteSize, Duration, Model, format_duration_ms
 from eddyline.errors import SourceError
-from eddyline.io.jetstream import NatsUrl, raw_batches, text_batches
+from eddyline.io.jetstream import MessageRanges, NatsUrl
 from eddyline.io.natswire import NatsUnreachable, Subscription, redact
-from eddyline.io.records import decode, split_decoded
 from eddyline.io.retry import FIRST_PAUSE_S, MAX_PAUSE_S, Health
-from eddyline.io.sources import BadCounter, Frames, Source, SourceKind
-from eddyline.io.textrecords import EXTRA_DDL, arrow_schema
+from eddyline.io.sources import SourceKind
 from eddyline.io.wal import WalError, WriteAheadLog, read_range
 from eddyline.storage import filesystem
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
     from eddyline.api.sources import SourceSpec
 
-#: a task reads at least this many records; fewer make one task
-MIN_PER_TASK = 20_000
 #: the most a receiving thread takes from its connection for one append (one fsync)
 BATCH_BYTES = 4 << 20
 
@@ -157,15 +151,13 @@ class _Receiver(threading.Thread):
         self._halt.set()
 
 
-class CoreNatsSource(Source):
+class CoreNatsSource(MessageRanges):
     def __init__(self, spec: SourceSpec):
         super().__init__(spec)
         self.wal: WriteAheadLog | None = None
         self.receiver: _Receiver | None = None
         self.directory: str | None = None
         self._committed = 0
-        #: records a Spark task reads at least (tests lower it to see several tasks read)
-        self.min_per_task = MIN_PER_TASK
 
     @property
     def params(self) -> CoreNatsIn:
@@ -265,37 +257,14 @@ class CoreNatsSource(Source):
             }
         return out
 
-    def _read(self, spark: SparkSession, planned: dict[str, Any], partitions: int, reader: Any, ddl: str) -> DataFrame | None:
-        """``reader`` run over the slice's sub-ranges, one per task; None for an empty slice."""
-        lo, hi = planned["start"] + 1, planned["end"] + 1  # offset n = record n read
-        if hi <= lo:
-            return None
+    @property
+    def origin(self) -> str:
+        return self.params.subject
+
+    def _fetcher(self, bounds: list[int]) -> Any:
         if self.directory is None:
             raise SourceError(f"source '{self.name}': not attached to a checkpoint, so it has no log to read")
-        tasks = max(1, min(partitions, -(-(hi - lo) // self.min_per_task)))
-        bounds = [lo + (hi - lo) * i // tasks for i in range(tasks + 1)]
-        fetch = functools.partial(wal_ranges, self.directory, bounds, self.name)
-        return spark.range(0, tasks, 1, tasks).mapInArrow(functools.partial(reader, fetch, self.params.subject), ddl)
-
-    def lines(self, spark: SparkSession, planned: dict[str, Any], partitions: int) -> DataFrame:
-        """The slice's messages as ``(file, line, raw)``: subject, record number, payload."""
-        df = self._read(spark, planned, partitions, raw_batches, "file string, line long, raw binary")
-        if df is None:
-            return spark.createDataFrame([], "file string, line long, raw string")
-        return df.selectExpr("file", "line", "CAST(raw AS STRING) AS raw")
-
-    def frames(
-        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
-    ) -> Frames:
-        p = self.params
-        schema = arrow_schema(p.schema_)
-        if schema is None:  # a schema Arrow's readers do not take: parsed in the JVM
-            return decode(spark, self.lines(spark, planned, partitions), p.format, p.schema_, self.name, count_bad)
-        ddl = f"{p.schema_}, {EXTRA_DDL}"
-        df = self._read(spark, planned, partitions, functools.partial(text_batches, p.format, schema), ddl)
-        if df is None:
-            df = spark.createDataFrame([], ddl)
-        return split_decoded(df, list(schema.arrow.names), self.name, count_bad)
+        return functools.partial(wal_ranges, self.directory, bounds, self.name)
 
 
 def wal_ranges(

@@ -141,7 +141,57 @@ class _Server:
             raise self.error(f"{self.what}: {e}") from e
 
 
-class NatsSource(Source):
+class MessageRanges(Source):
+    """A source whose offsets number messages (1, 2, 3, ...), one record each, that Spark's tasks
+    fetch themselves: an epoch's slice is split into sub-ranges, one per task (at least
+    :attr:`min_per_task` records each), decoded like files. A subclass says how a task fetches
+    a sub-range (:meth:`_fetcher`) and what names the messages' origin in dead letters."""
+
+    #: a task reads at least this many records; fewer make one task (tests lower it)
+    min_per_task = MIN_PER_TASK
+
+    def _fetcher(self, bounds: list[int]) -> Any:
+        """In a task, ``fetch(batches)``: the records of the sub-ranges whose numbers arrive in
+        ``batches`` (sub-range i is [bounds[i], bounds[i+1])), as chunks of (numbers, payloads)."""
+        raise NotImplementedError
+
+    @property
+    def origin(self) -> str:
+        """What dead letters name as the ``file`` of a record (a stream, a subject)."""
+        raise NotImplementedError
+
+    def _read(self, spark: SparkSession, planned: dict[str, Any], partitions: int, reader: Any, ddl: str) -> DataFrame | None:
+        """``reader`` run over the slice's sub-ranges, one per task; None for an empty slice."""
+        lo, hi = planned["start"] + 1, planned["end"] + 1  # offset n = message n read
+        if hi <= lo:
+            return None
+        tasks = max(1, min(partitions, -(-(hi - lo) // self.min_per_task)))
+        bounds = [lo + (hi - lo) * i // tasks for i in range(tasks + 1)]
+        fetch = self._fetcher(bounds)
+        return spark.range(0, tasks, 1, tasks).mapInArrow(functools.partial(reader, fetch, self.origin), ddl)
+
+    def lines(self, spark: SparkSession, planned: dict[str, Any], partitions: int) -> DataFrame:
+        """The slice's messages as ``(file, line, raw)``: origin, number, payload."""
+        df = self._read(spark, planned, partitions, raw_batches, "file string, line long, raw binary")
+        if df is None:
+            return spark.createDataFrame([], "file string, line long, raw string")
+        return df.selectExpr("file", "line", "CAST(raw AS STRING) AS raw")
+
+    def frames(
+        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
+    ) -> Frames:
+        p = self.spec.params
+        schema = arrow_schema(p.schema_)
+        if schema is None:  # a schema Arrow's readers do not take: parsed in the JVM
+            return decode(spark, self.lines(spark, planned, partitions), p.format, p.schema_, self.name, count_bad)
+        ddl = f"{p.schema_}, {EXTRA_DDL}"
+        df = self._read(spark, planned, partitions, functools.partial(text_batches, p.format, schema), ddl)
+        if df is None:
+            df = spark.createDataFrame([], ddl)
+        return split_decoded(df, list(schema.arrow.names), self.name, count_bad)
+
+
+class NatsSource(MessageRanges):
     def __init__(self, spec: SourceSpec):
         super().__init__(spec)
         p: NatsIn = spec.params
@@ -159,36 +209,13 @@ class NatsSource(Source):
                                 lambda message: SourceUnreachable(self.name, message))
         return int(info["state"]["last_seq"])
 
-    def _read(self, spark: SparkSession, planned: dict[str, Any], partitions: int, reader: Any, ddl: str) -> DataFrame | None:
-        """``reader`` run over the slice's sub-ranges, one per task; None for an empty slice."""
-        p = self.params
-        lo, hi = planned["start"] + 1, planned["end"] + 1  # offset n = sequence n read
-        if hi <= lo:
-            return None
-        tasks = max(1, min(partitions, -(-(hi - lo) // MIN_PER_TASK)))
-        bounds = [lo + (hi - lo) * i // tasks for i in range(tasks + 1)]
-        fetch = functools.partial(fetch_ranges, p.url, p.stream, p.subject, bounds, p.wait / 1000, self.name)
-        return spark.range(0, tasks, 1, tasks).mapInArrow(functools.partial(reader, fetch, p.stream), ddl)
+    @property
+    def origin(self) -> str:
+        return self.params.stream
 
-    def lines(self, spark: SparkSession, planned: dict[str, Any], partitions: int) -> DataFrame:
-        """The slice's messages as ``(file, line, raw)``: stream, sequence, payload."""
-        df = self._read(spark, planned, partitions, raw_batches, "file string, line long, raw binary")
-        if df is None:
-            return spark.createDataFrame([], "file string, line long, raw string")
-        return df.selectExpr("file", "line", "CAST(raw AS STRING) AS raw")
-
-    def frames(
-        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
-    ) -> Frames:
+    def _fetcher(self, bounds: list[int]) -> Any:
         p = self.params
-        schema = arrow_schema(p.schema_)
-        if schema is None:  # a schema Arrow's readers do not take: parsed in the JVM
-            return decode(spark, self.lines(spark, planned, partitions), p.format, p.schema_, self.name, count_bad)
-        ddl = f"{p.schema_}, {EXTRA_DDL}"
-        df = self._read(spark, planned, partitions, functools.partial(text_batches, p.format, schema), ddl)
-        if df is None:
-            df = spark.createDataFrame([], ddl)
-        return split_decoded(df, list(schema.arrow.names), self.name, count_bad)
+        return functools.partial(fetch_ranges, p.url, p.stream, p.subject, bounds, p.wait / 1000, self.name)
 
 
 def raw_batches(

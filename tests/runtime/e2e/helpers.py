@@ -11,6 +11,7 @@ import duckdb
 
 from eddyline.api.network import NetworkSpec
 from eddyline.api.validate import load_spec
+from eddyline.runtime.faults import FaultPoint
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 BIDS_DDL = "auction long, price long, ts timestamp"
@@ -79,3 +80,18 @@ def duckdb_windows(input_dir: Path, slide_ms: int = 5_000) -> list[tuple]:
         FROM w GROUP BY auction, ws ORDER BY ALL
         """
     ).fetchall()
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAfterPublish:
+    """Stops the driver (an exception out of the run) once ``epoch`` published, before its commit."""
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+    def reached(self, point: FaultPoint, epoch: int) -> None:
+        if point == FaultPoint.AFTER_PUBLISH and epoch == self.epoch:
+            raise Crash(f"crashed after publishing epoch {epoch}")

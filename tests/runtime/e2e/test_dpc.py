@@ -23,9 +23,8 @@ from eddyline.api.validate import load_spec
 from eddyline.io.local import LocalNats
 from eddyline.io.natswire import NatsConnection, ensure_stream
 from eddyline.runtime.engine import Engine
-from eddyline.runtime.faults import FaultPoint
 
-from .helpers import T0
+from .helpers import T0, Crash, CrashAfterPublish
 
 pytestmark = pytest.mark.slow
 
@@ -68,21 +67,6 @@ class Partition:
         if len(tentative) == self.tentative_epochs and not self.healed_at:
             self.server.start()
             self.healed_at = time.monotonic()
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAfterPublish:
-    """Stops the driver (an exception out of the run) once ``epoch`` published, before its commit."""
-
-    def __init__(self, epoch: int):
-        self.epoch = epoch
-
-    def reached(self, point: FaultPoint, epoch: int) -> None:
-        if point == FaultPoint.AFTER_PUBLISH and epoch == self.epoch:
-            raise Crash(f"crashed after publishing epoch {epoch}")
 
 
 def network(files: Path, url: str, stream: str, out: Path, pg: str, table: str, bus: str) -> dict[str, Any]:

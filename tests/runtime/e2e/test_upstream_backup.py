@@ -20,9 +20,8 @@ import pytest
 
 from eddyline.api.validate import load_spec
 from eddyline.runtime.engine import Engine
-from eddyline.runtime.faults import FaultPoint
 
-from .helpers import T0
+from .helpers import T0, Crash, CrashAfterPublish
 
 pytestmark = pytest.mark.slow
 
@@ -84,19 +83,6 @@ class Feed:
     def report(self, record: dict[str, Any]) -> None:
         self.records.append(record)
         self.feed()
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAfterPublish:
-    def __init__(self, epoch: int):
-        self.epoch = epoch
-
-    def reached(self, point: FaultPoint, epoch: int) -> None:
-        if point == FaultPoint.AFTER_PUBLISH and epoch == self.epoch:
-            raise Crash(f"crashed after publishing epoch {epoch}")
 
 
 def test_a_core_subject_kept_in_the_log_is_replayed_after_a_crash_and_nothing_is_lost_or_doubled(
