@@ -109,16 +109,22 @@ def run(
         help="wait until the driver holding the checkpoint's lease stops renewing it, then take over")] = False,
     lease_timeout: Annotated[float, typer.Option(
         help="seconds without a renewal after which a driver's lease is free", min=0.5)] = 5.0,
+    hot: Annotated[str | None, typer.Option(
+        help="a hot pair's group directory: the first driver in it leads, the other runs every epoch too "
+             "(each with its own --checkpoint) and takes over at once when the leader dies")] = None,
     crash_at: Annotated[str | None, typer.Option(hidden=True, help="test hook: EPOCH:POINT")] = None,
     freeze_at: Annotated[str | None, typer.Option(hidden=True, help="test hook: SIGSTOP at EPOCH:POINT")] = None,
+    rehearse: Annotated[bool, typer.Option(
+        hidden=True, help="a standby rehearses the next epoch while it waits (off: measure a cold takeover)")] = True,
 ) -> None:
     """Run a network in epochs until --epochs / --duration / --until-idle (or Ctrl-C).
 
     A driver holds the checkpoint's lease while it runs (local or mounted checkpoints). Without
     --standby it takes the lease at once: a driver still running on the checkpoint is fenced
-    (it stops before its next visible step). With --standby it waits for the lease to expire."""
+    (it stops before its next visible step). With --standby it waits for the lease to expire,
+    having rehearsed the next epoch (writing only to a scratch directory) so that it leads warm."""
     _run(spec, checkpoint, epochs, duration, until_idle, lanes, progress_json, live, master, crash_at,
-         standby, lease_timeout, freeze_at)
+         standby, lease_timeout, freeze_at, rehearse, hot=hot)
 
 
 def _run(
@@ -135,6 +141,8 @@ def _run(
     standby: bool = False,
     lease_timeout: float = 5.0,
     freeze_at: str | None = None,
+    rehearse: bool = True,
+    hot: str | None = None,
 ) -> None:
     from eddyline.facade import validate as analyze
     from eddyline.observe.progress import ProgressReporter
@@ -156,11 +164,15 @@ def _run(
         analyze(net, session)
         signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
-        lease = _lease(checkpoint, standby, lease_timeout, lambda: stop["now"])
-        if lease is None and standby:
-            return
+        pair = _pair(hot, checkpoint, standby, lease_timeout) if hot is not None else None
+        lease = _lease(checkpoint, standby, lease_timeout) if pair is None else pair.lease if pair.lease.generation else None
         with ProgressReporter(live=live and sys.stderr.isatty(), json_path=progress_json) as reporter:
-            engine = Engine(net, session, checkpoint, lanes=lanes, reporter=reporter, faults=faults, lease=lease)
+            # built before the lease is ours (it reads the checkpoint only once it runs), so a
+            # standby can rehearse with it while it waits
+            engine = Engine(net, session, checkpoint, lanes=lanes, reporter=reporter, faults=faults, lease=lease,
+                            pair=pair)
+            if pair is None and lease is not None and not _take(lease, engine, standby, rehearse, lambda: stop["now"]):
+                return  # a standby stopped before it could take over
             summary = engine.run(
                 epochs=epochs, duration_s=duration, until_idle=until_idle, should_stop=lambda: stop["now"]
             )
@@ -174,32 +186,63 @@ def _run(
     )
 
 
-def _lease(checkpoint: str, standby: bool, timeout_s: float, stopped: Callable[[], bool]):  # noqa: ANN202
-    """The checkpoint's lease, taken (None: an object-store checkpoint, which has none, or a
-    standby stopped before it could take over)."""
+def _lease(checkpoint: str, standby: bool, timeout_s: float):  # noqa: ANN202
+    """The checkpoint's lease, not yet taken (None: an object-store checkpoint, which has none)."""
     from eddyline.ha.lease import Lease
 
     try:
-        lease = Lease(checkpoint, timeout_s=timeout_s)
+        return Lease(checkpoint, timeout_s=timeout_s)
     except CheckpointError:  # an object-store checkpoint: no lease, so no standby either
         if standby:
             raise
         return None
-    if standby:
+
+
+def _take(lease, engine, standby: bool, rehearse: bool, stopped: Callable[[], bool]) -> bool:  # noqa: ANN001
+    """Take the lease: at once, fencing whoever holds it; or as a standby once its holder let it
+    expire, first rehearsing ``engine``'s next epoch and keeping Spark's Python workers alive
+    while it waits. False: stopped before it could."""
+    if not standby:
+        while not lease.try_acquire(force=True):  # another driver took this generation: the next
+            pass
+    elif not lease.try_acquire():  # nobody leads: no time to rehearse
+        from eddyline.runtime.warmup import Standby
+
+        ready = Standby(engine) if rehearse else None
+        if ready is not None:
+            err.print(f"standby ready: {ready.rehearse().describe()}", highlight=False)
         shown: set[int] = set()
 
         def waiting(cur) -> None:  # noqa: ANN001
             if cur.generation not in shown:
                 shown.add(cur.generation)
                 err.print(f"standby: {cur.holder} leads (generation {cur.generation}); waiting for its lease to expire")
+            if ready is not None:
+                ready.keep_warm()
 
-        if not lease.acquire(should_stop=stopped, on_wait=waiting):
-            return None
-    else:
-        while not lease.try_acquire(force=True):  # another driver took this generation: the next
-            pass
+        # polled every 0.1 s (reading two small files): the lease's own default, up to 0.5 s,
+        # would add half of that to a takeover on average
+        if not lease.acquire(poll_s=0.1, should_stop=stopped, on_wait=waiting):
+            return False
     err.print(f"leading as {lease.holder} (lease generation {lease.generation})")
-    return lease
+    return True
+
+
+def _pair(group: str, checkpoint: str, standby: bool, timeout_s: float):  # noqa: ANN202
+    """This driver's side of a hot pair: leading if it could take the group's lease, else
+    following its holder (see eddyline.runtime.replica)."""
+    from eddyline.runtime.replica import HotPair
+
+    if standby:
+        raise SpecError("--hot and --standby: choose one (a hot follower is a standby that runs every epoch)")
+    pair = HotPair(group, checkpoint, timeout_s=timeout_s)
+    if pair.lease.try_acquire():
+        err.print(f"leading as {pair.lease.holder} (hot group {group}, lease generation {pair.lease.generation})")
+    else:
+        cur = pair.leader()
+        err.print(f"following {cur.holder if cur else 'the leader'} (hot group {group}): running its epochs "
+                  f"with checkpoint {checkpoint}, ready to take over")
+    return pair
 
 
 def _target(to: str) -> tuple[str, str]:
