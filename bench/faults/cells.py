@@ -8,6 +8,10 @@ land exactly at a stage boundary of a chosen epoch. A driver that dies is starte
 plain ``eddyline run`` (it takes the lease at once); a frozen driver is replaced by a standby
 (``--standby``, started beside it and waiting) that takes over once the lease expires, and is
 woken afterwards: it must stop ("taken over") without writing anything.
+
+The hot cells run a hot pair (``eddyline run --hot GROUP``, each driver on a checkpoint of its
+own: the leader's is the cell's ``ckpt``, the follower's ``ckpt-b``) and apply the fault once the
+follower has caught up and the leader has committed once more.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ class Ctx:
     master: str = "local[2]"
     cluster: Any = None  # tests.runtime.e2e.test_cluster.Cluster, for the executor cell
     drivers: list[Driver] = field(default_factory=list)
+    watches: list[Watch] = field(default_factory=list)  # of other checkpoints (a hot pair's follower)
+    timed: Watch | None = None  # the checkpoint whose commits time the recovery (None: ``ckpt``'s)
     fault_at: float | None = None
     back_at: float | None = None  # the server restarted / resumed; None: at once
     notes: list[str] = field(default_factory=list)
@@ -74,8 +80,8 @@ class Ctx:
         self.watch = Watch(self.ckpt)
         self.watch.start()
 
-    def driver(self, name: str, *extra: str) -> Driver:
-        d = Driver(name, self.directory, self.spec, self.ckpt, self.master, LEASE_S, *extra)
+    def driver(self, name: str, *extra: str, ckpt: Path | None = None) -> Driver:
+        d = Driver(name, self.directory, self.spec, ckpt or self.ckpt, self.master, LEASE_S, *extra)
         self.drivers.append(d)
         return d
 
@@ -92,6 +98,12 @@ class Ctx:
         e = self.watch.last_commit + 1
         wait_until(lambda: e in self.watch.plans, 60, f"epoch {e}'s plan", alive=lambda: who.proc.poll() is None)
         return e
+
+    def watch_also(self, ckpt: Path) -> Watch:
+        w = Watch(ckpt)
+        w.start()
+        self.watches.append(w)
+        return w
 
     def fault(self) -> None:
         self.fault_at = time.time()
@@ -120,7 +132,8 @@ class Ctx:
             if d.proc.poll() is None:
                 self.problems.append(f"{d.name} had to be killed")
             d.end()
-        self.watch.stop()
+        for w in [self.watch, *self.watches]:
+            w.stop()
 
 
 EXITED_0 = (lambda rc, err: rc == 0, "exit 0")
@@ -273,6 +286,115 @@ def point_freeze(epoch: int, point: str) -> Callable[[Ctx], None]:
     return run
 
 
+def hot_pair(ctx: Ctx) -> tuple[Driver, Driver, Watch]:
+    """A leader and a follower of a hot pair; returns once the follower has caught up (at most
+    one epoch behind, ``FAULT_AFTER`` epochs committed) and the leader has committed once more,
+    as the leader's next plan is logged (so a fault lands inside an epoch). Also the follower's
+    checkpoint's watch."""
+    group = ctx.directory / "group"
+    leader = ctx.driver("leader", "--hot", str(group))
+    wait_until(lambda: "leading as" in leader.err(), 180, "the leader to lead", alive=lambda: leader.proc.poll() is None)
+    fw = ctx.watch_also(ctx.directory / "ckpt-b")
+    follower = ctx.driver("follower", "--hot", str(group), ckpt=ctx.directory / "ckpt-b")
+
+    def both() -> bool:
+        return leader.proc.poll() is None and follower.proc.poll() is None
+
+    wait_until(lambda: "following" in follower.err(), 180, "the follower to follow", alive=both)
+    lw = ctx.watch
+    wait_until(lambda: fw.last_commit >= FAULT_AFTER and fw.last_commit >= lw.last_commit - 1, 300,
+               "the follower to catch up", alive=both)
+    led = lw.last_commit
+    wait_until(lambda: lw.last_commit > led, 120, "one more commit of the leader", alive=both)
+    e = lw.last_commit + 1
+    wait_until(lambda: e in lw.plans, 60, f"the leader's plan of epoch {e}", alive=both)
+    if any(c["end_of_stream"] for c in lw.commits.values()):
+        raise CellError("the leader reached the end of the stream before the fault")
+    ctx.notes.append(f"in the leader's epoch {e} (follower at commit {fw.last_commit})")
+    return leader, follower, fw
+
+
+def output_times(ctx: Ctx) -> list[float]:
+    """When each files sink's epoch was written (its directory's last change, just before its publish)."""
+    return sorted(p.stat().st_mtime for kind in ("raw", "win") for p in (ctx.out.directory / kind).glob("epoch=*"))
+
+
+def held(w: Watch, after: float) -> str:
+    """The longest a leader waited between a commit (from ``after`` on) and its next plan: it
+    waits there for a live follower two epochs behind (unheld, the next plan follows at once)."""
+    waits = [(w.plans[e + 1] - c["at"], e) for e, c in w.commits.items() if c["at"] > after and e + 1 in w.plans]
+    if not waits:
+        return "–"
+    wait, e = max(waits)
+    return f"{max(0.0, wait):.1f} s (before epoch {e + 1})"
+
+
+def hot_leader_kill(ctx: Ctx) -> None:
+    """SIGKILL to the leader's process tree once the follower has caught up: the follower takes
+    the lease over and leads on from its own checkpoint."""
+    leader, follower, fw = hot_pair(ctx)
+    ctx.timed = fw
+    ctx.fault()
+    signal_tree(leader, signal.SIGKILL)
+    ctx.died(leader)
+    ctx.finish()
+    ctx.expect(leader, *KILLED)
+    ctx.expect(follower, *EXITED_0)
+    assert ctx.fault_at is not None
+    own = sorted((c["at"], e) for e, c in fw.commits.items() if c["generation"] >= 2)
+    if own:
+        ctx.notes.append(f"the follower's first epoch under its own lease: {own[0][1]}, "
+                         f"{own[0][0] - ctx.fault_at:.1f} s after the kill")
+    else:
+        ctx.problems.append("no commit of the follower under lease generation 2")
+    times = output_times(ctx)
+    before = [t for t in times if t < ctx.fault_at]
+    after = [t for t in times if t >= ctx.fault_at]
+    if before and after:
+        ctx.notes.append(f"output gap {after[0] - before[-1]:.1f} s (files sinks; first output "
+                         f"{after[0] - ctx.fault_at:.1f} s after the kill)")
+
+
+def hot_follower_kill(ctx: Ctx) -> None:
+    """SIGKILL to the follower's process tree: the leader stops waiting for it once its
+    heartbeat is older than the lease timeout, and goes on."""
+    leader, follower, _ = hot_pair(ctx)
+    ctx.fault()
+    signal_tree(follower, signal.SIGKILL)
+    ctx.died(follower)
+    ctx.finish()
+    ctx.expect(follower, *KILLED)
+    ctx.expect(leader, *EXITED_0)
+    assert ctx.fault_at is not None
+    ctx.notes.append(f"the leader's longest wait to plan after the kill: {held(ctx.watch, ctx.fault_at)}")
+
+
+def hot_follower_freeze(ctx: Ctx) -> None:
+    """SIGSTOP to the follower's process tree for ``DOWN_S`` (past the lease timeout), then
+    SIGCONT: the leader goes on meanwhile; the follower catches up or, further behind than the
+    leader keeps plans, stops saying so."""
+    leader, follower, fw = hot_pair(ctx)
+    ctx.fault()
+    signal_tree(follower, signal.SIGSTOP)
+    at, had = fw.last_commit, ctx.watch.last_commit
+    time.sleep(DOWN_S)
+    signal_tree(follower, signal.SIGCONT)
+    ctx.notes.append(f"follower frozen {DOWN_S:.0f} s at commit {at} ({1 + len(follower.tree)} processes); the "
+                     f"leader went from commit {had} to {ctx.watch.last_commit} meanwhile")
+    ctx.finish()
+    ctx.expect(leader, *EXITED_0)
+    rc = follower.proc.poll()
+    if rc == 0:
+        ctx.notes.append(f"the follower caught up and ended (exit 0) at commit {fw.last_commit}")
+    elif "no longer keeps the plan" in follower.err():
+        ctx.notes.append(f"the follower stopped, too far behind (exit {rc}): {follower.last_error()}")
+    else:
+        ctx.problems.append(f"follower: expected exit 0 or 'no longer keeps the plan', got exit {rc}: "
+                            f"{follower.last_error()}")
+    assert ctx.fault_at is not None
+    ctx.notes.append(f"the leader's longest wait to plan after the freeze: {held(ctx.watch, ctx.fault_at)}")
+
+
 # ---------------------------------------------------------------------------- the matrix
 
 
@@ -313,10 +435,18 @@ CELLS: list[Cell] = [
          "SIGCONT: the old leader must not put its commit in place", point_freeze(COMMIT_EPOCH, "mid_commit")),
     Cell("publish", KILL, f"`--crash-at {PUBLISH_EPOCH}:mid_publish` (a sink has published part of the epoch), "
          "then `eddyline run` again", point_crash(PUBLISH_EPOCH, "mid_publish")),
+    Cell("hot leader", "SIGKILL (follower takes over)", "a hot pair (`--hot`, a checkpoint each); once the follower "
+         "has caught up, SIGKILL to the leader's process tree inside an epoch; the follower takes the lease over "
+         "(timed to the follower's next commit)", hot_leader_kill),
+    Cell("hot follower (replica)", "SIGKILL", "a hot pair; once the follower has caught up, SIGKILL to its process "
+         "tree; the leader must go on (timed to the leader's next commit)", hot_follower_kill),
+    Cell("hot follower (replica)", STOP, f"a hot pair; once the follower has caught up, SIGSTOP to its process tree "
+         f"for {DOWN_S:.0f} s (past the {LEASE_S:.0f} s lease), then SIGCONT; the leader must go on, the follower "
+         "catch up or stop saying it is too far behind", hot_follower_freeze),
 ]
 
 #: rows of the issue's matrix that have no cell yet
-NOT_RUN = {"hot-standby replica": "hot standby: not built yet (a replica that runs the same epochs)"}
+NOT_RUN: dict[str, str] = {}
 
 
 @dataclass
@@ -385,11 +515,11 @@ def run_cell(c: Cell, setup: Setup, servers: Servers, directory: Path, reference
     if ctx.fault_at is not None:
         back = ctx.back_at or ctx.fault_at
         result.outage_s = back - ctx.fault_at
-        nxt = ctx.watch.first_commit_after(back)
+        nxt = (ctx.timed or ctx.watch).first_commit_after(back)
         if nxt is not None:
             result.next_commit, at = nxt
             result.recovery_s = round(at - ctx.fault_at, 2)
-    if not any(v["end_of_stream"] for v in ctx.watch.commits.values()):
+    if not any(v["end_of_stream"] for w in [ctx.watch, *ctx.watches] for v in w.commits.values()):
         ctx.problems.append("the run never committed its end of stream")
     if not error and (ctx.problems or not all(ch.ok for ch in result.checks)):
         result.status = "FAIL"

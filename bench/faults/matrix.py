@@ -9,7 +9,7 @@ cluster of ``tests/runtime/e2e/test_cluster.py``.
 
 Usage::
 
-    ./dev.sh bench bench/faults/matrix.py                  # every cell (~25 min on 2 cores)
+    ./dev.sh bench bench/faults/matrix.py                  # every cell (~30 min on 2 cores)
     python bench/faults/matrix.py --only driver,commit     # the cells whose fault names contain these
     python bench/faults/matrix.py --keep /tmp/fm --no-write
 
@@ -101,7 +101,7 @@ def table(results: list[Result]) -> str:
 def write_results(results: list[Result], meta: dict[str, Any]) -> None:
     """Replace the table between the markers of the "Fault matrix" section of RESULTS.md."""
     block = (f"{TABLE[0]}\nRun {meta['when'][:16]} UTC (commit `{meta['commit']}`{meta['dirty']}), "
-             f"{meta['n']:,} records, {meta['cells_seconds'] / 60:.0f} min for {len(results)} cells; the "
+             f"{meta['n']:,} records, {meta['cells_seconds'] / 60:.0f} min for {meta.get('cells_run', len(results))} cells; the "
              f"reference run: {meta['reference']['epochs']} epochs, a commit every "
              f"{meta['reference']['median_commit_gap_s']} s (median)."
              + "".join(f" Run again {r['when'][:16]} UTC: {', '.join(r['cells'])}." for r in meta.get("reruns", []))
@@ -114,14 +114,20 @@ def write_results(results: list[Result], meta: dict[str, Any]) -> None:
 
 
 def merge(results: list[Result], meta: dict[str, Any]) -> None:
-    """Cells run again replace the same cells of the last full run (each noted as a rerun)."""
+    """Cells run again replace the same cells of the last full run (each noted as a rerun); cells
+    it did not have are added at the end."""
     last = json.loads(JSON_OUT.read_text())
+    last.setdefault("cells_run", len(last["cells"]))  # by the full run (cells added since are reruns')
     again = {(r.target, r.mode): r for r in results}
+    had = {(c["target"], c["mode"]) for c in last["cells"]}
     for r in results:
-        r.notes.insert(0, f"rerun {meta['when'][:16]} UTC (its own reference run)")
+        r.notes.insert(0, f"{'rerun' if (r.target, r.mode) in had else 'run'} {meta['when'][:16]} UTC "
+                          "(its own reference run)")
     cells = [again[(c["target"], c["mode"])].to_json() if (c["target"], c["mode"]) in again else c
              for c in last["cells"]]
+    cells += [r.to_json() for r in results if (r.target, r.mode) not in had]
     last["cells"] = cells
+    last["not_run"] = NOT_RUN
     last.setdefault("reruns", []).append({k: meta[k] for k in ("when", "commit", "dirty", "reference")}
                                          | {"cells": [f"{r.target} × {r.mode}" for r in results]})
     JSON_OUT.write_text(json.dumps(last, indent=1) + "\n")

@@ -46,6 +46,8 @@ class Holding:
     holder: str
     acquired_at: float
     expires_at: float
+    #: what the holder said about itself when it took the lease (a hot pair: its checkpoint)
+    info: dict | None = None
 
 
 def holder_name() -> str:
@@ -55,7 +57,9 @@ def holder_name() -> str:
 
 class Lease:
     def __init__(self, checkpoint: str, *, timeout_s: float = 5.0, holder: str | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, info: dict | None = None):
+        """``info``: written with the holder when it takes the lease, for the others to read
+        (:attr:`Holding.info`)."""
         if "://" in checkpoint and not checkpoint.startswith("file://"):
             raise CheckpointError(
                 f"checkpoint {checkpoint!r}: a lease needs a local or mounted path (files are created "
@@ -65,6 +69,7 @@ class Lease:
         self.dir = os.path.join(os.path.abspath(base), "lease")
         self.timeout_s, self.clock = timeout_s, clock
         self.holder = holder or holder_name()
+        self.info = info
         self.generation: int | None = None  # ours, once acquired
         self.acquired_at: float | None = None
         self._thread: threading.Thread | None = None
@@ -93,7 +98,7 @@ class Lease:
                 expires = float(json.load(f)["expires_at"])
         except (FileNotFoundError, ValueError, KeyError):
             expires = float(info["acquired_at"]) + self.timeout_s
-        return Holding(g, str(info["holder"]), float(info["acquired_at"]), expires)
+        return Holding(g, str(info["holder"]), float(info["acquired_at"]), expires, info.get("info"))
 
     def _path(self, generation: int, kind: str) -> str:
         return os.path.join(self.dir, f"{generation:010d}.{kind}")
@@ -108,7 +113,7 @@ class Lease:
             return False
         g = (cur.generation if cur is not None else 0) + 1
         os.makedirs(self.dir, exist_ok=True)
-        body = json.dumps({"generation": g, "holder": self.holder, "acquired_at": now}).encode()
+        body = json.dumps({"generation": g, "holder": self.holder, "acquired_at": now, "info": self.info}).encode()
         if not create_exclusive(_LOCAL, self._path(g, "json"), body):
             return False  # another standby was quicker
         self.generation, self.acquired_at = g, now

@@ -244,9 +244,18 @@ class FilesTarget:
         self.files = files
         self.fs, self.base = filesystem(files.path)
         self.generation = generation
+        #: names this driver's staging area when two drivers write the same path (a hot pair)
+        self.writer = ""
+
+    def _staging_root(self) -> str:
+        return f"{self.base}/_staging" + (f"/{self.writer}" if self.writer else "")
 
     def staging(self, epoch: int) -> str:
-        return f"{self.base}/_staging/{epoch_dir(epoch)}"
+        return f"{self._staging_root()}/{epoch_dir(epoch)}"
+
+    def discard(self, epoch: int) -> None:
+        """Drop what was staged for ``epoch`` (the other driver of a hot pair published it)."""
+        self._remove(self.staging(epoch))
 
     def final(self, epoch: int, tentative: bool = False) -> str:
         return f"{self.base}/{'_tentative/' if tentative else ''}{epoch_dir(epoch)}"
@@ -303,7 +312,9 @@ class FilesTarget:
             self.fs.move(tmp, marker)
 
     def discard_staging(self) -> None:
-        path = f"{self.base}/_staging"
+        self._remove(self._staging_root())
+
+    def _remove(self, path: str) -> None:
         if isinstance(self.fs, pafs.LocalFileSystem):
             shutil.rmtree(path, ignore_errors=True)
         elif self.fs.get_file_info(path).type != pafs.FileType.NotFound:
@@ -316,6 +327,7 @@ class FilesSink(Sink):
         self.target = FilesTarget(spec.params)
 
     def stage(self, df: DataFrame, epoch: int) -> None:
+        self.target.writer = self.writer
         write_frame(df, self.target, epoch)
 
     def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
@@ -324,6 +336,9 @@ class FilesSink(Sink):
 
     def retract(self, epochs: list[int], at_epoch: int) -> None:
         self.target.retract(epochs, at_epoch)
+
+    def drop(self, epoch: int) -> None:
+        self.target.discard(epoch)
 
 
 def write_frame(df: DataFrame, target: FilesTarget, epoch: int) -> None:

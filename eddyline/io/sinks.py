@@ -31,6 +31,8 @@ class Sink:
     #: the lease generation of the driver that writes (0: no lease); a sink that can tell
     #: refuses to publish once a newer generation published (see :mod:`eddyline.ha.lease`)
     generation: int = 0
+    #: names this driver's staging area, where two drivers write the same place (a hot pair)
+    writer: str = ""
     #: a sink that writes from Spark cannot count what it wrote without an extra job: the
     #: runtime counts its rows on the way (an observation); one that collects knows the count
     counts_itself: ClassVar[bool] = False
@@ -69,6 +71,11 @@ class Sink:
         ``tentative``: the epoch ran without an input that could not be reached (see
         :mod:`eddyline.ha.dpc`); its rows are published marked as tentative, so that readers can
         tell them from stable ones, and :meth:`retract` can take them back later."""
+
+    def drop(self, epoch: int) -> None:
+        """Forget what was staged for ``epoch`` without publishing it (the other driver of a
+        hot pair published the same, see :mod:`eddyline.ha.selector`)."""
+        self.collected.pop(epoch, None)
 
     def retract(self, epochs: list[int], at_epoch: int) -> None:
         """Take back everything the tentative ``epochs`` published, as part of epoch

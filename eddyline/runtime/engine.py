@@ -46,6 +46,7 @@ from eddyline.runtime.epoch.records import EpochCommit, EpochPlan, ProgressRecor
 from eddyline.runtime.epoch.report import Timings, report
 from eddyline.runtime.faults import FaultPoint, Faults, NoFaults, UnderLease
 from eddyline.runtime.lookahead import LookAhead
+from eddyline.runtime.replica import Following, HotPair, Leading
 from eddyline.state.store import KeyGroupStore
 
 if TYPE_CHECKING:
@@ -109,12 +110,19 @@ class Engine:
         retain_epochs: int = 10,
         worker_keepalive_s: float | None = WORKER_KEEPALIVE_S,
         lease: Lease | None = None,
+        pair: HotPair | None = None,
     ):
         """``lease``: acquired by the caller; the engine renews it and checks it before every
         step others can see, so that it stops (:class:`eddyline.ha.lease.Fenced`) once another
         driver took over; its plans and commits carry the lease's generation and are created
-        only if no other driver created them first."""
+        only if no other driver created them first.
+
+        ``pair``: this driver is one of a hot pair (:mod:`eddyline.runtime.replica`); it leads
+        if ``lease`` is the pair's (acquired), else it follows until it takes the lease over."""
+        if pair is not None:
+            HotPair.check(spec)
         self.spec, self.spark, self.reporter = spec, spark, reporter
+        self.pair = pair
         self.faults = faults or NoFaults()
         self.lease = lease
         # the boundaries the driver passes; tasks get self.faults alone (the lease stays here)
@@ -138,14 +146,21 @@ class Engine:
                 if (target := s.info.late_target(s.params)) is not None
             },
             shed=FilesTarget(overload.shed_sink) if overload is not None and overload.shed_sink is not None else None,
+            selector=pair.selector if pair is not None else None,
         )
         self.controller = Controller(spec, max_lanes=spark.sparkContext.defaultParallelism)
         self.lookahead = LookAhead(spec.key_groups)
         self.compiler = EpochCompiler(spark, spec, self.sources, checkpoint, self.faults)
-        self.planner = Planner(
+        self.planner: Planner | Leading | Following = Planner(
             spec, self.sources, self.lanes, self.controller, self.lookahead, self.compiler.tables, self.ckpt.read_commit
         )
         self.executor = Executor(spec, self.compiler, self.outputs)
+        if pair is not None:  # both drivers stage the outputs: apart, with digests to compare
+            self.executor.digests = True
+            for out in [*self.outputs.sinks.values(), *self.outputs.targets()]:
+                out.writer = pair.writer
+            self.planner = (Leading(self.planner, pair) if lease is not None
+                            else Following(self.planner, pair, self.controller, self._lead))
         self._cleaner: _Cleaner | None = None
         self._python_used_at = time.monotonic()  # when Python workers last ran a task of ours
         self._last_epoch_start: float | None = None
@@ -168,6 +183,8 @@ class Engine:
         meta = self.ckpt.open(self.spec.fingerprint())
         started_at = float(meta["started_at"])
         self.executor.checkpoint_id = str(meta["id"])  # names this run's writes in sinks that remember them
+        if self.pair is not None:  # the pair's writes are the same whichever driver makes them
+            self.executor.checkpoint_id = self.pair.join(self.spec.fingerprint())
         last = self.ckpt.latest_commit()
         pending = self.ckpt.pending_plan(last.epoch if last else 0)
         self._restore(last.control if last else {})
@@ -179,8 +196,7 @@ class Engine:
         summary, thawed, t_start, prev_start = RunSummary(), False, time.monotonic(), None
         if self.lease is not None:
             self.lease.start_heartbeat()
-        for out in [*self.outputs.sinks.values(), *self.outputs.targets()]:
-            out.generation = self._generation  # sinks that can tell refuse a fenced driver's output
+        self._fence_outputs()
         try:
             for name, source in self.sources.items():  # upstream backup: start receiving (Source.attach)
                 source.attach(self.ckpt.location, last.source_ends.get(name, 0) if last else 0)
@@ -197,7 +213,7 @@ class Engine:
                     if until_idle and not self.planner.waiting_for:
                         break
                     summary.worker_keepalives += self._keep_workers_warm()
-                    time.sleep(min(max(self.spec.trigger, 100), 1000) / 1000)
+                    time.sleep(self.planner.poll_s or min(max(self.spec.trigger, 100), 1000) / 1000)
                     continue
                 if not replayed:
                     plan = self._log(plan)  # 2. log
@@ -212,7 +228,7 @@ class Engine:
                 if self.reporter is not None:
                     self.reporter.report(record.to_json())
                 wait = self.spec.trigger / 1000 - (time.monotonic() - epoch_start)
-                if wait > 0:
+                if wait > 0 and self.planner.poll_s is None:  # (a follower is paced by its leader)
                     time.sleep(wait)
         except BaseException:
             self._finish_cleanup(raise_error=False)
@@ -221,12 +237,32 @@ class Engine:
             for source in self.sources.values():  # upstream backup: stop receiving (Source.detach)
                 source.detach()
             self.lookahead.close()
+            if self.pair is not None:
+                self.pair.close()
             if self.lease is not None:
                 self.lease.release()
             if thawed:
                 gc.unfreeze()
         self._finish_cleanup()  # the last cleanup is done when run() returns
         return summary
+
+    def _fence_outputs(self) -> None:
+        """Sinks that can tell refuse the output of a driver with an older lease generation: ours,
+        or a follower's, the leader's."""
+        generation = self._generation
+        if self.lease is None and self.pair is not None:
+            cur = self.pair.leader()
+            generation = cur.generation if cur is not None else 0
+        for out in [*self.outputs.sinks.values(), *self.outputs.targets()]:
+            out.generation = generation
+
+    def _lead(self) -> None:
+        """A follower of a hot pair took the lease over: from now on it leads under it."""
+        assert self.pair is not None
+        self.lease = self.pair.lease
+        self.boundaries = UnderLease(self.faults, self.lease)
+        self.lease.start_heartbeat()
+        self._fence_outputs()
 
     @property
     def _generation(self) -> int:
@@ -307,9 +343,13 @@ class Engine:
             + [(n, s.status()) for n, s in self.sinks.items()]
             if health is not None
         }
+        if self.pair is not None:
+            driver = self.pair.describe(leading=self.lease is not None)
+        else:
+            driver = self.lease.describe() if self.lease is not None else None
         return done, report(
             self.spec, self.controller, plan, staged, folded, shed, ms, replayed, observed_ms, wall_s, status,
-            driver=self.lease.describe() if self.lease is not None else None,
+            driver=driver,
         )
 
     def _restore(self, control: dict) -> None:
@@ -368,6 +408,8 @@ class Engine:
             store = KeyGroupStore(self.ckpt.location, s.name, pa.schema([("_kg", pa.int32())]), ["_kg"])
             store.cleanup([c.steps[s.name].index for c in commits if s.name in c.steps], below_epoch=keep_from)
         self.ckpt.forget_before(keep_from)
+        if self.pair is not None:
+            self.pair.selector.forget_before(keep_from)
 
 
 class _Cleaner(threading.Thread):

@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from eddyline.api.network import NetworkSpec
+from eddyline.ha.selector import Digest
 from eddyline.io.files import write_frame
 from eddyline.plan.keygroups import RoutingTable
 from eddyline.runtime.compile import EpochCompiler, EpochFrames, StepRun
@@ -34,6 +35,8 @@ class Executor:
         self.shared = [s.name for s in self.stateful if readers.get(s.name, 0) > 1]
         self._opened: set[str] = set()  # the sinks told the schema they receive (once a run)
         self.checkpoint_id = ""
+        #: compute every sink's digest on the way (a hot pair's stream selector compares them)
+        self.digests = False
 
     def execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any = None) -> Staged:
         """``before_jobs``: called once the frames are built, before the first job runs."""
@@ -65,7 +68,7 @@ class Executor:
                 self._opened.add(spec.name)
         if before_jobs is not None:
             before_jobs()
-        sink_rows = self._stage_sinks(frames, plan.epoch)
+        sink_rows, digests = self._stage_sinks(frames, plan.epoch)
         dead = self._stage_dead_letters(frames, plan.epoch)
         for step, late in frames.late.items():
             write_frame(late, self.outputs.late[step], plan.epoch)
@@ -87,11 +90,12 @@ class Executor:
             shed_rows=shed_rows,
             compile_s=t_built - t0,
             run_s=time.monotonic() - t_built,
+            digests=digests,
         )
 
-    def _stage_sinks(self, frames: EpochFrames, epoch: int) -> dict[str, int]:
+    def _stage_sinks(self, frames: EpochFrames, epoch: int) -> tuple[dict[str, int], dict[str, Digest]]:
         """Stage every sink's output; its row count comes from the sink itself or from an
-        observation on the way (no extra job)."""
+        observation on the way (no extra job), and so does its digest if asked for."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
@@ -100,15 +104,19 @@ class Executor:
         for spec in self.spec.sinks:
             sink = self.outputs.sinks[spec.name]
             df = frames.nodes[spec.input]
-            if not sink.counts_itself:
+            if self.digests or not sink.counts_itself:
                 observed[sink.name] = obs = Observation(f"e{epoch}-sink-{sink.name}")
-                df = df.observe(obs, F.count(F.lit(1)).alias("rows"))
+                df = df.observe(obs, F.count(F.lit(1)).alias("rows"), *([_row_hash_sum(df)] if self.digests else []))
             sink.stage(df, epoch)
             if sink.counts_itself:
                 rows[sink.name] = sink.staged_rows(epoch)
+        digests: dict[str, Digest] = {}
         for name, obs in observed.items():
-            rows[name] = int(obs.get.get("rows", 0))
-        return rows
+            got = obs.get
+            rows.setdefault(name, int(got.get("rows", 0)))
+            if self.digests:
+                digests[name] = Digest(int(got.get("rows", 0)), str(got.get("hash") or 0))
+        return rows, digests
 
     def _stage_dead_letters(self, frames: EpochFrames, epoch: int) -> int:
         """Bad records were counted on the data path; the dead-letter job runs only if needed."""
@@ -125,3 +133,15 @@ class Executor:
             assert letters is not None
             write_frame(letters, self.outputs.dead_letters, epoch)
         return dead
+
+
+def _row_hash_sum(df: DataFrame) -> Any:
+    """The sum of a 64-bit hash of every row (exact, as a decimal): equal for two outputs with the
+    same rows in any order. Spark does not hash maps: those are hashed as their JSON."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import MapType
+
+    cols = [F.to_json(F.col(f"`{f.name}`")) if isinstance(f.dataType, MapType) else F.col(f"`{f.name}`")
+            for f in df.schema.fields]
+    hashed = F.xxhash64(*cols) if cols else F.lit(0)
+    return F.sum(hashed.cast("decimal(38,0)")).alias("hash")

@@ -37,6 +37,10 @@ from eddyline.runtime.lookahead import LookAhead
 
 
 class Planner:
+    #: how often the engine asks again when there was nothing to plan (None: after the trigger
+    #: interval, at most a second); a planner that is not paced by the trigger sets it
+    poll_s: float | None = None
+
     def __init__(
         self,
         spec: NetworkSpec,

@@ -4,12 +4,17 @@ replays the epoch, which publishes the very same outputs again.
 
 An epoch that corrects tentative ones (:mod:`eddyline.ha.dpc`) first retracts their outputs
 from every sink and files target, then publishes its own; a tentative epoch publishes its
-outputs marked tentative."""
+outputs marked tentative.
+
+The two drivers of a hot pair (:mod:`eddyline.runtime.replica`) publish each sink's epoch once
+between them: with a :class:`~eddyline.ha.selector.Selector`, a sink whose epoch the other driver
+published already is checked against it and dropped here instead."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eddyline.ha.selector import Selector
 from eddyline.io.files import FilesTarget
 from eddyline.io.sinks import Sink
 from eddyline.runtime.epoch.records import EpochPlan, Staged
@@ -25,7 +30,7 @@ class Outputs:
     dead_letters: FilesTarget
     late: dict[str, FilesTarget]
     shed: FilesTarget | None
-
+    selector: Selector | None = None
 
     def targets(self) -> list[FilesTarget]:
         return [self.dead_letters, *self.late.values(), *([self.shed] if self.shed is not None else [])]
@@ -38,8 +43,15 @@ def publish(outputs: Outputs, staged: Staged, plan: EpochPlan, faults: Faults) -
             sink.retract(plan.retracts, epoch)
         for target in outputs.targets():
             target.retract(plan.retracts, epoch)
-    for sink in outputs.sinks.values():
+    selector = outputs.selector
+    for name, sink in outputs.sinks.items():
+        digest = staged.digests.get(name)
+        if selector is not None and not selector.first(epoch, name, digest):
+            sink.drop(epoch)
+            continue
         sink.publish(epoch, lambda: faults.reached(FaultPoint.MID_PUBLISH, epoch), tentative=tentative)
+        if selector is not None:
+            selector.done(epoch, name, digest)
     if staged.dead_letters:
         outputs.dead_letters.publish(epoch, tentative)
     for step in staged.late_steps:

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from eddyline.ha.selector import Digest
+
 
 @dataclass(frozen=True)
 class EpochPlan:
@@ -165,6 +167,9 @@ class Staged:
     #: seconds the epoch spent building its frames (planning Spark's work) and running it
     compile_s: float
     run_s: float
+    #: per sink, its output's row count and row-hash sum, when the executor computes them (the
+    #: stream selector of a hot pair compares them, see :mod:`eddyline.ha.selector`)
+    digests: dict[str, Digest] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

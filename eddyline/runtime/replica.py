@@ -1,0 +1,244 @@
+"""A hot pair: two drivers that run every epoch, so that the one that survives is already warm.
+
+Each driver of the pair has a checkpoint of its own (its own copy of the state) and both share a
+**group** directory: the lease (:mod:`eddyline.ha.lease`, whose holder names its checkpoint), the
+stream selector's records (:mod:`eddyline.ha.selector`) and a heartbeat per follower::
+
+    <group>/group.json                      the group's id and network (one network per group)
+    <group>/lease/...                       who leads
+    <group>/selector/<epoch>/<sink>.json    who published which output, with its digest
+    <group>/followers/<holder>.json         the epoch a follower committed last, and when
+
+The **leader** plans as a single driver does, and logs its plans in its own checkpoint. It plans
+epoch ``n`` only once every live follower has committed epoch ``n - 2``, so a follower is at most
+one epoch behind it; a follower that joins late holds the leader while it catches up from the
+leader's retained plans (it runs them as fast as it can, not paced by the trigger). A follower
+whose heartbeat is older than the lease's timeout is not waited for. The **follower** runs the leader's logged plans, in order, with its own state,
+and commits them in its own checkpoint. Both stage every output; each sink's epoch is published
+by whichever finishes first, and the other compares its digest with the record (a difference
+stops it with :class:`~eddyline.ha.selector.Diverged`). Sinks know the pair by the group's id, so
+a message id or an epoch row is the same whichever driver writes it.
+
+When the leader's lease expires (it died, or froze), the follower runs any plan the leader had
+logged and it had not run yet, takes the lease, and leads from its own checkpoint; a driver
+started later on the old leader's checkpoint (with the same ``--hot`` group) follows it. The old
+leader, if it was only frozen, is fenced by the lease like any driver.
+
+A follower that is further behind than the leader keeps plans (10 epochs) cannot catch up by
+following: it stops, saying so. A ``nats_core`` source is not replicated (its write-ahead log is
+the leader's own), nor is Delay-Process-Correct (``max_delay``) yet: both are refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from eddyline.api.network import NetworkSpec
+from eddyline.control.controller import Controller
+from eddyline.control.state import ControllerState
+from eddyline.errors import CheckpointError, EngineError, SpecError
+from eddyline.ha.lease import Holding, Lease
+from eddyline.ha.selector import Selector
+from eddyline.runtime.checkpoint import Checkpoint
+from eddyline.runtime.epoch.plan import Planner
+from eddyline.runtime.epoch.records import EpochCommit, EpochPlan
+from eddyline.storage import create_exclusive, filesystem
+
+#: how often a follower looks for the leader's next plan (and whether its lease expired)
+POLL_S = 0.05
+
+
+class HotPair:
+    """This driver's side of a hot pair: the group directory and its checkpoint."""
+
+    def __init__(self, group: str, checkpoint: str, *, timeout_s: float = 5.0):
+        for what, where in (("--hot group", group), ("checkpoint", checkpoint)):
+            if "://" in where and not where.startswith("file://"):
+                raise CheckpointError(
+                    f"{what} {where!r}: a hot pair needs local or mounted paths (its files are created "
+                    "exclusively with hard links), not an object store"
+                )
+        self.dir = os.path.abspath(group.removeprefix("file://"))
+        self.checkpoint = os.path.abspath(checkpoint.removeprefix("file://"))
+        self.lease = Lease(self.dir, timeout_s=timeout_s, info={"checkpoint": self.checkpoint})
+        self.selector = Selector(self.dir, self.lease.holder)
+        #: names this driver's staging area in sinks both drivers write
+        self.writer = "driver-" + hashlib.sha1(self.checkpoint.encode()).hexdigest()[:8]
+        self._committed = 0
+        self._beating: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @staticmethod
+    def check(spec: NetworkSpec) -> None:
+        """Refuse what a hot pair cannot replicate, before anything runs."""
+        problems = [
+            f"source '{s.name}': a nats_core source cannot be replicated (its write-ahead log is the leader's own)"
+            for s in spec.sources if s.kind == "nats_core"
+        ]
+        if spec.max_delay is not None:
+            problems.append("max_delay: Delay-Process-Correct is not supported in a hot pair yet")
+        if problems:
+            raise SpecError(problems)
+
+    def join(self, fingerprint: dict[str, Any]) -> str:
+        """The group's id (created by the first driver); a driver of another network is refused."""
+        path = os.path.join(self.dir, "group.json")
+        os.makedirs(self.dir, exist_ok=True)
+        fs, _ = filesystem(self.dir)
+        create_exclusive(fs, path, json.dumps({"id": os.urandom(6).hex(), "network": fingerprint}).encode())
+        with open(path) as f:
+            group = json.load(f)
+        if group["network"] != fingerprint:
+            raise CheckpointError(f"hot group {self.dir!r} runs another network ({group['network'].get('name')!r}); "
+                                  "use another group directory")
+        if os.path.abspath(self.dir) == self.checkpoint:
+            raise CheckpointError("--hot: the group directory must not be the checkpoint itself")
+        return str(group["id"])
+
+    # ------------------------------------------------------------------ followers' heartbeats
+    def beat(self, committed: int) -> None:
+        """Say which epoch this follower committed last, now and then every ``timeout / 3`` from
+        a thread (an epoch may take longer than the timeout), until :meth:`close`."""
+        self._committed = committed
+        self._write_beat()
+        if self._beating is None:
+            self._beating = threading.Thread(target=self._beat_loop, name="eddyline-follower", daemon=True)
+            self._beating.start()
+
+    def _write_beat(self) -> None:
+        path = os.path.join(self.dir, "followers", f"{self.writer}.json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+        with open(tmp, "w") as f:
+            json.dump({"epoch": self._committed, "at": time.time(), "holder": self.lease.holder}, f)
+        os.replace(tmp, path)
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(self.lease.timeout_s / 3):
+            with contextlib.suppress(OSError):  # a disk hiccup: the next beat
+                self._write_beat()
+
+    def close(self) -> None:
+        """Stop the follower's heartbeat and remove it (a leader then stops waiting for it)."""
+        self._stop.set()
+        if self._beating is not None:
+            self._beating.join()
+            self._beating = None
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.dir, "followers", f"{self.writer}.json"))
+
+    def behind(self, epoch: int) -> list[str]:
+        """Live followers that have not committed ``epoch - 2``: the leader waits for them
+        before it plans ``epoch``. (So a follower that joins late holds the leader while it
+        catches up; a follower that could not keep up otherwise would fall out of the plans the
+        leader keeps and stop being a replica at all.)"""
+        directory = os.path.join(self.dir, "followers")
+        try:
+            names = [n for n in os.listdir(directory) if n.endswith(".json") and n != f"{self.writer}.json"]
+        except FileNotFoundError:
+            return []
+        late, now = [], time.time()
+        for name in names:
+            try:
+                with open(os.path.join(directory, name)) as f:
+                    beat = json.load(f)
+            except (OSError, ValueError):
+                continue  # being replaced
+            if now - float(beat["at"]) < self.lease.timeout_s and int(beat["epoch"]) < epoch - 2:
+                late.append(f"follower {beat['holder']}")
+        return late
+
+    def leader(self) -> Holding | None:
+        return self.lease.current()
+
+    def describe(self, leading: bool) -> dict[str, Any]:
+        if leading:
+            return {**self.lease.describe(), "role": "leader"}
+        cur = self.leader()
+        return {"holder": self.lease.holder, "role": "follower", "following": cur.holder if cur else None,
+                "generation": cur.generation if cur else None}
+
+
+class Leading:
+    """The leader's planner: the usual one, held back while a follower is two epochs behind."""
+
+    poll_s = None
+
+    def __init__(self, planner: Planner, pair: HotPair):
+        self.planner, self.pair = planner, pair
+        self.held: list[str] = []
+
+    @property
+    def waiting_for(self) -> list[str]:
+        return [*self.planner.waiting_for, *self.held]
+
+    def next(self, last: EpochCommit | None, elapsed_s: float, until_idle: bool) -> EpochPlan | None:
+        self.held = self.pair.behind((last.epoch if last else 0) + 1)
+        if self.held:
+            return None
+        return self.planner.next(last, elapsed_s, until_idle)
+
+
+class Following:
+    """The follower's planner: the leader's logged plans, one after the other; once the
+    leader's lease expires, it takes the lease (``lead()`` makes the engine a leader) and plans
+    with the usual planner from then on."""
+
+    def __init__(self, planner: Planner, pair: HotPair, controller: Controller, lead: Callable[[], None]):
+        self.planner, self.pair, self.controller, self.lead = planner, pair, controller, lead
+        self.leading = False
+        # the leader sees this driver from now on, before it has even run an epoch
+        last = Checkpoint(pair.checkpoint).latest_commit()
+        pair.beat(last.epoch if last is not None else 0)
+
+    @property
+    def poll_s(self) -> float | None:
+        """A follower runs a plan as soon as the leader logged it: it looks often."""
+        return None if self.leading else POLL_S
+
+    @property
+    def waiting_for(self) -> list[str]:
+        return self.planner.waiting_for if self.leading else ["the leader"]
+
+    def next(self, last: EpochCommit | None, elapsed_s: float, until_idle: bool) -> EpochPlan | None:
+        if self.leading:
+            return self.planner.next(last, elapsed_s, until_idle)
+        done = last.epoch if last else 0
+        self.pair.beat(done)
+        cur = self.pair.leader()
+        theirs = (cur.info or {}).get("checkpoint") if cur is not None else None
+        if theirs and theirs != self.pair.checkpoint:
+            plan = self._plan_of(theirs, done + 1)
+            if plan is not None:
+                if plan.control:  # decide on from where the leader's controller was
+                    self.controller.restore(ControllerState.model_validate(plan.control))
+                return plan
+        if (cur is None or cur.expires_at <= time.time()) and self.pair.lease.try_acquire():
+            self.leading = True
+            self.pair.close()  # no longer a follower: the new leader waits for nobody
+            self.lead()
+            return self.planner.next(last, elapsed_s, until_idle)
+        return None
+
+    def _plan_of(self, checkpoint: str, epoch: int) -> EpochPlan | None:
+        leader = Checkpoint(checkpoint)
+        try:
+            return leader.read_plan(epoch)
+        except FileNotFoundError:
+            pass
+        newest = leader.latest_commit()
+        if newest is not None and newest.epoch > epoch:
+            raise EngineError(
+                f"this driver committed epoch {epoch - 1}, but the leader ({checkpoint}) is at epoch "
+                f"{newest.epoch} and no longer keeps the plan of epoch {epoch}: a follower that far "
+                "behind cannot catch up by following; start it on a new checkpoint together with a "
+                "new leader, or run it as a --standby on the leader's checkpoint"
+            )
+        return None

@@ -1,0 +1,141 @@
+"""A hot pair in one process, one driver after the other: the follower runs the leader's logged
+plans with its own state and checkpoint, finds every output published already, checks its
+digests against the selector's records, publishes nothing twice, and takes the lease over once
+the leader is gone. A step that is not deterministic makes the two disagree: the follower stops,
+naming the epoch and the sink."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from eddyline.api.validate import load_spec
+from eddyline.errors import SpecError
+from eddyline.ha.selector import Diverged
+from eddyline.runtime.engine import Engine
+from eddyline.runtime.replica import HotPair
+
+from .helpers import bids_window_spec, duckdb_windows, read_windows, write_bid_files
+from .test_failover import LEASE, network  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.slow
+
+
+class Records:
+    console = None
+
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+
+    def report(self, record: dict) -> None:
+        self.records.append(record)
+
+
+def with_memory_sink(spec):  # noqa: ANN001, ANN201
+    raw = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    raw["sinks"].append({"name": "mem", "input": "per_auction", "memory": {}})
+    return load_spec(raw)
+
+
+def test_the_follower_runs_the_leaders_plans_checks_every_output_and_then_leads(spark, tmp_path: Path) -> None:
+    write_bid_files(tmp_path / "in", files=4, rows=100, seed=11)
+    spec = with_memory_sink(bids_window_spec(tmp_path / "in", tmp_path / "out"))
+    group = tmp_path / "group"
+
+    a = HotPair(str(group), str(tmp_path / "a"), timeout_s=1.0)
+    assert a.lease.try_acquire()
+    leader = Engine(spec, spark, str(tmp_path / "a"), lease=a.lease, pair=a, reporter=Records())
+    led = leader.run(until_idle=True)
+    assert read_windows(tmp_path / "out") == duckdb_windows(tmp_path / "in")
+    published = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("epoch=*")}
+    assert a.selector.lost == 0  # nobody else published
+
+    b = HotPair(str(group), str(tmp_path / "b"), timeout_s=1.0)
+    seen = Records()
+    follower = Engine(spec, spark, str(tmp_path / "b"), pair=b, reporter=seen)
+    followed = follower.run(until_idle=True)
+
+    # it ran every epoch the leader ran, from the leader's plans, with its own state ...
+    assert followed.last_epoch == led.last_epoch and followed.output_rows == led.output_rows
+    assert [r["batchId"] for r in seen.records] == list(range(1, led.last_epoch + 1))
+    assert {r["driver"]["role"] for r in seen.records} == {"follower"}
+    assert (tmp_path / "b" / "commits").is_dir() and len(list((tmp_path / "b" / "commits").iterdir())) == led.last_epoch
+    # ... found each sink's epoch published by the leader, with the same digest, and published nothing
+    assert b.selector.lost == led.last_epoch * 2
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("epoch=*")} == published
+    assert not any((tmp_path / "out" / "_staging").rglob("*.parquet"))  # its staged copies were dropped
+    assert follower.sinks["mem"].collected == {}
+    # the leader's rows, all of them in its memory sink
+    rows = pa.concat_tables(leader.sinks["mem"].collected.values())
+    assert rows.num_rows == sum(1 for _ in duckdb_windows(tmp_path / "in"))
+    # the leader released its lease at the end; the follower took it over and found nothing more
+    assert b.lease.generation == 2 and a.lease.current().holder == b.lease.holder
+
+
+def test_a_step_that_is_not_deterministic_makes_the_follower_stop_naming_epoch_and_sink(spark, tmp_path: Path) -> None:
+    write_bid_files(tmp_path / "in", files=2, rows=100, seed=3)
+    raw = bids_window_spec(tmp_path / "in", tmp_path / "out").model_dump(mode="json", by_alias=True, exclude_none=True)
+    raw["steps"][0]["filter"] = "price >= 100 AND rand() < 0.5"  # a different half in each driver
+    spec = load_spec(raw)
+    group = tmp_path / "group"
+    a = HotPair(str(group), str(tmp_path / "a"), timeout_s=1.0)
+    assert a.lease.try_acquire()
+    Engine(spec, spark, str(tmp_path / "a"), lease=a.lease, pair=a).run(until_idle=True)
+    b = HotPair(str(group), str(tmp_path / "b"), timeout_s=1.0)
+    with pytest.raises(Diverged, match=r"epoch \d+, output 'out': this driver .* staged \d+ rows .* published \d+ rows"):
+        Engine(spec, spark, str(tmp_path / "b"), pair=b).run(until_idle=True)
+
+
+def test_what_a_pair_cannot_replicate_is_refused_and_a_group_runs_one_network(spark, tmp_path: Path) -> None:
+    raw = bids_window_spec(tmp_path / "in", tmp_path / "out").model_dump(mode="json", by_alias=True, exclude_none=True)
+    pair = HotPair(str(tmp_path / "group"), str(tmp_path / "a"))
+    with pytest.raises(SpecError, match="max_delay: Delay-Process-Correct is not supported in a hot pair"):
+        Engine(load_spec({**raw, "max_delay": "5s"}), spark, str(tmp_path / "a"), pair=pair)
+    pair.join(load_spec(raw).fingerprint())
+    other = load_spec({**raw, "name": "another"})
+    with pytest.raises(Exception, match="runs another network"):
+        HotPair(str(tmp_path / "group"), str(tmp_path / "b")).join(other.fingerprint())
+
+
+def test_when_the_leader_is_killed_the_warm_follower_leads_on_without_a_gap(network, tmp_path: Path) -> None:  # noqa: F811
+    """Two ``eddyline run --hot`` processes; the leader gets SIGKILL once the follower has caught
+    up with it. The follower takes the lease over and goes on from its own state:
+    the output is the uninterrupted run's, each window once, and the sink's output stops for
+    little longer than the lease's timeout."""
+    from .test_failover import commits, finish, start, wait_for
+
+    spec, expected = network
+    group, a, b = tmp_path / "group", tmp_path / "a", tmp_path / "b"
+    leader = start(spec, a, "--hot", str(group))
+    wait_for(lambda: "leading as" in leader.errfile.read_text())
+    follower = start(spec, b, "--hot", str(group), "--progress-json", str(tmp_path / "b.jsonl"))
+    wait_for(lambda: "following" in follower.errfile.read_text())
+    # it catches up from the leader's retained plans, then keeps up (the leader waits for it)
+    wait_for(lambda: len(commits(b)) >= 3 and len(commits(b)) >= len(commits(a)) - 1)
+    led = len(commits(a))
+    wait_for(lambda: len(commits(a)) > led)  # the leader runs on, no longer held
+    leader.send_signal(signal.SIGKILL)
+    killed = time.time()
+    assert leader.wait(timeout=60) == -signal.SIGKILL
+    code, err = finish(follower)
+    assert code == 0, err[-3000:]
+    assert read_windows(tmp_path / "out") == expected  # nothing lost, nothing twice
+
+    progress = [json.loads(x) for x in (tmp_path / "b.jsonl").read_text().splitlines()]
+    roles = [r["driver"]["role"] for r in progress]
+    assert roles[0] == "follower" and roles[-1] == "leader" and roles == sorted(roles, key=["follower", "leader"].index)
+    # when each epoch's output was written (its directory's last change, just before its publish)
+    times = sorted(p.stat().st_mtime for p in (tmp_path / "out").glob("epoch=*"))
+    before = [t for t in times if t < killed]
+    after = [t for t in times if t >= killed]
+    assert len(before) >= 3 and after
+    period = sorted(b - a for a, b in zip(before, before[1:], strict=False))[len(before) // 2 - 1]
+    gap = after[0] - before[-1]
+    print(f"hot pair: output gap {gap:.2f} s around the kill (first output {after[0] - killed:.2f} s after it); "
+          f"epochs {period:.2f} s apart before it (lease {LEASE} s)")
+    assert gap < 2 * period + float(LEASE) + 1.0, (gap, period)
