@@ -238,7 +238,7 @@ class Following:
             raise EngineError(
                 f"this driver committed epoch {epoch - 1}, but the leader ({checkpoint}) is at epoch "
                 f"{newest.epoch} and no longer keeps the plan of epoch {epoch}: a follower that far "
-                "behind cannot catch up by following; start it on a new checkpoint together with a "
-                "new leader, or run it as a --standby on the leader's checkpoint"
+                "behind cannot catch up by following (there is no state snapshot to copy yet); run "
+                f"it as a --standby on the leader's checkpoint ({checkpoint}) instead"
             )
         return None

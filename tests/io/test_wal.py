@@ -178,8 +178,9 @@ def test_a_process_killed_while_appending_leaves_a_log_that_reopens_with_every_c
             batch = [b"%d:" % i + b"z" * (i % 500) for i in range(n + 1, n + 301)]
             wal.append(batch)
             n = wal.end
-            with open({str(progress)!r}, "w") as f:
+            with open({str(progress)!r} + ".tmp", "w") as f:  # replaced whole: a kill never leaves it empty
                 f.write(str(n))
+            os.replace({str(progress)!r} + ".tmp", {str(progress)!r})
     """)
     proc = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.monotonic() + 30
