@@ -311,9 +311,6 @@ class FilesTarget:
                 f.write(str(self.generation).encode())
             self.fs.move(tmp, marker)
 
-    def discard_staging(self) -> None:
-        self._remove(self._staging_root())
-
     def _remove(self, path: str) -> None:
         if isinstance(self.fs, pafs.LocalFileSystem):
             shutil.rmtree(path, ignore_errors=True)
