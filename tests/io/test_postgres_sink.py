@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -18,7 +17,6 @@ import eddyline.io  # noqa: F401  (registers the sink kinds)
 from eddyline.api.sinks import SinkSpec
 from eddyline.errors import SinkError
 from eddyline.io.postgres import PostgresSink
-from eddyline.io.sinks import make_sink
 
 pytestmark = pytest.mark.spark
 
@@ -30,22 +28,6 @@ def _spec(url: str, table: str, **params: Any) -> SinkSpec:
     return SinkSpec.model_validate(
         {"name": "out", "input": "x", "postgres": {"url": url, "table": table, **params}}
     )
-
-
-@pytest.fixture
-def sinks(postgres) -> Iterator[Any]:
-    """Makes sinks on the test server (each one a driver of its own) and closes them after."""
-    made: list[PostgresSink] = []
-
-    def make(table: str, url: str | None = None, **params: Any) -> PostgresSink:
-        sink = make_sink(_spec(url or postgres.url, table, **params))
-        assert isinstance(sink, PostgresSink)
-        made.append(sink)
-        return sink
-
-    yield make
-    for sink in made:
-        sink.close()
 
 
 def _query(url: str, statement: str, *args: Any) -> list[tuple[Any, ...]]:

@@ -4,7 +4,6 @@ epoch left, once, and touches nothing of other sinks; psycopg reads the tables b
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -14,38 +13,13 @@ import psycopg
 import pytest
 
 import eddyline.io  # noqa: F401  (registers the sink kinds)
-from eddyline.api.sinks import SinkSpec
 from eddyline.errors import SinkError
 from eddyline.io.postgres import PostgresSink
-from eddyline.io.sinks import make_sink
 
 pytestmark = pytest.mark.spark
 
 CHANGES = "k string, total long, _op string"
 ROWS = "id long, name string"
-
-
-@pytest.fixture
-def sinks(postgres) -> Iterator[Any]:
-    """Makes sinks on the test server (each one a driver of its own) and closes them after."""
-    made: list[PostgresSink] = []
-
-    def make(table: str, name: str = "out", url: str | None = None, **params: Any) -> PostgresSink:
-        spec = SinkSpec.model_validate(
-            {
-                "name": name,
-                "input": "x",
-                "postgres": {"url": url or postgres.url, "table": table, **params},
-            }
-        )
-        sink = make_sink(spec)
-        assert isinstance(sink, PostgresSink)
-        made.append(sink)
-        return sink
-
-    yield make
-    for sink in made:
-        sink.close()
 
 
 def _query(postgres, statement: str, *args: Any) -> list[tuple[Any, ...]]:
