@@ -5,8 +5,15 @@ Parquet.
 
 It reports, per path, input rows per second of wall time over the whole run and the time per
 row relative to the file path, and where the broker path's time goes: fetching the messages
-(a Spark job that only reads them), decoding them (reading and parsing), and publishing (the
-epochs' publish stage). Local NATS and PostgreSQL servers are started from the installed packages.
+(a Spark job that only reads them), decoding them (reading and parsing), publishing (the epochs'
+publish stage), and the CPU seconds each process used in each round (the driver, Spark's JVM,
+its Python workers, the NATS server, PostgreSQL): the servers run on the same two cores as Spark.
+Local NATS and PostgreSQL servers are started from the installed packages.
+
+The Parquet files hold the bids in the order they are in the stream (offset order, which is
+event-time order), ``--per-epoch`` rows per file, so both paths run the same epochs over the same
+rows: rows shuffled across files would let the windows close in the first epochs and make the
+file path's work smaller than the stream's.
 
 Usage: ``./dev.sh bench bench/broker.py`` or ``python bench/broker.py --events 400000 --runs 3``.
 Writes ``bench/results/broker-<timestamp>.json``.
@@ -15,6 +22,7 @@ Writes ``bench/results/broker-<timestamp>.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -40,22 +48,61 @@ def network(source: dict[str, Any], sinks: list[dict[str, Any]], per_epoch: int)
             "steps": [window_step()], "sinks": sinks}
 
 
-def timed_run(spark: Any, raw: dict[str, Any], ckpt: Path) -> dict[str, Any]:
+def cpu_seconds(servers: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by this process ("driver"), Spark's JVM and its
+    Python workers (this process's other descendants), and each server (``servers``: name ->
+    the pid of its main process) with its descendants. Every process counts what it used and
+    what its exited children used (PostgreSQL's backends, Spark's finished Python workers)."""
+    import psutil
+
+    def tree(pid: int) -> list[psutil.Process]:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            return [root, *root.children(recursive=True)]
+        return []
+
+    me = psutil.Process()
+    groups: dict[str, list[psutil.Process]] = {name: tree(pid) for name, pid in servers.items()}
+    theirs = {p.pid for procs in groups.values() for p in procs}  # the NATS server is our child too
+    groups |= {"driver": [me], "jvm": [], "python workers": []}
+    for p in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.pid not in theirs:
+                groups["jvm" if "java" in p.name() else "python workers"].append(p)
+    out: dict[str, float] = {}
+    for name, procs in groups.items():
+        total = 0.0
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system + (0.0 if p.pid == me.pid else t.children_user + t.children_system)
+        out[name] = total
+    return out
+
+
+def server_pids(nats: Any, pg: Any) -> dict[str, int]:
+    """The NATS server's pid and PostgreSQL's postmaster's (from its ``postmaster.pid``)."""
+    postmaster = int((Path(pg.directory) / "data" / "postmaster.pid").read_text().split()[0])
+    return {"nats-server": nats.proc.pid, "postgres": postmaster}
+
+
+def timed_run(spark: Any, raw: dict[str, Any], ckpt: Path, servers: dict[str, int]) -> dict[str, Any]:
     from eddyline.api.validate import load_spec
     from eddyline.observe.progress import ProgressReporter
     from eddyline.runtime.engine import Engine
 
     progress = ckpt.with_suffix(".jsonl")
-    t0 = time.perf_counter()
+    cpu0, t0 = cpu_seconds(servers), time.perf_counter()
     with ProgressReporter(live=False, json_path=str(progress)) as reporter:
         summary = Engine(load_spec(raw), spark, str(ckpt), reporter=reporter).run(until_idle=True)
-    wall = time.perf_counter() - t0
+    wall, cpu1 = time.perf_counter() - t0, cpu_seconds(servers)
     records = [json.loads(line) for line in progress.read_text().splitlines()]
     return {
         "wall_s": wall, "rows": summary.input_rows, "epochs": summary.epochs,
         "rows_per_s": summary.input_rows / wall,
         "publish_s": sum(r["durationMs"]["publish"] for r in records) / 1000,
         "execution_s": sum(r["durationMs"]["execution"] for r in records) / 1000,
+        "cpu_s": {k: round(cpu1[k] - cpu0.get(k, 0.0), 3) for k in cpu1},
     }
 
 
@@ -87,7 +134,9 @@ def main() -> None:
         rows = bids.count()
         out["produce_rows_per_s"] = rows / produced_s
         files = tmp / "parquet"
-        bids.repartition(max(1, rows // args.per_epoch)).write.parquet(str(files))
+        # one task keeps offset order; its files are named in that order (…-c000, -c001, …)
+        bids.coalesce(1).write.option("maxRecordsPerFile", args.per_epoch).parquet(str(files))
+        servers = server_pids(nats, pg)
         nats_in = {"nats": {"url": nats.url, "stream": STREAM, "schema": nexmark_schema("bid")}}
 
         # where the broker path's time goes: fetching only, then fetching and decoding
@@ -114,11 +163,12 @@ def main() -> None:
                         sinks.append({"name": "db", "input": "per_auction", "postgres": {
                             "url": pg.url, "table": f"hot_{i}", "mode": "upsert", "key": ["auction", "window_start"]}})
                     raw = network(nats_in, sinks, args.per_epoch)
-                r = timed_run(spark, raw, tmp / f"ckpt-{path.replace('+', '-')}-{i}")
+                r = timed_run(spark, raw, tmp / f"ckpt-{path.replace('+', '-')}-{i}", servers)
                 r |= {"path": path, "run": i}
                 out["runs"].append(r)
+                cpu = ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_s"].items() if v >= 0.005)
                 print(f"run {i} {path:>14}: {r['rows']:,} rows in {r['wall_s']:.2f} s = {r['rows_per_s']:,.0f} rows/s "
-                      f"(publish {r['publish_s']:.2f} s)", flush=True)
+                      f"({r['epochs']} epochs, publish {r['publish_s']:.2f} s; CPU s: {cpu})", flush=True)
 
     def per_row(path: str) -> list[float]:
         return [r["wall_s"] / r["rows"] for r in out["runs"] if r["path"] == path]
