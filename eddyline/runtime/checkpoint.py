@@ -15,7 +15,9 @@ forward together. Recovery: the newest plan without a commit is replayed exactly
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -25,6 +27,7 @@ import pyarrow.fs as pafs
 
 from eddyline.errors import CheckpointError
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan
+from eddyline.state.store import referenced_files, state_file
 from eddyline.storage import create_exclusive, filesystem, read_json, write_atomic
 
 FORMAT_VERSION = 1
@@ -112,6 +115,33 @@ class Checkpoint:
 
     def commits(self) -> list[EpochCommit]:
         return [self.read_commit(e) for e in self._epochs("commits")]
+
+    def has_plan(self, epoch: int) -> bool:
+        return self.fs.get_file_info(self._path("plans", epoch)).type != pafs.FileType.NotFound
+
+    def drop_plans_after(self, epoch: int) -> list[int]:
+        """Delete the plans logged after commit ``epoch`` (not run to their commit); their epochs."""
+        later = [e for e in self._epochs("plans") if e > epoch]
+        for e in later:
+            self.fs.delete_file(self._path("plans", e))
+        return later
+
+    def adopt(self, other: Checkpoint, commit: EpochCommit) -> None:
+        """Make ``commit`` of checkpoint ``other`` (same network) this checkpoint's latest: hard
+        links to the state files it reads, then the commit itself. Both must be on one local
+        file system. Raises FileNotFoundError if ``other`` deleted one of them meanwhile."""
+        if not isinstance(self.fs, pafs.LocalFileSystem) or not isinstance(other.fs, pafs.LocalFileSystem):
+            raise CheckpointError("copying another checkpoint's state needs local or mounted paths")
+        for step, part in commit.steps.items():
+            os.makedirs(f"{self.base}/state/{step}", exist_ok=True)
+            for epoch, lane in sorted(referenced_files(part.index)):
+                theirs, ours = state_file(other.base, step, epoch, lane), state_file(self.base, step, epoch, lane)
+                tmp = f"{ours}.tmp-{os.getpid()}"
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                os.link(theirs, tmp)
+                os.replace(tmp, ours)  # a file of this name from our own past is not the leader's
+        self.write_commit(commit)
 
     def pending_plan(self, last_committed: int) -> EpochPlan | None:
         """The plan logged after the last commit, if an epoch was cut short."""

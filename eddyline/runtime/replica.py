@@ -24,14 +24,20 @@ logged and it had not run yet, takes the lease, and leads from its own checkpoin
 started later on the old leader's checkpoint (with the same ``--hot`` group) follows it. The old
 leader, if it was only frozen, is fenced by the lease like any driver.
 
-A follower that is further behind than the leader keeps plans (10 epochs) cannot catch up by
-following: it stops, saying so. A ``nats_core`` source is not replicated (its write-ahead log is
+A follower that starts further behind than the leader keeps plans (10 epochs) — a new replica,
+or a former leader started again — first copies the leader's latest commit and the state files
+it reads (hard links: the files never change once written), then follows from there; plans of
+its own that it never committed are dropped first (a former leader's: the epochs after its last
+commit are the new leader's). One that falls that far behind while it runs (it was frozen)
+copies the leader's state the same way: the first plan after the copy names the copied commit
+as its base, so the engine continues from it. A ``nats_core`` source is not replicated (its write-ahead log is
 the leader's own), nor is Delay-Process-Correct (``max_delay``) yet: both are refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -43,7 +49,7 @@ from typing import Any
 from eddyline.api.network import NetworkSpec
 from eddyline.control.controller import Controller
 from eddyline.control.state import ControllerState
-from eddyline.errors import CheckpointError, EngineError, SpecError
+from eddyline.errors import CheckpointError, SpecError
 from eddyline.ha.lease import Holding, Lease
 from eddyline.ha.selector import Selector
 from eddyline.runtime.checkpoint import Checkpoint
@@ -72,6 +78,8 @@ class HotPair:
         #: names this driver's staging area in sinks both drivers write
         self.writer = "driver-" + hashlib.sha1(self.checkpoint.encode()).hexdigest()[:8]
         self._committed = 0
+        #: set when this follower started from a copy of the leader's state: whose, which epoch
+        self.adopted: dict[str, Any] | None = None
         self._beating: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -162,8 +170,11 @@ class HotPair:
         if leading:
             return {**self.lease.describe(), "role": "leader"}
         cur = self.leader()
-        return {"holder": self.lease.holder, "role": "follower", "following": cur.holder if cur else None,
-                "generation": cur.generation if cur else None}
+        out = {"holder": self.lease.holder, "role": "follower", "following": cur.holder if cur else None,
+               "generation": cur.generation if cur else None}
+        if self.adopted is not None:
+            out["copied_state"] = self.adopted
+        return out
 
 
 class Leading:
@@ -194,9 +205,15 @@ class Following:
     def __init__(self, planner: Planner, pair: HotPair, controller: Controller, lead: Callable[[], None]):
         self.planner, self.pair, self.controller, self.lead = planner, pair, controller, lead
         self.leading = False
+        #: the leader's commit this driver copied and continues from, until it ran past it
+        self.adopted: EpochCommit | None = None
+        own = Checkpoint(pair.checkpoint)
+        last = own.latest_commit()
+        done = last.epoch if last is not None else 0
+        # plans of our own never committed are a former leader's: those epochs are the new leader's
+        own.drop_plans_after(done)
         # the leader sees this driver from now on, before it has even run an epoch
-        last = Checkpoint(pair.checkpoint).latest_commit()
-        pair.beat(last.epoch if last is not None else 0)
+        pair.beat(done)
 
     @property
     def poll_s(self) -> float | None:
@@ -209,8 +226,9 @@ class Following:
 
     def next(self, last: EpochCommit | None, elapsed_s: float, until_idle: bool) -> EpochPlan | None:
         if self.leading:
-            return self.planner.next(last, elapsed_s, until_idle)
-        done = last.epoch if last else 0
+            return self._after_adopted(self.planner.next(self._from(last), elapsed_s, until_idle))
+        start = self._from(last)
+        done = start.epoch if start else 0
         self.pair.beat(done)
         cur = self.pair.leader()
         theirs = (cur.info or {}).get("checkpoint") if cur is not None else None
@@ -219,13 +237,36 @@ class Following:
             if plan is not None:
                 if plan.control:  # decide on from where the leader's controller was
                     self.controller.restore(ControllerState.model_validate(plan.control))
-                return plan
+                return self._after_adopted(plan)
         if (cur is None or cur.expires_at <= time.time()) and self.pair.lease.try_acquire():
             self.leading = True
             self.pair.close()  # no longer a follower: the new leader waits for nobody
             self.lead()
-            return self.planner.next(last, elapsed_s, until_idle)
+            return self._after_adopted(self.planner.next(self._from(last), elapsed_s, until_idle))
         return None
+
+    def _from(self, last: EpochCommit | None) -> EpochCommit | None:
+        """The commit this driver continues from: its own last, or a newer one it copied."""
+        if self.adopted is not None and (last is None or last.epoch < self.adopted.epoch):
+            return self.adopted
+        return last
+
+    def _after_adopted(self, plan: EpochPlan | None) -> EpochPlan | None:
+        """The first plan after a copied commit names it as its base: the engine continues from
+        that commit, not from the one it last ran (as a correction of Delay-Process-Correct does)."""
+        if plan is not None and self.adopted is not None and plan.epoch == self.adopted.epoch + 1 and plan.base is None:
+            return dataclasses.replace(plan, base=self.adopted.epoch)
+        return plan
+
+    def _adopt(self, leader: Checkpoint, newest: EpochCommit) -> None:
+        """Copy the leader's commit ``newest`` and the state it reads into our checkpoint; if the
+        leader deleted a file of it meanwhile (it moved on), the next poll copies a newer one."""
+        try:
+            Checkpoint(self.pair.checkpoint).adopt(leader, newest)
+        except FileNotFoundError:
+            return
+        self.adopted = newest
+        self.pair.adopted = {"checkpoint": leader.location, "epoch": newest.epoch}
 
     def _plan_of(self, checkpoint: str, epoch: int) -> EpochPlan | None:
         leader = Checkpoint(checkpoint)
@@ -234,11 +275,6 @@ class Following:
         except FileNotFoundError:
             pass
         newest = leader.latest_commit()
-        if newest is not None and newest.epoch > epoch:
-            raise EngineError(
-                f"this driver committed epoch {epoch - 1}, but the leader ({checkpoint}) is at epoch "
-                f"{newest.epoch} and no longer keeps the plan of epoch {epoch}: a follower that far "
-                "behind cannot catch up by following (there is no state snapshot to copy yet); run "
-                f"it as a --standby on the leader's checkpoint ({checkpoint}) instead"
-            )
+        if newest is not None and newest.epoch > epoch:  # too far behind to replay: copy, then follow
+            self._adopt(leader, newest)
         return None

@@ -116,6 +116,16 @@ class WriteResult:
     deltas: int
 
 
+def state_file(base: str, step: str, epoch: int, lane: int) -> str:
+    """The file a lane wrote its changes of ``step`` to in ``epoch``, under checkpoint path ``base``."""
+    return f"{base}/state/{step}/{epoch:010d}-{lane:04d}.arrow"
+
+
+def referenced_files(index: Mapping[int, Chain]) -> set[tuple[int, int]]:
+    """The (epoch, lane) files the chains of ``index`` read."""
+    return {(seg[0], seg[1]) for chain in index.values() for seg in chain}
+
+
 class KeyGroupStore:
     """State of one stateful step. Pure Python + pyarrow; used inside Spark tasks."""
 
@@ -131,8 +141,8 @@ class KeyGroupStore:
     ):
         if KG not in schema.names or KG not in primary_key:
             raise ValueError(f"state of step {step!r} needs a {KG} column in its primary key")
-        self.fs, base = filesystem(root)
-        self.dir = f"{base}/state/{step}"
+        self.fs, self.base = filesystem(root)
+        self.dir = f"{self.base}/state/{step}"
         self.step = step
         self.root = root
         self.schema = schema
@@ -143,7 +153,7 @@ class KeyGroupStore:
 
     # ------------------------------------------------------------------ reading
     def path(self, epoch: int, lane: int) -> str:
-        return f"{self.dir}/{epoch:010d}-{lane:04d}.arrow"
+        return state_file(self.base, self.step, epoch, lane)
 
     def _read_file(self, epoch: int, lane: int, opened: dict[tuple[int, int], pa.Table]) -> pa.Table:
         key = (epoch, lane)
@@ -265,7 +275,7 @@ class KeyGroupStore:
     # ------------------------------------------------------------------ retention
     def cleanup(self, live_indexes: Iterable[Mapping[int, Chain]], below_epoch: int) -> int:
         """Delete files older than ``below_epoch`` that no chain in ``live_indexes`` uses."""
-        live = {(seg[0], seg[1]) for index in live_indexes for chain in index.values() for seg in chain}
+        live = {f for index in live_indexes for f in referenced_files(index)}
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(self.dir, allow_not_found=True))
         except FileNotFoundError:

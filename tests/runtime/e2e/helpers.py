@@ -86,12 +86,19 @@ class Crash(Exception):
     pass
 
 
-class CrashAfterPublish:
-    """Stops the driver (an exception out of the run) once ``epoch`` published, before its commit."""
+class CrashAt:
+    """Stops the driver (an exception out of the run) at ``point`` of ``epoch``."""
 
-    def __init__(self, epoch: int):
-        self.epoch = epoch
+    def __init__(self, epoch: int, point: FaultPoint):
+        self.epoch, self.point = epoch, point
 
     def reached(self, point: FaultPoint, epoch: int) -> None:
-        if point == FaultPoint.AFTER_PUBLISH and epoch == self.epoch:
-            raise Crash(f"crashed after publishing epoch {epoch}")
+        if point == self.point and epoch == self.epoch:
+            raise Crash(f"crashed at {point} of epoch {epoch}")
+
+
+class CrashAfterPublish(CrashAt):
+    """Stops the driver once ``epoch`` published, before its commit."""
+
+    def __init__(self, epoch: int):
+        super().__init__(epoch, FaultPoint.AFTER_PUBLISH)

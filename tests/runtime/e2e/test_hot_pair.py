@@ -6,6 +6,7 @@ naming the epoch and the sink."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import time
@@ -17,10 +18,12 @@ import pytest
 from eddyline.api.validate import load_spec
 from eddyline.errors import SpecError
 from eddyline.ha.selector import Diverged
+from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.engine import Engine
+from eddyline.runtime.faults import FaultPoint
 from eddyline.runtime.replica import HotPair
 
-from .helpers import bids_window_spec, duckdb_windows, read_windows, write_bid_files
+from .helpers import Crash, CrashAt, bids_window_spec, duckdb_windows, read_windows, write_bid_files
 from .test_failover import LEASE, network  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.slow
@@ -75,6 +78,56 @@ def test_the_follower_runs_the_leaders_plans_checks_every_output_and_then_leads(
     assert rows.num_rows == sum(1 for _ in duckdb_windows(tmp_path / "in"))
     # the leader released its lease at the end; the follower took it over and found nothing more
     assert b.lease.generation == 2 and a.lease.current().holder == b.lease.holder
+
+
+def test_a_follower_too_far_behind_goes_on_from_a_copy_of_the_leaders_state_and_a_former_leader_drops_its_own_plans(
+    spark, tmp_path: Path
+) -> None:
+    """The follower ran epochs 1–2; then the leader, which keeps 2 epochs of plans, ran on to 6
+    (and logged its plan of epoch 7, then died). The follower cannot replay epoch 3, so it
+    copies the leader's commit 6 and the state files it reads and goes on from there: the
+    windows open across epoch 6 come out right. Then the former leader starts again as a
+    follower of the new one: a plan of epoch 7 it logged itself is dropped, it runs the new
+    leader's plans and its outputs match what was published."""
+    write_bid_files(tmp_path / "in", files=9, rows=100, seed=5)
+    spec = bids_window_spec(tmp_path / "in", tmp_path / "out")
+    group, ck_a, ck_b = tmp_path / "group", tmp_path / "a", tmp_path / "b"
+    a, b = HotPair(str(group), str(ck_a), timeout_s=60), HotPair(str(group), str(ck_b), timeout_s=60)
+    assert a.lease.try_acquire()
+    Engine(spec, spark, str(ck_a), lease=a.lease, pair=a, retain_epochs=2).run(epochs=2)
+    assert a.lease.try_acquire()  # (run() let go of it) the leader, between two epochs
+    Engine(spec, spark, str(ck_b), pair=b).run(epochs=2)
+    with pytest.raises(Crash):
+        Engine(spec, spark, str(ck_a), lease=a.lease, pair=a, retain_epochs=2,
+               faults=CrashAt(7, FaultPoint.AFTER_PLAN)).run(until_idle=True)
+    old_a, new_b = Checkpoint(str(ck_a)), Checkpoint(str(ck_b))
+    assert old_a.latest_commit().epoch == 6 and old_a.has_plan(7) and not old_a.has_plan(3)
+    assert new_b.latest_commit().epoch == 2
+    dead = HotPair(str(group), str(ck_a), timeout_s=0.2)  # its last lease, expired when b looks
+    assert dead.lease.try_acquire()
+    time.sleep(0.3)
+
+    seen = Records()
+    Engine(spec, spark, str(ck_b), pair=b, reporter=seen).run(until_idle=True)
+    assert b.adopted == {"checkpoint": str(ck_a), "epoch": 6}
+    assert new_b.read_commit(6) == old_a.read_commit(6)
+    assert new_b.read_plan(7).base == 6  # the engine went on from the copied commit, not from its 2
+    assert [(r["batchId"], r["driver"]["role"]) for r in seen.records][:1] == [(7, "leader")]
+    assert read_windows(tmp_path / "out") == duckdb_windows(tmp_path / "in")
+
+    # a logged its own plan of epoch 7 as b took over (a race the lease check cannot close)
+    old_a.write_plan(dataclasses.replace(new_b.read_plan(8), epoch=7))
+    assert old_a.read_plan(7).sources != new_b.read_plan(7).sources
+    assert HotPair(str(group), str(ck_b), timeout_s=1.0).lease.try_acquire()  # b leads when a comes back
+    a2 = HotPair(str(group), str(ck_a), timeout_s=1.0)
+    back = Records()
+    followed = Engine(spec, spark, str(ck_a), pair=a2, reporter=back).run(until_idle=True)
+    assert a2.adopted is None  # b still keeps the plan after a's last commit
+    assert [r["batchId"] for r in back.records] == list(range(7, new_b.latest_commit().epoch + 1))
+    assert back.records[0]["driver"]["role"] == "follower"
+    assert old_a.read_plan(7).sources == new_b.read_plan(7).sources
+    assert a2.selector.lost == followed.epochs  # every epoch published by b already, same digest
+    assert read_windows(tmp_path / "out") == duckdb_windows(tmp_path / "in")
 
 
 def test_a_step_that_is_not_deterministic_makes_the_follower_stop_naming_epoch_and_sink(spark, tmp_path: Path) -> None:
