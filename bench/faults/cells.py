@@ -218,6 +218,46 @@ def executor_kill(ctx: Ctx) -> None:
         ctx.notes.append("the driver's log does not show the executor lost")
 
 
+def executor_freeze(ctx: Ctx) -> None:
+    """On the two-worker cluster: SIGSTOP to one executor (its JVM and Python workers) inside an
+    epoch for ``DOWN_S``, then SIGCONT: shorter than Spark's executor heartbeat timeout, so its
+    tasks wait and finish late; nothing is lost or run twice."""
+    cluster = ctx.cluster
+    leader = ctx.leader()
+    wait_until(lambda: len(list(cluster.work.glob("app-*/*/stderr"))) >= 2, 120, "two executors",
+               alive=lambda: leader.proc.poll() is None)
+    wait_until(lambda: cluster.executors(0), 60, "an executor on worker 0", alive=lambda: leader.proc.poll() is None)
+    e = ctx.mid_epoch(leader)
+    ctx.fault()
+    procs = [q for p in cluster.executors(0) for q in [p, *p.children(recursive=True)]]
+    for p in procs:
+        with contextlib.suppress(OSError):
+            p.suspend()
+    time.sleep(DOWN_S)
+    for p in procs:
+        with contextlib.suppress(OSError):
+            p.resume()
+    ctx.notes.append(f"executor frozen {DOWN_S:.0f} s in epoch {e} ({len(procs)} processes)")
+    ctx.finish()
+    ctx.expect(leader, *EXITED_0)
+
+
+def worker_restart(ctx: Ctx) -> None:
+    """On the two-worker cluster: SIGTERM to a worker inside an epoch (a clean stop, as in a
+    rolling restart: it stops its executor), and a new worker started in its place."""
+    cluster = ctx.cluster
+    leader = ctx.leader()
+    wait_until(lambda: len(list(cluster.work.glob("app-*/*/stderr"))) >= 2, 120, "two executors",
+               alive=lambda: leader.proc.poll() is None)
+    e = ctx.mid_epoch(leader)
+    ctx.fault()
+    had = len(cluster.executors(0))
+    took = cluster.restart_worker(0)
+    ctx.notes.append(f"worker stopped in epoch {e} ({had} executor JVM; it exited {took:.1f} s after SIGTERM)")
+    ctx.finish()
+    ctx.expect(leader, *EXITED_0)
+
+
 def server_fault(server: str, sig: int) -> Callable[[Ctx], None]:
     """SIGKILL (then started again on the same port and store) or SIGSTOP (then SIGCONT) to the
     NATS server or to every PostgreSQL process, for ``DOWN_S`` seconds inside an epoch."""
@@ -420,6 +460,10 @@ CELLS: list[Cell] = [
          f"after the lease ({LEASE_S:.0f} s); SIGCONT: the old leader must stop, fenced", driver_freeze),
     Cell("executor (2-worker cluster)", "SIGKILL", "SIGKILL to one of the two standalone workers with its executor "
          "inside an epoch (a new worker is started)", executor_kill, cluster=True),
+    Cell("executor (2-worker cluster)", STOP, f"SIGSTOP to one worker's executor (JVM and Python workers) inside "
+         f"an epoch, SIGCONT {DOWN_S:.0f} s later", executor_freeze, cluster=True),
+    Cell("worker (2-worker cluster)", "SIGTERM → new worker", "SIGTERM to one of the two standalone workers inside "
+         "an epoch (it stops its executor), and a new worker started in its place", worker_restart, cluster=True),
     Cell("NATS server", KILL, f"SIGKILL inside an epoch, started again {DOWN_S:.0f} s later (same port and store)",
          server_fault("nats", signal.SIGKILL)),
     Cell("NATS server", STOP, f"SIGSTOP inside an epoch, SIGCONT {DOWN_S:.0f} s later",
@@ -430,6 +474,9 @@ CELLS: list[Cell] = [
          server_fault("pg", signal.SIGSTOP)),
     Cell("key-group move", KILL, f"`--crash-at {MOVE_EPOCH}:in_task` (epoch {MOVE_EPOCH} moves 2 key groups; "
          "a lane has written its state), then `eddyline run` again", point_crash(MOVE_EPOCH, "in_task")),
+    Cell("key-group move", f"{STOP} (standby)", f"`--freeze-at {MOVE_EPOCH}:in_task` (the driver stops while a "
+         "lane writes a moved key group's state); a `--standby` takes over; SIGCONT: the old leader must stop, fenced",
+         point_freeze(MOVE_EPOCH, "in_task")),
     Cell("commit", KILL, f"`--crash-at {COMMIT_EPOCH}:mid_commit` (commit written, not yet in place), "
          "then `eddyline run` again", point_crash(COMMIT_EPOCH, "mid_commit")),
     Cell("commit", f"{STOP} (standby)", f"`--freeze-at {COMMIT_EPOCH}:mid_commit`; a `--standby` takes over; "

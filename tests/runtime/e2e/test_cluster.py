@@ -118,6 +118,20 @@ class Cluster:
         self.workers[i] = self.start_worker()
         return [p.pid for p in procs]
 
+    def restart_worker(self, i: int) -> float:
+        """SIGTERM to worker ``i`` (it stops its executors first, as in a rolling restart), then a
+        fresh worker in its place; the seconds the old one took to exit."""
+        t0 = time.monotonic()
+        self.workers[i].terminate()
+        try:
+            self.workers[i].wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.workers[i].kill()
+            self.workers[i].wait()
+        took = time.monotonic() - t0
+        self.workers[i] = self.start_worker()
+        return took
+
     def executors(self, i: int) -> list:
         """The executor JVMs worker ``i`` runs (psutil processes)."""
         import psutil
