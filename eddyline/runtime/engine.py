@@ -300,6 +300,8 @@ class Engine:
         except EddylineError:
             raise
         except Exception as e:  # a Spark job failed: surface our own message if a task left one
+            if self.lease is not None:  # or it failed because a driver that took over cleared our staging
+                self.lease.check()
             line = task_error_line(e)
             if line is None:
                 raise

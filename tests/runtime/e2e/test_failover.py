@@ -120,3 +120,35 @@ def test_a_standby_takes_over_when_the_leader_dies(network, tmp_path: Path) -> N
     takeover_s = first - died
     print(f"takeover: {takeover_s:.1f} s from the leader's death to the standby's first commit (lease {LEASE} s)")
     assert takeover_s > float(LEASE) * 0.5  # it did wait for the lease to expire
+
+
+class TakenOverMidEpoch:
+    """After epoch ``epoch``'s plan is logged: another driver takes the lease (its clock says
+    ours expired) and the epoch's input file goes away, so that the epoch's job fails, as the
+    old leader's does when the new one clears the staging it was writing."""
+
+    def __init__(self, checkpoint: Path, epoch: int, victim: Path):
+        self.checkpoint, self.epoch, self.victim = checkpoint, epoch, victim
+
+    def reached(self, point, epoch: int) -> None:  # noqa: ANN001
+        from eddyline.ha.lease import Lease
+        from eddyline.runtime.faults import FaultPoint
+
+        if point == FaultPoint.AFTER_PLAN and epoch == self.epoch:
+            assert Lease(str(self.checkpoint), holder="the other", clock=lambda: time.time() + 3600).try_acquire()
+            self.victim.unlink()
+
+
+def test_a_job_that_fails_after_a_takeover_stops_its_driver_as_fenced(spark, tmp_path: Path) -> None:
+    from eddyline.ha.lease import Fenced, Lease
+    from eddyline.runtime.engine import Engine
+
+    write_bid_files(tmp_path / "in", files=3, rows=50, seed=2)
+    ckpt = tmp_path / "ckpt"
+    lease = Lease(str(ckpt), timeout_s=5)
+    assert lease.try_acquire()
+    faults = TakenOverMidEpoch(ckpt, 2, sorted((tmp_path / "in").iterdir())[1])
+    engine = Engine(bids_window_spec(tmp_path / "in", tmp_path / "out"), spark, str(ckpt), lease=lease, faults=faults)
+    with pytest.raises(Fenced, match=r"taken over by the other \(generation 2\)"):
+        engine.run(until_idle=True)
+    assert not (ckpt / "commits" / f"{2:010d}.json").exists()
