@@ -9,7 +9,7 @@ cluster of ``tests/runtime/e2e/test_cluster.py``.
 
 Usage::
 
-    ./dev.sh bench bench/faults/matrix.py                  # every cell (~30 min on 2 cores)
+    ./dev.sh bench bench/faults/matrix.py                  # every cell (~15 min on a quiet 2-core machine)
     python bench/faults/matrix.py --only driver,commit     # the cells whose fault names contain these
     python bench/faults/matrix.py --keep /tmp/fm --no-write
 
