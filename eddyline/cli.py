@@ -246,11 +246,14 @@ def _pair(group: str, checkpoint: str, standby: bool, timeout_s: float):  # noqa
 
 
 def _target(to: str) -> tuple[str, str]:
-    """``nats://host:port/STREAM`` → (server URL, stream)."""
-    head, _, stream = to.rstrip("/").rpartition("/")
-    if not to.startswith("nats://") or not stream or head in ("nats:", "nats:/"):
-        raise SpecError(f"--to: expected nats://host:port/STREAM, got {to!r}")
-    return head, stream
+    """``nats://host:port/STREAM`` (or ``tls://host:port/STREAM?ca=…``) → (server URL, stream)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(to)
+    stream = parts.path.strip("/")
+    if parts.scheme not in ("nats", "tls") or not parts.netloc or not stream or "/" in stream:
+        raise SpecError(f"--to: expected nats://host:port/STREAM or tls://host:port/STREAM[?ca=FILE], got {to!r}")
+    return f"{parts.scheme}://{parts.netloc}" + (f"?{parts.query}" if parts.query else ""), stream
 
 
 def _feeds(what: str, subject: str, only: str | None, sets: list[str]):  # noqa: ANN202

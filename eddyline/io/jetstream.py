@@ -57,6 +57,7 @@ from eddyline.io.natswire import (
     NatsUnreachable,
     ensure_stream,
     redact,
+    tls_context,
 )
 from eddyline.io.records import decode, split_decoded, to_json_column
 from eddyline.io.retry import Health, with_retry
@@ -78,8 +79,13 @@ MIN_PER_TASK = 20_000
 
 def _nats_url(url: str) -> str:
     parts = urlsplit(url)
-    if parts.scheme != "nats" or not parts.hostname:
-        raise ValueError(f"expected nats://[user:password@]host[:port] (no TLS yet), got {redact(url)!r}")
+    if parts.scheme not in ("nats", "tls") or not parts.hostname:
+        raise ValueError(f"expected nats://[user:password@]host[:port] or tls://…[?ca=FILE[&cert=FILE&key=FILE]], "
+                         f"got {redact(url)!r}")
+    try:
+        tls_context(url)  # a bad option or certificate file is refused before anything runs
+    except NatsError as e:
+        raise ValueError(str(e)) from e
     return url
 
 

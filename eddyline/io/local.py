@@ -38,20 +38,23 @@ class LocalNats:
     (a temporary one by default). It can be paused (SIGSTOP), killed and started again on the
     same port and store, which is what the fault tests do to it."""
 
-    def __init__(self, directory: str | None = None, port: int | None = None):
+    def __init__(self, directory: str | None = None, port: int | None = None, tls: tuple[str, str] | None = None):
+        """``tls``: (certificate file, key file): the server then requires TLS."""
         self._own_dir = directory is None
         self.directory = directory or tempfile.mkdtemp(prefix="eddyline-nats-")
         self.port = port or _free_port()
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://127.0.0.1:{self.port}"
 
     def start(self) -> LocalNats:
         log = open(os.path.join(self.directory, "server.log"), "ab")  # noqa: SIM115 (the server's)
+        tls = ["--tls", "--tlscert", self.tls[0], "--tlskey", self.tls[1]] if self.tls else []
         self.proc = subprocess.Popen(
-            [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", self.directory],
+            [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", self.directory, *tls],
             stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()

@@ -8,7 +8,9 @@ spends most of its time per message in Python (header parsing alone is ~35 µs a
 200K small messages took 3 s with it and under 0.5 s here; see docs/perf-notes.md. The
 protocol subset is small — CONNECT, SUB, PUB/HPUB, MSG/HMSG, PING/PONG, -ERR — and everything else
 (stream administration in the tests, the reference reader the tests compare against) is left to
-nats-py. URLs: ``nats://[user:password@ | token@]host[:port]``; TLS is not supported here.
+nats-py. URLs: ``nats://[user:password@ | token@]host[:port]``, or ``tls://…`` for a server
+that requires TLS, with ``?ca=FILE`` (certificates to trust instead of the system's) and, for
+mutual TLS, ``&cert=FILE&key=FILE`` (this client's certificate and key).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import json
 import os
 import select
 import socket
+import ssl
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from eddyline.errors import EddylineError
 
@@ -37,6 +40,33 @@ class NatsUnreachable(NatsError):
 DEDUP_WINDOW_MS = 120_000
 
 
+#: what a ``tls://`` URL's query may say: files of certificates to trust, and this client's own
+TLS_OPTIONS = ("ca", "cert", "key")
+
+
+def tls_context(url: str) -> ssl.SSLContext | None:
+    """The TLS settings of a ``tls://`` URL (None for ``nats://``); a bad option or file is a
+    :class:`NatsError` naming it."""
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    options = dict(parse_qsl(parts.query))
+    if parts.scheme != "tls":
+        if options:
+            raise NatsError(f"{redact(url)}: options {sorted(options)} need a tls:// URL")
+        return None
+    unknown = sorted(set(options) - set(TLS_OPTIONS))
+    if unknown:
+        raise NatsError(f"{redact(url)}: unknown TLS option(s) {unknown}; expected {list(TLS_OPTIONS)}")
+    if "key" in options and "cert" not in options:
+        raise NatsError(f"{redact(url)}: key= without cert=")
+    try:
+        context = ssl.create_default_context(cafile=options.get("ca"))
+        if "cert" in options:
+            context.load_cert_chain(options["cert"], options.get("key"))
+    except (OSError, ssl.SSLError) as e:
+        raise NatsError(f"{redact(url)}: TLS files {options}: {e}") from e
+    return context
+
+
 def redact(url: str) -> str:
     """``url`` without its password or token, for messages."""
     parts = urlsplit(url if "://" in url else f"nats://{url}")
@@ -50,8 +80,9 @@ class NatsConnection:
     def __init__(self, url: str, *, timeout_s: float = 5.0, name: str = "eddyline"):
         self.url = url
         parts = urlsplit(url if "://" in url else f"nats://{url}")
-        if parts.scheme not in ("nats", ""):
-            raise NatsError(f"{redact(url)}: only nats:// URLs are supported (no TLS yet)")
+        if parts.scheme not in ("nats", "tls"):
+            raise NatsError(f"{redact(url)}: expected a nats:// or tls:// URL")
+        tls = tls_context(url)
         options: dict[str, Any] = {
             "verbose": False, "pedantic": False, "headers": True, "no_responders": True,
             "protocol": 1, "name": name, "lang": "python-eddyline",
@@ -60,19 +91,32 @@ class NatsConnection:
             options |= {"user": unquote(parts.username), "pass": unquote(parts.password)}
         elif parts.username:
             options["auth_token"] = unquote(parts.username)
+        host = parts.hostname or "127.0.0.1"
         try:
-            self.sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4222), timeout_s)
+            self.sock = socket.create_connection((host, parts.port or 4222), timeout_s)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.file = self.sock.makefile("rb", buffering=1 << 20)
-            info = self.file.readline()
+            # the server sends INFO in the clear and then waits for us (for TLS: the handshake)
+            info = b""
+            while not info.endswith(b"\n") and len(info) < 1 << 16:
+                chunk = self.sock.recv(4096)
+                if not chunk:
+                    break
+                info += chunk
             if not info.startswith(b"INFO "):
                 raise NatsError(f"{redact(url)}: not a NATS server (it said {info[:40]!r})")
             self.info = json.loads(info[5:])
+            if tls is not None:
+                self.sock = tls.wrap_socket(self.sock, server_hostname=host)
+            elif self.info.get("tls_required"):
+                raise NatsError(f"{redact(url)}: the server requires TLS: use a tls:// URL")
+            self.file = self.sock.makefile("rb", buffering=1 << 20)
             self.inbox = f"_INBOX.{os.urandom(8).hex()}"
             self.sock.sendall(
                 b"CONNECT " + json.dumps(options).encode() + b"\r\nSUB " + self.inbox.encode() + b".* 1\r\nPING\r\n"
             )
             self._expect_pong()
+        except ssl.SSLCertVerificationError as e:  # not a passing outage: say so, do not retry
+            raise NatsError(f"{redact(url)}: TLS: {e.verify_message or e}") from e
         except OSError as e:
             raise NatsUnreachable(f"{redact(url)}: {e}") from e
         self._next = 0
@@ -358,7 +402,10 @@ class Subscription:
             self.conn._expect_pong()  # the server took the SUB, or said why not (-ERR)
             sock = self.conn.sock
             sock.setblocking(False)  # what the buffered reader holds past the PONG, without waiting
-            self._buf = bytearray(self.conn.file.read1(1 << 20) or b"")
+            try:
+                self._buf = bytearray(self.conn.file.read1(1 << 20) or b"")
+            except ssl.SSLWantReadError:
+                self._buf = bytearray()
             sock.settimeout(timeout_s)
         except BaseException:
             self.conn.close()
@@ -375,15 +422,14 @@ class Subscription:
         sock, wait, limit = self.conn.sock, timeout_s, max_bytes
         try:
             while True:
-                ready, _, _ = select.select([sock], [], [], wait)
-                if not ready:
+                if not self._readable(wait):
                     return []
                 while True:  # what is there, without waiting, up to the limit
                     chunk = sock.recv(1 << 20)
                     if not chunk:
                         raise NatsUnreachable(f"{redact(self.url)}: the server closed the connection")
                     self._buf += chunk
-                    if len(self._buf) >= limit or not select.select([sock], [], [], 0)[0]:
+                    if len(self._buf) >= limit or not self._readable(0):
                         break
                 out = self._parse(max_bytes)
                 if out:
@@ -393,6 +439,14 @@ class Subscription:
                 limit, wait = len(self._buf) + (1 << 20), 0.05
         except OSError as e:
             raise NatsUnreachable(f"{redact(self.url)}: {e}") from e
+
+    def _readable(self, wait: float) -> bool:
+        """Something to receive within ``wait`` seconds (over TLS: bytes already decrypted, which
+        the socket no longer shows to ``select``, count too)."""
+        sock = self.conn.sock
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return True
+        return bool(select.select([sock], [], [], wait)[0])
 
     def _parse(self, max_bytes: int) -> list[bytes]:
         """The complete messages at the front of the buffer (control frames handled on the way)."""

@@ -157,17 +157,18 @@ def test_the_sink_publishes_each_row_once_and_a_replayed_epoch_adds_nothing(spar
     ]
 
 
-def test_a_url_that_is_not_nats_is_refused_with_the_spec_and_names_the_field():
+def test_a_url_that_is_not_nats_or_tls_is_refused_with_the_spec_and_names_the_field():
     from pydantic import ValidationError
 
     from eddyline.api.validate import load_spec
     from eddyline.errors import SpecError
 
-    for bad in ("tls://user:secret@host:4222", "http://host", "nats://"):
+    for bad in ("https://user:secret@host:4222", "http://host", "nats://", "tls://user:secret@host:4222?ca=/nowhere"):
         with pytest.raises(SpecError) as e:
             load_spec({"name": "n", "sources": [{"name": "b", "nats": {"url": bad, "stream": "S", "schema": SCHEMA}}],
                        "steps": [], "sinks": [{"name": "o", "input": "b", "memory": {}}]})
         first = e.value.problems[0]
-        assert first.startswith("source 'b': url: expected nats://") and "secret" not in first, first
-    with pytest.raises(ValidationError, match="nats.url"):
-        SinkSpec.model_validate({"name": "o", "input": "x", "nats": {"url": "tls://h", "stream": "S", "subject": "s"}})
+        assert first.startswith("source 'b': url: ") and "secret" not in first, first
+        assert "expected nats://" in first or "TLS files {'ca': '/nowhere'}" in first, first
+    with pytest.raises(ValidationError, match=r"nats.url(.|\n)*unknown TLS option"):
+        SinkSpec.model_validate({"name": "o", "input": "x", "nats": {"url": "tls://h?cafile=x", "stream": "S", "subject": "s"}})
