@@ -200,14 +200,20 @@ def driver_freeze(ctx: Ctx) -> None:
     fenced(ctx, leader, waiting)
 
 
-def executor_kill(ctx: Ctx) -> None:
-    """On the two-worker standalone cluster: SIGKILL to a worker (its JVM, its executor's JVM and
-    Python workers) inside an epoch. A new worker is started in its place."""
+def cluster_leader(ctx: Ctx) -> tuple[Any, Driver, int]:
+    """The leader on the two-worker cluster, once both executors run, inside an epoch: (the
+    cluster, the leader, the epoch)."""
     cluster = ctx.cluster
     leader = ctx.leader()
     wait_until(lambda: len(list(cluster.work.glob("app-*/*/stderr"))) >= 2, 120, "two executors",
                alive=lambda: leader.proc.poll() is None)
-    e = ctx.mid_epoch(leader)
+    return cluster, leader, ctx.mid_epoch(leader)
+
+
+def executor_kill(ctx: Ctx) -> None:
+    """On the two-worker standalone cluster: SIGKILL to a worker (its JVM, its executor's JVM and
+    Python workers) inside an epoch. A new worker is started in its place."""
+    cluster, leader, e = cluster_leader(ctx)
     ctx.fault()
     had = len(cluster.executors(0))
     killed = cluster.kill_worker(0)
@@ -222,20 +228,18 @@ def executor_freeze(ctx: Ctx) -> None:
     """On the two-worker cluster: SIGSTOP to one executor (its JVM and Python workers) inside an
     epoch for ``DOWN_S``, then SIGCONT: shorter than Spark's executor heartbeat timeout, so its
     tasks wait and finish late; nothing is lost or run twice."""
-    cluster = ctx.cluster
-    leader = ctx.leader()
-    wait_until(lambda: len(list(cluster.work.glob("app-*/*/stderr"))) >= 2, 120, "two executors",
-               alive=lambda: leader.proc.poll() is None)
+    import psutil
+
+    cluster, leader, e = cluster_leader(ctx)
     wait_until(lambda: cluster.executors(0), 60, "an executor on worker 0", alive=lambda: leader.proc.poll() is None)
-    e = ctx.mid_epoch(leader)
-    ctx.fault()
     procs = [q for p in cluster.executors(0) for q in [p, *p.children(recursive=True)]]
+    ctx.fault()
     for p in procs:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(psutil.Error):
             p.suspend()
     time.sleep(DOWN_S)
     for p in procs:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(psutil.Error):
             p.resume()
     ctx.notes.append(f"executor frozen {DOWN_S:.0f} s in epoch {e} ({len(procs)} processes)")
     ctx.finish()
@@ -245,11 +249,7 @@ def executor_freeze(ctx: Ctx) -> None:
 def worker_restart(ctx: Ctx) -> None:
     """On the two-worker cluster: SIGTERM to a worker inside an epoch (a clean stop, as in a
     rolling restart: it stops its executor), and a new worker started in its place."""
-    cluster = ctx.cluster
-    leader = ctx.leader()
-    wait_until(lambda: len(list(cluster.work.glob("app-*/*/stderr"))) >= 2, 120, "two executors",
-               alive=lambda: leader.proc.poll() is None)
-    e = ctx.mid_epoch(leader)
+    cluster, leader, e = cluster_leader(ctx)
     ctx.fault()
     had = len(cluster.executors(0))
     took = cluster.restart_worker(0)
