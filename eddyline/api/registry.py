@@ -121,6 +121,14 @@ class StepKind(Kind):
         """The inputs (by position) where overload control may shed rows."""
         return tuple(range(len(self.inputs(step))))
 
+    def revisions(self, params: Any) -> str | None:
+        """Whether the step takes an input that carries revisions (a ``_diff`` weight column,
+        see docs/revisions.md): None when it does (a stateless step carries each row's weight
+        through; a kernel retracts what it emitted and emits only deltas), else why not."""
+        if self.stateful:
+            return "its kernel does not take rows back"
+        return None
+
     def single_key_group(self, params: Any) -> bool:
         """Whether every row falls in key group 0 (a global window: parallelism 1), so the
         step is placed as a whole box instead of key group by key group."""

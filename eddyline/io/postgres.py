@@ -1,9 +1,12 @@
 """The ``postgres`` sink: each epoch's rows land in a PostgreSQL table exactly once.
 
-``mode: append`` copies every row in. ``mode: upsert`` applies a changelog by ``key``: the
-``_op`` column an ``aggregate`` emits says per row whether it is an ``insert``/``update`` (written
-with ``INSERT ... ON CONFLICT (key) DO UPDATE``) or a ``delete`` (the row with that key goes);
-``_op`` itself is never a table column.
+``mode: append`` copies every row in. ``mode: upsert`` writes rows by ``key`` (``INSERT ... ON
+CONFLICT (key) DO UPDATE``). An input that carries revisions (a ``_diff`` column, as an
+``aggregate`` emits: docs/revisions.md) is applied as a changelog by key: the epoch's revisions
+are summed per row first, then a row taken back (−1) deletes its key and a row put in (+1)
+upserts it, so an aggregate's "old row out, new row in" becomes one update. ``_diff`` itself is
+never a table column. A keyed table holds one row per key, so a summed weight other than ±1 is
+refused, naming the row; append mode refuses revisions (it cannot tell which copy to delete).
 
 Exactly once rests on one transaction per epoch. Besides the rows, that transaction inserts the
 row (network, checkpoint, sink, epoch) into ``eddyline_epochs``, a small bookkeeping table beside the target
@@ -52,7 +55,7 @@ from pydantic import Field
 
 from eddyline.api.registry import SINKS
 from eddyline.api.units import Columns, Duration, Model, names
-from eddyline.columns import OP
+from eddyline.columns import DIFF
 from eddyline.errors import SinkError
 from eddyline.io.retry import Health, with_retry
 from eddyline.io.sinks import Sink, SinkKind
@@ -73,8 +76,9 @@ UNDO = "eddyline_undo"
 #: the column of the target table that marks the rows of tentative epochs
 TENTATIVE = "tentative"
 _STAGED = "eddyline_staged"
-_UPSERT_OPS = ("insert", "update")
-_DELETE = "delete"
+#: the staged rows' action column (upsert mode): what to do with the row's key
+_ACTION = "eddyline_action"
+_UPSERT, _DELETE = "upsert", "delete"
 
 
 class Postgres(Model):
@@ -122,7 +126,7 @@ class Layout:
 
     columns: tuple[Column, ...]
     key: tuple[str, ...]
-    changelog: bool  # the input has an _op column
+    changelog: bool  # the input carries revisions (a _diff column)
     tentative: bool = False  # the table has the column TENTATIVE, which the sink writes
 
     @property
@@ -162,7 +166,7 @@ def column_of(field: StructField, sink: str) -> Column:
 def layout_of(schema: StructType, params: Postgres, sink: str, tentative: bool = False) -> Layout:
     key = names(params.key)
     present = set(schema.fieldNames())
-    changelog = OP in present
+    changelog = DIFF in present
     if tentative and TENTATIVE in present:
         raise SinkError(
             f"sink '{sink}': its input has a column {TENTATIVE!r}, the name of the column the "
@@ -171,24 +175,24 @@ def layout_of(schema: StructType, params: Postgres, sink: str, tentative: bool =
         )
     if changelog and params.mode == "append":
         raise SinkError(
-            f"sink '{sink}': its input is a changelog (column {OP}: insert/update/delete per "
-            "key); appending it would add a row per change. Use mode: upsert with key: <the "
-            "input's key column(s)>"
+            f"sink '{sink}': its input carries revisions (column {DIFF}: +1 puts a row in, -1 "
+            "takes it back); appending them would add a row per change. Use mode: upsert with "
+            "key: <the input's key column(s)>, or a files sink (it keeps the _diff column)"
         )
     for k in key:
         if k not in present:
             raise SinkError(
                 f"sink '{sink}': key column {k!r} is not in its input (columns: "
-                f"{', '.join(f for f in schema.fieldNames() if f != OP)})"
+                f"{', '.join(f for f in schema.fieldNames() if f != DIFF)})"
             )
-    columns = tuple(column_of(f, sink) for f in schema.fields if f.name != OP)
+    columns = tuple(column_of(f, sink) for f in schema.fields if f.name != DIFF)
     return Layout(columns, key, changelog, tentative)
 
 
 def last_per_key(table: pa.Table, key: Sequence[str]) -> pa.Table:
     """One row per key: the last one in input order, as if the rows were applied one after
-    another. An aggregate's changelog has each key at most once per epoch already; this keeps
-    ``INSERT ... ON CONFLICT`` (which refuses to touch a row twice) safe for any other input."""
+    another. Summed revisions leave a key at most a delete then an upsert; this keeps
+    ``INSERT ... ON CONFLICT`` (which refuses to touch a row twice) safe for any input."""
     seq = "__eddyline_seq"
     order = pa.array(range(table.num_rows), pa.int64())
     numbered = table.select(list(key)).append_column(seq, order)
@@ -411,19 +415,34 @@ class PostgresSink(Sink):
         assert self.layout is not None
         if self.params.mode == "append":
             return [staged.column(n).to_pylist() for n in self.layout.names]
-        if not self.layout.changelog:
-            staged = staged.append_column(OP, pa.array(["insert"] * staged.num_rows, pa.string()))
-        self._check_ops(staged.column(OP))
+        if self.layout.changelog:
+            staged = self._as_actions(staged)
+        else:
+            staged = staged.append_column(_ACTION, pa.array([_UPSERT] * staged.num_rows, pa.string()))
         staged = last_per_key(staged, self.layout.key)
-        return [staged.column(n).to_pylist() for n in [*self.layout.names, OP]]
+        return [staged.column(n).to_pylist() for n in [*self.layout.names, _ACTION]]
 
-    def _check_ops(self, ops: pa.ChunkedArray) -> None:
-        unknown = set(pc.unique(ops).to_pylist()) - {*_UPSERT_OPS, _DELETE}
-        if unknown:
+    def _as_actions(self, staged: pa.Table) -> pa.Table:
+        """Revisions → one action per row: summed per row (what cancels goes), deletes before
+        upserts (so that an old row out and a new row in of one key leave the new row)."""
+        assert self.layout is not None
+        names = self.layout.names
+        summed = staged.group_by(names, use_threads=False).aggregate([(DIFF, "sum")])
+        weight = summed.column(f"{DIFF}_sum")
+        summed = summed.filter(pc.not_equal(weight, 0))
+        weight = summed.column(f"{DIFF}_sum")
+        odd = summed.filter(pc.greater(pc.abs(weight), 1))
+        if odd.num_rows:
+            row = {n: odd.column(n)[0].as_py() for n in names}
             raise SinkError(
-                f"sink '{self.name}': column {OP} has {sorted(unknown, key=str)}; expected "
-                f"{', '.join([*_UPSERT_OPS, _DELETE])}"
+                f"sink '{self.name}': row {row} weighs {odd.column(f'{DIFF}_sum')[0].as_py()} once the "
+                f"epoch's revisions are summed; a table keyed by ({', '.join(self.layout.key)}) holds "
+                "one row per key"
             )
+        deletes = pc.less(weight, 0)
+        ordered = summed.take(pc.sort_indices(pa.table({"d": pc.invert(deletes)}), [("d", "ascending")]))
+        action = pc.if_else(pc.less(ordered.column(f"{DIFF}_sum"), 0), _DELETE, _UPSERT)
+        return ordered.select(names).append_column(_ACTION, action)
 
     def _write(
         self, conn: psycopg.Connection[Any], epoch: int, values: list[list[Any]], tentative: bool
@@ -507,10 +526,10 @@ class PostgresSink(Sink):
         defs = [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.sql_type))
                 for c in self.layout.columns]
         if op:
-            defs.append(sql.SQL("{} text").format(sql.Identifier(OP)))
+            defs.append(sql.SQL("{} text").format(sql.Identifier(_ACTION)))
         conn.execute(sql.SQL("CREATE TEMP TABLE {} ({}) ON COMMIT DROP").format(
             staged, sql.SQL(", ").join(defs)))
-        self._copy(conn, staged, [*self._copy_types(), *([(OP, "text")] if op else [])], values)
+        self._copy(conn, staged, [*self._copy_types(), *([(_ACTION, "text")] if op else [])], values)
         return staged
 
     def _apply(self, conn: psycopg.Connection[Any], epoch: int, values: list[list[Any]], tentative: bool) -> None:
@@ -564,7 +583,7 @@ class PostgresSink(Sink):
             sql.SQL("t.{k} = s.{k}").format(k=sql.Identifier(k)) for k in self.layout.key
         )
         return sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE {} AND s.{} = {}").format(
-            self._target(), staged, same_key, sql.Identifier(OP), sql.Literal(_DELETE))
+            self._target(), staged, same_key, sql.Identifier(_ACTION), sql.Literal(_DELETE))
 
     def _upsert_statement(self, staged: sql.Identifier, tentative: bool = False) -> sql.Composed:
         from psycopg import sql
@@ -585,7 +604,7 @@ class PostgresSink(Sink):
             "INSERT INTO {} ({}) SELECT {} FROM {} WHERE {} <> {} ON CONFLICT ({}) {}"
         ).format(
             self._target(), columns, values, staged,
-            sql.Identifier(OP), sql.Literal(_DELETE), _idents(self.layout.key), on_conflict,
+            sql.Identifier(_ACTION), sql.Literal(_DELETE), _idents(self.layout.key), on_conflict,
         )
 
     # -- retracting tentative epochs ---------------------------------------------------------
@@ -733,8 +752,8 @@ class PostgresKind(SinkKind):
         if p.mode == "append" and key:
             problems.append("postgres.key: append writes every row as it comes and has no key; "
                             "remove key or use mode: upsert")
-        if OP in key:
-            problems.append(f"postgres.key: {OP} says what to do with a row, it is not a column")
+        if DIFF in key:
+            problems.append(f"postgres.key: {DIFF} is a revision's weight, not a column")
         if len(set(key)) != len(key):
             problems.append("postgres.key: a column appears twice")
         if redact(p.url).startswith("<"):

@@ -1,5 +1,5 @@
-"""``aggregate: {key, aggregates, time}``: an unbounded aggregate per key with a changelog output
-(per epoch one row per key whose value changed, ``_op`` = insert, then update)."""
+"""``aggregate: {key, aggregates, time}``: an unbounded aggregate per key whose output is a
+changelog of revisions (per epoch and changed key: the old row with ``_diff`` −1, the new with +1)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
 
 class KeyedAggregate(Model):
-    """An unbounded aggregate per key with a changelog output: each epoch, one row per key whose
-    value changed, with ``_op`` = ``insert`` (first time) or ``update`` (upsert semantics)."""
+    """An unbounded aggregate per key whose output is a changelog: each epoch, per key whose
+    value changed, its previous row with ``_diff`` = −1 (unless it is new) and its new row with
+    +1 (docs/revisions.md)."""
 
     key: Columns
     aggregates: dict[Name, str] = Field(min_length=1)  # count/sum/min/max/avg(col), last(col), max_by(col, by)
@@ -30,6 +31,12 @@ class KeyedAggregate(Model):
 class KeyedAggregateKind(KeyedStepKind):
     key = "aggregate"
     params = KeyedAggregate
+
+    def revisions(self, params: Any) -> str | None:
+        from eddyline.operators.keyed import KeyedAggregateSpec, keyed_revision_problem
+
+        specs = [KeyedAggregateSpec.parse(name, text) for name, text in params.aggregates.items()]
+        return keyed_revision_problem([(s.name, s.func) for s in specs])
 
     def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:
         from eddyline.operators.keyed import KeyedAggregateKernel, KeyedAggregateSpec

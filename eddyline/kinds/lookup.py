@@ -51,6 +51,9 @@ class LookupKind(StepKind):
         """The files whose version the epoch plan pins."""
         return params.table
 
+    def revisions(self, params: Any) -> str | None:
+        return "a retraction could meet a newer version of the table than the row it takes back did"
+
     def describe(self, step: StepSpec, key_groups: int) -> list[str]:
         lk = step.params
         return [f"lookup in {lk.table.path} on {lk.key} = {lk.table_key}   [broadcast join, versioned table]"]

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import AfterValidator
 
 from eddyline.api.registry import STEPS
+from eddyline.columns import DIFF
 from eddyline.kinds.base import CompileContext, StepKind, sql_problems
 
 if TYPE_CHECKING:
@@ -37,4 +38,7 @@ class Select(StepKind):
         return [f"select  {', '.join(step.params)}   [Spark SQL, JVM]"]
 
     def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
-        return inputs[0].selectExpr(*step.params)
+        out = inputs[0].selectExpr(*step.params)
+        if DIFF in inputs[0].columns and DIFF not in out.columns:
+            out = inputs[0].selectExpr(*step.params, DIFF)  # a revision keeps its weight
+        return out

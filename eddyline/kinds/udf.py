@@ -16,6 +16,7 @@ from pydantic import Field
 
 from eddyline.api.registry import STEPS
 from eddyline.api.units import Model
+from eddyline.columns import DIFF
 from eddyline.errors import TASK_MARK, SpecError
 from eddyline.kinds.base import CompileContext, StepKind, arrow_schema, ddl, first_line, resolve
 
@@ -89,6 +90,15 @@ class UdfRunner:
 class UdfKind(StepKind):
     key = "udf"
     params = Udf
+
+    def revisions(self, params: Any) -> str | None:
+        try:
+            declared = ddl(params.schema_).fieldNames()
+        except Exception:
+            return None  # compile names the bad schema
+        if DIFF in declared:
+            return None
+        return f"declare '{DIFF} bigint' in its schema and return each row with its input row's {DIFF}"
 
     def describe(self, step: StepSpec, key_groups: int) -> list[str]:
         u = step.params

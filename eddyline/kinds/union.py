@@ -8,6 +8,7 @@ from pydantic import AfterValidator
 
 from eddyline.api.registry import STEPS
 from eddyline.api.units import Name
+from eddyline.columns import DIFF
 from eddyline.errors import SpecError
 from eddyline.kinds.base import CompileContext, StepKind
 
@@ -39,6 +40,8 @@ class Union(StepKind):
         return [f"union of {', '.join(step.params)}   [Spark union, no shuffle]"]
 
     def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
+        if any(DIFF in df.columns for df in inputs):  # an insert-only input's rows weigh +1
+            inputs = [df if DIFF in df.columns else df.selectExpr("*", f"CAST(1 AS BIGINT) AS {DIFF}") for df in inputs]
         first = inputs[0]
         for other in inputs[1:]:
             if [f.name for f in other.schema] != [f.name for f in first.schema]:

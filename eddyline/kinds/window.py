@@ -29,7 +29,7 @@ from eddyline.api.units import (
     format_duration_ms,
     names,
 )
-from eddyline.columns import KG, WEIGHT
+from eddyline.columns import DIFF, KG, WEIGHT
 from eddyline.errors import SpecError
 from eddyline.kinds.base import (
     Aggregating,
@@ -38,7 +38,14 @@ from eddyline.kinds.base import (
     arrow_schema,
     check_aggregates,
 )
-from eddyline.operators.window import START_MS, WINDOW_END, WINDOW_START, WindowConfig, WindowKernel
+from eddyline.operators.window import (
+    START_MS,
+    WINDOW_END,
+    WINDOW_START,
+    WindowConfig,
+    WindowKernel,
+    revision_problem,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -71,8 +78,9 @@ class WindowAggregate(Aggregating, Model):
     def keys(self) -> tuple[str, ...]:
         return names(self.key)
 
-    def config(self) -> WindowConfig:
+    def config(self, weighted: bool = False) -> WindowConfig:
         return WindowConfig(
+            weighted=weighted,
             keys=self.keys,
             size_ms=self.window.size,
             slide_ms=self.window.slide_ms,
@@ -97,6 +105,9 @@ class WindowAggregateKind(StepKind):
 
     def late_target(self, params: Any) -> Files | None:
         return params.late
+
+    def revisions(self, params: Any) -> str | None:
+        return revision_problem(params.parsed_aggregates)
 
     def kernel(self, params: Any, *schemas: pa.Schema) -> WindowKernel:
         (schema,) = schemas
@@ -128,7 +139,8 @@ class WindowAggregateKind(StepKind):
         estimate = WEIGHT in df.columns
         if estimate:
             wa, df = _weighted(wa, df)
-        cfg = wa.config()
+        weighted = DIFF in df.columns
+        cfg = wa.config(weighted)
         time_type = df.schema[wa.time].dataType
         if not isinstance(time_type, TimestampType | TimestampNTZType):
             raise SpecError(
@@ -159,12 +171,14 @@ class WindowAggregateKind(StepKind):
             live = live.where(f"{START_MS} + {size + lateness} > {wm}")
         aggs: list[str] = []
         for pcol, func, col, _ in cfg.partial_columns():
-            if func == "count":
+            if func == "count" and weighted:  # a revision's weight counts (negative: taken back)
+                aggs.append(f"sum({DIFF if col is None else f'CASE WHEN `{col}` IS NULL THEN 0 ELSE {DIFF} END'}) AS `{pcol}`")
+            elif func == "count":
                 aggs.append(f"count({'1' if col is None else f'`{col}`'}) AS `{pcol}`")
             elif func == "sum":
                 ctype = live.schema[col].dataType.simpleString()
                 c = f"CAST(`{col}` AS DOUBLE)" if ctype.startswith("decimal") or ctype in ("float", "double") else f"`{col}`"
-                aggs.append(f"sum({c}) AS `{pcol}`")
+                aggs.append(f"sum({c}{f' * {DIFF}' if weighted else ''}) AS `{pcol}`")
             else:
                 aggs.append(f"{func}(`{col}`) AS `{pcol}`")
         partial = live.groupBy(KG, *cfg.keys, START_MS).agg(*[F.expr(a) for a in aggs])

@@ -2,9 +2,10 @@
 
 :class:`KeyedAggregateKernel` keeps one state row per distinct key **forever** (there is no
 watermark-based emission and no TTL: an average price per category or a winning bid per auction
-can change at any time) and emits, every epoch, one row per key whose result changed, with
-``_op`` = ``"insert"`` the first time the key is emitted and ``"update"`` afterwards. A consumer
-applies the changelog with upsert semantics: the newest row per key is the current value.
+can change at any time) and emits, every epoch, the change of each key whose result changed as
+revisions (docs/revisions.md): its previous row with ``_diff`` = −1 and its new row with +1. Summed
+per row, the changelog is the current result; a consumer keyed by the key may also simply apply
+the −1 rows as deletes, then the +1 rows as upserts.
 
 The rest of this module is shared by the kernels of :mod:`eddyline.operators.dedup`,
 :mod:`~eddyline.operators.topk`, :mod:`~eddyline.operators.session`,
@@ -37,11 +38,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.columns import KG, OP
+from eddyline.columns import DIFF, KG
 from eddyline.operators.base import KernelResult, sortable
 from eddyline.operators.window import TIMESTAMP, event_time_ms
 
-INSERT, UPDATE = "insert", "update"
+#: a revised input's partial: the rows per key (the sum of their weights); at 0 the key is gone
+ROWS = "_n"
 
 ArrayLike = pa.Array | pa.ChunkedArray
 
@@ -337,15 +339,21 @@ def partial_columns(
     return out
 
 
-def row_partials(table: pa.Table, partials: Sequence[PartialColumn]) -> dict[str, ArrayLike]:
-    """Each row as a one-row partial: count(*) → 1, count(col) → 1 or 0, others → the value."""
+def row_partials(
+    table: pa.Table, partials: Sequence[PartialColumn], weight: np.ndarray | None = None
+) -> dict[str, ArrayLike]:
+    """Each row as a one-row partial: count(*) → 1, count(col) → 1 or 0, others → the value.
+    With ``weight`` (a revision's ``_diff``), counts and sums are multiplied by it."""
     n = table.num_rows
+    w = pa.array(np.ones(n, dtype=np.int64) if weight is None else weight.astype(np.int64))
     out: dict[str, ArrayLike] = {}
     for p in partials:
         if p.kind == "count" and p.source is None:
-            out[p.name] = pa.array(np.ones(n, dtype=np.int64))
+            out[p.name] = w
         elif p.kind == "count":
-            out[p.name] = pc.cast(pc.is_valid(table.column(p.source)), pa.int64())
+            out[p.name] = pc.multiply(pc.cast(pc.is_valid(table.column(p.source)), pa.int64()), w)
+        elif p.kind == "sum" and weight is not None:
+            out[p.name] = pc.multiply(pc.cast(table.column(p.source), p.type), pc.cast(w, p.type))
         else:
             out[p.name] = pc.cast(table.column(p.source), p.type)
     return out
@@ -382,6 +390,9 @@ def finish_aggregates(
                 pa.scalar(None, pa.float64()),
                 pc.divide(s, pc.cast(c, pa.float64())),
             )
+        elif func == "sum" and f"{name}__cnt" in table.column_names:  # weighted: none left is null
+            c = table.column(f"{name}__cnt")
+            out[name] = pc.if_else(pc.equal(c, 0), pa.scalar(None, table.schema.field(name).type), table.column(name))
         else:
             out[name] = table.column(name)
     return out
@@ -433,6 +444,14 @@ def parse_keyed_aggregate(text: str) -> tuple[str, str | None, str | None]:
     return func, col, by
 
 
+def keyed_revision_problem(aggregates: Sequence[tuple[str, str]]) -> str | None:
+    """Why an aggregate with these ``(name, func)`` cannot take rows back (None: it can)."""
+    kept = [f"{name}={func}()" for name, func in aggregates if func not in ("count", "sum", "avg")]
+    if kept:
+        return f"{', '.join(kept)}: only count, sum and avg can take a value back"
+    return None
+
+
 class KeyedAggregateSpec(NamedTuple):
     """One keyed aggregate: ``(name, func, column)``, ``column=None`` for ``count(*)``;
     ``max_by`` also names ``by``. Plain tuples of the same shape are accepted as well."""
@@ -470,15 +489,21 @@ class KeyedAggregateKernel:
     Every aggregate is exact and independent of row order and epoch split (``avg`` is
     sum/count at emission; float sums may differ in the last bits).
 
-    Each epoch emits one row per key whose *result* changed: the keys, the aggregate values and
-    ``_op`` (``"insert"`` when the key was never emitted, else ``"update"``). A key whose partial
-    state changed but whose result did not (a lower bid for ``max``) is written to state, not
-    emitted. The watermark is ignored: nothing is late and nothing is evicted, so the state
-    holds one row per distinct key forever — size it for the key cardinality.
+    Each epoch emits, per key whose *result* changed, its previous row with ``_diff`` −1 (unless
+    the key is new) and its new row with ``_diff`` +1: the keys, the aggregate values and
+    ``_diff``. A key whose partial state changed but whose result did not (a lower bid for
+    ``max``) is written to state, not emitted. The watermark is ignored: nothing is late and
+    nothing is evicted, so the state holds one row per distinct key forever — size it for the
+    key cardinality.
+
+    An input with a ``_diff`` column is revised: count, sum and avg subtract what a negative
+    weight takes back, a ``_n`` partial counts each key's rows, and a key whose rows are all
+    taken back is retracted (−1 only) and leaves the state. min, max, last and max_by would have
+    to keep every value to take one back, so they refuse a revised input.
 
     State: ``_kg``, the keys, then per aggregate its partial columns: ``name`` (count, sum, min,
     max, the value of last/max_by), ``name__sum`` + ``name__cnt`` (avg), ``name__by`` (the time
-    or ``by`` of last/max_by). Primary key ``(_kg, *keys)``.
+    or ``by`` of last/max_by), and ``_n`` for a revised input. Primary key ``(_kg, *keys)``.
     """
 
     def __init__(
@@ -517,14 +542,24 @@ class KeyedAggregateKernel:
             require_columns(input_schema, [col, by], f"aggregates.{name}")
             aggs.append(KeyedAggregateSpec(name, func, col, by))
         names = [a.name for a in aggs]
-        clash = sorted(set(names) & {*self.keys, OP}) or sorted(
+        clash = sorted(set(names) & {*self.keys, DIFF, ROWS}) or sorted(
             {n for n in names if names.count(n) > 1}
         )
         if clash:
-            raise ValueError(f"aggregates: name {clash[0]!r} is used twice (or is a key or {OP!r})")
+            raise ValueError(f"aggregates: name {clash[0]!r} is used twice (or is a key or reserved)")
+        self.weighted = DIFF in input_schema.names
+        if self.weighted and (problem := keyed_revision_problem([(a.name, a.func) for a in aggs])):
+            raise ValueError(problem)
         self.aggregates = tuple(aggs)
         self._simple = tuple((a.name, a.func, a.column) for a in aggs if a.func in WINDOW_FUNCS)
         self._partials = partial_columns(self._simple, input_schema)
+        if self.weighted:  # the rows per key; per sum its values (a sum of none is null, not 0)
+            self._partials += [
+                PartialColumn(f"{p.name}__cnt", p.aggregate, "count", p.source, pa.int64())
+                for p in self._partials
+                if p.kind == "sum" and not p.name.endswith("__sum")
+            ]
+            self._partials.append(PartialColumn(ROWS, ROWS, "count", None, pa.int64()))
 
         self.input_schema = with_key_group(input_schema)
         key_fields = [input_schema.field(k) for k in self.keys]
@@ -545,9 +580,11 @@ class KeyedAggregateKernel:
                     pa.field(f"{a.name}__by", input_schema.field(a.by).type),
                 ]
                 out_fields.append(pa.field(a.name, vtype))
+        if self.weighted:
+            state_fields.append(pa.field(ROWS, pa.int64()))
         self.state_schema = pa.schema(state_fields)
         self.primary_key = (KG, *self.keys)
-        self.output_schema = pa.schema([*out_fields, pa.field(OP, pa.string())])
+        self.output_schema = pa.schema([*out_fields, pa.field(DIFF, pa.int64())])
         self._partial_names = [f.name for f in state_fields[1 + len(self.keys) :]]
 
     def empty_state(self) -> pa.Table:
@@ -584,7 +621,8 @@ class KeyedAggregateKernel:
             KG: batch.column(KG),
             **{k: batch.column(k) for k in self.keys},
         }
-        simple = row_partials(batch, self._partials)
+        weight = batch.column(DIFF).to_numpy(zero_copy_only=False) if self.weighted else None
+        simple = row_partials(batch, self._partials, weight)
         for a in self.aggregates:
             if a.func in WINDOW_FUNCS:
                 cols |= {p.name: simple[p.name] for p in self._partials if p.aggregate == a.name}
@@ -596,6 +634,8 @@ class KeyedAggregateKernel:
                     ok, batch.column(a.column), pa.scalar(None, batch.schema.field(a.column).type)
                 )
                 cols[f"{a.name}__by"] = by
+        if self.weighted:
+            cols[ROWS] = simple[ROWS]
         rows = pa.table(cols).cast(self.state_schema)
 
         # 2. the touched key groups' state + the batch, sorted
@@ -628,6 +668,8 @@ class KeyedAggregateKernel:
                 win = self._winners(both, gid, groups, a)
                 new_cols[a.name] = take_or_null(both.column(a.name), win)
                 new_cols[f"{a.name}__by"] = take_or_null(both.column(f"{a.name}__by"), win)
+        if self.weighted:
+            new_cols[ROWS] = merged[ROWS]
         new = pa.table(new_cols).select(self.state_schema.names).cast(self.state_schema)
 
         # 4. what changed
@@ -644,19 +686,43 @@ class KeyedAggregateKernel:
             [old_out[c] for c in names], [new_out[c] for c in names], groups
         )
 
-        upserts = new.filter(pa.array(state_changed))
-        out_cols = {k: new.column(k) for k in self.keys} | new_out
-        out_cols[OP] = pa.array(np.where(had, UPDATE, INSERT), pa.string())
-        output = pa.table(out_cols).filter(pa.array(out_changed)).cast(self.output_schema)
-        new_state = pa.concat_tables([rest, new])
+        # A revised key whose rows were all taken back is forgotten: every partial is back to
+        # zero. (A zero row count alone is not enough: a retraction may arrive before the row it
+        # takes back, leaving a count of 0 and a sum that the insertion will cancel.)
+        alive = np.ones(groups, bool)
+        if self.weighted:
+            alive = np.zeros(groups, bool)
+            for c in self._partial_names:
+                alive |= pc.fill_null(pc.not_equal(new.column(c), 0), False).to_numpy(zero_copy_only=False)
+        shown_old = had & out_changed
+        shown_new = out_changed & alive
+        if self.weighted:
+            shown_old &= pc.fill_null(old.column(ROWS), 0).to_numpy(zero_copy_only=False) > 0
+            shown_new &= new.column(ROWS).to_numpy(zero_copy_only=False) > 0
+        output = pa.concat_tables([
+            self._changelog(old, old_out, shown_old, -1),
+            self._changelog(new, new_out, shown_new, 1),
+        ])
+        upserts = new.filter(pa.array(state_changed & alive))
+        deletes = new.filter(pa.array(~alive)).select(list(self.primary_key))
+        new_state = pa.concat_tables([rest, new.filter(pa.array(alive))])
         return KernelResult(
             output,
             new_state,
             upserts,
-            empty.deletes,
-            changed_groups(upserts),
-            {"keys_inserted": int((~had).sum()), "keys_updated": int((had & out_changed).sum())},
+            deletes,
+            changed_groups(upserts, deletes),
+            {
+                "keys_inserted": int((~had & shown_new).sum()),
+                "keys_updated": int((had & shown_new).sum()),
+                "keys_deleted": int((shown_old & ~shown_new).sum()),
+            },
         )
+
+    def _changelog(self, partials: pa.Table, results: dict[str, ArrayLike], shown: np.ndarray, diff: int) -> pa.Table:
+        cols = {k: partials.column(k) for k in self.keys} | results
+        cols[DIFF] = pa.array(np.full(partials.num_rows, diff, dtype=np.int64))
+        return pa.table(cols).filter(pa.array(shown)).cast(self.output_schema)
 
     def _winners(
         self, both: pa.Table, gid: np.ndarray, groups: int, a: KeyedAggregateSpec

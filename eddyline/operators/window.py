@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.columns import KG
+from eddyline.columns import DIFF, KG
 from eddyline.operators.base import KernelResult
 
 WINDOW_START = "window_start"
@@ -42,6 +42,9 @@ START_MS = "_wstart"
 WINDOW_END = "window_end"
 REVISION = "revision"
 REV = "_rev"  # state: how many times the window has been emitted
+#: weighted partials and state: the window's rows (the sum of their weights)
+ROWS = "_n"
+OLD = "_old_"  # while merging: a state row's partials as its last emission showed them
 TOUCHED = "_touched"
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
@@ -54,12 +57,17 @@ class WindowConfig:
     #: (output name, function, input column or None for count(*))
     aggregates: tuple[tuple[str, str, str | None], ...]
     allowed_lateness_ms: int = 0
+    #: the input carries revisions (``_diff`` weights): partials are weighted sums, a ``_n``
+    #: partial counts the window's rows, and the output is a changelog with ``_diff``
+    weighted: bool = False
 
     def __post_init__(self) -> None:
         if self.size_ms <= 0 or self.slide_ms <= 0 or self.size_ms % self.slide_ms:
             raise ValueError(
                 f"window size {self.size_ms} ms must be a positive multiple of slide {self.slide_ms} ms"
             )
+        if self.weighted and (problem := revision_problem(self.aggregates)):
+            raise ValueError(problem)
 
     @property
     def windows_per_row(self) -> int:
@@ -85,6 +93,10 @@ class WindowConfig:
                 cols.append((f"{name}__cnt", "count", col, name))
             else:
                 cols.append((name, func, col, name))
+                if func == "sum" and self.weighted:  # a sum of no values is null, not 0
+                    cols.append((f"{name}__cnt", "count", col, name))
+        if self.weighted:
+            cols.append((ROWS, "count", None, ROWS))
         return cols
 
     def partial_type(self, func: str, input_type: pa.DataType | None) -> pa.DataType:
@@ -120,7 +132,18 @@ class WindowConfig:
             else:
                 fields.append(partial_schema.field(name))
         fields.append(pa.field(REVISION, pa.int32()))
+        if self.weighted:
+            fields.append(pa.field(DIFF, pa.int64()))
         return pa.schema(fields)
+
+
+def revision_problem(aggregates: tuple[tuple[str, str, str | None], ...]) -> str | None:
+    """Why windows with these aggregates cannot take rows back (None: they can). A count, sum
+    or average subtracts a retracted row; a minimum or maximum would have to keep every value."""
+    kept = [f"{name}={func}()" for name, func, _ in aggregates if func in ("min", "max")]
+    if kept:
+        return f"{', '.join(kept)}: min() and max() cannot take a value back (use count, sum or avg)"
+    return None
 
 
 def event_time_ms(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -162,16 +185,25 @@ def partial_aggregate(
     cols[START_MS] = pa.array(starts, type=pa.int64())
     aggs = []
     one = "_one"
-    cols[one] = pa.array(np.ones(len(row_idx), dtype=np.int64))
+    weight = (
+        rows.column(DIFF).to_numpy(zero_copy_only=False).astype(np.int64)[row_idx]
+        if cfg.weighted
+        else np.ones(len(row_idx), dtype=np.int64)
+    )
+    cols[one] = pa.array(weight)
     inputs_needed = {c for _, _, c, _ in cfg.partial_columns() if c}
     for c in inputs_needed:
         cols[f"_in_{c}"] = rows.column(c).take(take)
+        if cfg.weighted:  # a weighted count sums the weights of non-null values; a sum, value × weight
+            valid = pc.is_valid(cols[f"_in_{c}"])
+            cols[f"_cn_{c}"] = pc.if_else(valid, cols[one], 0)
+            cols[f"_in_{c}"] = pc.multiply(cols[f"_in_{c}"], pc.cast(cols[one], cols[f"_in_{c}"].type))
     exploded = pa.table(cols)
     for pcol, func, col, _ in cfg.partial_columns():
         if func == "count" and col is None:
             aggs.append((one, "sum", pcol))
         elif func == "count":
-            aggs.append((f"_in_{col}", "count", pcol))
+            aggs.append((f"_cn_{col}", "sum", pcol) if cfg.weighted else (f"_in_{col}", "count", pcol))
         else:
             aggs.append((f"_in_{col}", func, pcol))
     schema = cfg.partial_schema(rows.schema)
@@ -213,23 +245,28 @@ class WindowKernel:
             # shuffle may deliver partials in another order, sums to the same bits.
             partials = partials.sort_by([(c, "ascending") for c in pk])
         merge = [(p, "sum" if f == "count" else f) for p, f, _, _ in cfg.partial_columns()]
-        both = pa.concat_tables(
-            [
-                state.append_column(TOUCHED, pa.array(np.zeros(state.num_rows, dtype=np.int8))),
-                partials.append_column(REV, pa.nulls(partials.num_rows, pa.int32())).append_column(
-                    TOUCHED, pa.array(np.ones(partials.num_rows, dtype=np.int8))
-                ),
-            ]
+        # Weighted windows retract what they emitted: each state row also carries its partials
+        # as they were (what the last emission showed) through the merge.
+        olds = [p for p, _ in merge] if cfg.weighted else []
+        state_side = state.append_column(TOUCHED, pa.array(np.zeros(state.num_rows, dtype=np.int8)))
+        batch_side = partials.append_column(REV, pa.nulls(partials.num_rows, pa.int32())).append_column(
+            TOUCHED, pa.array(np.ones(partials.num_rows, dtype=np.int8))
         )
+        for p in olds:
+            state_side = state_side.append_column(f"{OLD}{p}", state.column(p))
+            batch_side = batch_side.append_column(f"{OLD}{p}", pa.nulls(partials.num_rows, state.schema.field(p).type))
+        both = pa.concat_tables([state_side, batch_side])
         if partials.num_rows:
             g = both.group_by(pk, use_threads=False).aggregate(
-                [*merge, (REV, "max"), (TOUCHED, "max")]
+                [*merge, (REV, "max"), (TOUCHED, "max"), *[(f"{OLD}{p}", "max") for p in olds]]
             )
             merged_cols = {c: g.column(c) for c in pk}
             for p, f in merge:
                 merged_cols[p] = g.column(f"{p}_{f}")
             merged_cols[REV] = pc.fill_null(g.column(f"{REV}_max"), 0)
             merged_cols[TOUCHED] = g.column(f"{TOUCHED}_max")
+            for p in olds:
+                merged_cols[f"{OLD}{p}"] = g.column(f"{OLD}{p}_max")
             merged = pa.table(merged_cols)
         else:
             merged = both
@@ -237,12 +274,21 @@ class WindowKernel:
         end = start + cfg.size_ms
         rev = merged.column(REV).to_numpy(zero_copy_only=False)
         touched = merged.column(TOUCHED).to_numpy(zero_copy_only=False).astype(bool)
-        fire = (end <= watermark_ms) & ((rev == 0) | touched)
+        ready = end <= watermark_ms
+        if cfg.weighted:
+            rows = merged.column(ROWS).to_numpy(zero_copy_only=False)
+            changed = ~same_partials(merged, olds)
+            # first emission once the window has rows; later ones only when its result changed
+            fire = ready & np.where(rev == 0, rows > 0, touched & changed)
+        else:
+            fire = ready & ((rev == 0) | touched)
         keep = end + cfg.allowed_lateness_ms > watermark_ms
         new_rev = rev + fire.astype(np.int32)
 
         output = self._emit(merged.filter(pa.array(fire)), rev[fire])
-        state_cols = merged.drop_columns([TOUCHED]).set_column(
+        if cfg.weighted:
+            output = self._deltas(merged, fire, rev, output)
+        state_cols = merged.drop_columns([TOUCHED, *[f"{OLD}{p}" for p in olds]]).set_column(
             merged.schema.get_field_index(REV), REV, pa.array(new_rev, type=pa.int32())
         )
         new_state = state_cols.filter(pa.array(keep)).cast(self.state_schema)
@@ -262,6 +308,20 @@ class WindowKernel:
             {"windows_fired": int(fire.sum())},
         )
 
+    def _deltas(self, merged: pa.Table, fire: np.ndarray, rev: np.ndarray, new: pa.Table) -> pa.Table:
+        """A weighted window's changelog: for each firing window, its last emitted row taken
+        back (when it had rows) and its new row (when it has rows)."""
+        was = fire & (rev > 0)
+        old = merged.filter(pa.array(was))
+        old = old.drop_columns([p for p, _, _, _ in self.cfg.partial_columns()])
+        old = old.rename_columns([c.removeprefix(OLD) for c in old.column_names])
+        old_rows = self._emit(old, rev[was] - 1).filter(pa.array(old.column(ROWS).to_numpy(zero_copy_only=False) > 0))
+        old_rows = old_rows.set_column(
+            old_rows.schema.get_field_index(DIFF), DIFF, pa.array(np.full(old_rows.num_rows, -1, np.int64))
+        )
+        new = new.filter(pa.array(merged.column(ROWS).to_numpy(zero_copy_only=False)[fire] > 0))
+        return pa.concat_tables([old_rows, new])
+
     def _emit(self, fired: pa.Table, prior_revisions: np.ndarray) -> pa.Table:
         cfg = self.cfg
         start = fired.column(START_MS)
@@ -277,7 +337,22 @@ class WindowKernel:
                     pa.scalar(None, pa.float64()),
                     pc.divide(s, pc.cast(c, pa.float64())),
                 )
+            elif func == "sum" and cfg.weighted:
+                cols[name] = pc.if_else(pc.equal(fired.column(f"{name}__cnt"), 0), pa.scalar(None, fired.schema.field(name).type), fired.column(name))
             else:
                 cols[name] = fired.column(name)
         cols[REVISION] = pa.array(prior_revisions.astype(np.int32), type=pa.int32())
+        if cfg.weighted:
+            cols[DIFF] = pa.array(np.ones(fired.num_rows, dtype=np.int64))
         return pa.table(cols).cast(self.output_schema)
+
+
+def same_partials(merged: pa.Table, partials: list[str]) -> np.ndarray:
+    """Per row, whether every partial equals its ``_old_`` value (null equal to null)."""
+    same = np.ones(merged.num_rows, dtype=bool)
+    for p in partials:
+        a, b = merged.column(p), merged.column(f"{OLD}{p}")
+        eq = pc.fill_null(pc.equal(a, b), False).to_numpy(zero_copy_only=False)
+        both_null = pc.and_(pc.is_null(a), pc.is_null(b)).to_numpy(zero_copy_only=False)
+        same &= np.asarray(eq, dtype=bool) | np.asarray(both_null, dtype=bool)
+    return same

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from eddyline.api.network import NetworkSpec
 from eddyline.api.steps import StepSpec
+from eddyline.columns import DIFF
 from eddyline.errors import SpecError
 from eddyline.eventtime import NO_WATERMARK
+from eddyline.io.revisions import BAD, weighted
 from eddyline.io.sources import Source, make_source
 from eddyline.io.tables import LookupTables
 from eddyline.kinds import step_kind
@@ -154,6 +156,7 @@ class EpochCompiler:
         out = self._out
         for step in self.spec.topological():
             ins = [out.nodes[i] for i in step.inputs]
+            check_revisions(step, ins, overload is not None)
             if overload is not None and step.stateful:
                 ins, shed_rows = shed_inputs(self, step, ins, (shed or {}).get(step.name), overload)
                 out.shed.update(shed_rows)
@@ -176,6 +179,7 @@ class EpochCompiler:
                 return self.observe(df, f"bad:{name}", "count_if(_bad) AS bad")  # only sources that parse records
 
         frames = self.sources[name].frames(self.spark, planned, lanes, count_bad)
+        frames = weighted(frames, name, (lambda df: self.observe(df, f"bad-weights:{name}", f"count_if({BAD}) AS bad")))
         df = frames.data
         times = self._direct_times.get(name, [])
         known = frames.facts(times) if self.observing else None
@@ -266,6 +270,22 @@ class EpochCompiler:
 
     def table(self, step: StepSpec) -> DataFrame:
         return self.tables.frame(self.spark, step.name, self._tables.get(step.name))
+
+
+def check_revisions(step: StepSpec, inputs: list[DataFrame], shedding: bool) -> None:
+    """Refuse, before anything runs, a step that cannot take the revisions one of its inputs
+    carries (docs/revisions.md): it would treat a retraction as one more row."""
+    revised = [name for name, df in zip(step.inputs, inputs, strict=True) if DIFF in df.columns]
+    if not revised:
+        return
+    reason = step_kind(step).revisions(step.params)
+    if reason is None and shedding and step.stateful:
+        reason = "overload shedding could drop a row but keep its retraction (or the reverse)"
+    if reason is not None:
+        raise SpecError(
+            f"step '{step.name}': {step.kind} cannot take the revisions of input '{revised[0]}' "
+            f"(its rows carry {DIFF}): {reason}"
+        )
 
 
 def analyze(spec: NetworkSpec, spark: SparkSession, lanes: int | None = None) -> EpochFrames:

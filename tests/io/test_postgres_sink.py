@@ -20,7 +20,7 @@ from eddyline.io.postgres import PostgresSink
 
 pytestmark = pytest.mark.spark
 
-CHANGES = "k string, total long, _op string"
+CHANGES = "k string, total long, _diff long"
 DEAD = "postgresql://postgres@127.0.0.1:1/postgres"
 
 
@@ -69,8 +69,8 @@ def test_append_writes_each_epoch_once_and_records_it(spark, postgres, sinks) ->
 
 def test_upsert_applies_a_changelog_and_replays_change_nothing(spark, postgres, sinks) -> None:
     sink = sinks("totals", mode="upsert", key="k")
-    inserts = spark.createDataFrame([("a", 1, "insert"), ("b", 2, "insert")], CHANGES)
-    changes = spark.createDataFrame([("a", 5, "update"), ("b", 2, "delete")], CHANGES)
+    inserts = spark.createDataFrame([("a", 1, 1), ("b", 2, 1)], CHANGES)
+    changes = spark.createDataFrame([("a", 1, -1), ("a", 5, 1), ("b", 2, -1)], CHANGES)
     sink.open("net_upsert", "ckpt1", inserts.schema)
     _epoch(sink, inserts, 1)
     _epoch(sink, changes, 2)
@@ -80,13 +80,17 @@ def test_upsert_applies_a_changelog_and_replays_change_nothing(spark, postgres, 
     _epoch(sink, changes, 2)
     _epoch(sink, inserts, 1)
     assert _query(postgres.url, table) == [("a", 5)]
-    # a key twice in one epoch: its last row in input order wins
-    twice = [("c", 1, "insert"), ("a", 6, "update"), ("c", 2, "update"), ("a", 7, "delete")]
-    _epoch(sink, spark.createDataFrame(twice, CHANGES).coalesce(1), 3)
+    # a key several times in one epoch: the revisions are summed first, in any order
+    churn = [("c", 1, 1), ("a", 5, -1), ("a", 6, 1), ("c", 1, -1), ("c", 2, 1), ("a", 6, -1)]
+    _epoch(sink, spark.createDataFrame(churn, CHANGES).repartition(3), 3)
+    assert _query(postgres.url, table) == [("c", 2)]
+    # a keyed table holds one row per key: a row that sums to two copies is refused, named
+    with pytest.raises(SinkError, match=r"row \{'k': 'd', 'total': 1\} weighs 2 once the epoch's revisions are summed"):
+        _epoch(sink, spark.createDataFrame([("d", 1, 1), ("d", 1, 1)], CHANGES), 4)
     assert _query(postgres.url, table) == [("c", 2)]
 
 
-def test_upsert_without_op_column_upserts_every_row(spark, postgres, sinks) -> None:
+def test_upsert_without_revisions_upserts_every_row(spark, postgres, sinks) -> None:
     schema = "k1 string, k2 long, v double"
     sink = sinks("plain_upsert", mode="upsert", key=["k1", "k2"])
     df = spark.createDataFrame([("x", 1, 1.0), ("x", 2, 2.0)], schema)
@@ -162,8 +166,8 @@ def test_a_table_that_does_not_fit_is_refused_before_anything_is_written(
 
 
 def test_open_refuses_inputs_and_tables_upsert_cannot_serve(spark, postgres, sinks) -> None:
-    changes = spark.createDataFrame([("a", 1, "insert")], CHANGES)
-    with pytest.raises(SinkError, match=r"sink 'out': its input is a changelog .* mode: upsert"):
+    changes = spark.createDataFrame([("a", 1, 1)], CHANGES)
+    with pytest.raises(SinkError, match=r"sink 'out': its input carries revisions .* mode: upsert"):
         sinks("append_changes").open("net_refused", "ckpt1", changes.schema)
     with pytest.raises(SinkError, match=r"key column 'id' is not in its input"):
         sinks("no_key", mode="upsert", key="id").open("net_refused", "ckpt1", changes.schema)

@@ -18,7 +18,7 @@ from eddyline.io.postgres import PostgresSink
 
 pytestmark = pytest.mark.spark
 
-CHANGES = "k string, total long, _op string"
+CHANGES = "k string, total long, _diff long"
 ROWS = "id long, name string"
 
 
@@ -126,7 +126,7 @@ def test_append_marks_tentative_rows_and_a_retraction_deletes_exactly_them(
 def test_upsert_retraction_brings_every_key_back_to_its_stable_row(spark, postgres, sinks) -> None:
     sink = sinks("tent_totals", mode="upsert", key="k")
     first = spark.createDataFrame(
-        [("a", 1, "insert"), ("b", 2, "insert"), ("c", 3, "insert"), ("d", 4, "insert")], CHANGES
+        [("a", 1, 1), ("b", 2, 1), ("c", 3, 1), ("d", 4, 1)], CHANGES
     )
     sink.open("net_tu", "ckpt1", first.schema, tentative=True)
     # another sink of the network upserts keys of its own into the same table, tentatively
@@ -136,18 +136,18 @@ def test_upsert_retraction_brings_every_key_back_to_its_stable_row(spark, postgr
     stable = [("a", 1, False), ("b", 2, False), ("c", 3, False), ("d", 4, False)]
     table = "SELECT k, total, tentative FROM tent_totals ORDER BY k"
     assert _query(postgres, table) == stable
-    _epoch(other, spark.createDataFrame([("x", 100, "insert")], CHANGES), 1, tentative=True)
+    _epoch(other, spark.createDataFrame([("x", 100, 1)], CHANGES), 1, tentative=True)
     # a: updated twice; b: deleted; e: inserted, then updated; f: inserted, then deleted;
     # c: deleted, then inserted again; d: untouched
     _epoch(
         sink,
         spark.createDataFrame(
             [
-                ("a", 10, "update"),
-                ("b", 0, "delete"),
-                ("e", 5, "insert"),
-                ("f", 6, "insert"),
-                ("c", 0, "delete"),
+                ("a", 10, 1),
+                ("b", 0, -1),
+                ("e", 5, 1),
+                ("f", 6, 1),
+                ("c", 0, -1),
             ],
             CHANGES,
         ),
@@ -157,7 +157,7 @@ def test_upsert_retraction_brings_every_key_back_to_its_stable_row(spark, postgr
     _epoch(
         sink,
         spark.createDataFrame(
-            [("a", 20, "update"), ("e", 50, "update"), ("f", 0, "delete"), ("c", 30, "insert")],
+            [("a", 20, 1), ("e", 50, 1), ("f", 0, -1), ("c", 30, 1)],
             CHANGES,
         ),
         3,
@@ -194,12 +194,12 @@ def test_upsert_retraction_brings_every_key_back_to_its_stable_row(spark, postgr
     assert _bookkeeping(postgres, "net_tu") == (epochs, undo)
 
     # the correcting epoch is applied as usual (its rows stable), and a later stretch starts afresh
-    _epoch(sink, spark.createDataFrame([("a", 7, "update"), ("d", 0, "delete")], CHANGES), 4)
+    _epoch(sink, spark.createDataFrame([("a", 7, 1), ("d", 0, -1)], CHANGES), 4)
     after = [("a", 7, False), ("b", 2, False), ("c", 3, False), ("x", 100, True)]
     assert _query(postgres, table) == after
     _epoch(
         sink,
-        spark.createDataFrame([("a", 8, "update"), ("b", 0, "delete")], CHANGES),
+        spark.createDataFrame([("a", 8, 1), ("b", 0, -1)], CHANGES),
         5,
         tentative=True,
     )
@@ -385,7 +385,7 @@ def test_an_old_epochs_table_gets_the_mark_and_other_schemas_are_apart(
         postgres,
         "INSERT INTO tent_old.eddyline_epochs (network, checkpoint, sink, epoch) VALUES ('n', 'c', 's', 1)",
     )
-    df = spark.createDataFrame([("a", 1, "insert")], CHANGES)
+    df = spark.createDataFrame([("a", 1, 1)], CHANGES)
     plain = sinks("tent_old.t", mode="upsert", key="k")
     plain.open("net_old", "ckpt1", df.schema)  # no max_delay: the old table is left alone
     assert _query(

@@ -97,3 +97,17 @@ def run_epochs(
     if drained:
         assert driver.state.num_rows == 0, "end of stream must leave no state"
     return driver
+
+
+def consolidate(changelog: pa.Table) -> Counter[tuple]:
+    """A changelog's revisions summed per row (every column but ``_diff``, in order; a table
+    without ``_diff`` weighs +1 per row), rows whose weights cancel left out: the relation the
+    changelog describes, as a multiset."""
+    from eddyline.columns import DIFF
+
+    names = [c for c in changelog.column_names if c != DIFF]
+    weights = changelog.column(DIFF).to_pylist() if DIFF in changelog.column_names else [1] * changelog.num_rows
+    total: Counter[tuple] = Counter()
+    for row, w in zip(zip(*(changelog.column(c).to_pylist() for c in names), strict=True), weights, strict=True):
+        total[row] += w
+    return Counter({row: w for row, w in total.items() if w != 0})

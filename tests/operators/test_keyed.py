@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eddyline.columns import KG, OP
+from eddyline.columns import DIFF, KG
 from eddyline.columns import OP as DELTA_OP
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.base import Kernel, KernelResult
@@ -31,7 +31,7 @@ from eddyline.operators.keyed import (
     parse_keyed_aggregate,
 )
 from eddyline.state.store import apply_delta
-from tests.operators.harness import run_epochs
+from tests.operators.harness import consolidate, run_epochs
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -152,10 +152,12 @@ def keyed(rows: pa.Table, keys: tuple[str, ...] = ("cat", "region")) -> KeyedAgg
 
 
 def final_values(changelog: pa.Table, keys: Sequence[str]) -> dict[tuple, tuple]:
-    """The changelog applied with upsert semantics: the newest row per key."""
+    """The changelog's revisions summed per row: one row of weight 1 per key, its values."""
     out: dict[tuple, tuple] = {}
-    names = [c for c in changelog.column_names if c not in (*keys, OP)]
-    for k, v in zip(row_tuples(changelog, keys), row_tuples(changelog, names), strict=True):
+    for row, weight in consolidate(changelog).items():
+        assert weight == 1, f"row {row} has weight {weight} once the changelog is summed"
+        k, v = row[: len(keys)], row[len(keys) :]
+        assert k not in out, f"key {k} has two rows once the changelog is summed"
         out[k] = v
     return out
 
@@ -226,7 +228,7 @@ def test_parse_keyed_aggregate() -> None:
         ("s", "sum", "v"),
     ]
     k = KeyedAggregateKernel(schema, ("k",), aggs)
-    assert k.output_schema.names == ["k", "a", "c", "s", OP]
+    assert k.output_schema.names == ["k", "a", "c", "s", DIFF]
     assert k.aggregates[0] == KeyedAggregateSpec("a", "max_by", "v", "t")
     with pytest.raises(ValueError, match="last"):
         KeyedAggregateKernel(schema, ("k",), [("x", "last", "v")])
@@ -239,13 +241,13 @@ def test_matches_duckdb_in_one_epoch() -> None:
     kernel = keyed(rows)
     run = run_epochs(kernel, [(with_kg(rows, ("cat", "region")), NO_WATERMARK)], check=check_result)
     out, state, metrics = run.output, run.state, run.metrics
-    assert set(out.column(OP).to_pylist()) == {"insert"}
+    assert set(out.column(DIFF).to_pylist()) == {1}
     assert_same_values(final_values(out, ("cat", "region")), duckdb_final(rows, ("cat", "region")))
     assert state.num_rows == out.num_rows == metrics["keys_inserted"]  # state is kept forever
     assert (None, None) in final_values(out, ("cat", "region"))  # null keys group together
 
 
-def test_changelog_insert_then_update_only_on_change() -> None:
+def test_changelog_retracts_the_old_row_and_inserts_the_new_only_on_change() -> None:
     schema = pa.schema([("auction", pa.int64()), ("price", pa.int64()), ("bidder", pa.int64())])
     kernel = KeyedAggregateKernel(
         schema, ("auction",), [("best", "max", "price"), ("who", "max_by", "bidder", "price")]
@@ -259,16 +261,17 @@ def test_changelog_insert_then_update_only_on_change() -> None:
     r1 = kernel.process(
         batch([1, 1, 2], [10, 30, 5], [7, 8, 9]), kernel.empty_state(), NO_WATERMARK
     )
-    assert sorted(row_tuples(r1.output)) == [(1, 30, 8, "insert"), (2, 5, 9, "insert")]
+    assert sorted(row_tuples(r1.output)) == [(1, 30, 8, 1), (2, 5, 9, 1)]
     r2 = kernel.process(batch([1, 2], [20, 6], [3, 4]), r1.state, 0)  # auction 1 unchanged
     check_result(kernel, r1.state, r2)
-    assert row_tuples(r2.output) == [(2, 6, 4, "update")]
-    assert r2.upserts.num_rows == 1 and r2.metrics == {"keys_inserted": 0, "keys_updated": 1}
+    assert row_tuples(r2.output) == [(2, 5, 9, -1), (2, 6, 4, 1)]
+    assert r2.upserts.num_rows == 1
+    assert r2.metrics == {"keys_inserted": 0, "keys_updated": 1, "keys_deleted": 0}
     r3 = kernel.process(
         batch([1, 1], [30, None], [9, 1]), r2.state, END_OF_STREAM
     )  # tie on 30: bidder 9 wins
     check_result(kernel, r2.state, r3)
-    assert row_tuples(r3.output) == [(1, 30, 9, "update")]
+    assert row_tuples(r3.output) == [(1, 30, 8, -1), (1, 30, 9, 1)]
     assert r3.state.num_rows == 2  # nothing is evicted, not even at end of stream
 
 
@@ -278,7 +281,7 @@ def test_global_aggregate_without_keys() -> None:
     batches, _ = cut(with_kg(rows, ()), [100, 200])
     run = run_epochs(kernel, zip(batches, [NO_WATERMARK] * 3, strict=True), check=check_result)
     out, state = run.output, run.state
-    assert out.column(OP).to_pylist() == ["insert", "update", "update"]
+    assert out.column(DIFF).to_pylist() == [1, -1, 1, -1, 1]
     assert row_tuples(out)[-1][:2] == (
         300,
         sum(p for p in rows.column("price").to_pylist() if p is not None),
@@ -295,8 +298,8 @@ def test_global_aggregate_without_keys() -> None:
 def test_final_values_do_not_depend_on_epoch_split(
     cuts: list[int], seed: int, keys: tuple[str, ...]
 ) -> None:
-    """Any order, any cut: the changelog applied with upsert semantics gives the same values,
-    and they are DuckDB's; each key is inserted exactly once."""
+    """Any order, any cut: the changelog, summed, gives one row per key with DuckDB's values;
+    each key is inserted exactly once."""
     rows = make_bids(300, seed=7)
     rows = rows.take(pa.array(np.random.default_rng(seed).permutation(rows.num_rows)))
     kernel = KeyedAggregateKernel(rows.schema, keys, AGGS, time="ts")
@@ -310,14 +313,7 @@ def test_final_values_do_not_depend_on_epoch_split(
     out, metrics = run.output, run.metrics
     final = final_values(out, keys)
     assert_same_values(final, duckdb_final(rows, keys))
-    inserts = [
-        k
-        for k, op in zip(row_tuples(out, keys), out.column(OP).to_pylist(), strict=True)
-        if op == "insert"
-    ]
-    assert sorted(inserts, key=repr) == sorted(final, key=repr) and metrics["keys_inserted"] == len(
-        final
-    )
+    assert metrics["keys_inserted"] == len(final) and metrics["keys_deleted"] == 0
 
 
 def test_kernels_pickle_and_accept_non_nullable_input() -> None:

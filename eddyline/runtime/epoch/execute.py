@@ -120,10 +120,7 @@ class Executor:
 
     def _stage_dead_letters(self, frames: EpochFrames, epoch: int) -> int:
         """Bad records were counted on the data path; the dead-letter job runs only if needed."""
-        bad = {
-            n: int(frames.observations[f"bad:{n}"].get.get("bad") or 0) if f"bad:{n}" in frames.observations else 1
-            for n in frames.dead_letters
-        }
+        bad = {n: _bad_records(frames, n) for n in frames.dead_letters}
         dead = sum(bad.values())
         if dead:
             letters: DataFrame | None = None
@@ -133,6 +130,13 @@ class Executor:
             assert letters is not None
             write_frame(letters, self.outputs.dead_letters, epoch)
         return dead
+
+
+def _bad_records(frames: EpochFrames, source: str) -> int:
+    """The source's records that failed to parse or carry no valid revision weight, as counted
+    on the data path (1 when nothing counted them: run the dead-letter job to find out)."""
+    counted = [frames.observations[k] for k in (f"bad:{source}", f"bad-weights:{source}") if k in frames.observations]
+    return sum(int(o.get.get("bad") or 0) for o in counted) if counted else 1
 
 
 def _row_hash_sum(df: DataFrame) -> Any:

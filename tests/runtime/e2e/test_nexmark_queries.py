@@ -42,9 +42,8 @@ REFERENCE: dict[str, tuple[str, str]] = {
              SELECT A.id, A.category, max(B.price) AS final FROM auction A JOIN bid B
              ON A.id = B.auction AND B.date_time BETWEEN A.date_time AND A.expires GROUP BY A.id, A.category)
            SELECT category, round(avg(final), 6) FROM closing GROUP BY category""",
-        # a changelog: the newest row per category is its current average
-        """SELECT category, round(arg_max(average, _row), 6) FROM (SELECT *, row_number() OVER () AS _row FROM got)
-           GROUP BY category""",
+        # a changelog of revisions: summed, one row of weight 1 per category
+        """SELECT category, round(average, 6) FROM got GROUP BY category, average HAVING sum(_diff) = 1""",
     ),
     "q5": (
         f"""WITH c AS (SELECT auction, ws, count(*) AS num FROM (
