@@ -87,6 +87,9 @@ class JoinKind(StepKind):
     def spreadable(self, params: Any) -> bool:
         return params.kind in ("interval", "unbounded")
 
+    def revisions(self, params: Any) -> str | None:
+        return None  # a pair weighs the product of its rows' weights
+
     def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:
         from eddyline.operators.join import (
             IntervalJoinKernel,

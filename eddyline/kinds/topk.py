@@ -51,9 +51,14 @@ class TopKKind(KeyedStepKind):
     params = TopK
     key_field = "partition_by"
 
+    def revisions(self, params: Any) -> str | None:
+        return None  # a revised input's groups are ranked over their summed rows when complete
+
     def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:
-        from eddyline.operators.topk import TopKKernel
+        from eddyline.columns import DIFF
+        from eddyline.operators.topk import TopKKernel, WeightedTopKKernel
 
         (schema,) = schemas
         t = params
-        return TopKKernel(schema, names(t.partition_by), list(t.ordering), t.k, t.time, t.with_ties)
+        kind = WeightedTopKKernel if DIFF in schema.names else TopKKernel
+        return kind(schema, names(t.partition_by), list(t.ordering), t.k, t.time, t.with_ties)

@@ -21,6 +21,12 @@ The interval and unbounded joins are *symmetric hash joins*: a pair is emitted e
 the epoch in which its second row arrives (a pair of two rows arriving in the same epoch, once
 too), so results come out as soon as they are known and never need a retraction.
 
+Revisions (docs/revisions.md): when a side has a ``_diff`` column, its rows carry their weight
+into the state, and a pair weighs the product of its two rows' weights (a side without one
+weighs +1). A retracted row is stored like any other and pairs like any other, so it takes back
+every pair its insertion made, and an epoch's output is summed per row before it leaves, so the
+pairs a row and its retraction form with one new partner cancel there.
+
 Semantics shared by all three (SQL inner-join semantics, Flink's timing):
 
 * A key containing a null never matches, so such rows are dropped on arrival (``dropped_rows``),
@@ -79,7 +85,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.columns import KG, PROBE
+from eddyline.columns import DIFF, KG, PROBE
 from eddyline.operators.base import KernelResult, sortable
 from eddyline.operators.keyed import changed_groups
 from eddyline.operators.window import TIMESTAMP, WINDOW_END, WINDOW_START
@@ -134,6 +140,19 @@ def _result(
             "rows_evicted": deletes.num_rows,
         },
     )
+
+
+def consolidated(changelog: pa.Table) -> pa.Table:
+    """``changelog`` with its weights summed per row and the rows that cancel left out (in the
+    order rows first appear), so that a retracted row still in the state and its insertion do
+    not both pair with every new partner. Rows of types Arrow cannot group stay as they are."""
+    names = [c for c in changelog.column_names if c != DIFF]
+    try:
+        summed = changelog.group_by(names, use_threads=False).aggregate([(DIFF, "sum")])
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return changelog
+    summed = summed.select([*names, f"{DIFF}_sum"]).rename_columns([*names, DIFF])
+    return summed.filter(pc.not_equal(summed.column(DIFF), 0))
 
 
 def _output_names(left: Sequence[str], right: Sequence[str]) -> list[str]:
@@ -213,17 +232,24 @@ class _EquiJoin:
         )
         self.primary_key: tuple[str, ...] = (KG, SEQ)
 
-        right_out = _output_names(left_schema.names, right_schema.names)
+        # A revised side's rows carry a weight; a pair weighs the product of its rows' weights.
+        self.weighted = DIFF in left_schema.names or DIFF in right_schema.names
+        left_data = [f for f in left_schema if f.name != DIFF]
+        right_data = [f for f in right_schema if f.name != DIFF]
+        self._left_out = [f"{LEFT_PREFIX}{f.name}" for f in left_data]
+        self._right_out = [f"{RIGHT_PREFIX}{f.name}" for f in right_data]
+        right_out = _output_names([f.name for f in left_data], [f.name for f in right_data])
         out_fields = [
-            *left_schema,
-            *(f.with_name(n) for f, n in zip(right_schema, right_out, strict=True)),
+            *left_data,
+            *(f.with_name(n) for f, n in zip(right_data, right_out, strict=True)),
         ]
         clash = {f.name for f in extra_output} & {f.name for f in out_fields}
         if clash:
             raise ValueError(
                 f"join inputs must not have columns named {sorted(clash)}: the join adds them"
             )
-        self.output_schema = pa.schema([*out_fields, *extra_output])
+        weight = [pa.field(DIFF, pa.int64())] if self.weighted else []
+        self.output_schema = pa.schema([*out_fields, *extra_output, *weight])
         # Canonical order of admitted rows: every data column Arrow can sort (dictionaries decoded).
         self._sort_cols = [
             f.name
@@ -369,10 +395,20 @@ class _EquiJoin:
         kg = rows.column(KG).to_numpy(zero_copy_only=False)
         order = np.lexsort((seq[j], seq[i], kg[i]))
         i_take, j_take = pa.array(i[order], type=pa.int64()), pa.array(j[order], type=pa.int64())
-        cols = [rows.column(c).take(i_take) for c in self._left_cols]
-        cols += [rows.column(c).take(j_take) for c in self._right_cols]
+        cols = [rows.column(c).take(i_take) for c in self._left_out]
+        cols += [rows.column(c).take(j_take) for c in self._right_out]
         cols += [a.take(pa.array(order, type=pa.int64())) for a in extra]
-        return pa.Table.from_arrays(cols, names=self.output_schema.names).cast(self.output_schema)
+        if not self.weighted:
+            return pa.Table.from_arrays(cols, names=self.output_schema.names).cast(self.output_schema)
+        weight = self._weight(rows, LEFT_PREFIX, i_take) * self._weight(rows, RIGHT_PREFIX, j_take)
+        out = pa.Table.from_arrays([*cols, pa.array(weight)], names=self.output_schema.names)
+        return consolidated(out).cast(self.output_schema)
+
+    def _weight(self, rows: pa.Table, prefix: str, take: pa.Array) -> np.ndarray:
+        name = f"{prefix}{DIFF}"
+        if name not in rows.column_names:
+            return np.ones(len(take), dtype=np.int64)
+        return pc.fill_null(rows.column(name).take(take), 1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 class WindowJoinKernel(_EquiJoin):

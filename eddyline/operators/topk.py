@@ -32,7 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.columns import KG
+from eddyline.columns import DIFF, KG
+from eddyline.eventtime import NO_WATERMARK
 from eddyline.operators.base import KernelResult
 from eddyline.operators.keyed import (
     changed_groups,
@@ -43,6 +44,7 @@ from eddyline.operators.keyed import (
     run_starts,
     segments,
     sort_indices,
+    sorted_key_ids,
     with_key_group,
 )
 
@@ -114,7 +116,13 @@ class TopKKernel:
         return self.state_schema.empty_table()
 
     def process(self, batch: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
-        """1. drop rows whose ``time`` is missing or before the watermark;
+        return self._process(batch, state, watermark_ms, watermark_ms)
+
+    def _process(self, batch: pa.Table, state: pa.Table | None, watermark_ms: int, late_before: int) -> KernelResult:
+        """(``late_before``: rows with an earlier time are late; the watermark, except for the
+        complete groups :class:`WeightedTopKKernel` ranks.)
+
+        1. drop rows whose ``time`` is missing or before the watermark;
         2. the work set: state rows of the batch's key groups and of groups the watermark
            reaches; the other state rows carry over untouched;
         3. sort work rows and batch rows by ``(group, tombstone first, order_by, every other
@@ -131,7 +139,7 @@ class TopKKernel:
 
         # 1. late by time
         t_batch, valid = event_times(batch.column(self.time))
-        live = valid & (t_batch >= wm)
+        live = valid & (t_batch >= late_before)
         late = int(batch.num_rows - live.sum())
         rows = batch.filter(pa.array(live)) if late else batch
 
@@ -247,4 +255,139 @@ class TopKKernel:
                 cols[f.name] = pa.array(np.full(idx.size, -1, np.int32), pa.int32())
             else:
                 cols[f.name] = pa.nulls(idx.size, f.type)
+        return pa.table(cols).cast(self.state_schema)
+
+
+class WeightedTopKKernel:
+    """``top_k`` over a revised input (rows with a ``_diff`` weight, docs/revisions.md).
+
+    A group's rows wait in the state with their weights, all of them: a row that cannot reach
+    the top ``k`` now may once a row ahead of it is taken back, so nothing is pruned. Revisions
+    of a row merge as they arrive (a row and its retraction leave nothing). When the group is
+    complete (the same rule as :class:`TopKKernel`), its rows of positive weight are ranked, a
+    row of weight n counting as n rows, and the top ``k`` are emitted with ``_diff`` = +1. A
+    revision for a group that has fired is late, like any row. Rows of negative weight when the
+    group fires (a retraction of a row that never came) are dropped and counted
+    (``unmatched_retractions``).
+
+    State: ``_kg``, every input column, ``_diff``, ``_slot`` (the row's place in its group's
+    canonical order; −1 a tombstone). Primary key ``(_kg, *group, _slot)``.
+    """
+
+    def __init__(
+        self,
+        input_schema: pa.Schema,
+        partition_by: Sequence[str],
+        order_by: Sequence[tuple[str, str]],
+        k: int,
+        time: str,
+        with_ties: bool = False,
+    ):
+        plain = pa.schema([f for f in input_schema if f.name != DIFF])
+        self.ranker = TopKKernel(plain, partition_by, order_by, k, time, with_ties)
+        self.time, self.group_by = time, self.ranker.group_by
+        self.columns = self.ranker.columns
+        self.input_schema = with_key_group(plain).append(pa.field(DIFF, pa.int64()))
+        self.output_schema = self.ranker.output_schema.append(pa.field(DIFF, pa.int64()))
+        self.state_schema = self.ranker.state_schema.insert(
+            self.ranker.state_schema.get_field_index(SLOT), pa.field(DIFF, pa.int64())
+        )
+        self.primary_key = self.ranker.primary_key
+
+    def empty_state(self) -> pa.Table:
+        return self.state_schema.empty_table()
+
+    def process(self, batch: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
+        batch = normalize(batch, self.input_schema)
+        state = normalize(state, self.state_schema)
+        wm = watermark_ms
+        group_cols = [KG, *self.group_by]
+
+        # rows without a time or behind the watermark are late; so are those of a fired group
+        # (its tombstone stays while the watermark equals its time)
+        t_batch, valid = event_times(batch.column(self.time))
+        live = valid & (t_batch >= wm)
+        tomb_rows = state.filter(pc.equal(state.column(SLOT), -1))
+        if tomb_rows.num_rows and live.any():
+            ids = self._ids([batch, tomb_rows], group_cols)
+            live &= ~np.isin(ids[0], ids[1])
+        late = int(batch.num_rows - live.sum())
+        rows = batch.filter(pa.array(live))
+
+        # the work set: the groups of the batch's key groups, and groups the watermark reaches
+        t_state, _ = event_times(state.column(self.time))
+        slots = state.column(SLOT).to_numpy(zero_copy_only=False)
+        touched = np.isin(key_groups_of(state), np.unique(key_groups_of(rows))) | (wm >= t_state)
+        work = state.filter(pa.array(touched & (slots >= 0)))
+        tombs = state.filter(pa.array(touched & (slots < 0)))
+        rest = state.filter(pa.array(~touched))
+
+        # merge the revisions: one row per distinct content, its weights summed
+        merged = pa.concat_tables([work.drop_columns([SLOT]), rows.select(work.drop_columns([SLOT]).column_names)])
+        content = [KG, *self.columns]
+        merged = merged.group_by(content, use_threads=False).aggregate([(DIFF, "sum")])
+        merged = merged.select([*content, f"{DIFF}_sum"]).rename_columns([*content, DIFF])
+        merged = merged.filter(pc.not_equal(merged.column(DIFF), 0))
+        t_merged, _ = event_times(merged.column(self.time))
+        fire = wm >= t_merged
+
+        # complete groups: their rows, each as often as it weighs, ranked
+        firing = merged.filter(pa.array(fire))
+        weight = firing.column(DIFF).to_numpy(zero_copy_only=False)
+        unmatched = int((weight < 0).sum())
+        copies = np.repeat(np.arange(firing.num_rows), np.maximum(weight, 0))
+        expanded = firing.drop_columns([DIFF]).take(pa.array(copies, pa.int64()))
+        ranked = self.ranker._process(expanded, None, wm, NO_WATERMARK).output
+        output = ranked.append_column(DIFF, pa.array(np.ones(ranked.num_rows, np.int64))).cast(self.output_schema)
+
+        # waiting groups keep their merged rows, renumbered 0..m-1 in canonical order
+        waiting = merged.filter(pa.array(~fire))
+        order = sort_indices([(waiting.column(c), "ascending") for c in content], waiting.num_rows)
+        waiting = waiting.take(pa.array(order))
+        starts = run_starts([waiting.column(c) for c in group_cols], waiting.num_rows)
+        gid, firsts, _sizes = segments(starts)
+        slot = np.arange(waiting.num_rows, dtype=np.int64) - (firsts[gid] if waiting.num_rows else 0)
+        waiting = waiting.append_column(SLOT, pa.array(slot.astype(np.int32), pa.int32())).cast(self.state_schema)
+        g_time_ok = wm == t_merged[fire]  # a group that fired at its own time leaves a tombstone
+        new_tombs = self._tombstones(firing.filter(pa.array(g_time_ok)), group_cols)
+        kept_tombs = tombs.filter(pa.array(~(wm > event_times(tombs.column(self.time))[0])))
+
+        new_state = pa.concat_tables([rest, waiting, kept_tombs, new_tombs]).cast(self.state_schema)
+        # every touched slot is rewritten; the old slots no longer there go
+        upserts = pa.concat_tables([waiting, new_tombs]).cast(self.state_schema)
+        old = pa.concat_tables([work, tombs])
+        ids = self._ids([old, new_state], [*group_cols, SLOT])
+        deletes = old.filter(pa.array(~np.isin(ids[0], ids[1]))).select(list(self.primary_key))
+        return KernelResult(
+            output,
+            new_state,
+            upserts,
+            deletes,
+            changed_groups(upserts, deletes),
+            {
+                "late_rows": late,
+                "partitions_fired": len(np.unique(self._ids([firing], group_cols)[0])),
+                "rows_emitted": output.num_rows,
+                "unmatched_retractions": unmatched,
+            },
+        )
+
+    def _ids(self, parts: list[pa.Table], cols: list[str]) -> list[np.ndarray]:
+        """Per part, a dense id per row of its ``cols`` values, equal values equal ids."""
+        return sorted_key_ids(parts, pa.schema([self.state_schema.field(c) for c in cols]))[0]
+
+    def _tombstones(self, rows: pa.Table, group_cols: list[str]) -> pa.Table:
+        """One marker row per distinct group of ``rows``."""
+        if not rows.num_rows:
+            return self.state_schema.empty_table()
+        _, first = np.unique(self._ids([rows], group_cols)[0], return_index=True)
+        take = pa.array(first, pa.int64())
+        cols = {}
+        for f in self.state_schema:
+            if f.name in group_cols:
+                cols[f.name] = rows.column(f.name).take(take)
+            elif f.name == SLOT:
+                cols[f.name] = pa.array(np.full(len(first), -1, np.int32), pa.int32())
+            else:
+                cols[f.name] = pa.nulls(len(first), f.type)
         return pa.table(cols).cast(self.state_schema)

@@ -17,12 +17,14 @@ from collections.abc import Sequence
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eddyline.columns import DIFF
-from eddyline.eventtime import END_OF_STREAM
+from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
+from eddyline.operators.join import UnboundedJoinKernel
 from eddyline.operators.keyed import KeyedAggregateKernel
 from eddyline.operators.window import (
     REVISION,
@@ -33,6 +35,7 @@ from eddyline.operators.window import (
     partial_aggregate,
 )
 from tests.operators.harness import Driver, consolidate
+from tests.operators.test_join import pack
 from tests.operators.test_keyed import with_kg
 
 LANES = 2
@@ -212,3 +215,105 @@ def test_keyed_aggregate_refuses_what_it_cannot_take_back() -> None:
     schema = pa.schema([("k", pa.int64()), ("v", pa.int64()), (DIFF, pa.int64())])
     with pytest.raises(ValueError, match="hi=max\\(\\): only count, sum and avg can take a value back"):
         KeyedAggregateKernel(schema, ("k",), [("n", "count", None), ("hi", "max", "v")])
+
+
+# ================================================================== joins
+def revised(rows: list[tuple], names: list[str], rng: np.random.Generator, changes: int) -> pa.Table:
+    """``rows`` inserted, then ``changes`` revisions of them (deletions and value changes of the
+    last column); final weights ≥ 0."""
+    live: Counter[tuple] = Counter(rows)
+    out = [(*r, 1) for r in rows]
+    for _ in range(changes):
+        present = sorted((r for r, w in live.items() if w > 0), key=repr)
+        r = present[int(rng.integers(len(present)))]
+        out.append((*r, -1))
+        live[r] -= 1
+        if rng.random() < 0.5:
+            new = (*r[:-1], int(rng.integers(0, 50)))
+            out.append((*new, 1))
+            live[new] += 1
+    cols = list(zip(*out, strict=True))
+    return pa.table({n: pa.array(c, pa.int64()) for n, c in zip([*names, DIFF], cols, strict=True)})
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), cuts=st.integers(0, 6), both_revised=st.booleans())
+def test_join_changelog_equals_the_join_of_the_final_inputs(seed: int, cuts: int, both_revised: bool) -> None:
+    rng = np.random.default_rng(seed)
+    left = revised([(int(rng.integers(0, 8)), int(rng.integers(0, 50))) for _ in range(40)], ["id", "seller"], rng, 25)
+    right = revised([(int(rng.integers(0, 8)), int(rng.integers(0, 50))) for _ in range(60)], ["auction", "price"], rng, 40)
+    if not both_revised:
+        right = right.filter(pc.equal(right.column(DIFF), 1)).drop_columns([DIFF])
+    kernel = UnboundedJoinKernel(left.schema, right.schema, ("id",), ("auction",))
+    packed = pack(kernel, left, right)
+    drivers = [Driver(kernel) for _ in range(LANES)]
+    for batch in epochs_of(packed, seed, cuts):
+        for lane, rows in enumerate(lanes_of(batch)):
+            drivers[lane].step(rows, NO_WATERMARK)
+    got = consolidate(pa.concat_tables([d.output for d in drivers]))
+
+    con = duckdb.connect()
+    con.register("l", left)
+    con.register("r", right)
+    net = "(SELECT {c} FROM (SELECT {c}, CAST(sum({w}) AS BIGINT) AS n FROM {t} GROUP BY ALL HAVING sum({w}) > 0), range(n))"
+    want = Counter(con.execute(
+        f"SELECT l.id, l.seller, r.auction, r.price FROM {net.format(c='id, seller', w=DIFF, t='l')} l "
+        f"JOIN {net.format(c='auction, price', w=DIFF if both_revised else '1', t='r')} r ON l.id = r.auction"
+    ).fetchall())
+    assert got == want
+
+
+# ================================================================== top-k
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), cuts=st.integers(0, 6), k=st.integers(1, 3))
+def test_top_k_of_the_final_input_once_a_group_completes(seed: int, cuts: int, k: int) -> None:
+    """Revisions arrive while the groups are open; each completes at the end: its top k (with
+    ties) over the summed rows is DuckDB's, emitted once."""
+    from eddyline.operators.topk import WeightedTopKKernel
+
+    rng = np.random.default_rng(seed)
+    changes = revised([(int(rng.integers(0, 4)), int(rng.integers(0, 3)), int(rng.integers(0, 12))) for _ in range(50)],
+                      ["p", "x", "v"], rng, 40)
+    changes = changes.append_column("t", pc.cast(pc.multiply(changes.column("p"), 1000), pa.int64()).cast(TIMESTAMP))
+    kernel = WeightedTopKKernel(changes.schema, ("p",), [("v", "desc")], k, "t", with_ties=True)
+    drivers = [Driver(kernel) for _ in range(LANES)]
+    epochs = epochs_of(with_kg(changes, ("p",)), seed, cuts)
+    for batch in [*epochs, epochs[0].slice(0, 0)]:
+        wm = NO_WATERMARK if batch.num_rows else END_OF_STREAM
+        for lane, rows in enumerate(lanes_of(batch)):
+            drivers[lane].step(rows, wm)
+    out = pa.concat_tables([d.output for d in drivers])
+    assert set(out.column(DIFF).to_pylist()) <= {1}
+    got = Counter(zip(*(out.column(c).to_pylist() for c in ("p", "x", "v", "rank")), strict=True))
+    assert all(d.state.num_rows == 0 for d in drivers)
+
+    con = duckdb.connect()
+    con.register("c", changes)
+    want = Counter(con.execute(
+        f"""SELECT p, x, v, dense_rank() OVER w FROM (
+              SELECT *, rank() OVER w AS rk FROM (SELECT p, x, v FROM (SELECT p, x, v, CAST(sum(_diff) AS BIGINT) AS n
+                FROM c GROUP BY ALL HAVING sum(_diff) > 0), range(n)) WINDOW w AS (PARTITION BY p ORDER BY v DESC))
+            WHERE rk <= {k} WINDOW w AS (PARTITION BY p ORDER BY v DESC)"""
+    ).fetchall())
+    assert got == want
+
+
+def test_a_revision_after_its_top_k_group_fired_is_late() -> None:
+    from eddyline.operators.topk import WeightedTopKKernel
+
+    def batch(rows: list[tuple[int, int, int]]) -> pa.Table:
+        p, v, d = zip(*rows, strict=True)
+        t = pa.table({"p": pa.array(p, pa.int64()), "v": pa.array(v, pa.int64()), DIFF: pa.array(d, pa.int64()),
+                      "t": pa.array([x * 1_000_000 for x in p], pa.int64()).cast(TIMESTAMP)})
+        return with_kg(t, ("p",))
+
+    first = batch([(1, 10, 1), (1, 20, 1), (1, 20, -1), (2, 5, 1)])
+    kernel = WeightedTopKKernel(first.drop_columns(["_kg"]).schema, ("p",), [("v", "desc")], 1, "t")
+    lane = Driver(kernel)
+    assert lane.step(first, 0).output.num_rows == 0
+    fired = lane.step(batch([(2, 7, 1)]), 1_000).output  # group p=1 completes: 20 was taken back
+    assert [(r["p"], r["v"], r["rank"], r[DIFF]) for r in fired.to_pylist()] == [(1, 10, 1, 1)]
+    late = lane.step(batch([(1, 10, -1)]), 1_000)
+    assert late.output.num_rows == 0 and late.metrics["late_rows"] == 1
+    end = lane.step(batch([(2, 5, -1)]), END_OF_STREAM).output
+    assert [(r["p"], r["v"]) for r in end.to_pylist()] == [(2, 7)]
