@@ -286,6 +286,56 @@ def _yaml_value(text: str) -> object:
     return yaml.safe_load(text)
 
 
+control_app = typer.Typer(no_args_is_help=True, help="Change a running network's parameters between two epochs.")
+app.add_typer(control_app, name="control")
+
+
+@control_app.command("set")
+def control_set(
+    spec: SpecArg,
+    settings: Annotated[list[str], typer.Argument(help="STEP.PARAM=VALUE, e.g. 'expensive.filter=price > 200' or top.k=3")],
+    checkpoint: Annotated[str, typer.Option(help="the running network's checkpoint")],
+) -> None:
+    """Queue new parameter values for the network running on --checkpoint: they take effect
+    together at its next epoch, which logs them (a replay runs with them too). They are checked
+    here against the network and the settings in force, and again by the running driver; a
+    value that does not fit is refused and nothing changes."""
+    from eddyline.api.live import parse_setting, with_settings
+    from eddyline.runtime.checkpoint import Checkpoint
+    from eddyline.runtime.inbox import Inbox
+
+    try:
+        net = _load(spec)
+        wanted = dict(parse_setting(text) for text in settings)
+        last = Checkpoint(checkpoint).latest_commit()
+        with_settings(with_settings(net, last.settings if last else {}), wanted)
+        command = Inbox(checkpoint).submit(wanted)
+    except EddylineError as e:
+        raise _fail(e) from None
+    listed = ", ".join(f"{t} = {v!r}" for t, v in wanted.items())
+    Console().print(f"queued command {command}: {listed}; it takes effect at the next epoch", highlight=False)
+
+
+@control_app.command("status")
+def control_status(checkpoint: Annotated[str, typer.Option(help="the network's checkpoint")]) -> None:
+    """The settings in force at the last commit, and every command with what became of it."""
+    from eddyline.runtime.checkpoint import Checkpoint
+    from eddyline.runtime.inbox import Inbox
+
+    out = Console()
+    last = Checkpoint(checkpoint).latest_commit()
+    settings = last.settings if last else {}
+    out.print(f"in force at epoch {last.epoch if last else 0}: " + (", ".join(f"{t} = {v!r}" for t, v in settings.items()) or "none"),
+              highlight=False)
+    inbox = Inbox(checkpoint)
+    for c in inbox.done():
+        what = ", ".join(f"{t} = {v!r}" for t, v in (c.get("set") or {}).items()) or "(no settings)"
+        outcome = f"applied from epoch {c['epoch']}" if c["outcome"] == "applied" else f"refused: {c.get('reason')}"
+        out.print(f"{c['id']}  {what}  {outcome}", highlight=False, soft_wrap=True)
+    for c in inbox.pending():
+        out.print(f"{c['id']}  {c.get('set')}  waiting for the next epoch", highlight=False)
+
+
 @app.command()
 def produce(
     what: Annotated[str, typer.Argument(help="the built-in generator: nexmark or generator")],

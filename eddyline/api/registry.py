@@ -88,6 +88,9 @@ class StepKind(Kind):
     #: observes its own input's event times (otherwise the runtime does, sharing a source's
     #: observation where the step reads the source's rows as they are)
     observes_own_time: ClassVar[bool] = False
+    #: parameters a running network may change between two epochs (control lines,
+    #: :mod:`eddyline.api.live`); the kind's own key for a kind whose parameters are one value
+    live_params: ClassVar[tuple[str, ...]] = ()
 
     def inputs(self, step: StepSpec) -> tuple[str, ...]:
         assert step.input is not None

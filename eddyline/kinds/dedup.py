@@ -28,6 +28,7 @@ class Dedup(Model):
 @STEPS.register
 class DedupKind(KeyedStepKind):
     key = "dedup"
+    live_params = ("watermark_delay",)
     params = Dedup
 
     def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 class Filter(StepKind):
     key = "filter"
     params = str
+    live_params = ("filter",)
 
     def passes_keys(self, params: Any, keys: tuple[str, ...]) -> bool:
         return True  # a filter only thins the rows

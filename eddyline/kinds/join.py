@@ -67,6 +67,7 @@ class Join(Model):
 @STEPS.register
 class JoinKind(StepKind):
     key = "join"
+    live_params = ("watermark_delay",)
     params = Join
     stateful = True
     names_inputs = True

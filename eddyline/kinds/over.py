@@ -31,6 +31,7 @@ class OverAggregate(Aggregating, Model):
 @STEPS.register
 class OverAggregateKind(KeyedStepKind):
     key = "over_aggregate"
+    live_params = ("watermark_delay",)
     params = OverAggregate
 
     def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:

@@ -60,6 +60,7 @@ class PatternSpec(Model):
 @STEPS.register
 class PatternKind(KeyedStepKind):
     key = "pattern"
+    live_params = ("watermark_delay",)
     params = PatternSpec
 
     def inputs(self, step: StepSpec) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ def _not_empty(value: tuple[str, ...]) -> tuple[str, ...]:
 class Select(StepKind):
     key = "select"
     params = Annotated[tuple[str, ...], AfterValidator(_not_empty)]
+    live_params = ("select",)
 
     def passes_keys(self, params: Any, keys: tuple[str, ...]) -> bool:
         """When every key column is selected as it is (``*``, ``k`` or ```k```)."""

@@ -28,6 +28,7 @@ class SessionWindow(Aggregating, Model):
 @STEPS.register
 class SessionWindowKind(KeyedStepKind):
     key = "session_window"
+    live_params = ("watermark_delay",)
     params = SessionWindow
 
     def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:

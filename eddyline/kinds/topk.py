@@ -50,6 +50,7 @@ class TopKKind(KeyedStepKind):
     key = "top_k"
     params = TopK
     key_field = "partition_by"
+    live_params = ("k", "watermark_delay")
 
     def revisions(self, params: Any) -> str | None:
         return None  # a revised input's groups are ranked over their summed rows when complete

@@ -90,6 +90,7 @@ class UdfRunner:
 class UdfKind(StepKind):
     key = "udf"
     params = Udf
+    live_params = ("function",)  # a new version of the function, with the same schema
 
     def revisions(self, params: Any) -> str | None:
         try:

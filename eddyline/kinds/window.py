@@ -96,6 +96,7 @@ class WindowAggregateKind(StepKind):
     stateful = True
     weighs_shed_rows = True
     observes_own_time = True
+    live_params = ("watermark_delay", "allowed_lateness")
 
     def key_columns(self, params: Any) -> tuple[str, ...]:
         return params.keys

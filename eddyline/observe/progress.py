@@ -97,6 +97,12 @@ class ProgressReporter:
                     f"[dim]{step}: routing v{v['version']}, {v['lanes']} lanes, key groups per lane "
                     f"{v.get('keyGroupsPerLane')}, lane busy / makespan {shares or '-'}{spread}[/dim]"
                 )
+            for r in self.rows[-5:]:  # control lines: what took effect, what was refused
+                for c in r.get("applied", []):
+                    listed = ", ".join(f"{t} = {v!r}" for t, v in c["set"].items())
+                    parts.append(f"[green]epoch {r['batchId']}: control {c['id']} applied: {listed}[/green]")
+                for c in r.get("refused", []):
+                    parts.append(f"[red]epoch {r['batchId']}: control {c['id']} refused: {c['reason']}[/red]")
             for d in last.get("recentDecisions", [])[-3:]:
                 measured = d.get("measured") or {}
                 parts.append(

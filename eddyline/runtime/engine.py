@@ -22,13 +22,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from eddyline.api.live import with_settings
 from eddyline.api.network import NetworkSpec
 from eddyline.api.units import Files
 from eddyline.control.controller import Controller
 from eddyline.control.state import ControllerState
-from eddyline.errors import CheckpointError, EddylineError, EngineError, task_error_line
+from eddyline.errors import CheckpointError, EddylineError, EngineError, SpecError, task_error_line
 from eddyline.ha.lease import Lease
 from eddyline.io.files import FilesTarget
 from eddyline.io.sinks import Sink, make_sink
@@ -45,6 +46,7 @@ from eddyline.runtime.epoch.publish import Outputs, publish
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan, ProgressRecord
 from eddyline.runtime.epoch.report import Timings, report
 from eddyline.runtime.faults import FaultPoint, Faults, NoFaults, UnderLease
+from eddyline.runtime.inbox import Inbox
 from eddyline.runtime.lookahead import LookAhead
 from eddyline.runtime.replica import Following, HotPair, Leading
 from eddyline.state.store import KeyGroupStore
@@ -122,6 +124,8 @@ class Engine:
         if pair is not None:
             HotPair.check(spec)
         self.spec, self.spark, self.reporter = spec, spark, reporter
+        #: the network as written; ``spec`` is it with the control-line settings in force
+        self.base_spec, self.settings = spec, {}
         self.pair = pair
         self.faults = faults or NoFaults()
         self.lease = lease
@@ -151,16 +155,19 @@ class Engine:
         self.controller = Controller(spec, max_lanes=spark.sparkContext.defaultParallelism)
         self.lookahead = LookAhead(spec.key_groups)
         self.compiler = EpochCompiler(spark, spec, self.sources, checkpoint, self.faults)
-        self.planner: Planner | Leading | Following = Planner(
+        self._plans = Planner(
             spec, self.sources, self.lanes, self.controller, self.lookahead, self.compiler.tables, self.ckpt.read_commit
         )
+        self.planner: Planner | Leading | Following = self._plans
+        self.inbox = Inbox(checkpoint)
+        self._refused: list[dict[str, Any]] = []  # commands refused since the last progress record
         self.executor = Executor(spec, self.compiler, self.outputs)
         if pair is not None:  # both drivers stage the outputs: apart, with digests to compare
             self.executor.digests = True
             for out in [*self.outputs.sinks.values(), *self.outputs.targets()]:
                 out.writer = pair.writer
-            self.planner = (Leading(self.planner, pair) if lease is not None
-                            else Following(self.planner, pair, self.controller, self._lead))
+            self.planner = (Leading(self._plans, pair) if lease is not None
+                            else Following(self._plans, pair, self.controller, self._lead))
         self._cleaner: _Cleaner | None = None
         self._python_used_at = time.monotonic()  # when Python workers last ran a task of ours
         self._last_epoch_start: float | None = None
@@ -188,6 +195,7 @@ class Engine:
         last = self.ckpt.latest_commit()
         pending = self.ckpt.pending_plan(last.epoch if last else 0)
         self._restore(last.control if last else {})
+        self._use_settings(pending.settings if pending is not None else last.settings if last else {})
         if pending is not None:
             if pending.base is not None:  # a correction: it continues from an earlier commit
                 base = self._base(pending, last)
@@ -207,21 +215,30 @@ class Engine:
             ):
                 epoch_start = time.monotonic()
                 replayed = pending is not None
+                before, taken = self.settings, [] if replayed else self._take_commands((last.epoch if last else 0) + 1)
                 plan = pending or self.planner.next(last, time.time() - started_at, until_idle)  # 1. plan
                 pending = None
                 if plan is None:
+                    self._use_settings(before)  # the commands wait for an epoch to take effect in
                     if until_idle and not self.planner.waiting_for:
                         break
                     summary.worker_keepalives += self._keep_workers_warm()
                     time.sleep(self.planner.poll_s or min(max(self.spec.trigger, 100), 1000) / 1000)
                     continue
                 if not replayed:
-                    plan = self._log(plan)  # 2. log
+                    applied = [{k: c[k] for k in ("id", "set", "from") if k in c} for c in taken]
+                    plan = self._log(dataclasses.replace(plan, settings=self.settings, applied=applied))  # 2. log
                     replayed = plan.generation != self._generation
+                    for command in taken:  # logged: from now on the plan applies them, also in a replay
+                        self.inbox.close(command, "applied", plan.epoch)
+                if plan.settings != self.settings:  # a replay, a follower, or another driver's plan
+                    self._use_settings(plan.settings)
                 self.boundaries.reached(FaultPoint.AFTER_PLAN, plan.epoch)
                 last, record = self._epoch(plan, self._base(plan, last), replayed)  # 3.–8.
                 record = record.with_input_rate(epoch_start - prev_start if prev_start is not None else 0.0)
                 prev_start, self._python_used_at = epoch_start, time.monotonic()
+                if self._refused:
+                    record, self._refused = record.with_refused(self._refused), []
                 summary.add(plan.epoch, record, replayed)
                 if summary.epochs == 1:
                     thawed = _freeze_heap()
@@ -245,6 +262,37 @@ class Engine:
                 gc.unfreeze()
         self._finish_cleanup()  # the last cleanup is done when run() returns
         return summary
+
+    def _take_commands(self, epoch: int) -> list[dict[str, Any]]:
+        """Control lines: the inbox's commands that fit the running network, in order, put in
+        force for the epoch about to be planned (the caller logs them with it); the others
+        are refused with the reason (while planning ``epoch``) and reported in the next
+        progress record."""
+        if isinstance(self.planner, Following):
+            return []  # a follower runs its leader's plans, settings included
+        taken = []
+        for command in self.inbox.pending():
+            wanted = command.get("set")
+            try:
+                if command.get("error") or not isinstance(wanted, dict) or not wanted:
+                    raise SpecError(f"control: {command.get('error') or 'expected a non-empty mapping STEP.PARAM -> value in set'}")
+                with_settings(self.spec, wanted)  # names the command's own problem
+                settings = {**self.settings, **wanted}
+                self._use_settings(settings)
+            except SpecError as e:
+                self.inbox.close(command, "refused", epoch, str(e))
+                self._refused.append({"id": command.get("id"), "set": wanted, "reason": str(e)})
+                continue
+            taken.append(command)
+        return taken
+
+    def _use_settings(self, settings: dict[str, Any]) -> None:
+        """Run with the network as written plus ``settings`` (validated: a plan logged them)."""
+        if settings == self.settings:
+            return
+        spec = with_settings(self.base_spec, settings)
+        self.settings, self.spec = settings, spec
+        self.compiler.spec = self._plans.spec = self.executor.spec = spec
 
     def _fence_outputs(self) -> None:
         """Sinks that can tell refuse the output of a driver with an older lease generation: ours,

@@ -32,6 +32,7 @@ def commit(
         generation=generation,
         tentative=plan.tentative,
         stable=_stable_ancestor(plan, last),
+        settings=plan.settings,
     )
     if not ckpt.write_commit(done, before_rename=lambda: faults.reached(FaultPoint.MID_COMMIT, plan.epoch),
                              exclusive=exclusive):

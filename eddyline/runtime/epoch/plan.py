@@ -55,7 +55,6 @@ class Planner:
         last stable one; needed with ``max_delay``)."""
         self.spec, self.sources, self.lanes = spec, sources, lanes
         self.controller, self.lookahead, self.tables = controller, lookahead, tables
-        self.stateful = spec.stateful_steps()  # inputs before their readers
         self.upstream = {s.name: spec.stateful_upstream(s) for s in self.stateful}
         self.read_commit = read_commit
         self.dpc = DelayProcessCorrect(spec.max_delay / 1000) if spec.max_delay is not None else None
@@ -65,6 +64,12 @@ class Planner:
         #: the sources the last call found down or the state lacks: the run is not idle while
         #: there are any, even if nothing could be planned
         self.waiting_for: list[str] = []
+
+    @property
+    def stateful(self) -> list[StepSpec]:
+        """The stateful steps, inputs before their readers, as the network runs now (control
+        lines may have changed their parameters since the planner was made)."""
+        return self.spec.stateful_steps()
 
     def next(self, last: EpochCommit | None, elapsed_s: float, until_idle: bool) -> EpochPlan | None:
         """The next epoch's plan, or None when there is nothing to do (or, with ``max_delay``,

@@ -46,6 +46,10 @@ class EpochPlan:
     base: int | None = None
     #: the tentative epochs whose outputs this epoch takes back before it publishes its own
     retracts: list[int] = field(default_factory=list)
+    #: control lines (:mod:`eddyline.api.live`): every ``STEP.PARAM`` setting in force in this
+    #: epoch, and the commands that took effect with it (id, settings, where they came from)
+    settings: dict[str, Any] = field(default_factory=dict)
+    applied: list[dict[str, Any]] = field(default_factory=list)
     planned_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
@@ -110,6 +114,8 @@ class EpochCommit:
     tentative: list[str] = field(default_factory=list)
     #: a tentative commit's last stable ancestor (0: none, the run started tentative)
     stable: int | None = None
+    #: the control-line settings its epoch ran with (:attr:`EpochPlan.settings`)
+    settings: dict[str, Any] = field(default_factory=dict)
     committed_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
@@ -199,6 +205,10 @@ class ProgressRecord:
         previous epoch of this run started (0 for the first)."""
         s = seconds_since_last_epoch
         return ProgressRecord({**self.data, "inputRowsPerSecond": self.input_rows / s if s > 0 else 0.0})
+
+    def with_refused(self, commands: list[dict[str, Any]]) -> ProgressRecord:
+        """The record with the control commands refused while its epoch was planned."""
+        return ProgressRecord({**self.data, "refused": commands})
 
     def to_json(self) -> dict[str, Any]:
         return self.data

@@ -98,6 +98,9 @@ def report(
     }
     if driver is not None:
         record["driver"] = driver
+    if plan.settings or plan.applied:  # control lines (eddyline.api.live)
+        record["settings"] = plan.settings
+        record["applied"] = plan.applied  # the commands that took effect in this epoch
     if plan.tentative or plan.retracts:  # Delay-Process-Correct (eddyline.ha.dpc)
         record["tentative"] = plan.tentative  # its outputs lack these sources' input
         record["retracts"] = plan.retracts  # the tentative epochs whose outputs it took back

@@ -1,0 +1,66 @@
+"""Control lines: parameters of a running network that may change between two epochs.
+
+A setting is ``STEP.PARAM=VALUE`` (``expensive.filter=price > 200``, ``top.k=3``,
+``per_auction.watermark_delay=5s``). Which parameters may change is each step kind's
+``live_params``: what a kind can take at an epoch boundary without its state changing shape (a
+filter's or a select's expressions, a watermark delay, a window's allowed lateness, a top-k's k).
+For kinds whose parameters are one value (``filter``, ``select``) the parameter is the kind's
+own name.
+
+:func:`with_settings` gives the network with settings applied, validated as a whole as if it
+had been written so (structure, graph, SQL syntax): a bad value is refused with the reason
+before anything changes. The runtime keeps the settings in force in every epoch plan, so a
+replay runs each epoch with the parameters it first ran with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from eddyline.api.network import NetworkSpec
+from eddyline.errors import SpecError
+
+
+def parse_setting(text: str) -> tuple[str, Any]:
+    """``"top.k=3"`` → ``("top.k", 3)``: the value is read as YAML (numbers, booleans, lists,
+    text)."""
+    target, sep, value = text.partition("=")
+    target = target.strip()
+    step, dot, param = target.partition(".")
+    if not sep or not dot or not step or not param:
+        raise SpecError(f"control: expected STEP.PARAM=VALUE (e.g. expensive.filter=price > 200), got {text!r}")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError as e:
+        raise SpecError(f"control {target}: the value is not valid YAML: {e}") from None
+    return target, parsed
+
+
+def with_settings(spec: NetworkSpec, settings: dict[str, Any]) -> NetworkSpec:
+    """``spec`` with every ``STEP.PARAM → value`` of ``settings`` in force (raises
+    :class:`SpecError` naming the setting when one cannot be)."""
+    if not settings:
+        return spec
+    from eddyline.api.validate import spec_from_raw
+
+    raw = spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    for target, value in settings.items():
+        name, _, param = target.partition(".")
+        step = next((s for s in spec.steps if s.name == name), None)
+        if step is None:
+            raise SpecError(f"control {target}: no step '{name}'; steps: {', '.join(s.name for s in spec.steps)}")
+        live = step.info.live_params
+        if param not in live:
+            what = f"one of {', '.join(live)}" if live else "none: its parameters shape its state or its output"
+            raise SpecError(f"control {target}: '{param}' of a {step.kind} step cannot change while it runs (can: {what})")
+        node = next(n for n in raw["steps"] if n["name"] == name)
+        if param == step.kind:
+            node[step.kind] = value
+        else:
+            node[step.kind] = {**node[step.kind], param: value}
+    try:
+        return spec_from_raw(raw)
+    except SpecError as e:
+        raise SpecError(f"control {', '.join(f'{t}={v!r}' for t, v in settings.items())}: {e}") from None

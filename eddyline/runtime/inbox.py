@@ -1,0 +1,72 @@
+"""Commands for a running network (control lines, :mod:`eddyline.api.live`).
+
+``eddyline control set`` leaves a command in the checkpoint's inbox; the engine takes the inbox
+at the next epoch boundary, validates each command against the network as it runs, and either
+logs it in the epoch's plan (it takes effect with that epoch, also in a replay) or refuses it
+with the reason. Either way the command moves to ``done`` with its outcome::
+
+    <checkpoint>/control/inbox/<ns>-<id>.json   {"id", "set": {"STEP.PARAM": value}, "from", "submitted_at"}
+    <checkpoint>/control/done/<id>.json         the same + "outcome" (applied | refused), "epoch", "reason"
+
+A command is closed only after the plan that applies it is logged: a driver that dies in
+between finds it in the inbox again and applies the same setting again, which changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from eddyline.storage import filesystem, read_json, write_atomic
+
+
+class Inbox:
+    def __init__(self, checkpoint: str):
+        self.fs, base = filesystem(checkpoint)
+        self.inbox, self.closed = f"{base}/control/inbox", f"{base}/control/done"
+
+    def submit(self, settings: dict[str, Any], origin: str = "cli") -> str:
+        """Queue ``settings`` for the next epoch; returns the command's id."""
+        command_id = uuid.uuid4().hex[:12]
+        command = {"id": command_id, "set": settings, "from": origin, "submitted_at": time.time()}
+        self.fs.create_dir(self.inbox, recursive=True)
+        write_atomic(self.fs, f"{self.inbox}/{time.time_ns():020d}-{command_id}.json", json.dumps(command).encode())
+        return command_id
+
+    def pending(self) -> list[dict[str, Any]]:
+        """The queued commands, oldest first; a file that is not a command is refused as one."""
+        out = []
+        for path in self._files(self.inbox):
+            try:
+                command = read_json(self.fs, path)
+            except (OSError, ValueError) as e:
+                command = {"id": path.rsplit("/", 1)[-1][:-5], "set": None, "error": f"not a JSON command: {e}"}
+            if not isinstance(command, dict):
+                command = {"id": path.rsplit("/", 1)[-1][:-5], "set": None, "error": "not a JSON object"}
+            out.append({**command, "_path": path})
+        return out
+
+    def close(self, command: dict[str, Any], outcome: str, epoch: int, reason: str | None = None) -> None:
+        record = {k: v for k, v in command.items() if k != "_path"} | {"outcome": outcome, "epoch": epoch}
+        if reason is not None:
+            record["reason"] = reason
+        self.fs.create_dir(self.closed, recursive=True)
+        write_atomic(self.fs, f"{self.closed}/{record['id']}.json", json.dumps(record).encode())
+        path = command.get("_path")
+        if path:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.delete_file(path)
+
+    def done(self) -> list[dict[str, Any]]:
+        """Closed commands, in the order they were closed."""
+        records = [read_json(self.fs, p) for p in self._files(self.closed)]
+        return sorted((r for r in records if isinstance(r, dict)), key=lambda r: (r.get("epoch", 0), r.get("submitted_at", 0)))
+
+    def _files(self, directory: str) -> list[str]:
+        infos = self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+        return sorted(i.path for i in infos if i.base_name.endswith(".json"))

@@ -1,0 +1,58 @@
+"""Control-line settings against a network, without Spark (eddyline.api.live)."""
+
+from __future__ import annotations
+
+import pytest
+
+from eddyline.api.live import parse_setting, with_settings
+from eddyline.api.validate import load_spec
+from eddyline.errors import SpecError
+
+NET = {
+    "name": "n",
+    "sources": [{"name": "bids", "generator": {"rate": 10}}],
+    "steps": [
+        {"name": "cheap", "input": "bids", "filter": "value < 10"},
+        {"name": "slim", "input": "cheap", "select": ["key", "value"]},
+        {"name": "counts", "input": "bids", "window_aggregate": {
+            "key": "key", "time": "timestamp", "window": {"size": "10s"}, "aggregates": {"n": "count(*)"}}},
+    ],
+    "sinks": [{"name": "a", "input": "slim", "console": {}}, {"name": "b", "input": "counts", "console": {}}],
+}
+
+
+def test_parse_setting_reads_the_value_as_yaml() -> None:
+    assert parse_setting("cheap.filter=value < 3") == ("cheap.filter", "value < 3")
+    assert parse_setting("top.k=3") == ("top.k", 3)
+    assert parse_setting("slim.select=[key, 'value * 2 AS v']") == ("slim.select", ["key", "value * 2 AS v"])
+    for bad in ("cheap", "cheap.filter", ".filter=x", "cheap.=x"):
+        with pytest.raises(SpecError, match="expected STEP.PARAM=VALUE"):
+            parse_setting(bad)
+
+
+def test_settings_change_only_what_they_name_and_are_validated_as_a_whole() -> None:
+    spec = load_spec(NET)
+    changed = with_settings(spec, {"cheap.filter": "value < 3", "counts.watermark_delay": "5s", "slim.select": ["key"]})
+    assert changed.step("cheap").params == "value < 3"
+    assert changed.step("counts").params.watermark_delay == 5_000
+    assert changed.step("slim").params == ("key",)
+    assert changed.step("counts").params.aggregates == spec.step("counts").params.aggregates
+    assert with_settings(spec, {}) is spec
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"cheap.filter": "value <"}, "control cheap.filter='value <': step 'cheap': filter: invalid SQL expression"),
+        ({"counts.watermark_delay": "soon"}, "control counts.watermark_delay='soon': step 'counts': watermark_delay:"),
+        ({"counts.aggregates": {"n": "sum(value)"}},
+         "control counts.aggregates: 'aggregates' of a window_aggregate step cannot change while it runs "
+         "(can: one of watermark_delay, allowed_lateness)"),
+        ({"ghost.filter": "true"}, "control ghost.filter: no step 'ghost'; steps: cheap, slim, counts"),
+        ({"slim.select": []}, "control slim.select=[]: step 'slim': expected at least one expression"),
+    ],
+)
+def test_a_setting_that_does_not_fit_is_refused_naming_it(settings: dict, message: str) -> None:
+    with pytest.raises(SpecError) as e:
+        with_settings(load_spec(NET), settings)
+    assert str(e.value).startswith(message)

@@ -1,0 +1,141 @@
+"""Control lines on local Spark (eddyline.api.live, eddyline.runtime.inbox): a command queued for
+a running network takes effect at exactly the next epoch, which logs it, so that a driver that
+crashes around that epoch replays it with the same parameters; a command that does not fit is
+refused, reported and changes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from eddyline.api.validate import load_spec
+from eddyline.cli import app
+from eddyline.runtime.checkpoint import Checkpoint
+from eddyline.runtime.engine import Engine
+from eddyline.runtime.faults import FaultPoint
+from eddyline.runtime.inbox import Inbox
+
+from .helpers import BIDS_DDL, Crash, CrashAt, write_bid_files
+
+FILES = 6
+
+
+def spec(src: Path, out: Path) -> dict:
+    return {
+        "name": "controlled", "trigger": 0, "lanes": 2, "key_groups": 8,
+        "sources": [{"name": "bids", "files": {"path": str(src), "format": "json", "schema": BIDS_DDL, "max_files_per_epoch": 1}}],
+        "steps": [
+            {"name": "expensive", "input": "bids", "filter": "price >= 100"},
+            {"name": "bucketed", "input": "expensive", "select": [
+                "auction", "price", "timestamp_seconds(CAST(floor(unix_seconds(ts) / 20) * 20 + 20 AS BIGINT)) AS bucket_end"]},
+            {"name": "top", "input": "bucketed", "top_k": {
+                "partition_by": "bucket_end", "order_by": ["price DESC"], "k": 1, "time": "bucket_end", "with_ties": True}},
+        ],
+        "sinks": [
+            {"name": "rows", "input": "expensive", "files": {"path": str(out / "rows"), "format": "parquet"}},
+            {"name": "best", "input": "top", "files": {"path": str(out / "best"), "format": "parquet"}},
+        ],
+    }
+
+
+def per_epoch(out: Path) -> dict[int, list[int]]:
+    rows = duckdb.connect().execute(
+        f"SELECT CAST(regexp_extract(filename, 'epoch=(\\d+)', 1) AS INT) AS e, price "
+        f"FROM read_parquet('{out}/rows/epoch=*/*.parquet', filename=true) ORDER BY ALL"
+    ).fetchall()
+    got: dict[int, list[int]] = {}
+    for e, price in rows:
+        got.setdefault(e, []).append(price)
+    return got
+
+
+def expected(src: Path, switch_at: int) -> dict[int, list[int]]:
+    """File i is epoch i + 1: price >= 100 before ``switch_at``, price >= 500 from it on."""
+    out = {}
+    for i, f in enumerate(sorted(src.glob("*.json"))):
+        cut = 500 if i + 1 >= switch_at else 100
+        prices = sorted(json.loads(line)["price"] for line in f.read_text().splitlines())
+        out[i + 1] = [p for p in prices if p >= cut]
+    return out
+
+
+@pytest.mark.parametrize("crash", [None, FaultPoint.PLANNED, FaultPoint.AFTER_PLAN, FaultPoint.AFTER_PUBLISH])
+def test_a_changed_filter_takes_effect_at_the_next_epoch_also_across_a_crash(spark, tmp_path: Path, crash) -> None:
+    write_bid_files(tmp_path / "in", files=FILES, rows=60)
+    net = load_spec(spec(tmp_path / "in", tmp_path / "out"))
+    ckpt = str(tmp_path / "ckpt")
+    Engine(net, spark, ckpt).run(epochs=3)
+    command = Inbox(ckpt).submit({"expensive.filter": "price >= 500", "top.k": 2})
+    if crash is not None:
+        with pytest.raises(Crash):
+            Engine(net, spark, ckpt, faults=CrashAt(4, crash)).run(until_idle=True)
+    Engine(net, spark, ckpt).run(until_idle=True)
+
+    assert per_epoch(tmp_path / "out") == expected(tmp_path / "in", switch_at=4)
+    plans = {e: Checkpoint(ckpt).read_plan(e) for e in (3, 4, 5)}
+    assert plans[3].settings == {} and plans[4].settings == plans[5].settings == {"expensive.filter": "price >= 500", "top.k": 2}
+    assert [a["id"] for a in plans[4].applied] == [command] and plans[5].applied == []
+    done = Inbox(ckpt).done()
+    assert [(d["id"], d["outcome"], d["epoch"]) for d in done] == [(command, "applied", 4)]
+    assert Inbox(ckpt).pending() == []
+    # top.k = 2 from epoch 4: the 20 s buckets that complete from then on show their two best bids
+    best = duckdb.connect().execute(
+        f"SELECT max(rank) FROM read_parquet('{tmp_path}/out/best/epoch=*/*.parquet', filename=true) "
+        "WHERE CAST(regexp_extract(filename, 'epoch=(\\d+)', 1) AS INT) >= 5"
+    ).fetchone()
+    assert best == (2,)
+
+
+def test_a_command_that_does_not_fit_is_refused_reported_and_changes_nothing(spark, tmp_path: Path) -> None:
+    write_bid_files(tmp_path / "in", files=3, rows=40)
+    net = load_spec(spec(tmp_path / "in", tmp_path / "out"))
+    ckpt = str(tmp_path / "ckpt")
+    Engine(net, spark, ckpt).run(epochs=1)
+    inbox = Inbox(ckpt)
+    bad = [
+        inbox.submit({"expensive.filter": "price >>= 5"}),
+        inbox.submit({"top.k": 0}),
+        inbox.submit({"top.order_by": ["price ASC"]}),
+        inbox.submit({"nowhere.filter": "true"}),
+    ]
+    (tmp_path / "ckpt" / "control" / "inbox" / "99999999999999999999-garbage.json").write_text("{not json")
+    progress = tmp_path / "progress.jsonl"
+    from eddyline.observe.progress import ProgressReporter
+
+    with ProgressReporter(live=False, json_path=str(progress)) as rep:
+        Engine(net, spark, ckpt, reporter=rep).run(until_idle=True)
+    assert per_epoch(tmp_path / "out") == expected(tmp_path / "in", switch_at=99)
+    records = [json.loads(x) for x in progress.read_text().splitlines()]
+    refused = records[0]["refused"]
+    assert [r["id"] for r in refused] == [*bad, "99999999999999999999-garbage"]
+    reasons = [r["reason"] for r in refused]
+    assert "invalid SQL expression" in reasons[0] and "expensive.filter" in reasons[0]
+    assert reasons[1] == "control top.k=0: step 'top': k: Input should be greater than 0, got 0"
+    assert reasons[2] == ("control top.order_by: 'order_by' of a top_k step cannot change while it runs "
+                          "(can: one of k, watermark_delay)")
+    assert reasons[3].startswith("control nowhere.filter: no step 'nowhere'")
+    assert "not a JSON command" in reasons[4]
+    assert all("refused" not in r for r in records[1:])
+    assert {d["outcome"] for d in Inbox(ckpt).done()} == {"refused"}
+    assert all(p.settings == {} for p in map(Checkpoint(ckpt).read_plan, (2, 3)))
+
+
+def test_the_cli_refuses_a_bad_value_before_queueing_and_shows_status(tmp_path: Path) -> None:
+    write_bid_files(tmp_path / "in", files=1, rows=5)
+    path = tmp_path / "net.yaml"
+    path.write_text(json.dumps(spec(tmp_path / "in", tmp_path / "out")))
+    ckpt = str(tmp_path / "ckpt")
+    runner = CliRunner()
+    refused = runner.invoke(app, ["control", "set", str(path), "top.k=zero", "--checkpoint", ckpt])
+    assert refused.exit_code == 2 and "top.k" in refused.output
+    assert Inbox(ckpt).pending() == []
+    ok = runner.invoke(app, ["control", "set", str(path), "expensive.filter=price > 7", "--checkpoint", ckpt])
+    assert ok.exit_code == 0, ok.output
+    assert "expensive.filter = 'price > 7'" in ok.output and "next epoch" in ok.output
+    assert [c["set"] for c in Inbox(ckpt).pending()] == [{"expensive.filter": "price > 7"}]
+    status = runner.invoke(app, ["control", "status", "--checkpoint", ckpt])
+    assert status.exit_code == 0 and "waiting for the next epoch" in status.output
