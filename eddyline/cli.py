@@ -316,6 +316,38 @@ def control_set(
     Console().print(f"queued command {command}: {listed}; it takes effect at the next epoch", highlight=False)
 
 
+@app.command()
+def apply(
+    spec: SpecArg,
+    new: Annotated[Path, typer.Argument(help="the network it should become (YAML)")],
+    checkpoint: Annotated[str, typer.Option(help="the running network's checkpoint")],
+    reset: Annotated[list[str] | None, typer.Option(help="a changed stateful step that starts with no state")] = None,
+    dry_run: Annotated[bool, typer.Option(help="show what would change, queue nothing")] = False,
+) -> None:
+    """Change the network running on --checkpoint into NEW at its next epoch, without stopping
+    it: shows what is added (+), removed (-) and changed (~), checks that the running state fits
+    the new network, and queues the change. Unchanged steps keep their state and routing; added
+    ones start empty (a new source from its first offset); a changed stateful step whose state
+    would not fit is refused unless given with --reset."""
+    from eddyline.api.change import check_change
+    from eddyline.runtime.inbox import Inbox
+
+    try:
+        old, target = _load(spec), _load(new)
+        diff = check_change(old, target, tuple(reset or ()))
+    except EddylineError as e:
+        raise _fail(e) from None
+    out = Console()
+    for line in diff.lines():
+        out.print(line, highlight=False)
+    if dry_run or diff.empty:
+        out.print("nothing queued" + (" (no change)" if diff.empty else " (--dry-run)"), highlight=False)
+        return
+    raw = target.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    command = Inbox(checkpoint).submit_network(raw, sorted(reset or ()))
+    out.print(f"queued change {command}; it takes effect at the next epoch", highlight=False)
+
+
 @control_app.command("status")
 def control_status(checkpoint: Annotated[str, typer.Option(help="the network's checkpoint")]) -> None:
     """The settings in force at the last commit, and every command with what became of it."""
@@ -329,7 +361,8 @@ def control_status(checkpoint: Annotated[str, typer.Option(help="the network's c
               highlight=False)
     inbox = Inbox(checkpoint)
     for c in inbox.done():
-        what = ", ".join(f"{t} = {v!r}" for t, v in (c.get("set") or {}).items()) or "(no settings)"
+        what = ", ".join(f"{t} = {v!r}" for t, v in (c.get("set") or {}).items()) or (
+            "a new network" if c.get("network") else "(no settings)")
         outcome = f"applied from epoch {c['epoch']}" if c["outcome"] == "applied" else f"refused: {c.get('reason')}"
         out.print(f"{c['id']}  {what}  {outcome}", highlight=False, soft_wrap=True)
     for c in inbox.pending():

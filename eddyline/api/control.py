@@ -145,6 +145,11 @@ class Control(Model):
     load: Literal["time", "rows"] = "time"
     #: The steps the control plane adapts (default: every stateful step).
     steps: tuple[str, ...] | None = None
+    #: A control stream: a directory (path or URI) of JSON-lines files of control tuples
+    #: ``{"query": <network name>, "step": ..., "parameter": ..., "value": ...}``, read in name
+    #: order at every epoch boundary like ``eddyline control set`` (a file must appear whole:
+    #: write it, then rename it into the directory). Tuples for another query are skipped.
+    commands: str | None = Field(default=None, min_length=1)
 
     @property
     def adaptive(self) -> bool:

@@ -33,6 +33,13 @@ from eddyline.storage import create_exclusive, filesystem, read_json, write_atom
 FORMAT_VERSION = 1
 
 
+def network_hash(raw: dict[str, Any]) -> str:
+    """A network spec's identity: the hash of its canonical JSON."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def manifest_path(checkpoint: str, epoch: int, step: str, lane: int) -> str:
     """Where a lane's task leaves its manifest (written atomically, read by the driver)."""
     _, base = filesystem(checkpoint)
@@ -45,12 +52,13 @@ class Checkpoint:
         self.fs, self.base = filesystem(location)
 
     # ---------------------------------------------------------------- metadata
-    def open(self, fingerprint: dict[str, Any]) -> dict[str, Any]:
-        """Create the checkpoint, or check that an existing one belongs to this network."""
+    def open(self, fingerprint: dict[str, Any], created: str | None = None) -> dict[str, Any]:
+        """Create the checkpoint, or check that an existing one belongs to this network.
+        ``created``: the network's hash, remembered when the checkpoint is created."""
         path = f"{self.base}/metadata.json"
         if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
             meta = {"format": FORMAT_VERSION, "network": fingerprint, "started_at": time.time(),
-                    "id": uuid.uuid4().hex[:12]}
+                    "id": uuid.uuid4().hex[:12], **({"created": created} if created else {})}
             self.fs.create_dir(self.base, recursive=True)
             write_atomic(self.fs, path, json.dumps(meta, indent=2).encode())
             return meta
@@ -65,6 +73,35 @@ class Checkpoint:
                 "use a new checkpoint location"
             )
         return meta
+
+    def metadata(self) -> dict[str, Any] | None:
+        path = f"{self.base}/metadata.json"
+        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return None
+        meta = read_json(self.fs, path)
+        assert isinstance(meta, dict)
+        return meta
+
+    # ---------------------------------------------------------------- live network changes
+    def store_network(self, raw: dict[str, Any]) -> str:
+        """Keep a network (its spec as a dict) under ``networks/<hash>.json``; returns the hash."""
+        digest = network_hash(raw)
+        self.fs.create_dir(f"{self.base}/networks", recursive=True)
+        write_atomic(self.fs, f"{self.base}/networks/{digest}.json", json.dumps(raw, sort_keys=True).encode())
+        return digest
+
+    def read_network(self, digest: str) -> dict[str, Any]:
+        raw = read_json(self.fs, f"{self.base}/networks/{digest}.json")
+        assert isinstance(raw, dict)
+        return raw
+
+    def record_change(self, fingerprint: dict[str, Any], digest: str, epoch: int, reset: list[str]) -> None:
+        """From ``epoch`` on, the checkpoint runs network ``digest`` (stored first); ``reset``:
+        its stateful steps that start that epoch with no state."""
+        meta = self.metadata()
+        assert meta is not None
+        meta.update(network=fingerprint, applied={"hash": digest, "epoch": epoch, "reset": reset})
+        write_atomic(self.fs, f"{self.base}/metadata.json", json.dumps(meta, indent=2).encode())
 
     # ---------------------------------------------------------------- plans and commits
     def _path(self, kind: str, epoch: int) -> str:

@@ -16,6 +16,7 @@ A :class:`~eddyline.runtime.faults.Faults` hook is told each boundary the epoch 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import threading
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from eddyline.api.change import check_change
 from eddyline.api.live import with_settings
 from eddyline.api.network import NetworkSpec
 from eddyline.api.units import Files
@@ -35,7 +37,8 @@ from eddyline.io.files import FilesTarget
 from eddyline.io.sinks import Sink, make_sink
 from eddyline.io.sources import Source, make_source
 from eddyline.observe.progress import ProgressReporter
-from eddyline.runtime.checkpoint import Checkpoint
+from eddyline.runtime.checkpoint import Checkpoint, network_hash
+from eddyline.runtime.commands import CommandFiles
 from eddyline.runtime.compile import EpochCompiler
 from eddyline.runtime.epoch.commit import commit
 from eddyline.runtime.epoch.execute import Executor
@@ -123,9 +126,10 @@ class Engine:
         if ``lease`` is the pair's (acquired), else it follows until it takes the lease over."""
         if pair is not None:
             HotPair.check(spec)
-        self.spec, self.spark, self.reporter = spec, spark, reporter
-        #: the network as written; ``spec`` is it with the control-line settings in force
-        self.base_spec, self.settings = spec, {}
+        #: the network as written (``base_spec``) and with the control-line settings in force
+        self.spec = self.base_spec = spec
+        self.settings: dict[str, Any] = {}
+        self.spark, self.reporter = spark, reporter
         self.pair = pair
         self.faults = faults or NoFaults()
         self.lease = lease
@@ -135,12 +139,35 @@ class Engine:
         self.retain_epochs = retain_epochs
         self.ckpt = Checkpoint(checkpoint)
         self.lanes = lanes or spec.lanes or spark.sparkContext.defaultParallelism
+        self.inbox = Inbox(checkpoint)
+        self._refused: list[dict[str, Any]] = []  # commands refused since the last progress record
+        self._given_sinks = sinks or {}
+        self._attached = False  # the sources receive (upstream backup) while run() runs
+        self._reset_at: tuple[int, frozenset[str]] = (0, frozenset())  # a live change's reset steps
+        #: the control stream: the last file the committed plans read, and what planning read to
+        self._cursor: str | None = None
+        self._read_to: str | None = None
+        self._refused_ids: set[str] = set()  # refused once, not again while they wait to be read
+        self._build(spec)
+        self._cleaner: _Cleaner | None = None
+        self._python_used_at = time.monotonic()  # when Python workers last ran a task of ours
+        self._last_epoch_start: float | None = None
+        self._cold = True  # the first epoch of this process
+        self.kept_warm_pids: list[int] = []  # the Python workers the last keep-alive job ran in
+
+    def _build(self, spec: NetworkSpec, keep: dict[str, Sink] | None = None) -> None:
+        """The parts of the engine that follow from the network: made at the start and again
+        when a live change (:mod:`eddyline.api.change`) puts another network in force.
+        ``keep``: sinks still open from the network before (unchanged), used as they are."""
+        spark, checkpoint, pair, lease, reporter = self.spark, self.ckpt.location, self.pair, self.lease, self.reporter
+        self.spec = self.base_spec = spec
+        self.settings = {}
+        sinks = {**self._given_sinks, **(keep or {})}
+        sinks = {s.name: sinks.get(s.name) or make_sink(s, reporter.console if reporter else None) for s in spec.sinks}
         self.sources: dict[str, Source] = {s.name: make_source(s) for s in spec.sources}
         overload = spec.control.overload
         self.outputs = Outputs(
-            sinks=sinks if sinks is not None else {
-                s.name: make_sink(s, reporter.console if reporter else None) for s in spec.sinks
-            },
+            sinks=sinks,
             dead_letters=FilesTarget(
                 spec.dead_letters or Files(path=f"{self.ckpt.location.rstrip('/')}/dead-letters", format="json")
             ),
@@ -159,8 +186,6 @@ class Engine:
             spec, self.sources, self.lanes, self.controller, self.lookahead, self.compiler.tables, self.ckpt.read_commit
         )
         self.planner: Planner | Leading | Following = self._plans
-        self.inbox = Inbox(checkpoint)
-        self._refused: list[dict[str, Any]] = []  # commands refused since the last progress record
         self.executor = Executor(spec, self.compiler, self.outputs)
         if pair is not None:  # both drivers stage the outputs: apart, with digests to compare
             self.executor.digests = True
@@ -168,11 +193,6 @@ class Engine:
                 out.writer = pair.writer
             self.planner = (Leading(self._plans, pair) if lease is not None
                             else Following(self._plans, pair, self.controller, self._lead))
-        self._cleaner: _Cleaner | None = None
-        self._python_used_at = time.monotonic()  # when Python workers last ran a task of ours
-        self._last_epoch_start: float | None = None
-        self._cold = True  # the first epoch of this process
-        self.kept_warm_pids: list[int] = []  # the Python workers the last keep-alive job ran in
 
     @property
     def sinks(self) -> dict[str, Sink]:
@@ -187,7 +207,10 @@ class Engine:
         until_idle: bool = False,
         should_stop: Callable[[], bool] | None = None,
     ) -> RunSummary:
-        meta = self.ckpt.open(self.spec.fingerprint())
+        self._adopt_applied_network()
+        meta = self.ckpt.open(self.spec.fingerprint(), created=network_hash(_raw(self.base_spec)))
+        applied = meta.get("applied") or {}
+        self._reset_at = (int(applied.get("epoch", 0)), frozenset(applied.get("reset", ())))
         started_at = float(meta["started_at"])
         self.executor.checkpoint_id = str(meta["id"])  # names this run's writes in sinks that remember them
         if self.pair is not None:  # the pair's writes are the same whichever driver makes them
@@ -196,6 +219,7 @@ class Engine:
         pending = self.ckpt.pending_plan(last.epoch if last else 0)
         self._restore(last.control if last else {})
         self._use_settings(pending.settings if pending is not None else last.settings if last else {})
+        self._cursor = pending.commands_cursor if pending is not None else last.commands_cursor if last else None
         if pending is not None:
             if pending.base is not None:  # a correction: it continues from an earlier commit
                 base = self._base(pending, last)
@@ -208,6 +232,7 @@ class Engine:
         try:
             for name, source in self.sources.items():  # upstream backup: start receiving (Source.attach)
                 source.attach(self.ckpt.location, last.source_ends.get(name, 0) if last else 0)
+            self._attached = True
             while not (
                 (epochs is not None and summary.epochs >= epochs)
                 or (duration_s is not None and time.monotonic() - t_start >= duration_s)
@@ -216,25 +241,32 @@ class Engine:
                 epoch_start = time.monotonic()
                 replayed = pending is not None
                 before, taken = self.settings, [] if replayed else self._take_commands((last.epoch if last else 0) + 1)
-                plan = pending or self.planner.next(last, time.time() - started_at, until_idle)  # 1. plan
+                if taken and "network" in taken[0]:  # a live change: another network from this epoch on
+                    self._switch(taken[0], last)
+                plan = pending or self.planner.next(self._view(last, (last.epoch if last else 0) + 1),
+                                                    time.time() - started_at, until_idle)  # 1. plan
                 pending = None
                 if plan is None:
-                    self._use_settings(before)  # the commands wait for an epoch to take effect in
+                    if not (taken and "network" in taken[0]):  # a change is recorded: it stays
+                        self._use_settings(before)  # the commands wait for an epoch to take effect in
                     if until_idle and not self.planner.waiting_for:
                         break
                     summary.worker_keepalives += self._keep_workers_warm()
                     time.sleep(self.planner.poll_s or min(max(self.spec.trigger, 100), 1000) / 1000)
                     continue
                 if not replayed:
-                    applied = [{k: c[k] for k in ("id", "set", "from") if k in c} for c in taken]
-                    plan = self._log(dataclasses.replace(plan, settings=self.settings, applied=applied))  # 2. log
+                    applied = [{k: c[k] for k in ("id", "set", "from", "reset") if k in c}
+                               | ({"network": network_hash(_raw(self.base_spec))} if "network" in c else {}) for c in taken]
+                    plan = self._log(dataclasses.replace(plan, settings=self.settings, applied=applied,
+                                                         commands_cursor=self._read_to))  # 2. log
                     replayed = plan.generation != self._generation
                     for command in taken:  # logged: from now on the plan applies them, also in a replay
                         self.inbox.close(command, "applied", plan.epoch)
                 if plan.settings != self.settings:  # a replay, a follower, or another driver's plan
                     self._use_settings(plan.settings)
+                self._cursor = plan.commands_cursor
                 self.boundaries.reached(FaultPoint.AFTER_PLAN, plan.epoch)
-                last, record = self._epoch(plan, self._base(plan, last), replayed)  # 3.–8.
+                last, record = self._epoch(plan, self._view(self._base(plan, last), plan.epoch), replayed)  # 3.–8.
                 record = record.with_input_rate(epoch_start - prev_start if prev_start is not None else 0.0)
                 prev_start, self._python_used_at = epoch_start, time.monotonic()
                 if self._refused:
@@ -253,6 +285,7 @@ class Engine:
         finally:
             for source in self.sources.values():  # upstream backup: stop receiving (Source.detach)
                 source.detach()
+            self._attached = False
             self.lookahead.close()
             if self.pair is not None:
                 self.pair.close()
@@ -264,27 +297,126 @@ class Engine:
         return summary
 
     def _take_commands(self, epoch: int) -> list[dict[str, Any]]:
-        """Control lines: the inbox's commands that fit the running network, in order, put in
-        force for the epoch about to be planned (the caller logs them with it); the others
-        are refused with the reason (while planning ``epoch``) and reported in the next
-        progress record."""
+        """Control lines: the commands of the inbox, then of the control stream, whose settings
+        fit the running network, in order, put in force for the epoch about to be planned (the
+        caller logs them with it); the others are refused with the reason (while planning
+        ``epoch``) and reported in the next progress record. A change of network comes alone."""
+        self._read_to = self._cursor
         if isinstance(self.planner, Following):
             return []  # a follower runs its leader's plans, settings included
-        taken = []
+        taken: list[dict[str, Any]] = []
         for command in self.inbox.pending():
-            wanted = command.get("set")
+            if "network" not in command:
+                taken += self._take(command, epoch)
+                continue
+            if taken:
+                return taken  # a change of network takes an epoch boundary of its own
             try:
-                if command.get("error") or not isinstance(wanted, dict) or not wanted:
-                    raise SpecError(f"control: {command.get('error') or 'expected a non-empty mapping STEP.PARAM -> value in set'}")
-                with_settings(self.spec, wanted)  # names the command's own problem
-                settings = {**self.settings, **wanted}
-                self._use_settings(settings)
-            except SpecError as e:
+                self._check_network_command(command)
+            except EddylineError as e:
+                self.inbox.close(command, "refused", epoch, str(e))
+                self._refused.append({"id": command.get("id"), "network": True, "reason": str(e)})
+                continue
+            return [command]
+        stream = self.spec.control.commands
+        if stream is not None:  # a control stream: its tuples are commands too
+            commands, self._read_to = CommandFiles(stream, self.spec.name).after(self._cursor)
+            for command in commands:
+                taken += self._take(command, epoch)
+        return taken
+
+    def _take(self, command: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
+        """``[command]`` if its settings fit the network as it runs with those taken before it
+        (they are then in force), else ``[]`` (refused with the reason, once)."""
+        wanted = command.get("set")
+        try:
+            if command.get("error") or not isinstance(wanted, dict) or not wanted:
+                raise SpecError(f"control: {command.get('error') or 'expected a non-empty mapping STEP.PARAM -> value in set'}")
+            with_settings(self.spec, wanted)  # names the command's own problem
+            self._use_settings({**self.settings, **wanted})
+        except SpecError as e:
+            if command["id"] not in self._refused_ids:
+                self._refused_ids.add(command["id"])
                 self.inbox.close(command, "refused", epoch, str(e))
                 self._refused.append({"id": command.get("id"), "set": wanted, "reason": str(e)})
-                continue
-            taken.append(command)
-        return taken
+            return []
+        return [command]
+
+    def _check_network_command(self, command: dict[str, Any]) -> None:
+        from eddyline.api.validate import spec_from_raw
+
+        if self.pair is not None or self.spec.max_delay is not None:
+            raise EngineError("apply: a hot pair or a network with max_delay cannot change its network live yet")
+        raw = command.get("network")
+        if not isinstance(raw, dict):
+            raise SpecError("apply: expected the new network as a mapping")
+        check_change(self.base_spec, spec_from_raw(raw), tuple(command.get("reset") or ()))
+
+    def _switch(self, command: dict[str, Any], last: EpochCommit | None) -> None:
+        """Put the command's network in force from the next epoch (its plan logs the command):
+        recorded in the checkpoint first, so that a driver that dies from here on comes back
+        with it."""
+        from eddyline.api.validate import spec_from_raw
+
+        new, reset = spec_from_raw(command["network"]), sorted(command.get("reset") or ())
+        raw = _raw(new)  # canonical: the same network always has the same hash
+        if network_hash(raw) == network_hash(_raw(self.base_spec)):
+            return  # in force already (switched while idle, the plan to log it still to come)
+        epoch = (last.epoch if last else 0) + 1
+        self.ckpt.record_change(new.fingerprint(), self.ckpt.store_network(raw), epoch, reset)
+        self._reset_at = (epoch, frozenset(reset))
+        self._rebuild(new, last)
+
+    def _adopt_applied_network(self) -> None:
+        """A checkpoint whose network was changed live runs the network last applied: started
+        with the network it was created with (a supervisor's unchanged command line), it goes on
+        with the applied one; started with a third, it refuses."""
+        meta = self.ckpt.metadata() or {}
+        applied = meta.get("applied")
+        mine = network_hash(_raw(self.base_spec))
+        if not applied or applied["hash"] == mine:
+            return
+        if mine != meta.get("created"):
+            raise CheckpointError(
+                f"checkpoint {self.ckpt.location!r} runs the network applied at epoch {applied['epoch']} "
+                f"(networks/{applied['hash']}.json), not this one; run it with that network, or change it "
+                "with 'eddyline apply'"
+            )
+        from eddyline.api.validate import spec_from_raw
+
+        self._rebuild(spec_from_raw(self.ckpt.read_network(applied["hash"])), None)
+
+    def _rebuild(self, spec: NetworkSpec, last: EpochCommit | None) -> None:
+        """Another network in force: unchanged sinks stay open, everything else is made anew;
+        the controller continues from the last commit where its steps are still there."""
+        old = self.spec
+        keep = {n: s for n, s in self.outputs.sinks.items()
+                if any(x.name == n and x == old.node(n) for x in spec.sinks)}
+        for name, sink in self.outputs.sinks.items():
+            if name not in keep and hasattr(sink, "close"):
+                sink.close()
+        attached = self._attached
+        if attached:
+            for source in self.sources.values():
+                source.detach()
+        self.lookahead.close()
+        checkpoint_id = self.executor.checkpoint_id
+        self._build(spec, keep)
+        self.executor.checkpoint_id = checkpoint_id
+        if last is not None:
+            with contextlib.suppress(Exception):  # a state for steps that are gone: decide afresh
+                self._restore(last.control)
+        if attached:
+            for name, source in self.sources.items():
+                source.attach(self.ckpt.location, last.source_ends.get(name, 0) if last else 0)
+        self._fence_outputs()
+
+    def _view(self, commit: EpochCommit | None, epoch: int) -> EpochCommit | None:
+        """``commit`` as the base of ``epoch``: without the steps a live change reset then."""
+        at, reset = self._reset_at
+        if commit is None or epoch != at or not reset:
+            return commit
+        return dataclasses.replace(commit, steps={n: s for n, s in commit.steps.items() if n not in reset})
 
     def _use_settings(self, settings: dict[str, Any]) -> None:
         """Run with the network as written plus ``settings`` (validated: a plan logged them)."""
@@ -493,3 +625,8 @@ def _freeze_heap() -> bool:
     gc.collect()
     gc.freeze()
     return thawed
+
+
+def _raw(spec: NetworkSpec) -> dict[str, Any]:
+    """A network as its spec dict (what the checkpoint stores and hashes)."""
+    return spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)

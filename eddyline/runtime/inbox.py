@@ -6,6 +6,7 @@ logs it in the epoch's plan (it takes effect with that epoch, also in a replay) 
 with the reason. Either way the command moves to ``done`` with its outcome::
 
     <checkpoint>/control/inbox/<ns>-<id>.json   {"id", "set": {"STEP.PARAM": value}, "from", "submitted_at"}
+                                                (or "network": a whole spec, "reset": [steps])
     <checkpoint>/control/done/<id>.json         the same + "outcome" (applied | refused), "epoch", "reason"
 
 A command is closed only after the plan that applies it is logged: a driver that dies in
@@ -32,8 +33,15 @@ class Inbox:
 
     def submit(self, settings: dict[str, Any], origin: str = "cli") -> str:
         """Queue ``settings`` for the next epoch; returns the command's id."""
+        return self._queue({"set": settings, "from": origin})
+
+    def submit_network(self, raw: dict[str, Any], reset: list[str], origin: str = "cli") -> str:
+        """Queue a whole new network (``eddyline apply``, :mod:`eddyline.api.change`)."""
+        return self._queue({"network": raw, "reset": reset, "from": origin})
+
+    def _queue(self, body: dict[str, Any]) -> str:
         command_id = uuid.uuid4().hex[:12]
-        command = {"id": command_id, "set": settings, "from": origin, "submitted_at": time.time()}
+        command = {"id": command_id, **body, "submitted_at": time.time()}
         self.fs.create_dir(self.inbox, recursive=True)
         write_atomic(self.fs, f"{self.inbox}/{time.time_ns():020d}-{command_id}.json", json.dumps(command).encode())
         return command_id
@@ -48,6 +56,7 @@ class Inbox:
                 command = {"id": path.rsplit("/", 1)[-1][:-5], "set": None, "error": f"not a JSON command: {e}"}
             if not isinstance(command, dict):
                 command = {"id": path.rsplit("/", 1)[-1][:-5], "set": None, "error": "not a JSON object"}
+            command.setdefault("id", path.rsplit("/", 1)[-1][:-5])
             out.append({**command, "_path": path})
         return out
 

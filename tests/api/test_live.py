@@ -56,3 +56,33 @@ def test_a_setting_that_does_not_fit_is_refused_naming_it(settings: dict, messag
     with pytest.raises(SpecError) as e:
         with_settings(load_spec(NET), settings)
     assert str(e.value).startswith(message)
+
+
+def test_a_network_change_names_what_cannot_change_in_place() -> None:
+    import copy
+
+    from eddyline.api.change import check_change, network_diff
+
+    old = load_spec(NET)
+    new = copy.deepcopy(NET)
+    new["name"], new["key_groups"] = "other", 64
+    new["sources"][0]["generator"]["rate"] = 20
+    new["steps"][2]["window_aggregate"]["aggregates"] = {"n": "count(*)", "s": "sum(value)"}
+    d = network_diff(old, load_spec(new), reset=("cheap",))
+    assert d.problems == [
+        "name: the running network is 'n'; a change keeps the name",
+        "key_groups: the running network has 128; state is cut by them, so they stay",
+        "source 'bids': its offsets would mean something else; remove it and add one with another name",
+        "step 'counts': its state would not fit the changed step; give --reset counts to start it with no state",
+        "reset: cheap: not a stateful step of the running network",
+    ]
+    ok = copy.deepcopy(NET)
+    ok["steps"][0]["filter"] = "value < 20"
+    ok["steps"][2]["window_aggregate"]["watermark_delay"] = "3s"
+    ok["steps"] = [s for s in ok["steps"] if s["name"] != "slim"]
+    ok["sinks"] = [*ok["sinks"][1:], {"name": "c", "input": "cheap", "console": {}}]
+    d = check_change(old, load_spec(ok))
+    assert d.lines() == [
+        "+ sink 'c'", "- step 'slim'", "- sink 'a'",
+        "~ step 'cheap': filter", "~ step 'counts': window_aggregate.watermark_delay",
+    ]

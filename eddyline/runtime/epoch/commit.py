@@ -33,6 +33,7 @@ def commit(
         tentative=plan.tentative,
         stable=_stable_ancestor(plan, last),
         settings=plan.settings,
+        commands_cursor=plan.commands_cursor,
     )
     if not ckpt.write_commit(done, before_rename=lambda: faults.reached(FaultPoint.MID_COMMIT, plan.epoch),
                              exclusive=exclusive):

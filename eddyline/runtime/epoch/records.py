@@ -50,6 +50,8 @@ class EpochPlan:
     #: epoch, and the commands that took effect with it (id, settings, where they came from)
     settings: dict[str, Any] = field(default_factory=dict)
     applied: list[dict[str, Any]] = field(default_factory=list)
+    #: the control stream's last file read once this epoch was planned (eddyline.runtime.commands)
+    commands_cursor: str | None = None
     planned_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
@@ -116,6 +118,7 @@ class EpochCommit:
     stable: int | None = None
     #: the control-line settings its epoch ran with (:attr:`EpochPlan.settings`)
     settings: dict[str, Any] = field(default_factory=dict)
+    commands_cursor: str | None = None
     committed_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:

@@ -24,9 +24,9 @@ from eddyline.runtime.engine import Engine
 
 from .test_nexmark_queries import REFERENCE, SPECS, canonical
 
-EVENTS = 20_000
+EVENTS = 12_000
 RATE = 1_000
-EPOCHS = 4
+EPOCHS = 3
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,102 @@
+"""Live network changes (``eddyline apply``): what differs between the running network and a
+new one, and whether the new one can take over at an epoch boundary.
+
+A change keeps what did not change: an unchanged step keeps its state and routing, an unchanged
+sink its output. Added sources, steps and sinks start at the boundary (a new source from its
+first offset); removed ones stop there. A changed stateless step (a filter, a select, a udf's
+new function version) simply runs its new form from the boundary. A changed stateful step keeps
+its state when only its live parameters changed (:mod:`eddyline.api.live`); otherwise its state
+would not fit the new step, and the change is refused unless the step is named in ``reset``
+(it then starts with no state). What cannot change in place is refused with the reason: the
+network's name and key groups (every key-group state is cut by them), a source's kind or
+parameters (its offsets mean something else), a changed stateful step that is not reset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from eddyline.api.network import NetworkSpec
+from eddyline.errors import SpecError
+
+
+@dataclass
+class NetworkDiff:
+    added: list[str] = field(default_factory=list)  # "step 'x'", "sink 'y'", "source 'z'"
+    removed: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)  # with what changed
+    #: stateful steps whose state does not fit their new form
+    incompatible: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.removed or self.changed)
+
+    def lines(self) -> list[str]:
+        out = [f"+ {a}" for a in self.added] + [f"- {r}" for r in self.removed] + [f"~ {c}" for c in self.changed]
+        return out or ["(no change)"]
+
+
+def _dump(node: Any) -> dict[str, Any]:
+    return node.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+
+
+def network_diff(old: NetworkSpec, new: NetworkSpec, reset: tuple[str, ...] = ()) -> NetworkDiff:
+    """What ``new`` adds, removes and changes against ``old``, and the problems that keep it
+    from taking over a running ``old`` (``reset``: stateful steps that may start empty)."""
+    d = NetworkDiff()
+    if new.name != old.name:
+        d.problems.append(f"name: the running network is '{old.name}'; a change keeps the name")
+    if new.key_groups != old.key_groups:
+        d.problems.append(f"key_groups: the running network has {old.key_groups}; state is cut by them, so they stay")
+    for what, olds, news in (("source", old.sources, new.sources), ("step", old.steps, new.steps), ("sink", old.sinks, new.sinks)):
+        before, after = {n.name: n for n in olds}, {n.name: n for n in news}
+        d.added += [f"{what} '{n}'" for n in after if n not in before]
+        d.removed += [f"{what} '{n}'" for n in before if n not in after]
+        for name in before.keys() & after.keys():
+            a, b = _dump(before[name]), _dump(after[name])
+            if a == b:
+                continue
+            fields = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            d.changed.append(f"{what} '{name}': {', '.join(_detail(a, b, k) for k in fields)}")
+            if what == "source":
+                d.problems.append(f"source '{name}': its offsets would mean something else; remove it and add one with another name")
+            elif what == "step" and before[name].stateful:
+                _check_state(d, before[name], after[name], reset)
+    unknown = [r for r in reset if not any(s.name == r and s.stateful for s in old.steps)]
+    if unknown:
+        d.problems.append(f"reset: {', '.join(unknown)}: not a stateful step of the running network")
+    d.changed.sort()
+    return d
+
+
+def _detail(a: dict[str, Any], b: dict[str, Any], key: str) -> str:
+    if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
+        inner = sorted(k for k in a[key].keys() | b[key].keys() if a[key].get(k) != b[key].get(k))
+        return ", ".join(f"{key}.{k}" for k in inner)
+    return key
+
+
+def _check_state(d: NetworkDiff, before: Any, after: Any, reset: tuple[str, ...]) -> None:
+    if before.kind != after.kind or before.inputs != after.inputs:
+        structural = True
+    else:
+        a, b = _dump(before)[before.kind], _dump(after)[after.kind]
+        a, b = (a, b) if isinstance(a, dict) else ({}, {})
+        structural = any(a.get(k) != b.get(k) for k in a.keys() | b.keys() if k not in before.info.live_params)
+    if structural and before.name not in reset:
+        d.incompatible.append(before.name)
+        d.problems.append(
+            f"step '{before.name}': its state would not fit the changed step; give --reset {before.name} "
+            "to start it with no state"
+        )
+
+
+def check_change(old: NetworkSpec, new: NetworkSpec, reset: tuple[str, ...] = ()) -> NetworkDiff:
+    """The diff, or a :class:`SpecError` with every reason the change cannot be applied."""
+    d = network_diff(old, new, reset)
+    if d.problems:
+        raise SpecError([f"apply: {p}" for p in d.problems])
+    return d

@@ -1,0 +1,133 @@
+"""Live network changes on local Spark (``eddyline apply``, eddyline.api.change): a query added
+to a running network and later one removed, with the driver crashing as the change takes effect
+and restarted by its original command line; the unchanged query's output is that of a run
+without the changes, the added query's equals its reference from the epoch it started."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from eddyline.api.validate import load_spec
+from eddyline.cli import app
+from eddyline.errors import CheckpointError
+from eddyline.runtime.checkpoint import Checkpoint
+from eddyline.runtime.engine import Engine
+from eddyline.runtime.faults import FaultPoint
+from eddyline.runtime.inbox import Inbox
+
+from .helpers import BIDS_DDL, Crash, CrashAt, write_bid_files
+from .test_control import expected, per_epoch
+
+COUNTS = {"name": "counts", "input": "bids", "window_aggregate": {
+    "key": "auction", "time": "ts", "window": {"size": "10s"}, "watermark_delay": "5s", "aggregates": {"n": "count(*)"}}}
+
+
+def network(src: Path, out: Path) -> dict:
+    return {
+        "name": "changing", "trigger": 0, "lanes": 2, "key_groups": 8,
+        "sources": [{"name": "bids", "files": {"path": str(src), "format": "json", "schema": BIDS_DDL, "max_files_per_epoch": 1}}],
+        "steps": [{"name": "expensive", "input": "bids", "filter": "price >= 100"}],
+        "sinks": [{"name": "rows", "input": "expensive", "files": {"path": str(out / "rows"), "format": "parquet"}}],
+    }
+
+
+def windows_from_third_file(src: Path, aggregates: str) -> list[tuple]:
+    """DuckDB: the 10 s windows per auction over the files from the third on (epoch 3's)."""
+    files = sorted(str(f) for f in src.glob("*.json"))[2:]
+    return duckdb.connect().execute(
+        f"SELECT auction, epoch_ms(time_bucket(INTERVAL 10 SECOND, ts)), {aggregates} FROM read_json({files}, "
+        "columns={auction: 'BIGINT', price: 'BIGINT', ts: 'TIMESTAMP'}) GROUP BY ALL ORDER BY ALL"
+    ).fetchall()
+
+
+def test_a_query_added_then_one_removed_while_running_across_a_crash(spark, tmp_path: Path) -> None:
+    write_bid_files(tmp_path / "in", files=6, rows=60)
+    a = network(tmp_path / "in", tmp_path / "out")
+    b = copy.deepcopy(a)
+    b["steps"].append(COUNTS)
+    b["sinks"].append({"name": "windows", "input": "counts", "files": {"path": str(tmp_path / "out" / "counts"), "format": "parquet"}})
+    c = copy.deepcopy(b)
+    c["steps"] = [COUNTS]
+    c["sinks"] = c["sinks"][1:]
+    original, ckpt = load_spec(a), str(tmp_path / "ckpt")
+
+    Engine(original, spark, ckpt).run(epochs=2)
+    added = Inbox(ckpt).submit_network(b, [])
+    with pytest.raises(Crash):  # the plan that adds the query is logged, nothing ran
+        Engine(original, spark, ckpt, faults=CrashAt(3, FaultPoint.AFTER_PLAN)).run(until_idle=True)
+    Engine(original, spark, ckpt).run(epochs=2)  # restarted as it was first started: goes on with b
+    removed = Inbox(ckpt).submit_network(c, [])
+    Engine(original, spark, ckpt).run(until_idle=True)
+
+    # the unchanged query: as without the changes, until it was removed with epoch 5
+    want = expected(tmp_path / "in", switch_at=99)
+    assert per_epoch(tmp_path / "out") == {e: rows for e, rows in want.items() if e <= 4}
+    # the added query: every window over the files read from epoch 3 on
+    con = duckdb.connect()
+    reference = windows_from_third_file(tmp_path / "in", "count(*)")
+    got = con.execute(
+        f"SELECT auction, epoch_ms(window_start), n FROM read_parquet('{tmp_path}/out/counts/epoch=*/*.parquet') ORDER BY ALL"
+    ).fetchall()
+    assert got == reference and len(got) > 20
+    ck = Checkpoint(ckpt)
+    assert [a["id"] for a in ck.read_plan(3).applied] == [added] and [a["id"] for a in ck.read_plan(5).applied] == [removed]
+    assert [(d["id"], d["outcome"], d["epoch"]) for d in Inbox(ckpt).done()] == [(added, "applied", 3), (removed, "applied", 5)]
+    assert set(ck.latest_commit().steps) == {"counts"}
+    # started with the network it now runs, it simply goes on; with a third, it refuses, naming it
+    assert Engine(load_spec(c), spark, ckpt).run(until_idle=True).epochs == 0
+    third = copy.deepcopy(a)
+    third["steps"][0]["filter"] = "price >= 7"
+    with pytest.raises(CheckpointError, match=r"runs the network applied at epoch 5 \(networks/[0-9a-f]{16}\.json\), not this one"):
+        Engine(load_spec(third), spark, ckpt).run(epochs=1)
+
+
+def test_apply_shows_the_change_and_refuses_what_the_state_cannot_follow(tmp_path: Path) -> None:
+    a = network(tmp_path / "in", tmp_path / "out")
+    a["steps"].append(COUNTS)
+    a["sinks"].append({"name": "windows", "input": "counts", "console": {}})
+    b = copy.deepcopy(a)
+    b["steps"][0]["filter"] = "price >= 200"
+    b["steps"][1]["window_aggregate"]["aggregates"] = {"n": "count(*)", "hi": "max(price)"}
+    paths = []
+    for name, net in (("a", a), ("b", b)):
+        paths.append(tmp_path / f"{name}.yaml")
+        paths[-1].write_text(json.dumps(net))
+    ckpt = str(tmp_path / "ckpt")
+    runner = CliRunner()
+    refused = runner.invoke(app, ["apply", str(paths[0]), str(paths[1]), "--checkpoint", ckpt])
+    assert refused.exit_code == 2
+    assert "apply: step 'counts': its state would not fit the changed step; give --reset counts" in refused.output
+    ok = runner.invoke(app, ["apply", str(paths[0]), str(paths[1]), "--checkpoint", ckpt, "--reset", "counts"])
+    assert ok.exit_code == 0, ok.output
+    assert "~ step 'counts': window_aggregate.aggregates" in ok.output and "~ step 'expensive': filter" in ok.output
+    assert [c["reset"] for c in Inbox(ckpt).pending()] == [["counts"]]
+    live_only = copy.deepcopy(a)
+    live_only["steps"][1]["window_aggregate"]["watermark_delay"] = "9s"
+    paths[1].write_text(json.dumps(live_only))
+    dry = runner.invoke(app, ["apply", str(paths[0]), str(paths[1]), "--checkpoint", ckpt, "--dry-run"])
+    assert dry.exit_code == 0 and "~ step 'counts': window_aggregate.watermark_delay" in dry.output and "nothing queued" in dry.output
+
+
+def test_a_reset_stateful_step_starts_empty_at_the_change(spark, tmp_path: Path) -> None:
+    write_bid_files(tmp_path / "in", files=4, rows=60)
+    a = network(tmp_path / "in", tmp_path / "out")
+    a["steps"], a["sinks"] = [COUNTS], [{"name": "windows", "input": "counts", "files": {"path": str(tmp_path / "out" / "w"), "format": "parquet"}}]
+    b = copy.deepcopy(a)
+    b["steps"][0]["window_aggregate"]["aggregates"] = {"n": "count(*)", "total": "sum(price)"}
+    ckpt = str(tmp_path / "ckpt")
+    Engine(load_spec(a), spark, ckpt).run(epochs=2)
+    Inbox(ckpt).submit_network(b, ["counts"])
+    Engine(load_spec(a), spark, ckpt).run(until_idle=True)
+    con = duckdb.connect()
+    reference = windows_from_third_file(tmp_path / "in", "count(*), sum(price)")
+    got = con.execute(
+        f"SELECT auction, epoch_ms(window_start), n, total FROM read_parquet('{tmp_path}/out/w/epoch=*/*.parquet', "
+        "filename=true, union_by_name=true) WHERE CAST(regexp_extract(filename, 'epoch=(\\d+)', 1) AS INT) >= 3 ORDER BY ALL"
+    ).fetchall()
+    assert got == reference and len(got) > 10
