@@ -1,7 +1,9 @@
 """Control lines: parameters of a running network that may change between two epochs.
 
 A setting is ``STEP.PARAM=VALUE`` (``expensive.filter=price > 200``, ``top.k=3``,
-``per_auction.watermark_delay=5s``). Which parameters may change is each step kind's
+``per_auction.watermark_delay=5s``), or ``control.SECTION.FIELD=VALUE`` for the control plane's
+policies (``control.balance.threshold=0.3``, ``control.overload.mode=semantic``; see
+:data:`LIVE_CONTROL`). Which parameters may change is each step kind's
 ``live_params``: what a kind can take at an epoch boundary without its state changing shape (a
 filter's or a select's expressions, a watermark delay, a window's allowed lateness, a top-k's k).
 For kinds whose parameters are one value (``filter``, ``select``) the parameter is the kind's
@@ -47,6 +49,9 @@ def with_settings(spec: NetworkSpec, settings: dict[str, Any]) -> NetworkSpec:
 
     raw = spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     for target, value in settings.items():
+        if target.startswith("control."):
+            _set_control(spec, raw, target, value)
+            continue
         name, _, param = target.partition(".")
         step = next((s for s in spec.steps if s.name == name), None)
         if step is None:
@@ -64,3 +69,24 @@ def with_settings(spec: NetworkSpec, settings: dict[str, Any]) -> NetworkSpec:
         return spec_from_raw(raw)
     except SpecError as e:
         raise SpecError(f"control {', '.join(f'{t}={v!r}' for t, v in settings.items())}: {e}") from None
+
+
+#: The control plane's settings that may change while it runs (``control.<section>.<field>``):
+#: its policies read them at every decision.
+LIVE_CONTROL = {
+    "balance": ("threshold", "period", "max_moves", "cooldown", "patience", "window"),
+    "scale": ("min_lanes", "max_lanes", "target_utilization", "cooldown", "tolerance", "auto"),
+    "overload": ("shedding", "mode", "headroom", "min_keep", "seed", "probe_rows"),
+}
+
+
+def _set_control(spec: NetworkSpec, raw: dict[str, Any], target: str, value: Any) -> None:
+    parts = target.split(".")
+    section, field = (parts[1], parts[2]) if len(parts) == 3 else (parts[1] if len(parts) > 1 else "", "")
+    live = LIVE_CONTROL.get(section, ())
+    if field not in live:
+        can = ", ".join(f"control.{s}.{f}" for s, fs in LIVE_CONTROL.items() for f in fs)
+        raise SpecError(f"control {target}: cannot change while it runs (can: {can})")
+    if getattr(spec.control, section) is None:
+        raise SpecError(f"control {target}: the network has no control.{section}; it cannot be turned on while it runs")
+    raw.setdefault("control", {}).setdefault(section, {})[field] = value

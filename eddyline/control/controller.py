@@ -21,6 +21,13 @@ class Controller:
         self.manager = DistributionManager(spec, max_lanes=max_lanes)
         self.overload = OverloadController(spec) if spec.control.overload is not None else None
 
+    def reconfigure(self, spec: NetworkSpec) -> None:
+        """Go on under changed policy settings (control lines), keeping every state."""
+        self.spec = spec
+        self.manager.reconfigure(spec)
+        if self.overload is not None and spec.control.overload is not None:
+            self.overload.spec, self.overload.cfg = spec, spec.control.overload
+
     def snapshot(self, statistics: bool = True) -> ControllerState:
         """The whole state, as data (copies: it does not change as the controller goes on).
 

@@ -131,6 +131,21 @@ class DistributionManager:
         )
 
     # ------------------------------------------------------------------ monitor
+
+    def reconfigure(self, spec: NetworkSpec) -> None:
+        """Control lines (:data:`eddyline.api.live.LIVE_CONTROL`): the same network with other
+        policy settings; each policy keeps its state (cool-downs, streaks, last change)."""
+        self.spec = spec
+        c = spec.control
+        for b in self.balancers.values():
+            assert c.balance is not None
+            b.threshold, b.period, b.max_moves = c.balance.threshold, c.balance.period, c.balance.max_moves
+            b.cooldown, b.patience = c.balance.cooldown, c.balance.patience
+        for sc in self.scalers.values():
+            assert c.scale is not None
+            sc.target_utilization, sc.min_lanes, sc.cooldown, sc.tolerance = (
+                c.scale.target_utilization, c.scale.min_lanes, c.scale.cooldown, c.scale.tolerance)
+            sc.max_lanes = c.scale.max_lanes or self.max_lanes
     def observe(self, step: str, load: StepLoad) -> None:
         """Record an epoch's statistics and measure decisions old enough to judge."""
         self.history.add(step, load)

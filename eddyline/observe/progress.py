@@ -97,7 +97,7 @@ class ProgressReporter:
                     f"[dim]{step}: routing v{v['version']}, {v['lanes']} lanes, key groups per lane "
                     f"{v.get('keyGroupsPerLane')}, lane busy / makespan {shares or '-'}{spread}[/dim]"
                 )
-            for r in self.rows[-5:]:  # control lines: what took effect, what was refused
+            for r in list(self.rows)[-5:]:  # control lines: what took effect, what was refused
                 for c in r.get("applied", []):
                     listed = ", ".join(f"{t} = {v!r}" for t, v in c["set"].items())
                     parts.append(f"[green]epoch {r['batchId']}: control {c['id']} applied: {listed}[/green]")

@@ -425,6 +425,7 @@ class Engine:
         spec = with_settings(self.base_spec, settings)
         self.settings, self.spec = settings, spec
         self.compiler.spec = self._plans.spec = self.executor.spec = spec
+        self.controller.reconfigure(spec)
 
     def _fence_outputs(self) -> None:
         """Sinks that can tell refuse the output of a driver with an older lease generation: ours,

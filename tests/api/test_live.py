@@ -86,3 +86,24 @@ def test_a_network_change_names_what_cannot_change_in_place() -> None:
         "+ sink 'c'", "- step 'slim'", "- sink 'a'",
         "~ step 'cheap': filter", "~ step 'counts': window_aggregate.watermark_delay",
     ]
+
+
+def test_control_plane_settings_change_the_policies_and_keep_their_state() -> None:
+    from eddyline.control.controller import Controller
+
+    raw = {**NET, "control": {"balance": {"threshold": 0.2, "cooldown": 3}, "scale": {"max_lanes": 4}}}
+    spec = load_spec(raw)
+    controller = Controller(spec, max_lanes=2)
+    balancer = controller.manager.balancers["counts"]
+    balancer._streak = 1  # a decision under way
+    changed = with_settings(spec, {"control.balance.threshold": 0.5, "control.scale.max_lanes": 3})
+    controller.reconfigure(changed)
+    assert controller.manager.balancers["counts"] is balancer
+    assert (balancer.threshold, balancer.cooldown, balancer._streak) == (0.5, 3, 1)
+    assert controller.manager.scalers["counts"].max_lanes == 3
+    with pytest.raises(SpecError, match=r"control control.placement: cannot change while it runs \(can: control.balance.threshold"):
+        with_settings(spec, {"control.placement": "greedy"})
+    with pytest.raises(SpecError, match="the network has no control.overload; it cannot be turned on while it runs"):
+        with_settings(spec, {"control.overload.mode": "semantic"})
+    with pytest.raises(SpecError, match=r"control.balance.threshold=-1"):
+        with_settings(spec, {"control.balance.threshold": -1})

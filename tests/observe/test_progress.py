@@ -41,3 +41,14 @@ def test_json_lines_and_the_table(tmp_path: Path) -> None:
     assert "output rows this epoch: out=42" in text
     assert "agg: routing v4, 2 lanes, key groups per lane [10, 6], lane busy / makespan 1.00 0.50" in text
     assert "epoch 2 agg: balance moves=[[3, 0, 1]] · why: policy=one_way" in text and "measured pending" in text
+
+
+
+def test_the_table_shows_control_commands_applied_and_refused() -> None:
+    console = Console(record=True, width=220)
+    with ProgressReporter(console=console, live=True) as reporter:
+        reporter.report(record(1, ms=400.0) | {"refused": [{"id": "c1", "reason": "control top.k=0: too small"}]})
+        reporter.report(record(2, ms=400.0) | {"applied": [{"id": "c2", "set": {"cheap.filter": "price > 5"}}]})
+    text = console.export_text()
+    assert "epoch 1: control c1 refused: control top.k=0: too small" in text
+    assert "epoch 2: control c2 applied: cheap.filter = 'price > 5'" in text
