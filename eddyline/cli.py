@@ -348,6 +348,54 @@ def apply(
     out.print(f"queued change {command}; it takes effect at the next epoch", highlight=False)
 
 
+@app.command()
+def replay(
+    spec: SpecArg,
+    checkpoint: Annotated[str, typer.Option(help="the network's checkpoint")],
+    from_epoch: Annotated[int, typer.Option(help="the first epoch to run again")],
+    with_: Annotated[Path | None, typer.Option("--with", help="run them again with this network (YAML) instead")] = None,
+    reset: Annotated[list[str] | None, typer.Option(help="with --with: a changed stateful step that starts with no state")] = None,
+) -> None:
+    """Time travel: at its next epoch, the network goes back to the commit before --from-epoch,
+    takes back what every epoch since published, and reads their input again (with --with: as
+    the changed network, which stays in force). Needs the commit to be kept (the network's
+    ``history``) and sinks that can take epochs back (files, memory). ``eddyline undo`` reverts it."""
+    from eddyline.api.change import check_change
+    from eddyline.runtime.inbox import Inbox
+
+    try:
+        net = _load(spec)
+        body: dict = {"replay": from_epoch}
+        if with_ is not None:
+            new = _load(with_)
+            for line in check_change(net, new, tuple(reset or ())).lines():
+                Console().print(line, highlight=False)
+            body |= {"network": new.model_dump(mode="json", by_alias=True, exclude_defaults=True), "reset": sorted(reset or ())}
+        command = Inbox(checkpoint).submit_command(body)
+    except EddylineError as e:
+        raise _fail(e) from None
+    Console().print(f"queued replay {command} from epoch {from_epoch}; it starts at the next epoch", highlight=False)
+
+
+@app.command()
+def undo(
+    spec: SpecArg,
+    checkpoint: Annotated[str, typer.Option(help="the network's checkpoint")],
+    epoch: Annotated[int, typer.Option(help="the epoch that replayed (see 'control status')")],
+) -> None:
+    """Undo a replay: at its next epoch, the network goes back to the commit and the network
+    from before epoch EPOCH, puts back what the replay took back, takes back what it and the
+    epochs since published, and reads their input again."""
+    from eddyline.runtime.inbox import Inbox
+
+    try:
+        _load(spec)
+        command = Inbox(checkpoint).submit_command({"undo": epoch})
+    except EddylineError as e:
+        raise _fail(e) from None
+    Console().print(f"queued undo {command} of the replay at epoch {epoch}; it starts at the next epoch", highlight=False)
+
+
 @control_app.command("status")
 def control_status(checkpoint: Annotated[str, typer.Option(help="the network's checkpoint")]) -> None:
     """The settings in force at the last commit, and every command with what became of it."""
@@ -363,6 +411,10 @@ def control_status(checkpoint: Annotated[str, typer.Option(help="the network's c
     for c in inbox.done():
         what = ", ".join(f"{t} = {v!r}" for t, v in (c.get("set") or {}).items()) or (
             "a new network" if c.get("network") else "(no settings)")
+        if "replay" in c:
+            what = f"replay from epoch {c['replay']}" + (" with a new network" if c.get("network") else "")
+        elif "undo" in c:
+            what = f"undo of the replay at epoch {c['undo']}"
         outcome = f"applied from epoch {c['epoch']}" if c["outcome"] == "applied" else f"refused: {c.get('reason')}"
         out.print(f"{c['id']}  {what}  {outcome}", highlight=False, soft_wrap=True)
     for c in inbox.pending():

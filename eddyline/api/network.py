@@ -36,6 +36,9 @@ class NetworkSpec(Model):
     #: before they go on without it, their outputs marked tentative and corrected once it is
     #: back. None: wait for it (up to the source's own ``wait``, then fail).
     max_delay: Duration | None = Field(default=None, gt=0)
+    #: Epochs whose commits, plans and state versions the checkpoint keeps: how far back
+    #: ``eddyline replay`` can go (time travel).
+    history: int = Field(default=10, ge=2)
 
     def node(self, name: str) -> SourceSpec | StepSpec | SinkSpec:
         for n in (*self.sources, *self.steps, *self.sinks):

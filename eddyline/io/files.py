@@ -277,17 +277,33 @@ class FilesTarget:
             raise SinkError(f"cannot publish epoch {epoch} to {dst}: {e}") from e
 
     def retract(self, epochs: list[int], at_epoch: int) -> None:
-        """Move the tentative ``epochs``' output aside, into ``_corrections/epoch=<at_epoch>``."""
+        """Move the ``epochs``' output (tentative or not: a replay takes stable epochs back)
+        aside, into ``_corrections/epoch=<at_epoch>/retracted``."""
         for epoch in epochs:
-            src = self.final(epoch, tentative=True)
-            if self.fs.get_file_info(src).type == pafs.FileType.NotFound:
-                continue  # nothing published, or retracted by an earlier attempt
-            dst = f"{self.base}/_corrections/{epoch_dir(at_epoch)}/retracted/{epoch_dir(epoch)}"
-            self.fs.create_dir(dst.rpartition("/")[0], recursive=True)
+            dst = f"{self._aside(at_epoch)}/{epoch_dir(epoch)}"
+            for src in (self.final(epoch, tentative=True), self.final(epoch)):
+                if self.fs.get_file_info(src).type == pafs.FileType.NotFound:
+                    continue  # nothing published, or retracted by an earlier attempt
+                self.fs.create_dir(dst.rpartition("/")[0], recursive=True)
+                try:
+                    self.fs.move(src, dst)
+                except OSError as e:
+                    raise SinkError(f"cannot retract epoch {epoch} from {src}: {e}") from e
+
+    def restore(self, at_epoch: int) -> None:
+        """Put back what epoch ``at_epoch`` retracted (undoing a replay), as stable epochs."""
+        aside = self._aside(at_epoch)
+        for info in self.fs.get_file_info(pafs.FileSelector(aside, allow_not_found=True)):
+            dst = f"{self.base}/{info.base_name}"
+            if self.fs.get_file_info(dst).type != pafs.FileType.NotFound:
+                continue  # put back by an earlier attempt
             try:
-                self.fs.move(src, dst)
+                self.fs.move(info.path, dst)
             except OSError as e:
-                raise SinkError(f"cannot retract tentative epoch {epoch} from {src}: {e}") from e
+                raise SinkError(f"cannot put epoch output {info.path} back: {e}") from e
+
+    def _aside(self, at_epoch: int) -> str:
+        return f"{self.base}/_corrections/{epoch_dir(at_epoch)}/retracted"
 
     def _fence(self, epoch: int) -> None:
         """Refuse to publish under an older lease generation than the newest that published."""
@@ -319,6 +335,8 @@ class FilesTarget:
 
 
 class FilesSink(Sink):
+    rewinds = True
+
     def __init__(self, spec: SinkSpec):
         super().__init__(spec)
         self.target = FilesTarget(spec.params)
@@ -333,6 +351,9 @@ class FilesSink(Sink):
 
     def retract(self, epochs: list[int], at_epoch: int) -> None:
         self.target.retract(epochs, at_epoch)
+
+    def restore(self, at_epoch: int) -> None:
+        self.target.restore(at_epoch)
 
     def drop(self, epoch: int) -> None:
         self.target.discard(epoch)

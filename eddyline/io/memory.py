@@ -26,10 +26,13 @@ class MemorySink(Sink):
     Tentative epochs are listed in ``tentative``; a retraction drops their rows."""
 
     counts_itself = True
+    rewinds = True
 
     def __init__(self, spec: SinkSpec):
         super().__init__(spec)
         self.tentative: set[int] = set()
+        #: per epoch that retracted earlier epochs' rows: those rows, to put back (undo)
+        self.aside: dict[int, dict[int, pa.Table]] = {}
 
     def stage(self, df: DataFrame, epoch: int) -> None:
         self.collected[epoch] = df.toArrow()
@@ -39,8 +42,13 @@ class MemorySink(Sink):
             self.tentative.add(epoch)
 
     def retract(self, epochs: list[int], at_epoch: int) -> None:
-        super().retract(epochs, at_epoch)
+        aside = self.aside.setdefault(at_epoch, {})
+        aside.update({e: self.collected.pop(e) for e in epochs if e in self.collected})
         self.tentative.difference_update(epochs)
+
+    def restore(self, at_epoch: int) -> None:
+        for epoch, rows in self.aside.get(at_epoch, {}).items():
+            self.collected.setdefault(epoch, rows)
 
     def table(self) -> pa.Table | None:
         if not self.collected:

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from eddyline.api import registry
 from eddyline.api.sinks import SinkSpec
+from eddyline.errors import SinkError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -36,6 +37,9 @@ class Sink:
     #: a sink that writes from Spark cannot count what it wrote without an extra job: the
     #: runtime counts its rows on the way (an observation); one that collects knows the count
     counts_itself: ClassVar[bool] = False
+    #: it can take back any epoch it published and put it back later (:meth:`restore`), so a
+    #: network that writes only to such sinks can be replayed from an earlier epoch
+    rewinds: ClassVar[bool] = False
 
     @property
     def name(self) -> str:
@@ -85,6 +89,11 @@ class Sink:
         implements it."""
         for epoch in epochs:
             self.collected.pop(epoch, None)
+
+    def restore(self, at_epoch: int) -> None:
+        """Put back the output epoch ``at_epoch`` retracted (undoing a replay); sinks that
+        ``rewinds`` implement it. Idempotent."""
+        raise SinkError(f"sink '{self.name}': a {self.spec.kind} sink cannot put back what it took back")
 
     def staged_rows(self, epoch: int) -> int:
         """Rows staged for ``epoch`` (for sinks that ``counts_itself``)."""

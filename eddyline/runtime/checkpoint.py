@@ -153,6 +153,9 @@ class Checkpoint:
     def commits(self) -> list[EpochCommit]:
         return [self.read_commit(e) for e in self._epochs("commits")]
 
+    def has_commit(self, epoch: int) -> bool:
+        return self.fs.get_file_info(self._path("commits", epoch)).type != pafs.FileType.NotFound
+
     def has_plan(self, epoch: int) -> bool:
         return self.fs.get_file_info(self._path("plans", epoch)).type != pafs.FileType.NotFound
 

@@ -112,7 +112,7 @@ class Engine:
         reporter: ProgressReporter | None = None,
         sinks: dict[str, Sink] | None = None,
         faults: Faults | None = None,
-        retain_epochs: int = 10,
+        retain_epochs: int | None = None,
         worker_keepalive_s: float | None = WORKER_KEEPALIVE_S,
         lease: Lease | None = None,
         pair: HotPair | None = None,
@@ -136,7 +136,7 @@ class Engine:
         # the boundaries the driver passes; tasks get self.faults alone (the lease stays here)
         self.boundaries: Faults = UnderLease(self.faults, lease) if lease is not None else self.faults
         self.worker_keepalive_s = worker_keepalive_s
-        self.retain_epochs = retain_epochs
+        self._retain = retain_epochs  # default: the network's history
         self.ckpt = Checkpoint(checkpoint)
         self.lanes = lanes or spec.lanes or spark.sparkContext.defaultParallelism
         self.inbox = Inbox(checkpoint)
@@ -162,6 +162,7 @@ class Engine:
         spark, checkpoint, pair, lease, reporter = self.spark, self.ckpt.location, self.pair, self.lease, self.reporter
         self.spec = self.base_spec = spec
         self.settings = {}
+        self.retain_epochs = self._retain or spec.history
         sinks = {**self._given_sinks, **(keep or {})}
         sinks = {s.name: sinks.get(s.name) or make_sink(s, reporter.console if reporter else None) for s in spec.sinks}
         self.sources: dict[str, Source] = {s.name: make_source(s) for s in spec.sources}
@@ -211,6 +212,7 @@ class Engine:
         meta = self.ckpt.open(self.spec.fingerprint(), created=network_hash(_raw(self.base_spec)))
         applied = meta.get("applied") or {}
         self._reset_at = (int(applied.get("epoch", 0)), frozenset(applied.get("reset", ())))
+        self.ckpt.store_network(_raw(self.base_spec))  # every plan names the network it ran
         started_at = float(meta["started_at"])
         self.executor.checkpoint_id = str(meta["id"])  # names this run's writes in sinks that remember them
         if self.pair is not None:  # the pair's writes are the same whichever driver makes them
@@ -241,13 +243,13 @@ class Engine:
                 epoch_start = time.monotonic()
                 replayed = pending is not None
                 before, taken = self.settings, [] if replayed else self._take_commands((last.epoch if last else 0) + 1)
-                if taken and "network" in taken[0]:  # a live change: another network from this epoch on
-                    self._switch(taken[0], last)
+                special = taken[0] if taken and _alone(taken[0]) else None
+                rewind_to, restores = self._prepare(special, last) if special is not None else (None, [])
                 plan = pending or self.planner.next(self._view(last, (last.epoch if last else 0) + 1),
-                                                    time.time() - started_at, until_idle)  # 1. plan
+                                                    time.time() - started_at, until_idle, rewind_to)  # 1. plan
                 pending = None
                 if plan is None:
-                    if not (taken and "network" in taken[0]):  # a change is recorded: it stays
+                    if special is None:  # (a change of network is recorded: it stays)
                         self._use_settings(before)  # the commands wait for an epoch to take effect in
                     if until_idle and not self.planner.waiting_for:
                         break
@@ -255,10 +257,11 @@ class Engine:
                     time.sleep(self.planner.poll_s or min(max(self.spec.trigger, 100), 1000) / 1000)
                     continue
                 if not replayed:
-                    applied = [{k: c[k] for k in ("id", "set", "from", "reset") if k in c}
+                    applied = [{k: c[k] for k in ("id", "set", "from", "reset", "replay", "undo") if k in c}
                                | ({"network": network_hash(_raw(self.base_spec))} if "network" in c else {}) for c in taken]
-                    plan = self._log(dataclasses.replace(plan, settings=self.settings, applied=applied,
-                                                         commands_cursor=self._read_to))  # 2. log
+                    plan = self._log(dataclasses.replace(
+                        plan, settings=self.settings, applied=applied, commands_cursor=self._read_to,
+                        network=network_hash(_raw(self.base_spec)), restores=restores))  # 2. log
                     replayed = plan.generation != self._generation
                     for command in taken:  # logged: from now on the plan applies them, also in a replay
                         self.inbox.close(command, "applied", plan.epoch)
@@ -306,16 +309,16 @@ class Engine:
             return []  # a follower runs its leader's plans, settings included
         taken: list[dict[str, Any]] = []
         for command in self.inbox.pending():
-            if "network" not in command:
+            if not _alone(command):
                 taken += self._take(command, epoch)
                 continue
             if taken:
-                return taken  # a change of network takes an epoch boundary of its own
+                return taken  # a change of network, a replay, an undo: each has a boundary of its own
             try:
-                self._check_network_command(command)
+                self._check_alone(command, epoch - 1)
             except EddylineError as e:
                 self.inbox.close(command, "refused", epoch, str(e))
-                self._refused.append({"id": command.get("id"), "network": True, "reason": str(e)})
+                self._refused.append({"id": command.get("id"), "command": _alone(command), "reason": str(e)})
                 continue
             return [command]
         stream = self.spec.control.commands
@@ -342,15 +345,53 @@ class Engine:
             return []
         return [command]
 
-    def _check_network_command(self, command: dict[str, Any]) -> None:
+    def _check_alone(self, command: dict[str, Any], last_epoch: int) -> None:
+        """Refuse (raise) a change of network, a replay or an undo that cannot be done now."""
         from eddyline.api.validate import spec_from_raw
 
+        what = _alone(command)
         if self.pair is not None or self.spec.max_delay is not None:
-            raise EngineError("apply: a hot pair or a network with max_delay cannot change its network live yet")
-        raw = command.get("network")
-        if not isinstance(raw, dict):
-            raise SpecError("apply: expected the new network as a mapping")
-        check_change(self.base_spec, spec_from_raw(raw), tuple(command.get("reset") or ()))
+            raise EngineError(f"{what}: a hot pair or a network with max_delay cannot do this live yet")
+        if "network" in command:
+            raw = command["network"]
+            if not isinstance(raw, dict):
+                raise SpecError(f"{what}: expected the new network as a mapping")
+            check_change(self.base_spec, spec_from_raw(raw), tuple(command.get("reset") or ()))
+        if what == "apply":
+            return
+        target = command.get(what)
+        if not isinstance(target, int) or not 1 <= target <= last_epoch:
+            raise EngineError(f"{what}: expected an epoch from 1 to {last_epoch}, the last committed, got {target!r}")
+        cannot = [n for n, s in self.outputs.sinks.items() if not s.rewinds]
+        if cannot:
+            raise EngineError(f"{what}: sink(s) {', '.join(cannot)} cannot take published epochs back and put them back "
+                              "(files and memory sinks can)")
+        back = target - 1  # the commit the epoch goes on from
+        if back and not self.ckpt.has_commit(back):
+            raise EngineError(f"{what}: epoch {back} is no longer kept (the checkpoint keeps the last "
+                              f"{self.retain_epochs} epochs; raise the network's history to go further back)")
+        if what == "undo":
+            plan = self.ckpt.read_plan(target) if self.ckpt.has_plan(target) else None
+            if plan is None or not any("replay" in a for a in plan.applied):
+                raise EngineError(f"undo: epoch {target} did not replay earlier epochs; there is nothing to undo")
+
+    def _prepare(self, command: dict[str, Any], last: EpochCommit | None) -> tuple[int | None, list[int]]:
+        """Carry out a command that needs a boundary of its own, up to planning: returns the
+        commit the next epoch goes on from (None: the last) and the epochs whose retracted
+        output it puts back."""
+
+        if "undo" in command:  # back to the network, state and outputs from before the replay
+            replay = int(command["undo"])
+            before = self.ckpt.read_plan(replay - 1).network if replay > 1 else None
+            raw = self.ckpt.read_network(before) if before else None
+            if raw is not None:
+                self._switch({"network": raw}, last)
+            return replay - 1, [replay]
+        if "network" in command:
+            self._switch(command, last)
+        if "replay" in command:
+            return int(command["replay"]) - 1, []
+        return None, []
 
     def _switch(self, command: dict[str, Any], last: EpochCommit | None) -> None:
         """Put the command's network in force from the next epoch (its plan logs the command):
@@ -626,6 +667,14 @@ def _freeze_heap() -> bool:
     gc.collect()
     gc.freeze()
     return thawed
+
+
+def _alone(command: dict[str, Any]) -> str | None:
+    """What a command that takes an epoch boundary of its own does (None: settings)."""
+    for key, what in (("undo", "undo"), ("replay", "replay"), ("network", "apply")):
+        if key in command:
+            return what
+    return None
 
 
 def _raw(spec: NetworkSpec) -> dict[str, Any]:

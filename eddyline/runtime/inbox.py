@@ -6,7 +6,8 @@ logs it in the epoch's plan (it takes effect with that epoch, also in a replay) 
 with the reason. Either way the command moves to ``done`` with its outcome::
 
     <checkpoint>/control/inbox/<ns>-<id>.json   {"id", "set": {"STEP.PARAM": value}, "from", "submitted_at"}
-                                                (or "network": a whole spec, "reset": [steps])
+                                                (or "network": a whole spec, "reset": [steps];
+                                                 "replay": epoch [+ "network"]; "undo": epoch)
     <checkpoint>/control/done/<id>.json         the same + "outcome" (applied | refused), "epoch", "reason"
 
 A command is closed only after the plan that applies it is logged: a driver that dies in
@@ -38,6 +39,10 @@ class Inbox:
     def submit_network(self, raw: dict[str, Any], reset: list[str], origin: str = "cli") -> str:
         """Queue a whole new network (``eddyline apply``, :mod:`eddyline.api.change`)."""
         return self._queue({"network": raw, "reset": reset, "from": origin})
+
+    def submit_command(self, body: dict[str, Any], origin: str = "cli") -> str:
+        """Queue another command (``{"replay": N, ...}``, ``{"undo": E}``)."""
+        return self._queue({**body, "from": origin})
 
     def _queue(self, body: dict[str, Any]) -> str:
         command_id = uuid.uuid4().hex[:12]

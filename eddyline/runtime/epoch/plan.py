@@ -71,15 +71,26 @@ class Planner:
         lines may have changed their parameters since the planner was made)."""
         return self.spec.stateful_steps()
 
-    def next(self, last: EpochCommit | None, elapsed_s: float, until_idle: bool) -> EpochPlan | None:
+    def next(
+        self, last: EpochCommit | None, elapsed_s: float, until_idle: bool, rewind_to: int | None = None
+    ) -> EpochPlan | None:
         """The next epoch's plan, or None when there is nothing to do (or, with ``max_delay``,
-        nothing to do yet: a source is down and the delay has not passed)."""
+        nothing to do yet: a source is down and the delay has not passed).
+
+        ``rewind_to``: time travel (``eddyline replay``): the epoch continues from that earlier
+        commit instead of the last (0: from the start), reading again what came after it, and
+        takes back what the epochs since published."""
         epoch = last.epoch + 1 if last else 1
         ended = last is not None and last.end_of_stream
-        slices, down = self._slices(last, elapsed_s, ended)
         tentative: list[str] = []
         base: int | None = None
         retracts: list[int] = []
+        if rewind_to is not None:
+            assert last is not None
+            base, retracts = rewind_to, list(range(rewind_to + 1, last.epoch + 1))
+            last, ended = self._commit(rewind_to), False
+            self.controller.restore(ControllerState.model_validate(last.control if last and last.control else {}))
+        slices, down = self._slices(last, elapsed_s, ended)
         if self.dpc is not None and not ended:
             missing = last.tentative if last else []
             verdict = self.dpc.verdict(down, missing)

@@ -2,6 +2,9 @@
 replay replaces an earlier attempt's). Nothing is committed yet: a crash after this stage
 replays the epoch, which publishes the very same outputs again.
 
+An epoch that corrects tentative ones (:mod:`eddyline.ha.dpc`), or replays earlier ones
+(``eddyline replay``), first retracts their outputs; one that undoes a replay then puts back what
+the replay retracted.
 An epoch that corrects tentative ones (:mod:`eddyline.ha.dpc`) first retracts their outputs
 from every sink and files target, then publishes its own; a tentative epoch publishes its
 outputs marked tentative.
@@ -43,6 +46,11 @@ def publish(outputs: Outputs, staged: Staged, plan: EpochPlan, faults: Faults) -
             sink.retract(plan.retracts, epoch)
         for target in outputs.targets():
             target.retract(plan.retracts, epoch)
+    for undone in plan.restores:  # undoing a replay: what it took back comes back
+        for sink in outputs.sinks.values():
+            sink.restore(undone)
+        for target in outputs.targets():
+            target.restore(undone)
     selector = outputs.selector
     for name, sink in outputs.sinks.items():
         digest = staged.digests.get(name)

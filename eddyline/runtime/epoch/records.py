@@ -52,6 +52,10 @@ class EpochPlan:
     applied: list[dict[str, Any]] = field(default_factory=list)
     #: the control stream's last file read once this epoch was planned (eddyline.runtime.commands)
     commands_cursor: str | None = None
+    #: the network it runs (its hash; the checkpoint keeps it under networks/)
+    network: str | None = None
+    #: epochs whose retracted outputs this epoch puts back first (undoing a replay)
+    restores: list[int] = field(default_factory=list)
     planned_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:

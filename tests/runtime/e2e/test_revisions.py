@@ -118,8 +118,8 @@ def test_revisions_flow_through_the_network_and_end_exact(spark, tmp_path: Path)
 @pytest.mark.parametrize(
     ("step", "message"),
     [
-        ({"name": "top", "input": "slim", "top_k": {"partition_by": "auction", "order_by": ["price DESC"], "k": 1, "time": "ts"}},
-         "step 'top': top_k cannot take the revisions of input 'slim' (its rows carry _diff): its kernel does not take rows back"),
+        ({"name": "first", "input": "slim", "dedup": {"key": "auction", "time": "ts", "ttl": "1m"}},
+         "step 'first': dedup cannot take the revisions of input 'slim' (its rows carry _diff): its kernel does not take rows back"),
         ({"name": "hi", "input": "slim", "aggregate": {"key": "auction", "aggregates": {"hi": "max(price)"}}},
          "step 'hi': aggregate cannot take the revisions of input 'slim' (its rows carry _diff): "
          "hi=max(): only count, sum and avg can take a value back"),

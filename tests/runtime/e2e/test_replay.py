@@ -1,0 +1,85 @@
+"""Time travel on local Spark (``eddyline replay`` / ``undo``): Nexmark q2's shape (a filter on
+the auction, a select) over files; its predicate is changed and epochs 5 on are run again with
+it: the sink then holds what a run that changed the predicate at epoch 5 holds; undoing the
+replay brings back exactly what it held before."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from eddyline.api.validate import load_spec
+from eddyline.errors import EngineError
+from eddyline.runtime.checkpoint import Checkpoint
+from eddyline.runtime.engine import Engine
+from eddyline.runtime.inbox import Inbox
+
+from .helpers import BIDS_DDL, write_bid_files
+
+
+def q2(src: Path, out: Path, predicate: str) -> dict:
+    return {
+        "name": "q2", "trigger": 0, "lanes": 2, "key_groups": 8, "history": 12,
+        "sources": [{"name": "bids", "files": {"path": str(src), "format": "json", "schema": BIDS_DDL, "max_files_per_epoch": 1}}],
+        "steps": [
+            {"name": "picked", "input": "bids", "filter": predicate},
+            {"name": "q2", "input": "picked", "select": ["auction", "price"]},
+        ],
+        "sinks": [{"name": "out", "input": "q2", "files": {"path": str(out), "format": "parquet"}}],
+    }
+
+
+def content(out: Path) -> Counter:
+    return Counter(duckdb.connect().execute(f"SELECT auction, price FROM read_parquet('{out}/epoch=*/*.parquet')").fetchall())
+
+
+def test_replay_with_a_changed_predicate_then_undo(spark, tmp_path: Path) -> None:
+    write_bid_files(tmp_path / "in", files=8, rows=50)
+    old = q2(tmp_path / "in", tmp_path / "out", "auction % 3 = 0")
+    new = copy.deepcopy(old)
+    new["steps"][0]["filter"] = "auction % 2 = 0"
+    ckpt = str(tmp_path / "ckpt")
+    Engine(load_spec(old), spark, ckpt).run(until_idle=True)
+    before = content(tmp_path / "out")
+
+    # the reference: the same network with the predicate changed at epoch 5, from the start
+    ref = q2(tmp_path / "in", tmp_path / "ref", "auction % 3 = 0")
+    Engine(load_spec(ref), spark, str(tmp_path / "ref-ckpt")).run(epochs=4)
+    Inbox(str(tmp_path / "ref-ckpt")).submit_network({**new, "sinks": ref["sinks"]}, [])
+    Engine(load_spec(ref), spark, str(tmp_path / "ref-ckpt")).run(until_idle=True)
+    assert content(tmp_path / "ref") != before
+
+    replay = Inbox(ckpt).submit_command({"replay": 5, "network": new, "reset": []})
+    Engine(load_spec(old), spark, ckpt).run(until_idle=True)
+    assert content(tmp_path / "out") == content(tmp_path / "ref")
+    ck = Checkpoint(ckpt)
+    at = ck.read_plan(9)
+    assert (at.base, at.retracts, [a["id"] for a in at.applied]) == (4, [5, 6, 7, 8], [replay])
+
+    Inbox(ckpt).submit_command({"undo": 9})
+    Engine(load_spec(old), spark, ckpt).run(until_idle=True)
+    assert content(tmp_path / "out") == before
+    last = ck.read_plan(ck.latest_commit().epoch)
+    assert last.base == 8 and last.restores == [9] and last.network == ck.read_plan(8).network
+    assert [d["outcome"] for d in Inbox(ckpt).done()] == ["applied", "applied"]
+
+
+def test_a_replay_that_cannot_be_done_is_refused(spark, tmp_path: Path) -> None:
+    write_bid_files(tmp_path / "in", files=5, rows=10)
+    net = q2(tmp_path / "in", tmp_path / "out", "true")
+    net["history"] = 2
+    ckpt = str(tmp_path / "ckpt")
+    Engine(load_spec(net), spark, ckpt).run(until_idle=True)
+    inbox = Inbox(ckpt)
+    inbox.submit_command({"replay": 9})
+    inbox.submit_command({"undo": 4})
+    Engine(load_spec(net), spark, ckpt).run(until_idle=True)
+    reasons = [d["reason"] for d in Inbox(ckpt).done()]
+    assert reasons[0] == "replay: expected an epoch from 1 to 5, the last committed, got 9"
+    assert reasons[1] == "undo: epoch 4 did not replay earlier epochs; there is nothing to undo"
+    with pytest.raises(EngineError, match=r"epoch 1 is no longer kept \(the checkpoint keeps the last 2 epochs"):
+        Engine(load_spec(net), spark, ckpt)._check_alone({"replay": 2}, 5)
