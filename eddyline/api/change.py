@@ -4,7 +4,7 @@ new one, and whether the new one can take over at an epoch boundary.
 A change keeps what did not change: an unchanged step keeps its state and routing, an unchanged
 sink its output. Added sources, steps and sinks start at the boundary (a new source from its
 first offset); removed ones stop there. A changed stateless step (a filter, a select, a udf's
-new function version) simply runs its new form from the boundary. A changed stateful step keeps
+function, another ``module:function``) simply runs its new form from the boundary. A changed stateful step keeps
 its state when only its live parameters changed (:mod:`eddyline.api.live`); otherwise its state
 would not fit the new step, and the change is refused unless the step is named in ``reset``
 (it then starts with no state). What cannot change in place is refused with the reason: the

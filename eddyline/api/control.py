@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from eddyline.api.units import ByteSize, Files, Model
 
@@ -145,11 +145,20 @@ class Control(Model):
     load: Literal["time", "rows"] = "time"
     #: The steps the control plane adapts (default: every stateful step).
     steps: tuple[str, ...] | None = None
-    #: A control stream: a directory (path or URI) of JSON-lines files of control tuples
-    #: ``{"query": <network name>, "step": ..., "parameter": ..., "value": ...}``, read in name
-    #: order at every epoch boundary like ``eddyline control set`` (a file must appear whole:
-    #: write it, then rename it into the directory). Tuples for another query are skipped.
+    #: A control stream of tuples ``{"query": <network name>, "step": ..., "parameter": ...,
+    #: "value": ...}``, read at every epoch boundary like ``eddyline control set``: a directory
+    #: (path or URI) of JSON-lines files, read in name order (a file must appear whole: write
+    #: it, then rename it in), or a JetStream stream, ``nats://host:port/STREAM[?subject=…]``
+    #: (``tls://`` too), one tuple per message. Tuples for another query are skipped.
     commands: str | None = Field(default=None, min_length=1)
+
+    @field_validator("commands")
+    @classmethod
+    def _stream_named(cls, value: str | None) -> str | None:
+        broker = value is not None and value.startswith(("nats://", "tls://"))
+        if broker and not value.split("?")[0].split("://", 1)[1].partition("/")[2].strip("/"):  # type: ignore[union-attr]
+            raise ValueError(f"expected nats://host:port/STREAM (the JetStream stream to read), got {value!r}")
+        return value
 
     @property
     def adaptive(self) -> bool:

@@ -90,7 +90,7 @@ class UdfRunner:
 class UdfKind(StepKind):
     key = "udf"
     params = Udf
-    live_params = ("function",)  # a new version of the function, with the same schema
+    live_params = ("function",)  # another module:function (imported modules are not reloaded), same schema
 
     def revisions(self, params: Any) -> str | None:
         try:

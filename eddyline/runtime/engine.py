@@ -38,7 +38,7 @@ from eddyline.io.sinks import Sink, make_sink
 from eddyline.io.sources import Source, make_source
 from eddyline.observe.progress import ProgressReporter
 from eddyline.runtime.checkpoint import Checkpoint, network_hash
-from eddyline.runtime.commands import CommandFiles
+from eddyline.runtime.commands import command_reader
 from eddyline.runtime.compile import EpochCompiler
 from eddyline.runtime.epoch.commit import commit
 from eddyline.runtime.epoch.execute import Executor
@@ -245,8 +245,9 @@ class Engine:
                 before, taken = self.settings, [] if replayed else self._take_commands((last.epoch if last else 0) + 1)
                 special = taken[0] if taken and _alone(taken[0]) else None
                 rewind_to, restores = self._prepare(special, last) if special is not None else (None, [])
-                plan = pending or self.planner.next(self._view(last, (last.epoch if last else 0) + 1),
-                                                    time.time() - started_at, until_idle, rewind_to)  # 1. plan
+                view, elapsed = self._view(last, (last.epoch if last else 0) + 1), time.time() - started_at
+                plan = pending or (self.planner.next(view, elapsed, until_idle) if rewind_to is None  # 1. plan
+                                   else self._plans.next(view, elapsed, until_idle, rewind_to))  # (no pair: refused)
                 pending = None
                 if plan is None:
                     if special is None:  # (a change of network is recorded: it stays)
@@ -323,7 +324,7 @@ class Engine:
             return [command]
         stream = self.spec.control.commands
         if stream is not None:  # a control stream: its tuples are commands too
-            commands, self._read_to = CommandFiles(stream, self.spec.name).after(self._cursor)
+            commands, self._read_to = command_reader(stream, self.spec.name).after(self._cursor)
             for command in commands:
                 taken += self._take(command, epoch)
         return taken
@@ -366,8 +367,8 @@ class Engine:
         if cannot:
             raise EngineError(f"{what}: sink(s) {', '.join(cannot)} cannot take published epochs back and put them back "
                               "(files and memory sinks can)")
-        back = target - 1  # the commit the epoch goes on from
-        if back and not self.ckpt.has_commit(back):
+        back = target - 1  # the commit (and the plan naming its network) the epoch goes on from
+        if back and not (self.ckpt.has_commit(back) and self.ckpt.has_plan(back)):
             raise EngineError(f"{what}: epoch {back} is no longer kept (the checkpoint keeps the last "
                               f"{self.retain_epochs} epochs; raise the network's history to go further back)")
         if what == "undo":

@@ -169,3 +169,30 @@ def test_a_control_stream_changes_the_filter_at_the_next_epoch_once(spark, tmp_p
         "stream-0001.json:1": ("applied", None),
         "stream-0001.json:3": ("refused", "control: a control tuple needs query, step, parameter, value; missing parameter, value"),
     }
+
+
+def test_a_control_stream_on_nats_changes_the_filter_at_the_next_epoch(spark, nats_server, tmp_path: Path) -> None:
+    """The same tuples as messages of a JetStream stream; the cursor is the last sequence read."""
+    from eddyline.io.natswire import NatsConnection, ensure_stream
+
+    write_bid_files(tmp_path / "in", files=4, rows=30)
+    raw = spec(tmp_path / "in", tmp_path / "out")
+    raw["control"] = {"commands": f"{nats_server.url}/CONTROL_E2E?subject=control.q"}
+    net = load_spec(raw)
+    ckpt = str(tmp_path / "ckpt")
+    Engine(net, spark, ckpt).run(epochs=2)
+    tuples = [
+        ("control.q", {"query": "controlled", "step": "expensive", "parameter": "filter", "value": "price >= 500"}),
+        ("control.other", {"query": "controlled", "step": "expensive", "parameter": "filter", "value": "false"}),
+        ("control.q", {"query": "controlled", "step": "top", "parameter": "k", "value": -1}),
+    ]
+    with NatsConnection(nats_server.url) as conn:
+        ensure_stream(conn, "CONTROL_E2E", ["control.>"])
+        conn.publish([(subject, None, json.dumps(t).encode()) for subject, t in tuples])
+    Engine(net, spark, ckpt).run(until_idle=True)
+    assert per_epoch(tmp_path / "out") == expected(tmp_path / "in", switch_at=3)
+    ck = Checkpoint(ckpt)
+    assert [a["id"] for a in ck.read_plan(3).applied] == ["stream-CONTROL_E2E:1"]
+    assert ck.latest_commit().commands_cursor == "3"
+    refused = [d for d in Inbox(ckpt).done() if d["outcome"] == "refused"]
+    assert [d["id"] for d in refused] == ["stream-CONTROL_E2E:3"] and "top.k" in refused[0]["reason"]

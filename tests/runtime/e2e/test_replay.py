@@ -83,3 +83,29 @@ def test_a_replay_that_cannot_be_done_is_refused(spark, tmp_path: Path) -> None:
     assert reasons[1] == "undo: epoch 4 did not replay earlier epochs; there is nothing to undo"
     with pytest.raises(EngineError, match=r"epoch 1 is no longer kept \(the checkpoint keeps the last 2 epochs"):
         Engine(load_spec(net), spark, ckpt)._check_alone({"replay": 2}, 5)
+
+
+def test_the_cli_queues_a_replay_and_an_undo_and_refuses_a_network_it_cannot_become(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from eddyline.cli import app
+
+    net = q2(tmp_path / "in", tmp_path / "out", "true")
+    changed = copy.deepcopy(net)
+    changed["name"] = "renamed"
+    paths = {}
+    for name, raw in (("net", net), ("changed", changed)):
+        paths[name] = tmp_path / f"{name}.yaml"
+        paths[name].write_text(json.dumps(raw))
+    ckpt = str(tmp_path / "ckpt")
+    runner = CliRunner()
+    bad = runner.invoke(app, ["replay", str(paths["net"]), "--checkpoint", ckpt, "--from-epoch", "3", "--with", str(paths["changed"])])
+    assert bad.exit_code == 2 and "apply: name: the running network is 'q2'" in bad.output
+    assert Inbox(ckpt).pending() == []
+    ok = runner.invoke(app, ["replay", str(paths["net"]), "--checkpoint", ckpt, "--from-epoch", "3"])
+    assert ok.exit_code == 0 and "from epoch 3" in ok.output
+    undo = runner.invoke(app, ["undo", str(paths["net"]), "--checkpoint", ckpt, "--epoch", "7"])
+    assert undo.exit_code == 0
+    assert [{k: c[k] for k in ("replay", "undo") if k in c} for c in Inbox(ckpt).pending()] == [{"replay": 3}, {"undo": 7}]
