@@ -82,7 +82,7 @@ LIVE_CONTROL = {
 
 def _set_control(spec: NetworkSpec, raw: dict[str, Any], target: str, value: Any) -> None:
     parts = target.split(".")
-    section, field = (parts[1], parts[2]) if len(parts) == 3 else (parts[1] if len(parts) > 1 else "", "")
+    section, field = (parts[1], parts[2]) if len(parts) == 3 else ("", "")
     live = LIVE_CONTROL.get(section, ())
     if field not in live:
         can = ", ".join(f"control.{s}.{f}" for s, fs in LIVE_CONTROL.items() for f in fs)

@@ -40,6 +40,8 @@ class Select(StepKind):
 
     def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
         out = inputs[0].selectExpr(*step.params)
+        # a revision keeps its weight (the input's schema is known already; the output's is
+        # asked for only when there is a weight to keep)
         if DIFF in inputs[0].columns and DIFF not in out.columns:
-            out = inputs[0].selectExpr(*step.params, DIFF)  # a revision keeps its weight
+            out = inputs[0].selectExpr(*step.params, DIFF)
         return out

@@ -245,17 +245,22 @@ class TopKKernel:
         )
 
     def _tombstones(self, both: pa.Table, idx: np.ndarray) -> pa.Table:
-        """Marker rows for the groups starting at rows ``idx``: the group's columns, else null."""
-        take = pa.array(idx, pa.int64())
-        cols = {}
-        for f in self.state_schema:
-            if f.name in (KG, *self.group_by):
-                cols[f.name] = both.column(f.name).take(take)
-            elif f.name == SLOT:
-                cols[f.name] = pa.array(np.full(idx.size, -1, np.int32), pa.int32())
-            else:
-                cols[f.name] = pa.nulls(idx.size, f.type)
-        return pa.table(cols).cast(self.state_schema)
+        return tombstones(self.state_schema, (KG, *self.group_by), both, idx)
+
+
+def tombstones(state_schema: pa.Schema, group_cols: Sequence[str], rows: pa.Table, idx: np.ndarray) -> pa.Table:
+    """Marker rows (``_slot`` −1) for the groups of ``rows`` at ``idx``: the group's columns,
+    every other column null."""
+    take = pa.array(idx, pa.int64())
+    cols = {}
+    for f in state_schema:
+        if f.name in group_cols:
+            cols[f.name] = rows.column(f.name).take(take)
+        elif f.name == SLOT:
+            cols[f.name] = pa.array(np.full(len(idx), -1, np.int32), pa.int32())
+        else:
+            cols[f.name] = pa.nulls(len(idx), f.type)
+    return pa.table(cols).cast(state_schema)
 
 
 class WeightedTopKKernel:
@@ -381,13 +386,4 @@ class WeightedTopKKernel:
         if not rows.num_rows:
             return self.state_schema.empty_table()
         _, first = np.unique(self._ids([rows], group_cols)[0], return_index=True)
-        take = pa.array(first, pa.int64())
-        cols = {}
-        for f in self.state_schema:
-            if f.name in group_cols:
-                cols[f.name] = rows.column(f.name).take(take)
-            elif f.name == SLOT:
-                cols[f.name] = pa.array(np.full(len(first), -1, np.int32), pa.int32())
-            else:
-                cols[f.name] = pa.nulls(len(first), f.type)
-        return pa.table(cols).cast(self.state_schema)
+        return tombstones(self.state_schema, group_cols, rows, first)
