@@ -43,9 +43,12 @@ def _dump(node: Any) -> dict[str, Any]:
     return node.model_dump(mode="json", by_alias=True, exclude_defaults=True)
 
 
-def network_diff(old: NetworkSpec, new: NetworkSpec, reset: tuple[str, ...] = ()) -> NetworkDiff:
+def network_diff(
+    old: NetworkSpec, new: NetworkSpec, reset: tuple[str, ...] = (), fits: tuple[str, ...] = ()
+) -> NetworkDiff:
     """What ``new`` adds, removes and changes against ``old``, and the problems that keep it
-    from taking over a running ``old`` (``reset``: stateful steps that may start empty)."""
+    from taking over a running ``old`` (``reset``: stateful steps that may start empty;
+    ``fits``: changed stateful steps whose state is known to fit, as a rewrite rule vouches)."""
     d = NetworkDiff()
     if new.name != old.name:
         d.problems.append(f"name: the running network is '{old.name}'; a change keeps the name")
@@ -63,7 +66,7 @@ def network_diff(old: NetworkSpec, new: NetworkSpec, reset: tuple[str, ...] = ()
             d.changed.append(f"{what} '{name}': {', '.join(_detail(a, b, k) for k in fields)}")
             if what == "source":
                 d.problems.append(f"source '{name}': its offsets would mean something else; remove it and add one with another name")
-            elif what == "step" and before[name].stateful:
+            elif what == "step" and before[name].stateful and name not in fits:
                 _check_state(d, before[name], after[name], reset)
     unknown = [r for r in reset if not any(s.name == r and s.stateful for s in old.steps)]
     if unknown:
@@ -94,9 +97,11 @@ def _check_state(d: NetworkDiff, before: Any, after: Any, reset: tuple[str, ...]
         )
 
 
-def check_change(old: NetworkSpec, new: NetworkSpec, reset: tuple[str, ...] = ()) -> NetworkDiff:
+def check_change(
+    old: NetworkSpec, new: NetworkSpec, reset: tuple[str, ...] = (), fits: tuple[str, ...] = ()
+) -> NetworkDiff:
     """The diff, or a :class:`SpecError` with every reason the change cannot be applied."""
-    d = network_diff(old, new, reset)
+    d = network_diff(old, new, reset, fits)
     if d.problems:
         raise SpecError([f"apply: {p}" for p in d.problems])
     return d

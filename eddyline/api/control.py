@@ -64,6 +64,24 @@ class Spread(Model):
     auto: bool = True
 
 
+class Rewrite(Model):
+    """Graph rewriting at run time (AnduIN): when a stateful step is the busiest of the network,
+    takes at least ``saturation`` of the epoch's time and one key group carries more than
+    ``hot_share`` times a fair lane's load with as many lanes as the step may get (so neither
+    moving key groups nor more lanes can bring its slowest lane down to a fair share)
+    for ``patience`` epochs in a row, a rule that fits the step rewrites the network at the next
+    epoch boundary (``eddyline explain --rules`` lists them)."""
+
+    rules: tuple[Literal["pattern-pipeline-split"], ...] = ("pattern-pipeline-split",)
+    saturation: float = Field(default=0.5, ge=0, le=1)
+    hot_share: float = Field(default=1.2, ge=1)
+    patience: int = Field(default=3, ge=1)
+    #: Planned rewrites, epoch → steps (drills and tests); applied as well as the detector's.
+    schedule: dict[int, tuple[str, ...]] = Field(default_factory=dict)
+    #: Whether the hot-spot detector decides at all (off: only ``schedule``).
+    auto: bool = True
+
+
 class Chaos(Model):
     """Relocation drills: random key-group moves during a run (deterministic per seed)."""
 
@@ -132,6 +150,7 @@ class Control(Model):
     scale: Scale | None = None
     spread: Spread | None = None
     chaos: Chaos | None = None
+    rewrite: Rewrite | None = None
     overload: Overload | None = None
     #: Memory budget for one lane's state; state beyond it stays on disk and is processed in
     #: slices of key groups that fit.
@@ -164,5 +183,5 @@ class Control(Model):
     def adaptive(self) -> bool:
         return bool(
             self.placement != "uniform" or self.profile or self.balance or self.scale or self.spread or self.chaos
-            or self.overload
+            or self.overload or self.rewrite
         )

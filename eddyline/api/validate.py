@@ -212,6 +212,14 @@ def check_control(spec: NetworkSpec) -> list[str]:
                 problems.append(
                     f"control: spread.schedule.{epoch}: expected epoch >= 1 and key groups in [0, {spec.key_groups}), got {list(groups)}"
                 )
+    if c.rewrite is not None:
+        for epoch, names in c.rewrite.schedule.items():
+            bad = [n for n in names if n not in stateful]
+            if epoch < 1 or bad:
+                problems.append(
+                    f"control: rewrite.schedule.{epoch}: expected epoch >= 1 and stateful steps ({', '.join(stateful) or 'none'}), "
+                    f"got {list(names)}"
+                )
     return problems
 
 

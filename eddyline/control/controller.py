@@ -21,6 +21,12 @@ class Controller:
         self.manager = DistributionManager(spec, max_lanes=max_lanes)
         self.overload = OverloadController(spec) if spec.control.overload is not None else None
 
+    @property
+    def lanes_cap(self) -> int:
+        """The most lanes a step may get."""
+        scale = self.spec.control.scale
+        return scale.max_lanes if scale is not None and scale.max_lanes else self.manager.max_lanes
+
     def reconfigure(self, spec: NetworkSpec) -> None:
         """Go on under changed policy settings (control lines), keeping every state."""
         self.spec = spec

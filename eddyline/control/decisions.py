@@ -2,7 +2,7 @@
 with why (the statistics), what it expected and, a few epochs later, what was measured.
 
 The kinds are typed; in JSON (plans, progress records) a kind is its plain string value, as
-before: ``placement``, ``rescale``, ``balance``, ``spread``, ``chaos``, ``overload``.
+before: ``placement``, ``rescale``, ``balance``, ``spread``, ``chaos``, ``overload``, ``rewrite``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ class DecisionKind(StrEnum):
     SPREAD = "spread"
     CHAOS = "chaos"
     OVERLOAD = "overload"  # made by the overload controller, logged beside the routing decisions
+    REWRITE = "rewrite"  # a rule rewrote the network (eddyline.kinds.rewrite)
 
 
 @dataclass

@@ -127,7 +127,7 @@ class DistributionManager:
         #: whether any routing policy is on: without one the statistics are never looked at
         #: (and not kept in the state)
         self.routing = c.placement != "uniform" or any(
-            x is not None for x in (c.balance, c.scale, c.spread, c.chaos)
+            x is not None for x in (c.balance, c.scale, c.spread, c.chaos, c.rewrite)
         )
 
     # ------------------------------------------------------------------ monitor
@@ -151,17 +151,24 @@ class DistributionManager:
         self.history.add(step, load)
         for d in self.decisions:
             if d.step == step and d.measured is None and load.epoch >= d.epoch + MEASURE_AFTER - 1:
-                since = [x for x in self.history.epochs(step) if x.epoch >= d.epoch]
-                lanes = max(x.lanes for x in since)
-                busy = np.mean(
-                    [np.pad(x.lane_busy_ms, (0, lanes - len(x.lane_busy_ms))) for x in since],
-                    axis=0,
-                )
-                d.measured = {
-                    "epochs": [since[0].epoch, since[-1].epoch],
-                    "laneBusyMs": _round(busy),
-                    "makespanMs": round(float(busy.max()), 1),
-                }
+                if d.kind is DecisionKind.REWRITE:  # the steps it made, each with its lanes
+                    parts = {s: self._measure(s, d.epoch) for s in d.action["steps"]}
+                    d.measured = {"steps": parts, "makespanMs": round(sum(p["makespanMs"] for p in parts.values()), 1)}
+                else:
+                    d.measured = self._measure(step, d.epoch)
+
+    def _measure(self, step: str, since_epoch: int) -> dict[str, Any]:
+        """The step's lanes' mean busy time since ``since_epoch``."""
+        since = [x for x in self.history.epochs(step) if x.epoch >= since_epoch]
+        if not since:
+            return {"epochs": [], "laneBusyMs": [], "makespanMs": 0.0}
+        lanes = max(x.lanes for x in since)
+        busy = np.mean([np.pad(x.lane_busy_ms, (0, lanes - len(x.lane_busy_ms))) for x in since], axis=0)
+        return {
+            "epochs": [since[0].epoch, since[-1].epoch],
+            "laneBusyMs": _round(busy),
+            "makespanMs": round(float(busy.max()), 1),
+        }
 
     def recent(self, n: int = RECENT) -> list[dict[str, Any]]:
         return [d.to_json() for d in self.decisions[-n:]]

@@ -99,8 +99,7 @@ class ProgressReporter:
                 )
             for r in list(self.rows)[-5:]:  # control lines: what took effect, what was refused
                 for c in r.get("applied", []):
-                    listed = ", ".join(f"{t} = {v!r}" for t, v in c["set"].items())
-                    parts.append(f"[green]epoch {r['batchId']}: control {c['id']} applied: {listed}[/green]")
+                    parts.append(f"[green]epoch {r['batchId']}: control {c['id']} applied: {_command(c)}[/green]")
                 for c in r.get("refused", []):
                     parts.append(f"[red]epoch {r['batchId']}: control {c['id']} refused: {c['reason']}[/red]")
             for d in last.get("recentDecisions", [])[-3:]:
@@ -111,6 +110,21 @@ class ProgressReporter:
                     f"{measured.get('makespanMs', 'pending')}[/cyan]"
                 )
         return Group(*parts)
+
+
+def _command(c: dict[str, Any]) -> str:
+    """What an applied command did, in a few words."""
+    if "set" in c:
+        return ", ".join(f"{t} = {v!r}" for t, v in c["set"].items())
+    if "rewrite" in c:
+        return f"network rewritten by {c['rewrite']} ({c.get('network', '?')})"
+    if "undo" in c:
+        return f"undid the replay of epoch {c['undo']}"
+    if "replay" in c:
+        return f"replayed from epoch {c['replay']}" + (f" with network {c['network']}" if "network" in c else "")
+    if "network" in c:
+        return f"network {c['network']}" + (f", reset {', '.join(c['reset'])}" if c.get("reset") else "")
+    return str(c)
 
 
 def _brief(d: dict[str, Any], limit: int = 90) -> str:

@@ -21,9 +21,12 @@ def _ranges(kgs: list[int]) -> str:
     return ", ".join(out)
 
 
-def explain(spec: NetworkSpec, lanes: int, physical_plans: dict[str, str] | None = None) -> str:
+def explain(
+    spec: NetworkSpec, lanes: int, physical_plans: dict[str, str] | None = None, rewrites: list[str] | None = None
+) -> str:
     """The network as one epoch runs it; ``physical_plans``: Spark's plan per sink, if known
-    (see :func:`eddyline.runtime.compile.physical_plans`)."""
+    (see :func:`eddyline.runtime.compile.physical_plans`); ``rewrites``: how graph rewriting
+    changed it or may change it, as lines."""
     lines = [
         f"network '{spec.name}' · {spec.key_groups} key groups per stateful step · {lanes} lanes · "
         f"trigger {format_duration_ms(spec.trigger)}",
@@ -48,6 +51,8 @@ def explain(spec: NetworkSpec, lanes: int, physical_plans: dict[str, str] | None
     lines += ["", "sinks (staged, published atomically per epoch, then the epoch commits):"]
     for sink in spec.sinks:
         lines.append(f"  {sink.name} ← {sink.input}: {sink.info.describe(sink.params)}")
+    if rewrites:
+        lines += ["", "graph rewriting:", *(f"  {x}" for x in rewrites)]
     for name, plan in (physical_plans or {}).items():
         lines += ["", f"Spark physical plan of one epoch, sink '{name}':", plan.rstrip()]
     return "\n".join(lines)

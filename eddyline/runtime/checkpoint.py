@@ -25,12 +25,18 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from eddyline.api.network import NetworkSpec
 from eddyline.errors import CheckpointError
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan
 from eddyline.state.store import referenced_files, state_file
 from eddyline.storage import create_exclusive, filesystem, read_json, write_atomic
 
 FORMAT_VERSION = 1
+
+
+def network_dict(spec: NetworkSpec) -> dict[str, Any]:
+    """A network as its spec dict (what the checkpoint stores and hashes)."""
+    return spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)
 
 
 def network_hash(raw: dict[str, Any]) -> str:
@@ -95,12 +101,24 @@ class Checkpoint:
         assert isinstance(raw, dict)
         return raw
 
-    def record_change(self, fingerprint: dict[str, Any], digest: str, epoch: int, reset: list[str]) -> None:
+    def record_change(
+        self,
+        fingerprint: dict[str, Any],
+        digest: str,
+        epoch: int,
+        reset: list[str],
+        inherit: dict[str, str] | None = None,
+        rewrite: dict[str, Any] | None = None,
+    ) -> None:
         """From ``epoch`` on, the checkpoint runs network ``digest`` (stored first); ``reset``:
-        its stateful steps that start that epoch with no state."""
+        its stateful steps that start that epoch with no state; ``inherit``: new steps that
+        start with another step's state; ``rewrite``: the rule that made the change, if one did
+        (kept in the list ``rewrites``)."""
         meta = self.metadata()
         assert meta is not None
-        meta.update(network=fingerprint, applied={"hash": digest, "epoch": epoch, "reset": reset})
+        meta.update(network=fingerprint, applied={"hash": digest, "epoch": epoch, "reset": reset, "inherit": inherit or {}})
+        if rewrite is not None:
+            meta["rewrites"] = [*(r for r in meta.get("rewrites", []) if r.get("epoch") != epoch), {**rewrite, "epoch": epoch}]
         write_atomic(self.fs, f"{self.base}/metadata.json", json.dumps(meta, indent=2).encode())
 
     # ---------------------------------------------------------------- plans and commits

@@ -29,15 +29,17 @@ from eddyline.api.change import check_change
 from eddyline.api.live import with_settings
 from eddyline.api.network import NetworkSpec
 from eddyline.api.units import Files
+from eddyline.api.validate import spec_from_raw
 from eddyline.control.controller import Controller
 from eddyline.control.state import ControllerState
 from eddyline.errors import CheckpointError, EddylineError, EngineError, SpecError, task_error_line
+from eddyline.eventtime import NO_WATERMARK
 from eddyline.ha.lease import Lease
 from eddyline.io.files import FilesTarget
 from eddyline.io.sinks import Sink, make_sink
 from eddyline.io.sources import Source, make_source
 from eddyline.observe.progress import ProgressReporter
-from eddyline.runtime.checkpoint import Checkpoint, network_hash
+from eddyline.runtime.checkpoint import Checkpoint, network_dict, network_hash
 from eddyline.runtime.commands import command_reader
 from eddyline.runtime.compile import EpochCompiler
 from eddyline.runtime.epoch.commit import commit
@@ -52,7 +54,8 @@ from eddyline.runtime.faults import FaultPoint, Faults, NoFaults, UnderLease
 from eddyline.runtime.inbox import Inbox
 from eddyline.runtime.lookahead import LookAhead
 from eddyline.runtime.replica import Following, HotPair, Leading
-from eddyline.state.store import KeyGroupStore
+from eddyline.runtime.rewriting import checked_rewrite, decision, propose_rewrites
+from eddyline.state.store import KeyGroupStore, copy_state
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -143,7 +146,8 @@ class Engine:
         self._refused: list[dict[str, Any]] = []  # commands refused since the last progress record
         self._given_sinks = sinks or {}
         self._attached = False  # the sources receive (upstream backup) while run() runs
-        self._reset_at: tuple[int, frozenset[str]] = (0, frozenset())  # a live change's reset steps
+        #: a live change: its first epoch, the steps it reset, the new steps that inherit a state
+        self._change_at: tuple[int, frozenset[str], dict[str, str]] = (0, frozenset(), {})
         #: the control stream: the last file the committed plans read, and what planning read to
         self._cursor: str | None = None
         self._read_to: str | None = None
@@ -209,10 +213,10 @@ class Engine:
         should_stop: Callable[[], bool] | None = None,
     ) -> RunSummary:
         self._adopt_applied_network()
-        meta = self.ckpt.open(self.spec.fingerprint(), created=network_hash(_raw(self.base_spec)))
+        meta = self.ckpt.open(self.spec.fingerprint(), created=network_hash(network_dict(self.base_spec)))
         applied = meta.get("applied") or {}
-        self._reset_at = (int(applied.get("epoch", 0)), frozenset(applied.get("reset", ())))
-        self.ckpt.store_network(_raw(self.base_spec))  # every plan names the network it ran
+        self._change_at = (int(applied.get("epoch", 0)), frozenset(applied.get("reset", ())), dict(applied.get("inherit") or {}))
+        self.ckpt.store_network(network_dict(self.base_spec))  # every plan names the network it ran
         started_at = float(meta["started_at"])
         self.executor.checkpoint_id = str(meta["id"])  # names this run's writes in sinks that remember them
         if self.pair is not None:  # the pair's writes are the same whichever driver makes them
@@ -259,10 +263,11 @@ class Engine:
                     continue
                 if not replayed:
                     applied = [{k: c[k] for k in ("id", "set", "from", "reset", "replay", "undo") if k in c}
-                               | ({"network": network_hash(_raw(self.base_spec))} if "network" in c else {}) for c in taken]
+                               | ({"network": network_hash(network_dict(self.base_spec))} if "network" in c else {})
+                               | ({"rewrite": c["rewrite"]["rule"]} if "rewrite" in c else {}) for c in taken]
                     plan = self._log(dataclasses.replace(
                         plan, settings=self.settings, applied=applied, commands_cursor=self._read_to,
-                        network=network_hash(_raw(self.base_spec)), restores=restores))  # 2. log
+                        network=network_hash(network_dict(self.base_spec)), restores=restores))  # 2. log
                     replayed = plan.generation != self._generation
                     for command in taken:  # logged: from now on the plan applies them, also in a replay
                         self.inbox.close(command, "applied", plan.epoch)
@@ -280,6 +285,8 @@ class Engine:
                     thawed = _freeze_heap()
                 if self.reporter is not None:
                     self.reporter.report(record.to_json())
+                if self.spec.control.rewrite is not None and not isinstance(self.planner, Following):
+                    propose_rewrites(self.base_spec, self.controller, self.inbox, plan.epoch + 1, self.controller.lanes_cap)
                 wait = self.spec.trigger / 1000 - (time.monotonic() - epoch_start)
                 if wait > 0 and self.planner.poll_s is None:  # (a follower is paced by its leader)
                     time.sleep(wait)
@@ -348,8 +355,6 @@ class Engine:
 
     def _check_alone(self, command: dict[str, Any], last_epoch: int) -> None:
         """Refuse (raise) a change of network, a replay or an undo that cannot be done now."""
-        from eddyline.api.validate import spec_from_raw
-
         what = _alone(command)
         if self.pair is not None or self.spec.max_delay is not None:
             raise EngineError(f"{what}: a hot pair or a network with max_delay cannot do this live yet")
@@ -357,7 +362,8 @@ class Engine:
             raw = command["network"]
             if not isinstance(raw, dict):
                 raise SpecError(f"{what}: expected the new network as a mapping")
-            check_change(self.base_spec, spec_from_raw(raw), tuple(command.get("reset") or ()))
+            fits = checked_rewrite(self.base_spec, command).fits if "rewrite" in command else ()
+            check_change(self.base_spec, spec_from_raw(raw), tuple(command.get("reset") or ()), fits)
         if what == "apply":
             return
         target = command.get(what)
@@ -390,6 +396,8 @@ class Engine:
             return replay - 1, [replay]
         if "network" in command:
             self._switch(command, last)
+        if "rewrite" in command:  # the decision, logged with the plan like every other
+            self.controller.manager.decisions.append(decision(command, (last.epoch if last else 0) + 1))
         if "replay" in command:
             return int(command["replay"]) - 1, []
         return None, []
@@ -398,15 +406,16 @@ class Engine:
         """Put the command's network in force from the next epoch (its plan logs the command):
         recorded in the checkpoint first, so that a driver that dies from here on comes back
         with it."""
-        from eddyline.api.validate import spec_from_raw
-
         new, reset = spec_from_raw(command["network"]), sorted(command.get("reset") or ())
-        raw = _raw(new)  # canonical: the same network always has the same hash
-        if network_hash(raw) == network_hash(_raw(self.base_spec)):
+        inherit = dict(command.get("inherit") or {})
+        raw = network_dict(new)  # canonical: the same network always has the same hash
+        if network_hash(raw) == network_hash(network_dict(self.base_spec)):
             return  # in force already (switched while idle, the plan to log it still to come)
         epoch = (last.epoch if last else 0) + 1
-        self.ckpt.record_change(new.fingerprint(), self.ckpt.store_network(raw), epoch, reset)
-        self._reset_at = (epoch, frozenset(reset))
+        made_by = command.get("rewrite")
+        self.ckpt.record_change(new.fingerprint(), self.ckpt.store_network(raw), epoch, reset, inherit,
+                                {k: made_by[k] for k in ("rule", "step", "summary")} if made_by else None)
+        self._change_at = (epoch, frozenset(reset), inherit)
         self._rebuild(new, last)
 
     def _adopt_applied_network(self) -> None:
@@ -415,7 +424,7 @@ class Engine:
         with the applied one; started with a third, it refuses."""
         meta = self.ckpt.metadata() or {}
         applied = meta.get("applied")
-        mine = network_hash(_raw(self.base_spec))
+        mine = network_hash(network_dict(self.base_spec))
         if not applied or applied["hash"] == mine:
             return
         if mine != meta.get("created"):
@@ -424,8 +433,6 @@ class Engine:
                 f"(networks/{applied['hash']}.json), not this one; run it with that network, or change it "
                 "with 'eddyline apply'"
             )
-        from eddyline.api.validate import spec_from_raw
-
         self._rebuild(spec_from_raw(self.ckpt.read_network(applied["hash"])), None)
 
     def _rebuild(self, spec: NetworkSpec, last: EpochCommit | None) -> None:
@@ -454,11 +461,22 @@ class Engine:
         self._fence_outputs()
 
     def _view(self, commit: EpochCommit | None, epoch: int) -> EpochCommit | None:
-        """``commit`` as the base of ``epoch``: without the steps a live change reset then."""
-        at, reset = self._reset_at
-        if commit is None or epoch != at or not reset:
+        """``commit`` as the base of ``epoch``: when a live change starts at ``epoch``, without
+        the steps it reset, with the state of the steps it lets inherit one (copied), and with
+        as many event-time inputs per step as the new network gives it."""
+        at, reset, inherit = self._change_at
+        if commit is None or epoch != at:
             return commit
-        return dataclasses.replace(commit, steps={n: s for n, s in commit.steps.items() if n not in reset})
+        steps = {n: s for n, s in commit.steps.items() if n not in reset}
+        for new, old in inherit.items():
+            if old in steps and new not in commit.steps:
+                copy_state(self.ckpt.location, old, new, steps[old].index)
+                steps[new] = steps[old]
+        for s in self.spec.stateful_steps():
+            known, n = steps.get(s.name), len(s.time_columns())
+            if known is not None and len(known.input_max) != n:
+                steps[s.name] = dataclasses.replace(known, input_max=[*known.input_max, *[NO_WATERMARK] * n][:n])
+        return dataclasses.replace(commit, steps=steps)
 
     def _use_settings(self, settings: dict[str, Any]) -> None:
         """Run with the network as written plus ``settings`` (validated: a plan logged them)."""
@@ -676,8 +694,3 @@ def _alone(command: dict[str, Any]) -> str | None:
         if key in command:
             return what
     return None
-
-
-def _raw(spec: NetworkSpec) -> dict[str, Any]:
-    """A network as its spec dict (what the checkpoint stores and hashes)."""
-    return spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)

@@ -126,6 +126,24 @@ def referenced_files(index: Mapping[int, Chain]) -> set[tuple[int, int]]:
     return {(seg[0], seg[1]) for chain in index.values() for seg in chain}
 
 
+def copy_state(root: str, source: str, target: str, index: Mapping[int, Chain]) -> int:
+    """Give step ``target`` the state of step ``source`` at ``index``: copy the files its chains
+    read (same names, so ``index`` reads the same from either step). Files already there are
+    kept (a driver that died halfway copies the rest). Returns the files copied."""
+    fs, base = filesystem(root)
+    fs.create_dir(f"{base}/state/{target}", recursive=True)
+    copied = 0
+    for epoch, lane in sorted(referenced_files(index)):
+        dst = state_file(base, target, epoch, lane)
+        if fs.get_file_info(dst).type != pafs.FileType.NotFound:
+            continue
+        tmp = f"{dst}.tmp-{os.getpid()}"
+        fs.copy_file(state_file(base, source, epoch, lane), tmp)
+        fs.move(tmp, dst)
+        copied += 1
+    return copied
+
+
 class KeyGroupStore:
     """State of one stateful step. Pure Python + pyarrow; used inside Spark tasks."""
 

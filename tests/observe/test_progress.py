@@ -49,6 +49,11 @@ def test_the_table_shows_control_commands_applied_and_refused() -> None:
     with ProgressReporter(console=console, live=True) as reporter:
         reporter.report(record(1, ms=400.0) | {"refused": [{"id": "c1", "reason": "control top.k=0: too small"}]})
         reporter.report(record(2, ms=400.0) | {"applied": [{"id": "c2", "set": {"cheap.filter": "price > 5"}}]})
+        reporter.report(record(3, ms=400.0) | {"applied": [
+            {"id": "c3", "from": "rewrite", "reset": [], "network": "ab12", "rewrite": "pattern-pipeline-split"}]})
+        reporter.report(record(4, ms=400.0) | {"applied": [{"id": "c4", "from": "cli", "replay": 2}]})
     text = console.export_text()
     assert "epoch 1: control c1 refused: control top.k=0: too small" in text
     assert "epoch 2: control c2 applied: cheap.filter = 'price > 5'" in text
+    assert "epoch 3: control c3 applied: network rewritten by pattern-pipeline-split (ab12)" in text
+    assert "epoch 4: control c4 applied: replayed from epoch 2" in text

@@ -523,6 +523,34 @@ def test_pipeline_split_equals_single_stage(seed: int, contiguity: Contiguity, a
     assert matches(run_pipeline(s1, s2, epochs)) == single and single
 
 
+@pytest.mark.parametrize("at", [1, 3])
+@pytest.mark.parametrize("contiguity", [STRICT, SKIP_TILL_NEXT_MATCH])
+@pytest.mark.parametrize("seed", [3, 9])
+def test_pipeline_split_made_while_running_continues_the_single_kernels_state(
+    seed: int, contiguity: Contiguity, at: int
+) -> None:
+    """The rewrite made at an epoch boundary (:mod:`eddyline.kinds.rewrite`): the single kernel
+    runs the first epochs, then both stages start from its state, each keeping the runs of its
+    part; the matches before plus the pipeline's after are exactly the single kernel's."""
+    rows = make_rows(seed, n=120)
+    pattern = tick_pattern("price", contiguity)
+    epochs = with_end_of_stream(epochs_of(rows, np.random.default_rng(seed), 6, [0, 1_500, 3_000]))
+    single = matches(run_epochs(kernel(pattern), epochs, check=check_epoch).output)
+    for cut in range(1, len(epochs)):
+        before = Driver(kernel(pattern), check=check_epoch)
+        for batch, wm in epochs[:cut]:
+            before.step(batch, wm)
+        s1, s2 = pipeline_split(SCHEMA, ("sym",), "ts", pattern, WITHIN, MEASURES, at)
+        stage1, stage2 = Driver(s1, check=check_delta), Driver(s2, check=check_delta)
+        stage1.state = stage2.state = before.state
+        for batch, wm in epochs[cut:]:
+            seeds = stage1.step(batch, wm).output
+            stage2.step(stage2_batch(s2, batch, seeds), wm)
+        assert stage1.state.num_rows == 0 and stage2.state.num_rows == 0
+        got = matches(pa.concat_tables([before.output, stage2.output]))
+        assert got == single and single, cut
+
+
 def test_pipeline_split_hand_made_seeds() -> None:
     """The seeds stage 1 emits for X (split at B): every A followed by a lower row."""
     x = table(

@@ -47,6 +47,7 @@ from eddyline.operators.keyed import (
 from eddyline.operators.pattern.dsl import MEASURE_FUNCS, Measure, Pattern, Split
 from eddyline.operators.pattern.layout import (
     BUFFERED,
+    ELEM,
     END_MS,
     END_RANK,
     ID,
@@ -136,6 +137,22 @@ class PatternKernel:
         """The buffered rows: input the watermark has not passed yet, matched in a later epoch."""
         return state.column(KIND).to_numpy(zero_copy_only=False) == BUFFERED
 
+    def _foreign_runs(self, state: pa.Table, kind: np.ndarray) -> np.ndarray | None:
+        """The runs of a split stage's state that belong to the other stage (None: there are
+        none). A pipeline split made while the step runs (:mod:`eddyline.kinds.rewrite`) starts
+        both stages from the single step's state: stage 1 keeps the runs that have not bound
+        the split element yet, stage 2 those that have; buffered rows and per-key meta are the
+        same for both. Once split, no stage ever makes a run of the other's."""
+        if self.split is None:
+            return None
+        runs = kind == RUN
+        if not runs.any():
+            return None
+        elem = int_values(state.column(ELEM), 0)
+        mine = elem < self.split.at if self.split.stage == 1 else elem >= self.split.at
+        foreign = runs & ~mine
+        return foreign if foreign.any() else None
+
     @property
     def _stage(self) -> int:
         return 0 if self.split is None else self.split.stage
@@ -191,6 +208,9 @@ class PatternKernel:
         (s_kid, e_kid, *seed_kid), keytab = sorted_key_ids(parts, layout.key_schema)
         n_keys = keytab.num_rows
         kind = state.column(KIND).to_numpy()
+        foreign = self._foreign_runs(state, kind)
+        if foreign is not None:
+            kind = np.where(foreign, -1, kind)  # neither meta, buffered nor a run: only deleted
 
         # 3. per-key meta: last matched time and id counter
         meta_row = np.full(n_keys, -1, dtype=np.int64)
@@ -222,7 +242,7 @@ class PatternKernel:
             p_t[order],
         )
         ready = p_t < watermark_ms
-        removed = np.zeros(state.num_rows, dtype=bool)
+        removed = np.zeros(state.num_rows, dtype=bool) if foreign is None else foreign.copy()
         removed[p_origin[ready & (p_origin >= 0)]] = True
 
         # 6. new buffered rows get ids in the total order

@@ -1,0 +1,104 @@
+"""Graph rewriting while running, on local Spark (eddyline.kinds.rewrite, eddyline.control.hotspot):
+a pattern step whose hot key saturates its lane gets AnduIN's pipeline split at an epoch boundary,
+the two stages start from the step's state, and the matches are exactly those of the step
+unsplit — also when the driver dies as the rewrite takes effect. The decision says why, what it
+expected and what was measured; ``explain --checkpoint`` shows the rewritten plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+from typer.testing import CliRunner
+
+from eddyline.api.validate import load_spec
+from eddyline.cli import app
+from eddyline.eventtime import END_OF_STREAM
+from eddyline.io.generator import Generator, generator_frame
+from eddyline.operators.pattern import PatternKernel, tick_pattern
+from eddyline.runtime.checkpoint import Checkpoint
+from eddyline.runtime.engine import Engine
+from eddyline.runtime.faults import FaultPoint
+from eddyline.runtime.inbox import Inbox
+
+from .helpers import Crash, CrashAt
+from .test_stateful_recovery import MEASURES, normal, read
+
+TICKS = 3_000
+TICKS_SOURCE = {"rate": 200, "unpaced": True, "keys": 6, "skew": 2.0, "seed": 5}
+
+
+def network(out: Path, rewrite: dict) -> dict:
+    return {
+        "name": "rewriting", "trigger": 0, "lanes": 2, "key_groups": 16,
+        "sources": [{"name": "ticks", "generator": TICKS_SOURCE, "limit": TICKS, "max_rows_per_epoch": 500}],
+        "steps": [{"name": "found", "input": "ticks", "pattern": {
+            "key": "key", "time": "event_time", "within": "20s",
+            "factory": "eddyline.operators.pattern:tick_pattern",
+            "args": {"value_col": "value", "contiguity": "skip_till_next_match"}, "measures": MEASURES}}],
+        "sinks": [{"name": "matches", "input": "found", "files": {"path": str(out / "matches")}}],
+        "control": {"load": "rows", "rewrite": rewrite},
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(spark) -> list[tuple]:
+    """The pure kernel over every tick at once (itself checked against a brute-force matcher)."""
+    ticks = generator_frame(spark, Generator(**TICKS_SOURCE), 0, TICKS, 2).toArrow()
+    kernel = PatternKernel(ticks.schema, ("key",), "event_time", tick_pattern("value", "skip_till_next_match"), 20_000,
+                           {k: tuple(v) for k, v in MEASURES.items()})
+    batch = ticks.append_column("_kg", pa.array([0] * ticks.num_rows, pa.int32()))
+    con = duckdb.connect()
+    con.register("want", kernel.process(batch, None, END_OF_STREAM).output)
+    want = normal(con.execute("SELECT * FROM want").fetchall())
+    assert len(want) > 100
+    return want
+
+
+def rewrites(ckpt: str) -> list[tuple[int, dict]]:
+    ck = Checkpoint(ckpt)
+    return [(e, a) for e in range(1, ck.latest_commit().epoch + 1) for a in ck.read_plan(e).applied if "rewrite" in a]
+
+
+def test_a_planned_split_across_a_crash_keeps_every_match(spark, tmp_path: Path, reference: list[tuple]) -> None:
+    spec, ckpt = load_spec(network(tmp_path / "out", {"auto": False, "schedule": {3: ["found"]}})), str(tmp_path / "ckpt")
+    with pytest.raises(Crash):  # the rewritten epoch ran (the stages wrote state), nothing published
+        Engine(spec, spark, ckpt, faults=CrashAt(3, FaultPoint.AFTER_STAGE)).run(until_idle=True)
+    Engine(spec, spark, ckpt).run(until_idle=True)  # restarted as first started: goes on split
+
+    assert read(tmp_path / "out", "matches") == reference
+    ck = Checkpoint(ckpt)
+    assert [(e, a["rewrite"]) for e, a in rewrites(ckpt)] == [(3, "pattern-pipeline-split")]
+    assert set(ck.latest_commit().steps) == {"found", "found_stage1"}
+    assert ck.metadata()["rewrites"][0]["step"] == "found" and ck.metadata()["applied"]["inherit"] == {"found_stage1": "found"}
+    made = [d for d in ck.latest_commit().control["manager"]["decisions"] if d["kind"] == "rewrite"]
+    assert made and made[0]["epoch"] == 3 and made[0]["why"]["reason"] == "schedule"
+    assert set(made[0]["measured"]["steps"]) == {"found", "found_stage1"}
+    # the rewritten plan, from the checkpoint
+    shown = CliRunner().invoke(app, ["explain", str(tmp_path / "net.json"), "--checkpoint", ckpt, "--no-spark-plan"])
+    assert shown.exit_code == 2  # no such file: the spec is read first
+    (tmp_path / "net.json").write_text(json.dumps(network(tmp_path / "out", {"auto": False})))
+    shown = CliRunner().invoke(app, ["explain", str(tmp_path / "net.json"), "--checkpoint", ckpt, "--no-spark-plan"])
+    assert shown.exit_code == 0, shown.output
+    assert "found_stage1 ← ticks: pattern" in shown.output and "rewritten at epoch 3 by pattern-pipeline-split" in shown.output
+
+
+def test_the_hot_spot_detector_splits_a_saturated_pattern_step(spark, tmp_path: Path, reference: list[tuple]) -> None:
+    ckpt = str(tmp_path / "ckpt")
+    # saturation 0: any busy time counts (how busy an epoch is depends on the machine; the unit
+    # tests of the detector check the threshold), the rows decide the hot key group
+    spec = load_spec(network(tmp_path / "out", {"saturation": 0.0, "patience": 2}))
+    Engine(spec, spark, ckpt).run(until_idle=True)
+
+    assert read(tmp_path / "out", "matches") == reference
+    (epoch, applied), = rewrites(ckpt)
+    assert epoch == 4 and applied["from"] == "rewrite"  # after two epochs (the first has no time base)
+    made = next(d for d in Checkpoint(ckpt).latest_commit().control["manager"]["decisions"] if d["kind"] == "rewrite")
+    seen = made["why"]["epochs"]
+    assert made["why"]["reason"] == "hot spot" and [s["epoch"] for s in seen] == [2, 3]
+    assert all(s["hotShareOfFairLane"] > 1.2 and s["makespanMs"] > 0 for s in seen)
+    assert made["expected"]["makespanMs"] > 0 and made["measured"]["makespanMs"] > 0
+    assert [d["outcome"] for d in Inbox(ckpt).done()] == ["applied"]
