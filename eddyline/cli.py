@@ -366,18 +366,25 @@ def apply(
     checkpoint: Annotated[str, typer.Option(help="the running network's checkpoint")],
     reset: Annotated[list[str] | None, typer.Option(help="a changed stateful step that starts with no state")] = None,
     dry_run: Annotated[bool, typer.Option(help="show what would change, queue nothing")] = False,
+    from_epoch: Annotated[int | None, typer.Option(
+        help="added sources that read what a running one reads start where it was at this kept epoch")] = None,
 ) -> None:
     """Change the network running on --checkpoint into NEW at its next epoch, without stopping
     it: shows what is added (+), removed (-) and changed (~), checks that the running state fits
     the new network, and queues the change. Unchanged steps keep their state and routing; added
-    ones start empty (a new source from its first offset); a changed stateful step whose state
+    ones start empty (a new source from its first offset, or with --from-epoch where a running
+    source with the same parameters was at that epoch); a changed stateful step whose state
     would not fit is refused unless given with --reset."""
-    from eddyline.api.change import check_change
+    from eddyline.api.change import check_change, history_starts
     from eddyline.runtime.inbox import Inbox
 
     try:
         old, target = _load(spec), _load(new)
         diff = check_change(old, target, tuple(reset or ()))
+        starts = history_starts(old, target)
+        if from_epoch is not None and not starts:
+            raise SpecError("apply --from-epoch: no added source reads what a running one reads; give the added query "
+                            "its own copy of the running source (same kind and parameters, another name)")
     except EddylineError as e:
         raise _fail(e) from None
     out = Console()
@@ -387,7 +394,10 @@ def apply(
         out.print("nothing queued" + (" (no change)" if diff.empty else " (--dry-run)"), highlight=False)
         return
     raw = target.model_dump(mode="json", by_alias=True, exclude_defaults=True)
-    command = Inbox(checkpoint).submit_network(raw, sorted(reset or ()))
+    body = {"network": raw, "reset": sorted(reset or ())} | ({"start_epoch": from_epoch} if from_epoch else {})
+    command = Inbox(checkpoint).submit_command(body)
+    for added, running in starts.items() if from_epoch else ():
+        out.print(f"source '{added}' starts where '{running}' was at epoch {from_epoch}", highlight=False)
     out.print(f"queued change {command}; it takes effect at the next epoch", highlight=False)
 
 

@@ -97,6 +97,22 @@ def _check_state(d: NetworkDiff, before: Any, after: Any, reset: tuple[str, ...]
         )
 
 
+def history_starts(old: NetworkSpec, new: NetworkSpec) -> dict[str, str]:
+    """The sources ``new`` adds that read exactly what a source of ``old`` reads (same kind and
+    parameters): each may start where that one was at a kept epoch (``--from-epoch``), so the
+    query added on it sees the input from there on."""
+    running = {s.name: _dump(s) for s in old.sources}
+    out: dict[str, str] = {}
+    for s in new.sources:
+        if s.name in running or not s.info.offsets_shared:
+            continue
+        mine = {k: v for k, v in _dump(s).items() if k != "name"}
+        match = next((n for n, d in running.items() if {k: v for k, v in d.items() if k != "name"} == mine), None)
+        if match is not None:
+            out[s.name] = match
+    return out
+
+
 def check_change(
     old: NetworkSpec, new: NetworkSpec, reset: tuple[str, ...] = (), fits: tuple[str, ...] = ()
 ) -> NetworkDiff:

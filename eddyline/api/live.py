@@ -71,6 +71,39 @@ def with_settings(spec: NetworkSpec, settings: dict[str, Any]) -> NetworkSpec:
         raise SpecError(f"control {', '.join(f'{t}={v!r}' for t, v in settings.items())}: {e}") from None
 
 
+def carried(old: NetworkSpec, new: NetworkSpec, settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings that stay in force when network ``new`` replaces ``old`` (a live change, a
+    replay with another network, a rewrite): those whose parameter ``new`` has as ``old`` had
+    it — a new network that sets a parameter itself overrides the setting — and that still fit."""
+    kept: dict[str, Any] = {}
+    for target, value in settings.items():
+        before, after = _written(old, target), _written(new, target)
+        if before is _ABSENT or before != after:
+            continue
+        try:
+            with_settings(new, {**kept, target: value})
+        except SpecError:
+            continue
+        kept[target] = value
+    return kept
+
+
+_ABSENT = object()
+
+
+def _written(spec: NetworkSpec, target: str) -> Any:
+    """The value of a setting's parameter as the network is written (``_ABSENT``: no such one)."""
+    parts = target.split(".")
+    if parts[0] == "control":
+        section = getattr(spec.control, parts[1], None) if len(parts) == 3 else None
+        return _ABSENT if section is None else getattr(section, parts[2], _ABSENT)
+    step = next((s for s in spec.steps if s.name == parts[0]), None)
+    if step is None or len(parts) != 2:
+        return _ABSENT
+    value = step.params if parts[1] == step.kind else getattr(step.params, parts[1], _ABSENT)
+    return (step.kind, value.model_dump(mode="json") if hasattr(value, "model_dump") else value)
+
+
 #: The control plane's settings that may change while it runs (``control.<section>.<field>``):
 #: its policies read them at every decision.
 LIVE_CONTROL = {

@@ -57,6 +57,9 @@ class Kind:
 class SourceKind(Kind):
     #: what one offset counts (``explain``)
     offsets: ClassVar[str] = "row numbers"
+    #: two sources with the same parameters read the same input at the same offset (not so
+    #: where each keeps its own log of what it received)
+    offsets_shared: ClassVar[bool] = True
 
     def check(self, source: SourceSpec) -> list[str]:
         """Problems pydantic cannot see in one source's parameters, as ``field: message``."""

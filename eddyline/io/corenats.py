@@ -285,6 +285,7 @@ class CoreNatsSourceKind(SourceKind):
     key = "nats_core"
     params = CoreNatsIn
     offsets = "records in the write-ahead log"
+    offsets_shared = False  # each source logs what it received itself
 
     def make(self, spec: SourceSpec) -> CoreNatsSource:
         return CoreNatsSource(spec)

@@ -102,21 +102,15 @@ class Checkpoint:
         return raw
 
     def record_change(
-        self,
-        fingerprint: dict[str, Any],
-        digest: str,
-        epoch: int,
-        reset: list[str],
-        inherit: dict[str, str] | None = None,
-        rewrite: dict[str, Any] | None = None,
+        self, fingerprint: dict[str, Any], digest: str, change: dict[str, Any], rewrite: dict[str, Any] | None = None
     ) -> None:
-        """From ``epoch`` on, the checkpoint runs network ``digest`` (stored first); ``reset``:
-        its stateful steps that start that epoch with no state; ``inherit``: new steps that
-        start with another step's state; ``rewrite``: the rule that made the change, if one did
-        (kept in the list ``rewrites``)."""
+        """From ``change["epoch"]`` on, the checkpoint runs network ``digest`` (stored first);
+        ``change``: how it takes effect (``eddyline.runtime.engine.LiveChange``); ``rewrite``:
+        the rule that made the change, if one did (kept in the list ``rewrites``)."""
         meta = self.metadata()
         assert meta is not None
-        meta.update(network=fingerprint, applied={"hash": digest, "epoch": epoch, "reset": reset, "inherit": inherit or {}})
+        epoch = change["epoch"]
+        meta.update(network=fingerprint, applied={"hash": digest, **change})
         if rewrite is not None:
             meta["rewrites"] = [*(r for r in meta.get("rewrites", []) if r.get("epoch") != epoch), {**rewrite, "epoch": epoch}]
         write_atomic(self.fs, f"{self.base}/metadata.json", json.dumps(meta, indent=2).encode())

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from eddyline.api.change import check_change
-from eddyline.api.live import with_settings
+from eddyline.api.change import check_change, history_starts
+from eddyline.api.live import carried, with_settings
 from eddyline.api.network import NetworkSpec
 from eddyline.api.units import Files
 from eddyline.api.validate import spec_from_raw
@@ -55,7 +55,7 @@ from eddyline.runtime.inbox import Inbox
 from eddyline.runtime.lookahead import LookAhead
 from eddyline.runtime.replica import Following, HotPair, Leading
 from eddyline.runtime.rewriting import checked_rewrite, decision, propose_rewrites
-from eddyline.state.store import KeyGroupStore, copy_state
+from eddyline.state.store import KeyGroupStore, copy_state, drop_state, state_steps
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -146,8 +146,7 @@ class Engine:
         self._refused: list[dict[str, Any]] = []  # commands refused since the last progress record
         self._given_sinks = sinks or {}
         self._attached = False  # the sources receive (upstream backup) while run() runs
-        #: a live change: its first epoch, the steps it reset, the new steps that inherit a state
-        self._change_at: tuple[int, frozenset[str], dict[str, str]] = (0, frozenset(), {})
+        self._change = LiveChange()  # the last change of network, as the checkpoint records it
         #: the control stream: the last file the committed plans read, and what planning read to
         self._cursor: str | None = None
         self._read_to: str | None = None
@@ -215,7 +214,7 @@ class Engine:
         self._adopt_applied_network()
         meta = self.ckpt.open(self.spec.fingerprint(), created=network_hash(network_dict(self.base_spec)))
         applied = meta.get("applied") or {}
-        self._change_at = (int(applied.get("epoch", 0)), frozenset(applied.get("reset", ())), dict(applied.get("inherit") or {}))
+        self._change = LiveChange.from_json(applied)
         self.ckpt.store_network(network_dict(self.base_spec))  # every plan names the network it ran
         started_at = float(meta["started_at"])
         self.executor.checkpoint_id = str(meta["id"])  # names this run's writes in sinks that remember them
@@ -363,7 +362,10 @@ class Engine:
             if not isinstance(raw, dict):
                 raise SpecError(f"{what}: expected the new network as a mapping")
             fits = checked_rewrite(self.base_spec, command).fits if "rewrite" in command else ()
-            check_change(self.base_spec, spec_from_raw(raw), tuple(command.get("reset") or ()), fits)
+            new = spec_from_raw(raw)
+            check_change(self.base_spec, new, tuple(command.get("reset") or ()), fits)
+            if "start_epoch" in command:
+                self._check_start(command["start_epoch"], new, last_epoch)
         if what == "apply":
             return
         target = command.get(what)
@@ -381,6 +383,19 @@ class Engine:
             plan = self.ckpt.read_plan(target) if self.ckpt.has_plan(target) else None
             if plan is None or not any("replay" in a for a in plan.applied):
                 raise EngineError(f"undo: epoch {target} did not replay earlier epochs; there is nothing to undo")
+
+    def _check_start(self, start: Any, new: NetworkSpec, last_epoch: int) -> None:
+        """An added query that starts from a kept epoch: its sources must read what running
+        ones read, and the commit before that epoch must still be kept."""
+        if not isinstance(start, int) or not 1 <= start <= last_epoch + 1:
+            raise EngineError(f"apply --from-epoch: expected an epoch from 1 to {last_epoch + 1}, got {start!r}")
+        if not history_starts(self.base_spec, new):
+            raise SpecError("apply --from-epoch: no added source reads what a running one reads; an added query that "
+                            "should see the input since then reads its own copy of the running source (same kind and "
+                            "parameters, another name)")
+        if start > 1 and not self.ckpt.has_commit(start - 1):
+            raise EngineError(f"apply --from-epoch: epoch {start - 1} is no longer kept (the checkpoint keeps the last "
+                              f"{self.retain_epochs} epochs; raise the network's history to go further back)")
 
     def _prepare(self, command: dict[str, Any], last: EpochCommit | None) -> tuple[int | None, list[int]]:
         """Carry out a command that needs a boundary of its own, up to planning: returns the
@@ -406,17 +421,22 @@ class Engine:
         """Put the command's network in force from the next epoch (its plan logs the command):
         recorded in the checkpoint first, so that a driver that dies from here on comes back
         with it."""
-        new, reset = spec_from_raw(command["network"]), sorted(command.get("reset") or ())
-        inherit = dict(command.get("inherit") or {})
+        self._finish_cleanup()  # (a cleanup judges which steps' state to keep by the network in force)
+        new = spec_from_raw(command["network"])
         raw = network_dict(new)  # canonical: the same network always has the same hash
         if network_hash(raw) == network_hash(network_dict(self.base_spec)):
             return  # in force already (switched while idle, the plan to log it still to come)
-        epoch = (last.epoch if last else 0) + 1
+        start = command.get("start_epoch")
+        change = LiveChange(
+            (last.epoch if last else 0) + 1, tuple(sorted(command.get("reset") or ())), dict(command.get("inherit") or {}),
+            {n: (o, int(start)) for n, o in history_starts(self.base_spec, new).items()} if start else {})
         made_by = command.get("rewrite")
-        self.ckpt.record_change(new.fingerprint(), self.ckpt.store_network(raw), epoch, reset, inherit,
+        self.ckpt.record_change(new.fingerprint(), self.ckpt.store_network(raw), change.to_json(),
                                 {k: made_by[k] for k in ("rule", "step", "summary")} if made_by else None)
-        self._change_at = (epoch, frozenset(reset), inherit)
+        self._change = change
+        before, settings = self.base_spec, self.settings
         self._rebuild(new, last)
+        self._use_settings(carried(before, new, settings))  # (logged with the plan about to be made)
 
     def _adopt_applied_network(self) -> None:
         """A checkpoint whose network was changed live runs the network last applied: started
@@ -464,11 +484,18 @@ class Engine:
         """``commit`` as the base of ``epoch``: when a live change starts at ``epoch``, without
         the steps it reset, with the state of the steps it lets inherit one (copied), and with
         as many event-time inputs per step as the new network gives it."""
-        at, reset, inherit = self._change_at
-        if commit is None or epoch != at:
+        change = self._change
+        if commit is None or epoch != change.epoch:
             return commit
-        steps = {n: s for n, s in commit.steps.items() if n not in reset}
-        for new, old in inherit.items():
+        steps = {n: s for n, s in commit.steps.items() if n not in change.reset}
+        ends, cursors = dict(commit.source_ends), dict(commit.cursors)
+        for new, (old, start) in change.sources.items():  # an added source from a kept epoch on
+            if new not in commit.source_ends:
+                then = self.ckpt.read_commit(start - 1) if start > 1 else None
+                ends[new] = then.source_ends.get(old, 0) if then else 0
+                if then is not None and old in then.cursors:
+                    cursors[new] = then.cursors[old]
+        for new, old in change.inherit.items():
             if old in steps and new not in commit.steps:
                 copy_state(self.ckpt.location, old, new, steps[old].index)
                 steps[new] = steps[old]
@@ -476,7 +503,7 @@ class Engine:
             known, n = steps.get(s.name), len(s.time_columns())
             if known is not None and len(known.input_max) != n:
                 steps[s.name] = dataclasses.replace(known, input_max=[*known.input_max, *[NO_WATERMARK] * n][:n])
-        return dataclasses.replace(commit, steps=steps)
+        return dataclasses.replace(commit, steps=steps, source_ends=ends, cursors=cursors)
 
     def _use_settings(self, settings: dict[str, Any]) -> None:
         """Run with the network as written plus ``settings`` (validated: a plan logged them)."""
@@ -646,13 +673,40 @@ class Engine:
         commits = [c for c in every if c.epoch >= keep_from]
         if not commits:
             return
-        for s in self.spec.stateful_steps():
+        running = [s.name for s in self.spec.stateful_steps()]
+        for name in running:
             # The schema does not matter for cleanup; only the file names and chains do.
-            store = KeyGroupStore(self.ckpt.location, s.name, pa.schema([("_kg", pa.int32())]), ["_kg"])
-            store.cleanup([c.steps[s.name].index for c in commits if s.name in c.steps], below_epoch=keep_from)
+            store = KeyGroupStore(self.ckpt.location, name, pa.schema([("_kg", pa.int32())]), ["_kg"])
+            store.cleanup([c.steps[name].index for c in commits if name in c.steps], below_epoch=keep_from)
+        # a step a live change removed: its state goes once no kept commit has it (until then
+        # a replay or an undo may go back to it)
+        for name in state_steps(self.ckpt.location):
+            if name not in running and not any(name in c.steps for c in commits):
+                drop_state(self.ckpt.location, name)
         self.ckpt.forget_before(keep_from)
         if self.pair is not None:
             self.pair.selector.forget_before(keep_from)
+
+
+@dataclass(frozen=True)
+class LiveChange:
+    """A change of network as it takes effect: its first epoch, the stateful steps that start
+    it with no state, the new steps that start with another's state, and the added sources
+    that start where a running one was at a kept epoch (new -> (running, epoch))."""
+
+    epoch: int = 0
+    reset: tuple[str, ...] = ()
+    inherit: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "reset": list(self.reset), "inherit": self.inherit,
+                "sources": {n: list(v) for n, v in self.sources.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LiveChange:
+        return cls(int(data.get("epoch", 0)), tuple(data.get("reset", ())), dict(data.get("inherit") or {}),
+                   {n: (str(o), int(e)) for n, (o, e) in (data.get("sources") or {}).items()})
 
 
 class _Cleaner(threading.Thread):

@@ -144,6 +144,19 @@ def copy_state(root: str, source: str, target: str, index: Mapping[int, Chain]) 
     return copied
 
 
+def state_steps(root: str) -> list[str]:
+    """The steps that have state under checkpoint ``root``."""
+    fs, base = filesystem(root)
+    infos = fs.get_file_info(pafs.FileSelector(f"{base}/state", allow_not_found=True))
+    return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+
+def drop_state(root: str, step: str) -> None:
+    """Delete every state file of ``step``."""
+    fs, base = filesystem(root)
+    fs.delete_dir(f"{base}/state/{step}")
+
+
 class KeyGroupStore:
     """State of one stateful step. Pure Python + pyarrow; used inside Spark tasks."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eddyline.api.live import parse_setting, with_settings
+from eddyline.api.live import carried, parse_setting, with_settings
 from eddyline.api.validate import load_spec
 from eddyline.errors import SpecError
 
@@ -107,3 +107,21 @@ def test_control_plane_settings_change_the_policies_and_keep_their_state() -> No
         with_settings(spec, {"control.overload.mode": "semantic"})
     with pytest.raises(SpecError, match=r"control.balance.threshold=-1"):
         with_settings(spec, {"control.balance.threshold": -1})
+
+
+def test_settings_stay_in_force_across_a_change_of_network_unless_it_sets_the_parameter_itself() -> None:
+    import copy
+
+    old = load_spec(NET)
+    settings = {"cheap.filter": "value < 3", "counts.watermark_delay": "5s", "slim.select": ["key"]}
+    other = copy.deepcopy(NET)
+    other["steps"][2]["window_aggregate"]["watermark_delay"] = "9s"  # written anew: the file wins
+    other["steps"][1]["select"] = ["key", "value", "value * 2 AS v"]
+    other["sinks"].append({"name": "c", "input": "cheap", "console": {}})
+    new = load_spec(other)
+    assert carried(old, new, settings) == {"cheap.filter": "value < 3"}
+    gone = copy.deepcopy(NET)
+    gone["steps"] = gone["steps"][2:]
+    gone["sinks"] = gone["sinks"][1:]
+    assert carried(old, load_spec(gone), settings) == {"counts.watermark_delay": "5s"}  # the others are gone
+    assert carried(old, old, settings) == settings

@@ -37,9 +37,10 @@ def network(src: Path, out: Path) -> dict:
     }
 
 
-def windows_from_third_file(src: Path, aggregates: str) -> list[tuple]:
-    """DuckDB: the 10 s windows per auction over the files from the third on (epoch 3's)."""
-    files = sorted(str(f) for f in src.glob("*.json"))[2:]
+def windows_from_third_file(src: Path, aggregates: str, first: int = 2) -> list[tuple]:
+    """DuckDB: the 10 s windows per auction over the files from the third (``first``) on:
+    epoch 3's (``first + 1``)."""
+    files = sorted(str(f) for f in src.glob("*.json"))[first:]
     return duckdb.connect().execute(
         f"SELECT auction, epoch_ms(time_bucket(INTERVAL 10 SECOND, ts)), {aggregates} FROM read_json({files}, "
         "columns={auction: 'BIGINT', price: 'BIGINT', ts: 'TIMESTAMP'}) GROUP BY ALL ORDER BY ALL"
@@ -131,3 +132,53 @@ def test_a_reset_stateful_step_starts_empty_at_the_change(spark, tmp_path: Path)
         "filename=true, union_by_name=true) WHERE CAST(regexp_extract(filename, 'epoch=(\\d+)', 1) AS INT) >= 3 ORDER BY ALL"
     ).fetchall()
     assert got == reference and len(got) > 10
+
+
+def test_a_removed_stateful_step_leaves_no_state_once_no_kept_epoch_has_it(spark, tmp_path: Path) -> None:
+    write_bid_files(tmp_path / "in", files=6, rows=20)
+    a = network(tmp_path / "in", tmp_path / "out")
+    a["history"] = 2
+    b = copy.deepcopy(a)
+    a["steps"].append(COUNTS)
+    a["sinks"].append({"name": "windows", "input": "counts", "files": {"path": str(tmp_path / "out" / "w"), "format": "parquet"}})
+    ckpt = str(tmp_path / "ckpt")
+    Engine(load_spec(a), spark, ckpt).run(epochs=2)
+    assert (tmp_path / "ckpt" / "state" / "counts").is_dir()
+    Inbox(ckpt).submit_network(b, [])
+    Engine(load_spec(a), spark, ckpt).run(epochs=1)  # epoch 3 without it; epoch 2's commit is kept
+    assert (tmp_path / "ckpt" / "state" / "counts").is_dir()
+    Engine(load_spec(a), spark, ckpt).run(until_idle=True)
+    assert not (tmp_path / "ckpt" / "state" / "counts").exists()
+
+
+def test_an_added_query_starts_from_a_kept_epoch(spark, tmp_path: Path) -> None:
+    """``apply --from-epoch 2``: the added query reads its own copy of the running source, which
+    starts where that source was at epoch 2, so it sees the input from epoch 2 on although it
+    is added at epoch 4; the running query goes on as without the change."""
+    write_bid_files(tmp_path / "in", files=6, rows=40)
+    a = network(tmp_path / "in", tmp_path / "out")
+    b = copy.deepcopy(a)
+    b["sources"].append({**copy.deepcopy(b["sources"][0]), "name": "bids_again"})
+    b["steps"].append({**COUNTS, "input": "bids_again"})
+    b["sinks"].append({"name": "windows", "input": "counts", "files": {"path": str(tmp_path / "out" / "counts"), "format": "parquet"}})
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, net in zip(paths, (a, b), strict=True):
+        path.write_text(json.dumps(net))
+    ckpt = str(tmp_path / "ckpt")
+    Engine(load_spec(a), spark, ckpt).run(epochs=3)
+    runner = CliRunner()
+    no_copy = copy.deepcopy(b)
+    no_copy["sources"][1]["files"]["max_files_per_epoch"] = 2  # not what 'bids' reads
+    (tmp_path / "c.json").write_text(json.dumps(no_copy))
+    refused = runner.invoke(app, ["apply", str(paths[0]), str(tmp_path / "c.json"), "--checkpoint", ckpt, "--from-epoch", "2"])
+    assert refused.exit_code == 2 and "no added source reads what a running one reads" in refused.output
+    ok = runner.invoke(app, ["apply", str(paths[0]), str(paths[1]), "--checkpoint", ckpt, "--from-epoch", "2"])
+    assert ok.exit_code == 0 and "source 'bids_again' starts where 'bids' was at epoch 2" in ok.output, ok.output
+    Engine(load_spec(a), spark, ckpt).run(until_idle=True)
+
+    assert per_epoch(tmp_path / "out") == expected(tmp_path / "in", switch_at=99)
+    got = duckdb.connect().execute(
+        f"SELECT auction, epoch_ms(window_start), n FROM read_parquet('{tmp_path}/out/counts/epoch=*/*.parquet') ORDER BY ALL"
+    ).fetchall()
+    assert got == windows_from_third_file(tmp_path / "in", "count(*)", first=1) and len(got) > 20
+    assert Checkpoint(ckpt).metadata()["applied"]["sources"] == {"bids_again": ["bids", 2]}

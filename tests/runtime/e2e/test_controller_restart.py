@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eddyline.api.validate import load_spec
+from eddyline.runtime.engine import Engine
+
 pytestmark = pytest.mark.slow
 
 EPOCHS = 12
@@ -51,12 +54,11 @@ def decisions(ckpt: Path) -> dict[int, list[tuple]]:
     return out
 
 
-def test_a_driver_killed_during_a_cooldown_decides_as_an_uninterrupted_one(tmp_path: Path) -> None:
-    ref_file, spec_file = tmp_path / "ref.yaml", tmp_path / "net.yaml"
-    ref_file.write_text(yaml.safe_dump(network(tmp_path / "ref-out")))
+def test_a_driver_killed_during_a_cooldown_decides_as_an_uninterrupted_one(spark, tmp_path: Path) -> None:
+    spec_file = tmp_path / "net.yaml"
     spec_file.write_text(yaml.safe_dump(network(tmp_path / "out")))
-    ref = run(ref_file, tmp_path / "ref-ckpt", EPOCHS)
-    assert ref.returncode == 0, ref.stderr[-2000:]
+    # the uninterrupted run in this process (the same local[2] and row-counted loads as the CLI's)
+    Engine(load_spec(network(tmp_path / "ref-out")), spark, str(tmp_path / "ref-ckpt")).run(epochs=EPOCHS)
     want = decisions(tmp_path / "ref-ckpt")
     assert sorted(want) == list(range(1, EPOCHS + 1))
     moves = [e for e, ds in want.items() if any(kind == "balance" for kind, *_ in ds)]
