@@ -44,6 +44,9 @@ from eddyline.operators.window import TIMESTAMP, event_time_ms
 
 #: a revised input's partial: the rows per key (the sum of their weights); at 0 the key is gone
 ROWS = "_n"
+#: a revised min/max's value rows: which aggregate a state row is a value of (0: a key's row),
+#: and its summed weight
+SLOT, WEIGHT_SUM = "_slot", "_w"
 
 ArrayLike = pa.Array | pa.ChunkedArray
 
@@ -446,10 +449,17 @@ def parse_keyed_aggregate(text: str) -> tuple[str, str | None, str | None]:
 
 def keyed_revision_problem(aggregates: Sequence[tuple[str, str]]) -> str | None:
     """Why an aggregate with these ``(name, func)`` cannot take rows back (None: it can)."""
-    kept = [f"{name}={func}()" for name, func in aggregates if func not in ("count", "sum", "avg")]
+    kept = [f"{name}={func}()" for name, func in aggregates if func not in ("count", "sum", "avg", "min", "max")]
     if kept:
-        return f"{', '.join(kept)}: only count, sum and avg can take a value back"
+        return f"{', '.join(kept)}: only count, sum, avg, min and max can take a value back"
     return None
+
+
+class _ValueRows(NamedTuple):
+    kept: pa.Table  # every value row after the batch
+    live: pa.Table  # of the batch's key groups, the values present (weight > 0)
+    upserts: pa.Table
+    deletes: pa.Table
 
 
 class KeyedAggregateSpec(NamedTuple):
@@ -498,12 +508,17 @@ class KeyedAggregateKernel:
 
     An input with a ``_diff`` column is revised: count, sum and avg subtract what a negative
     weight takes back, a ``_n`` partial counts each key's rows, and a key whose rows are all
-    taken back is retracted (−1 only) and leaves the state. min, max, last and max_by would have
-    to keep every value to take one back, so they refuse a revised input.
+    taken back is retracted (−1 only) and leaves the state. min and max keep what they need to
+    take a value back: each distinct value of their column per key with its summed weight (a
+    *value row*); the extremum is that of the values whose weight is positive. last and max_by
+    would have to keep every row, so they refuse a revised input.
 
     State: ``_kg``, the keys, then per aggregate its partial columns: ``name`` (count, sum, min,
     max, the value of last/max_by), ``name__sum`` + ``name__cnt`` (avg), ``name__by`` (the time
     or ``by`` of last/max_by), and ``_n`` for a revised input. Primary key ``(_kg, *keys)``.
+    A revised input with min or max adds ``_slot`` (0: the key's row; j + 1: a value row of the
+    j-th min/max), ``name__v`` per min/max (its value rows' value) and ``_w`` (their weight);
+    the primary key is then ``(_kg, *keys, _slot, *name__v)``.
     """
 
     def __init__(
@@ -582,10 +597,16 @@ class KeyedAggregateKernel:
                 out_fields.append(pa.field(a.name, vtype))
         if self.weighted:
             state_fields.append(pa.field(ROWS, pa.int64()))
-        self.state_schema = pa.schema(state_fields)
-        self.primary_key = (KG, *self.keys)
-        self.output_schema = pa.schema([*out_fields, pa.field(DIFF, pa.int64())])
         self._partial_names = [f.name for f in state_fields[1 + len(self.keys) :]]
+        self.primary_key: tuple[str, ...] = (KG, *self.keys)
+        #: min/max over a revised input: their value rows (see the class docstring)
+        self._extrema = tuple(a for a in aggs if self.weighted and a.func in ("min", "max"))
+        if self._extrema:
+            values = [pa.field(f"{a.name}__v", input_schema.field(a.column).type) for a in self._extrema]
+            state_fields += [pa.field(SLOT, pa.int8()), *values, pa.field(WEIGHT_SUM, pa.int64())]
+            self.primary_key = (KG, *self.keys, SLOT, *(f.name for f in values))
+        self.state_schema = pa.schema(state_fields)
+        self.output_schema = pa.schema([*out_fields, pa.field(DIFF, pa.int64())])
 
     def empty_state(self) -> pa.Table:
         return self.state_schema.empty_table()
@@ -615,6 +636,10 @@ class KeyedAggregateKernel:
         )
         if batch.num_rows == 0:
             return empty
+        value_rows = None
+        if self._extrema:  # the key rows go through the steps below, the value rows aside
+            is_value = pc.not_equal(state.column(SLOT), 0).to_numpy(zero_copy_only=False)
+            value_rows, state = state.filter(pa.array(is_value)), state.filter(pa.array(~is_value))
 
         # 1. one-row partials
         cols: dict[str, ArrayLike] = {
@@ -636,6 +661,9 @@ class KeyedAggregateKernel:
                 cols[f"{a.name}__by"] = by
         if self.weighted:
             cols[ROWS] = simple[ROWS]
+        if self._extrema:
+            cols[SLOT] = pa.array(np.zeros(batch.num_rows, np.int8))
+            cols |= {f.name: pa.nulls(batch.num_rows, f.type) for f in self.state_schema if f.name not in cols}
         rows = pa.table(cols).cast(self.state_schema)
 
         # 2. the touched key groups' state + the batch, sorted
@@ -670,6 +698,13 @@ class KeyedAggregateKernel:
                 new_cols[f"{a.name}__by"] = take_or_null(both.column(f"{a.name}__by"), win)
         if self.weighted:
             new_cols[ROWS] = merged[ROWS]
+        values = None
+        if self._extrema:
+            assert value_rows is not None
+            values = self._values(batch, value_rows)
+            new_cols |= self._extremes(values.live, both.take(pa.array(firsts)))
+            new_cols[SLOT] = pa.array(np.zeros(groups, np.int8))
+            new_cols |= {f.name: pa.nulls(groups, f.type) for f in self.state_schema if f.name not in new_cols}
         new = pa.table(new_cols).select(self.state_schema.names).cast(self.state_schema)
 
         # 4. what changed
@@ -692,8 +727,10 @@ class KeyedAggregateKernel:
         alive = np.ones(groups, bool)
         if self.weighted:
             alive = np.zeros(groups, bool)
+            extrema = {a.name for a in self._extrema}
             for c in self._partial_names:
-                alive |= pc.fill_null(pc.not_equal(new.column(c), 0), False).to_numpy(zero_copy_only=False)
+                if c not in extrema:  # (a min/max lives while its key's rows do)
+                    alive |= pc.fill_null(pc.not_equal(new.column(c), 0), False).to_numpy(zero_copy_only=False)
         shown_old = had & out_changed
         shown_new = out_changed & alive
         if self.weighted:
@@ -706,6 +743,10 @@ class KeyedAggregateKernel:
         upserts = new.filter(pa.array(state_changed & alive))
         deletes = new.filter(pa.array(~alive)).select(list(self.primary_key))
         new_state = pa.concat_tables([rest, new.filter(pa.array(alive))])
+        if values is not None:
+            upserts = pa.concat_tables([upserts, values.upserts])
+            deletes = pa.concat_tables([deletes, values.deletes])
+            new_state = pa.concat_tables([new_state, values.kept])
         return KernelResult(
             output,
             new_state,
@@ -718,6 +759,60 @@ class KeyedAggregateKernel:
                 "keys_deleted": int((shown_old & ~shown_new).sum()),
             },
         )
+
+    def _values(self, batch: pa.Table, stored: pa.Table) -> _ValueRows:
+        """The min/max value rows after the batch: each batch row adds its weight to the value
+        row of (key, aggregate, value); a value row whose weight sums to 0 goes."""
+        n = batch.num_rows
+        weight = batch.column(DIFF)
+        parts = []
+        for j, a in enumerate(self._extrema):
+            assert a.column is not None
+            col = batch.column(a.column)
+            cols: dict[str, ArrayLike] = {KG: batch.column(KG), **{k: batch.column(k) for k in self.keys}}
+            cols |= {SLOT: pa.array(np.full(n, j + 1, np.int8)), f"{a.name}__v": col, WEIGHT_SUM: weight}
+            part = pa.table({f.name: cols.get(f.name, pa.nulls(n, f.type)) for f in self.state_schema})
+            parts.append(part.filter(pc.is_valid(col)).cast(self.state_schema))
+        touched, rest = split_by_key_groups(stored, np.unique(key_groups_of(batch)))
+        fresh = pa.concat_tables(parts)
+        both = pa.concat_tables([touched, fresh])
+        pk = pa.schema([self.state_schema.field(c) for c in self.primary_key])
+        (ids,), distinct = sorted_key_ids([both], pk)
+        groups = distinct.num_rows
+        total = np.zeros(groups, np.int64)
+        np.add.at(total, ids, int_values(both.column(WEIGHT_SUM), 0))
+        stored_before = np.zeros(groups, bool)
+        stored_before[ids[: touched.num_rows]] = True
+        new_weight = np.zeros(groups, bool)
+        new_weight[ids[touched.num_rows :]] = True
+        cols = {**{c: distinct.column(c) for c in distinct.column_names}, WEIGHT_SUM: pa.array(total)}
+        merged = pa.table({f.name: cols.get(f.name, pa.nulls(groups, f.type)) for f in self.state_schema}).cast(self.state_schema)
+        keep = total != 0
+        changed = keep & new_weight  # (a batch row may also leave the sum as it was; rare)
+        return _ValueRows(
+            kept=pa.concat_tables([rest, merged.filter(pa.array(keep))]),
+            live=merged.filter(pa.array(total > 0)),
+            upserts=merged.filter(pa.array(changed)),
+            deletes=merged.filter(pa.array(~keep & stored_before)).select(list(self.primary_key)),
+        )
+
+    def _extremes(self, values: pa.Table, keys: pa.Table) -> dict[str, ArrayLike]:
+        """Per key of ``keys`` and min/max aggregate, the extremum of its values present (of
+        positive weight); null where there is none."""
+        key_schema = pa.schema([self.state_schema.field(c) for c in (KG, *self.keys)])
+        out: dict[str, ArrayLike] = {}
+        for j, a in enumerate(self._extrema):
+            mine = values.filter(pc.equal(values.column(SLOT), j + 1))
+            (kid, vid), distinct = sorted_key_ids([keys, mine], key_schema)
+            v = mine.column(f"{a.name}__v")
+            result = pa.nulls(keys.num_rows, v.type)
+            if mine.num_rows:
+                g = pa.table({"g": pa.array(vid), "v": v}).group_by(["g"], use_threads=False).aggregate([("v", a.func)])
+                row_of = np.full(distinct.num_rows, -1, dtype=np.int64)  # key id -> its row of g
+                row_of[g.column("g").to_numpy()] = np.arange(g.num_rows)
+                result = take_or_null(g.column(f"v_{a.func}"), row_of[kid])
+            out[a.name] = result
+        return out
 
     def _changelog(self, partials: pa.Table, results: dict[str, ArrayLike], shown: np.ndarray, diff: int) -> pa.Table:
         cols = {k: partials.column(k) for k in self.keys} | results

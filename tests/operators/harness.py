@@ -20,8 +20,10 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 
+from eddyline.columns import OP
 from eddyline.eventtime import END_OF_STREAM
 from eddyline.operators.base import Kernel, KernelResult
+from eddyline.state.store import apply_delta
 
 Check = Callable[[Kernel, pa.Table, KernelResult], None]
 #: turns an epoch's batch into the kernel's input (e.g. rows into window partials)
@@ -111,3 +113,17 @@ def consolidate(changelog: pa.Table) -> Counter[tuple]:
     for row, w in zip(zip(*(changelog.column(c).to_pylist() for c in names), strict=True), weights, strict=True):
         total[row] += w
     return Counter({row: w for row, w in total.items() if w != 0})
+
+
+def exact_delta(kernel: Kernel, old: pa.Table, res: KernelResult) -> None:
+    """A check: the store rebuilds the result's state from ``old`` and its upserts and deletes."""
+    pk = list(kernel.primary_key)
+    dels = pa.Table.from_arrays(
+        [res.deletes.column(f.name) if f.name in pk else pa.nulls(res.deletes.num_rows, f.type) for f in old.schema],
+        schema=old.schema,
+    )
+    delta = pa.concat_tables([res.upserts, dels]).append_column(
+        OP, pa.array([0] * res.upserts.num_rows + [1] * res.deletes.num_rows, pa.int8())
+    )
+    rebuilt = apply_delta(old, delta, pk)
+    assert sorted(map(repr, rebuilt.to_pylist())) == sorted(map(repr, res.state.to_pylist()))

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eddyline.columns import OP
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.base import KernelResult
 from eddyline.operators.pattern import (
@@ -35,8 +34,8 @@ from eddyline.operators.pattern import (
     stage2_batch,
     tick_pattern,
 )
-from eddyline.state.store import apply_delta
 from tests.operators.harness import Driver, run_epochs, with_end_of_stream
+from tests.operators.harness import exact_delta as check_delta
 
 SCHEMA = pa.schema(
     [
@@ -93,27 +92,6 @@ def kernel(pattern: Pattern | None = None, within: int = WITHIN, **kw: Any) -> P
     return PatternKernel(
         SCHEMA, ("sym",), "ts", pattern or tick_pattern("price"), within, MEASURES, **kw
     )
-
-
-def check_delta(k: PatternKernel, old: pa.Table, res: KernelResult) -> None:
-    """The store rebuilds the new state from ``old`` and the kernel's upserts/deletes."""
-    new, upserts, deletes, pk = res.state, res.upserts, res.deletes, k.primary_key
-    dels = pa.Table.from_arrays(
-        [
-            deletes.column(f.name) if f.name in pk else pa.nulls(deletes.num_rows, f.type)
-            for f in old.schema
-        ],
-        schema=old.schema,
-    )
-    delta = pa.concat_tables([upserts, dels]).append_column(
-        OP, pa.array([0] * upserts.num_rows + [1] * deletes.num_rows, pa.int8())
-    )
-    rebuilt = apply_delta(old, delta, list(pk))
-
-    def rows(t: pa.Table) -> list[dict]:
-        return sorted(t.to_pylist(), key=lambda r: tuple(r[c] for c in pk))
-
-    assert rows(rebuilt) == rows(new)
 
 
 def check_epoch(k: PatternKernel, old: pa.Table, res: KernelResult) -> None:

@@ -34,7 +34,7 @@ from eddyline.operators.window import (
     WindowKernel,
     partial_aggregate,
 )
-from tests.operators.harness import Driver, consolidate
+from tests.operators.harness import Driver, consolidate, exact_delta
 from tests.operators.test_join import pack
 from tests.operators.test_keyed import with_kg
 
@@ -191,10 +191,10 @@ def test_min_and_max_refuse_a_revised_input() -> None:
 @given(seed=st.integers(0, 2**16), cuts=st.integers(0, 8))
 def test_keyed_aggregate_changelog_equals_the_query_over_the_final_input(seed: int, cuts: int) -> None:
     changes = history(seed).drop_columns(["t"])
-    aggs = [("n", "count", None), ("nv", "count", "v"), ("s", "sum", "v"), ("a", "avg", "v")]
+    aggs = [("n", "count", None), ("nv", "count", "v"), ("s", "sum", "v"), ("a", "avg", "v"), ("lo", "min", "v"), ("hi", "max", "v")]
     epochs = epochs_of(with_kg(changes, ("k",)), seed, cuts)
     kernel = KeyedAggregateKernel(epochs[0].drop_columns(["_kg"]).schema, ("k",), aggs)
-    drivers = [Driver(kernel) for _ in range(LANES)]
+    drivers = [Driver(kernel, check=exact_delta) for _ in range(LANES)]
     for batch in epochs:
         for lane, rows in enumerate(lanes_of(batch)):
             drivers[lane].step(rows, 0)
@@ -203,18 +203,39 @@ def test_keyed_aggregate_changelog_equals_the_query_over_the_final_input(seed: i
     con = duckdb.connect()
     con.register("c", changes)
     rows = con.execute(
-        "SELECT k, count(*), count(v), sum(v), avg(v) FROM "
+        "SELECT k, count(*), count(v), sum(v), avg(v), min(v), max(v) FROM "
         "(SELECT k, v, CAST(sum(_diff) AS BIGINT) AS w FROM c GROUP BY ALL HAVING sum(_diff) > 0), range(w) GROUP BY k"
     ).fetchall()
     assert_close(got, {(k,): tuple(rest) for k, *rest in rows})
-    # a key whose rows were all taken back leaves the state
-    assert sum(d.state.num_rows for d in drivers) == len(rows)
+    # a key whose rows were all taken back leaves the state; a min/max keeps a row per value present
+    values = con.execute("SELECT count(*) FROM (SELECT k, v FROM c WHERE v IS NOT NULL GROUP BY ALL HAVING sum(_diff) > 0)").fetchone()
+    assert sum(d.state.num_rows for d in drivers) == len(rows) + 2 * values[0]
+
+
+def test_keyed_min_max_count_only_the_values_present() -> None:
+    """A retraction that arrives before its insertion leaves a value of weight -1 in the state:
+    it is not part of the maximum until the insertion cancels it; taking back the maximum
+    brings back the next value."""
+    def rows(*r: tuple[int, int, int]) -> pa.Table:
+        return with_kg(pa.table({n: pa.array(c, pa.int64()) for n, c in zip(("k", "v", DIFF), zip(*r, strict=True), strict=True)}), ("k",))
+
+    kernel = KeyedAggregateKernel(pa.schema([("k", pa.int64()), ("v", pa.int64()), (DIFF, pa.int64())]), ("k",),
+                                  [("hi", "max", "v"), ("lo", "min", "v")])
+    lane = Driver(kernel, check=exact_delta)
+    out = [lane.step(b, 0).output.to_pylist() for b in (
+        rows((1, 9, -1), (1, 3, 1), (1, 5, 1)),  # 9 taken back before it came
+        rows((1, 9, 1)),  # now it cancels: still 3..5
+        rows((1, 5, -1)),  # the maximum goes: 3 is left
+    )]
+    assert out[0] == [{"k": 1, "hi": 5, "lo": 3, DIFF: 1}]
+    assert out[1] == []
+    assert sorted(out[2], key=lambda r: r[DIFF]) == [{"k": 1, "hi": 5, "lo": 3, DIFF: -1}, {"k": 1, "hi": 3, "lo": 3, DIFF: 1}]
 
 
 def test_keyed_aggregate_refuses_what_it_cannot_take_back() -> None:
     schema = pa.schema([("k", pa.int64()), ("v", pa.int64()), (DIFF, pa.int64())])
-    with pytest.raises(ValueError, match="hi=max\\(\\): only count, sum and avg can take a value back"):
-        KeyedAggregateKernel(schema, ("k",), [("n", "count", None), ("hi", "max", "v")])
+    with pytest.raises(ValueError, match="hi=max_by\\(\\): only count, sum, avg, min and max can take a value back"):
+        KeyedAggregateKernel(schema, ("k",), [("n", "count", None), ("hi", "max_by", "v", "k")])
 
 
 # ================================================================== joins

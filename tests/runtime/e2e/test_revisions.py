@@ -60,7 +60,7 @@ def spec(src: Path, out: Path, extra_steps: list | None = None) -> dict:
                 "key": "auction", "time": "ts", "window": {"size": "10s"}, "watermark_delay": "1s",
                 "allowed_lateness": "1h", "aggregates": {"n": "count(*)", "total": "sum(price)", "mean": "avg(price)"}}},
             {"name": "per_auction", "input": "slim", "aggregate": {
-                "key": "auction", "aggregates": {"n": "count(*)", "total": "sum(price)"}}},
+                "key": "auction", "aggregates": {"n": "count(*)", "total": "sum(price)", "hi": "max(price)", "lo": "min(price)"}}},
             *(extra_steps or []),
         ],
         "sinks": [
@@ -103,8 +103,9 @@ def test_revisions_flow_through_the_network_and_end_exact(spark, tmp_path: Path)
     assert [r[:-1] for r in got_windows] == want_windows
     assert max(r[-1] for r in got_windows) >= 1, "some window was revised after it fired"
 
-    want_auctions = con.execute(f"SELECT auction, count(*), sum(price) FROM {final} GROUP BY ALL ORDER BY ALL").fetchall()
-    assert summed(tmp_path / "out" / "auctions", "auction, n, total") == want_auctions
+    want_auctions = con.execute(
+        f"SELECT auction, count(*), sum(price), max(price), min(price) FROM {final} GROUP BY ALL ORDER BY ALL").fetchall()
+    assert summed(tmp_path / "out" / "auctions", "auction, n, total, hi, lo") == want_auctions
 
     letters = con.execute(
         f"SELECT source, raw, reason FROM read_json('{tmp_path}/ckpt/dead-letters/epoch=*/*.json')"
@@ -120,9 +121,9 @@ def test_revisions_flow_through_the_network_and_end_exact(spark, tmp_path: Path)
     [
         ({"name": "first", "input": "slim", "dedup": {"key": "auction", "time": "ts", "ttl": "1m"}},
          "step 'first': dedup cannot take the revisions of input 'slim' (its rows carry _diff): its kernel does not take rows back"),
-        ({"name": "hi", "input": "slim", "aggregate": {"key": "auction", "aggregates": {"hi": "max(price)"}}},
+        ({"name": "hi", "input": "slim", "aggregate": {"key": "auction", "aggregates": {"hi": "max_by(price, ts)"}}},
          "step 'hi': aggregate cannot take the revisions of input 'slim' (its rows carry _diff): "
-         "hi=max(): only count, sum and avg can take a value back"),
+         "hi=max_by(): only count, sum, avg, min and max can take a value back"),
         ({"name": "enrich", "input": "slim", "udf": {"function": "eddyline.examples.udfs:to_euro", "schema": "auction long"}},
          "step 'enrich': udf cannot take the revisions of input 'slim' (its rows carry _diff): declare '_diff bigint'"),
     ],
