@@ -53,6 +53,9 @@ class CommandFiles:
         self.fs, self.base = filesystem(directory)
         self.query = query
 
+    def close(self) -> None:
+        pass
+
     def after(self, cursor: str | None) -> tuple[list[dict[str, Any]], str | None]:
         """The commands of the files after ``cursor``, and the new cursor."""
         infos = self.fs.get_file_info(pafs.FileSelector(self.base, allow_not_found=True))
@@ -70,7 +73,8 @@ class CommandFiles:
 
 class CommandNats:
     """A JetStream stream, one tuple per message; the cursor is the last sequence read. While the
-    server does not answer, no command is read (they wait in the stream, like any input)."""
+    server does not answer, no command is read (they wait in the stream, like any input). The
+    connection stays open from one boundary to the next (reopened after a failure)."""
 
     def __init__(self, location: str, query: str):
         parts = urlsplit(location)
@@ -79,24 +83,29 @@ class CommandNats:
         self.stream = parts.path.strip("/")
         self.url = urlunsplit((parts.scheme, parts.netloc, "", urlencode(params, doseq=True), ""))
         self.query = query
+        self._conn: Any = None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def after(self, cursor: str | None) -> tuple[list[dict[str, Any]], str | None]:
         from eddyline.io.natswire import NatsConnection, NatsError
 
         start = int(cursor) + 1 if cursor else 1
         commands: list[dict[str, Any]] = []
-        conn = None
         try:
-            conn = NatsConnection(self.url)
+            if self._conn is None:
+                self._conn = NatsConnection(self.url)
+            conn = self._conn
             last = int(conn.stream_info(self.stream)["state"]["last_seq"])
             for seqs, payloads in conn.read_range(self.stream, start, last + 1, self.subject):
                 for seq, payload in zip(seqs, payloads, strict=True):
                     command = tuple_command(payload.decode("utf-8", errors="replace"), f"{self.stream}:{seq}", self.query)
                     if command is not None:
                         commands.append(command)
-        except NatsError:
+        except (NatsError, OSError):
+            self.close()
             return [], cursor
-        finally:
-            if conn is not None:
-                conn.close()
         return commands, (str(last) if last >= start else cursor)

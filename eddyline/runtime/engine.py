@@ -40,7 +40,7 @@ from eddyline.io.sinks import Sink, make_sink
 from eddyline.io.sources import Source, make_source
 from eddyline.observe.progress import ProgressReporter
 from eddyline.runtime.checkpoint import Checkpoint, network_dict, network_hash
-from eddyline.runtime.commands import command_reader
+from eddyline.runtime.commands import CommandFiles, CommandNats, command_reader
 from eddyline.runtime.compile import EpochCompiler
 from eddyline.runtime.epoch.commit import commit
 from eddyline.runtime.epoch.execute import Executor
@@ -151,6 +151,7 @@ class Engine:
         self._cursor: str | None = None
         self._read_to: str | None = None
         self._refused_ids: set[str] = set()  # refused once, not again while they wait to be read
+        self._commands: CommandFiles | CommandNats | None = None  # the control stream's reader
         self._build(spec)
         self._cleaner: _Cleaner | None = None
         self._python_used_at = time.monotonic()  # when Python workers last ran a task of ours
@@ -296,6 +297,9 @@ class Engine:
             for source in self.sources.values():  # upstream backup: stop receiving (Source.detach)
                 source.detach()
             self._attached = False
+            if self._commands is not None:
+                self._commands.close()
+                self._commands = None
             self.lookahead.close()
             if self.pair is not None:
                 self.pair.close()
@@ -330,7 +334,9 @@ class Engine:
             return [command]
         stream = self.spec.control.commands
         if stream is not None:  # a control stream: its tuples are commands too
-            commands, self._read_to = command_reader(stream, self.spec.name).after(self._cursor)
+            if self._commands is None:  # (kept open while run() runs: a broker's connection)
+                self._commands = command_reader(stream, self.spec.name)
+            commands, self._read_to = self._commands.after(self._cursor)
             for command in commands:
                 taken += self._take(command, epoch)
         return taken
@@ -375,6 +381,11 @@ class Engine:
         if cannot:
             raise EngineError(f"{what}: sink(s) {', '.join(cannot)} cannot take published epochs back and put them back "
                               "(files and memory sinks can)")
+        rewritten = [r for r in (self.ckpt.metadata() or {}).get("rewrites", []) if r["epoch"] >= target]
+        if rewritten and what == "replay":  # its new steps took their state over at that boundary only
+            r = min(rewritten, key=lambda r: r["epoch"])
+            raise EngineError(f"replay: rule {r['rule']} rewrote step '{r['step']}' at epoch {r['epoch']}; "
+                              f"a replay can go back to epoch {r['epoch'] + 1} at the earliest")
         back = target - 1  # the commit (and the plan naming its network) the epoch goes on from
         if back and not (self.ckpt.has_commit(back) and self.ckpt.has_plan(back)):
             raise EngineError(f"{what}: epoch {back} is no longer kept (the checkpoint keeps the last "

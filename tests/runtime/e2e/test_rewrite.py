@@ -77,6 +77,12 @@ def test_a_planned_split_across_a_crash_keeps_every_match(spark, tmp_path: Path,
     made = [d for d in ck.latest_commit().control["manager"]["decisions"] if d["kind"] == "rewrite"]
     assert made and made[0]["epoch"] == 3 and made[0]["why"]["reason"] == "schedule"
     assert set(made[0]["measured"]["steps"]) == {"found", "found_stage1"}
+    # its new step took its state over at that boundary: a replay may not go back before it
+    refused = Inbox(ckpt).submit_command({"replay": 3})
+    Engine(spec, spark, ckpt).run(until_idle=True)
+    (done,) = [d for d in Inbox(ckpt).done() if d["id"] == refused]
+    assert done["outcome"] == "refused"
+    assert done["reason"] == "replay: rule pattern-pipeline-split rewrote step 'found' at epoch 3; a replay can go back to epoch 4 at the earliest"
     # the rewritten plan, from the checkpoint
     shown = CliRunner().invoke(app, ["explain", str(tmp_path / "net.json"), "--checkpoint", ckpt, "--no-spark-plan"])
     assert shown.exit_code == 2  # no such file: the spec is read first
