@@ -213,6 +213,8 @@ def check_control(spec: NetworkSpec) -> list[str]:
                     f"control: spread.schedule.{epoch}: expected epoch >= 1 and key groups in [0, {spec.key_groups}), got {list(groups)}"
                 )
     if c.rewrite is not None:
+        if spec.max_delay is not None:
+            problems.append("control: rewrite: a network with max_delay cannot change its network while it runs yet")
         for epoch, names in c.rewrite.schedule.items():
             bad = [n for n in names if n not in stateful]
             if epoch < 1 or bad:

@@ -152,6 +152,7 @@ class Engine:
         self._read_to: str | None = None
         self._refused_ids: set[str] = set()  # refused once, not again while they wait to be read
         self._commands: CommandFiles | CommandNats | None = None  # the control stream's reader
+        self._not_rewritten: set[str] = set()  # steps whose rewrite was refused
         self._build(spec)
         self._cleaner: _Cleaner | None = None
         self._python_used_at = time.monotonic()  # when Python workers last ran a task of ours
@@ -285,8 +286,9 @@ class Engine:
                     thawed = _freeze_heap()
                 if self.reporter is not None:
                     self.reporter.report(record.to_json())
-                if self.spec.control.rewrite is not None and not isinstance(self.planner, Following):
-                    propose_rewrites(self.base_spec, self.controller, self.inbox, plan.epoch + 1, self.controller.lanes_cap)
+                if self.spec.control.rewrite is not None and self.pair is None and self.spec.max_delay is None:
+                    propose_rewrites(self.base_spec, self.controller, self.inbox, plan.epoch + 1, self.controller.lanes_cap,
+                                     skip=self._not_rewritten)
                 wait = self.spec.trigger / 1000 - (time.monotonic() - epoch_start)
                 if wait > 0 and self.planner.poll_s is None:  # (a follower is paced by its leader)
                     time.sleep(wait)
@@ -328,6 +330,8 @@ class Engine:
             try:
                 self._check_alone(command, epoch - 1)
             except EddylineError as e:
+                if isinstance(command.get("rewrite"), dict):  # not proposed again by this driver
+                    self._not_rewritten.add(str(command["rewrite"].get("step")))
                 self.inbox.close(command, "refused", epoch, str(e))
                 self._refused.append({"id": command.get("id"), "command": _alone(command), "reason": str(e)})
                 continue

@@ -27,10 +27,15 @@ from eddyline.runtime.inbox import Inbox
 
 
 def propose_rewrites(
-    spec: NetworkSpec, controller: Controller, inbox: Inbox, next_epoch: int, max_lanes: int
+    spec: NetworkSpec,
+    controller: Controller,
+    inbox: Inbox,
+    next_epoch: int,
+    max_lanes: int,
+    skip: set[str] | frozenset[str] = frozenset(),
 ) -> list[str]:
-    """Queue a rewrite for each hot spot that a rule fits (one per step, none while one waits);
-    returns the steps rewritten."""
+    """Queue a rewrite for a hot spot that a rule fits (one per boundary, none while one waits,
+    none for the steps in ``skip``: their rewrite was refused); returns the steps rewritten."""
     cfg = spec.control.rewrite
     if cfg is None:
         return []
@@ -40,7 +45,7 @@ def propose_rewrites(
     raw, queued = network_dict(spec), []
     history = controller.manager.history
     for spot in hot_spots(spec, history, next_epoch, max_lanes):
-        if spot.step in waiting or queued:
+        if spot.step in waiting or spot.step in skip or queued:
             continue  # one rewrite per boundary: the next one judges the rewritten network
         found = fitting(spec, raw, spot.step, cfg.rules)
         if found is None:

@@ -93,6 +93,8 @@ def test_a_schedule_names_the_epoch_and_auto_off_stops_the_detector() -> None:
         load_spec(raw({"schedule": {5: ["ticks"]}}))
     with pytest.raises(SpecError, match="rewrite.rules"):
         load_spec(raw({"rules": ["local-global-aggregate"]}))
+    with pytest.raises(SpecError, match="control: rewrite: a network with max_delay cannot change its network"):
+        load_spec({**raw(), "max_delay": "5s"})
 
 
 def test_the_pattern_split_rule_as_data() -> None:
@@ -133,6 +135,7 @@ def test_a_rewrite_command_must_be_the_rules_effect(tmp_path) -> None:  # noqa: 
         controller.manager.observe("found", load(e, [700.0, 50.0], HOT))
         controller.manager.observe("counts", load(e, [10.0, 10.0], EVEN))
     inbox = Inbox(str(tmp_path))
+    assert propose_rewrites(spec, controller, inbox, 3, 2, skip={"found"}) == []  # refused before
     assert propose_rewrites(spec, controller, inbox, 3, 2) == ["found"]
     assert propose_rewrites(spec, controller, inbox, 3, 2) == []  # one waits already
     (command,) = inbox.pending()
