@@ -39,6 +39,8 @@ class NetworkSpec(Model):
     #: Epochs whose commits, plans and state versions the checkpoint keeps: how far back
     #: ``eddyline replay`` can go (time travel).
     history: int = Field(default=10, ge=2)
+    #: Besides those, every epoch committed within this long of the newest commit (None: none).
+    history_duration: Duration | None = Field(default=None, gt=0)
 
     def node(self, name: str) -> SourceSpec | StepSpec | SinkSpec:
         for n in (*self.sources, *self.steps, *self.sinks):

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from eddyline.api.change import check_change, history_starts
 from eddyline.api.live import carried, with_settings
 from eddyline.api.network import NetworkSpec
-from eddyline.api.units import Files
+from eddyline.api.units import Files, format_duration_ms
 from eddyline.api.validate import spec_from_raw
 from eddyline.control.controller import Controller
 from eddyline.control.state import ControllerState
@@ -393,11 +393,16 @@ class Engine:
         back = target - 1  # the commit (and the plan naming its network) the epoch goes on from
         if back and not (self.ckpt.has_commit(back) and self.ckpt.has_plan(back)):
             raise EngineError(f"{what}: epoch {back} is no longer kept (the checkpoint keeps the last "
-                              f"{self.retain_epochs} epochs; raise the network's history to go further back)")
+                              f"{self.retain_epochs} epochs{self._kept_for}; raise the network's history to go further back)")
         if what == "undo":
             plan = self.ckpt.read_plan(target) if self.ckpt.has_plan(target) else None
             if plan is None or not any("replay" in a for a in plan.applied):
                 raise EngineError(f"undo: epoch {target} did not replay earlier epochs; there is nothing to undo")
+
+    @property
+    def _kept_for(self) -> str:
+        within = self.spec.history_duration
+        return f" and those committed in the last {format_duration_ms(within)}" if within is not None else ""
 
     def _check_start(self, start: Any, new: NetworkSpec, last_epoch: int) -> None:
         """An added query that starts from a kept epoch: its sources must read what running
@@ -410,7 +415,7 @@ class Engine:
                             "parameters, another name)")
         if start > 1 and not self.ckpt.has_commit(start - 1):
             raise EngineError(f"apply --from-epoch: epoch {start - 1} is no longer kept (the checkpoint keeps the last "
-                              f"{self.retain_epochs} epochs; raise the network's history to go further back)")
+                              f"{self.retain_epochs} epochs{self._kept_for}; raise the network's history to go further back)")
 
     def _prepare(self, command: dict[str, Any], last: EpochCommit | None) -> tuple[int | None, list[int]]:
         """Carry out a command that needs a boundary of its own, up to planning: returns the
@@ -681,6 +686,10 @@ class Engine:
 
         keep_from = epoch - self.retain_epochs + 1
         every = self.ckpt.commits()
+        within = self.spec.history_duration
+        if within is not None and every:  # also what was committed within that long
+            newest = max(c.committed_at for c in every)
+            keep_from = min([keep_from, *(c.epoch for c in every if c.committed_at >= newest - within / 1000)])
         # a tentative stretch may outlast the retained epochs: its correction continues from
         # the stable commit before it, which must stay (eddyline.ha.dpc)
         anchors = [c.stable for c in every if c.epoch >= keep_from and c.tentative and c.stable is not None]

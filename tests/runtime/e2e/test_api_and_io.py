@@ -99,6 +99,17 @@ def test_uri_checkpoint_and_retention(spark, tmp_path: Path) -> None:
     assert len(files) < 2 * summary.epochs
 
 
+def test_a_history_duration_keeps_every_epoch_committed_within_it(spark, tmp_path: Path) -> None:
+    write_bid_files(tmp_path / "in", files=8, rows=20, seed=3)
+    spec = bids_window_spec(tmp_path / "in", tmp_path / "out").model_copy(update={"history_duration": 3_600_000})
+    summary = Engine(spec, spark, str(tmp_path / "ckpt"), retain_epochs=2).run(until_idle=True)
+    assert summary.last_epoch >= 8
+    assert [c.epoch for c in Checkpoint(str(tmp_path / "ckpt")).commits()] == list(range(1, summary.last_epoch + 1))
+    short = spec.model_copy(update={"history_duration": 1})  # 1 ms: only the last 2 epochs' worth
+    Engine(short, spark, str(tmp_path / "ckpt2"), retain_epochs=2).run(until_idle=True)
+    assert len(Checkpoint(str(tmp_path / "ckpt2")).commits()) <= 3
+
+
 def test_explain_shows_jvm_steps_kernels_and_lanes(spark, tmp_path: Path) -> None:
     write_bid_files(tmp_path / "in", files=1, rows=5)
     spec = bids_window_spec(tmp_path / "in", tmp_path / "out", lanes=3)
