@@ -124,12 +124,11 @@ def _in_force(net, checkpoint: str):  # noqa: ANN202
 def _may_rewrite(net) -> list[str]:  # noqa: ANN001
     """Where the network's enabled rewrite rules fit, as lines."""
     from eddyline.kinds.rewrite import fitting
-    from eddyline.runtime.checkpoint import network_dict
 
     cfg = net.control.rewrite
     if cfg is None:
         return []
-    raw, lines = network_dict(net), []
+    raw, lines = net.as_dict(), []
     for s in net.stateful_steps():
         found = fitting(net, raw, s.name, cfg.rules)
         if found is not None:
@@ -375,16 +374,13 @@ def apply(
     ones start empty (a new source from its first offset, or with --from-epoch where a running
     source with the same parameters was at that epoch); a changed stateful step whose state
     would not fit is refused unless given with --reset."""
-    from eddyline.api.change import check_change, history_starts
+    from eddyline.api.change import check_change, required_history_starts
     from eddyline.runtime.inbox import Inbox
 
     try:
         old, target = _load(spec), _load(new)
         diff = check_change(old, target, tuple(reset or ()))
-        starts = history_starts(old, target)
-        if from_epoch is not None and not starts:
-            raise SpecError("apply --from-epoch: no added source reads what a running one reads; give the added query "
-                            "its own copy of the running source (same kind and parameters, another name)")
+        starts = required_history_starts(old, target) if from_epoch is not None else {}
     except EddylineError as e:
         raise _fail(e) from None
     out = Console()
@@ -393,10 +389,9 @@ def apply(
     if dry_run or diff.empty:
         out.print("nothing queued" + (" (no change)" if diff.empty else " (--dry-run)"), highlight=False)
         return
-    raw = target.model_dump(mode="json", by_alias=True, exclude_defaults=True)
-    body = {"network": raw, "reset": sorted(reset or ())} | ({"start_epoch": from_epoch} if from_epoch else {})
+    body = {"network": target.as_dict(), "reset": sorted(reset or ())} | ({"start_epoch": from_epoch} if from_epoch else {})
     command = Inbox(checkpoint).submit_command(body)
-    for added, running in starts.items() if from_epoch else ():
+    for added, running in starts.items():
         out.print(f"source '{added}' starts where '{running}' was at epoch {from_epoch}", highlight=False)
     out.print(f"queued change {command}; it takes effect at the next epoch", highlight=False)
 
@@ -423,7 +418,7 @@ def replay(
             new = _load(with_)
             for line in check_change(net, new, tuple(reset or ())).lines():
                 Console().print(line, highlight=False)
-            body |= {"network": new.model_dump(mode="json", by_alias=True, exclude_defaults=True), "reset": sorted(reset or ())}
+            body |= {"network": new.as_dict(), "reset": sorted(reset or ())}
         command = Inbox(checkpoint).submit_command(body)
     except EddylineError as e:
         raise _fail(e) from None

@@ -113,6 +113,16 @@ def history_starts(old: NetworkSpec, new: NetworkSpec) -> dict[str, str]:
     return out
 
 
+def required_history_starts(old: NetworkSpec, new: NetworkSpec) -> dict[str, str]:
+    """:func:`history_starts` for ``apply --from-epoch``: refused when there is none."""
+    starts = history_starts(old, new)
+    if not starts:
+        raise SpecError("apply --from-epoch: no added source reads what a running one reads; an added query that "
+                        "should see the input since then reads its own copy of the running source (same kind and "
+                        "parameters, another name)")
+    return starts
+
+
 def check_change(
     old: NetworkSpec, new: NetworkSpec, reset: tuple[str, ...] = (), fits: tuple[str, ...] = ()
 ) -> NetworkDiff:

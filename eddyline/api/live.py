@@ -47,7 +47,7 @@ def with_settings(spec: NetworkSpec, settings: dict[str, Any]) -> NetworkSpec:
         return spec
     from eddyline.api.validate import spec_from_raw
 
-    raw = spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    raw = spec.as_dict()
     for target, value in settings.items():
         if target.startswith("control."):
             _set_control(spec, raw, target, value)

@@ -70,6 +70,11 @@ class NetworkSpec(Model):
         bounds = [s.qos.latency for s in self.sinks if s.qos is not None]
         return min(bounds) if bounds else None
 
+    def as_dict(self) -> dict[str, Any]:
+        """The network as its spec dict, without defaults (what a checkpoint stores and hashes;
+        the same network always gives the same dict)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint must agree on with the network that resumes it."""
         return {

@@ -25,18 +25,12 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from eddyline.api.network import NetworkSpec
 from eddyline.errors import CheckpointError
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan
 from eddyline.state.store import referenced_files, state_file
 from eddyline.storage import create_exclusive, filesystem, read_json, write_atomic
 
 FORMAT_VERSION = 1
-
-
-def network_dict(spec: NetworkSpec) -> dict[str, Any]:
-    """A network as its spec dict (what the checkpoint stores and hashes)."""
-    return spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)
 
 
 def network_hash(raw: dict[str, Any]) -> str:

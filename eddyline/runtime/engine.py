@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from eddyline.api.change import check_change, history_starts
+from eddyline.api.change import check_change, history_starts, required_history_starts
 from eddyline.api.live import carried, with_settings
 from eddyline.api.network import NetworkSpec
 from eddyline.api.units import Files, format_duration_ms
@@ -39,7 +39,7 @@ from eddyline.io.files import FilesTarget
 from eddyline.io.sinks import Sink, make_sink
 from eddyline.io.sources import Source, make_source
 from eddyline.observe.progress import ProgressReporter
-from eddyline.runtime.checkpoint import Checkpoint, network_dict, network_hash
+from eddyline.runtime.checkpoint import Checkpoint, network_hash
 from eddyline.runtime.commands import CommandFiles, CommandNats, command_reader
 from eddyline.runtime.compile import EpochCompiler
 from eddyline.runtime.epoch.commit import commit
@@ -166,6 +166,7 @@ class Engine:
         ``keep``: sinks still open from the network before (unchanged), used as they are."""
         spark, checkpoint, pair, lease, reporter = self.spark, self.ckpt.location, self.pair, self.lease, self.reporter
         self.spec = self.base_spec = spec
+        self.network_id = network_hash(spec.as_dict())  # names the network in plans and the checkpoint
         self.settings = {}
         self.retain_epochs = self._retain or spec.history
         sinks = {**self._given_sinks, **(keep or {})}
@@ -214,10 +215,10 @@ class Engine:
         should_stop: Callable[[], bool] | None = None,
     ) -> RunSummary:
         self._adopt_applied_network()
-        meta = self.ckpt.open(self.spec.fingerprint(), created=network_hash(network_dict(self.base_spec)))
+        meta = self.ckpt.open(self.spec.fingerprint(), created=self.network_id)
         applied = meta.get("applied") or {}
         self._change = LiveChange.from_json(applied)
-        self.ckpt.store_network(network_dict(self.base_spec))  # every plan names the network it ran
+        self.ckpt.store_network(self.base_spec.as_dict())  # every plan names the network it ran
         started_at = float(meta["started_at"])
         self.executor.checkpoint_id = str(meta["id"])  # names this run's writes in sinks that remember them
         if self.pair is not None:  # the pair's writes are the same whichever driver makes them
@@ -264,11 +265,11 @@ class Engine:
                     continue
                 if not replayed:
                     applied = [{k: c[k] for k in ("id", "set", "from", "reset", "replay", "undo") if k in c}
-                               | ({"network": network_hash(network_dict(self.base_spec))} if "network" in c else {})
+                               | ({"network": self.network_id} if "network" in c else {})
                                | ({"rewrite": c["rewrite"]["rule"]} if "rewrite" in c else {}) for c in taken]
                     plan = self._log(dataclasses.replace(
                         plan, settings=self.settings, applied=applied, commands_cursor=self._read_to,
-                        network=network_hash(network_dict(self.base_spec)), restores=restores))  # 2. log
+                        network=self.network_id, restores=restores))  # 2. log
                     replayed = plan.generation != self._generation
                     for command in taken:  # logged: from now on the plan applies them, also in a replay
                         self.inbox.close(command, "applied", plan.epoch)
@@ -409,10 +410,7 @@ class Engine:
         ones read, and the commit before that epoch must still be kept."""
         if not isinstance(start, int) or not 1 <= start <= last_epoch + 1:
             raise EngineError(f"apply --from-epoch: expected an epoch from 1 to {last_epoch + 1}, got {start!r}")
-        if not history_starts(self.base_spec, new):
-            raise SpecError("apply --from-epoch: no added source reads what a running one reads; an added query that "
-                            "should see the input since then reads its own copy of the running source (same kind and "
-                            "parameters, another name)")
+        required_history_starts(self.base_spec, new)
         if start > 1 and not self.ckpt.has_commit(start - 1):
             raise EngineError(f"apply --from-epoch: epoch {start - 1} is no longer kept (the checkpoint keeps the last "
                               f"{self.retain_epochs} epochs{self._kept_for}; raise the network's history to go further back)")
@@ -443,8 +441,8 @@ class Engine:
         with it."""
         self._finish_cleanup()  # (a cleanup judges which steps' state to keep by the network in force)
         new = spec_from_raw(command["network"])
-        raw = network_dict(new)  # canonical: the same network always has the same hash
-        if network_hash(raw) == network_hash(network_dict(self.base_spec)):
+        raw = new.as_dict()  # canonical: the same network always has the same hash
+        if network_hash(raw) == self.network_id:
             return  # in force already (switched while idle, the plan to log it still to come)
         start = command.get("start_epoch")
         change = LiveChange(
@@ -464,7 +462,7 @@ class Engine:
         with the applied one; started with a third, it refuses."""
         meta = self.ckpt.metadata() or {}
         applied = meta.get("applied")
-        mine = network_hash(network_dict(self.base_spec))
+        mine = self.network_id
         if not applied or applied["hash"] == mine:
             return
         if mine != meta.get("created"):

@@ -22,7 +22,7 @@ from eddyline.control.decisions import Decision, DecisionKind
 from eddyline.control.hotspot import hot_spots
 from eddyline.errors import SpecError
 from eddyline.kinds.rewrite import Rewritten, fitting, rewrite
-from eddyline.runtime.checkpoint import network_dict, network_hash
+from eddyline.runtime.checkpoint import network_hash
 from eddyline.runtime.inbox import Inbox
 
 
@@ -39,12 +39,15 @@ def propose_rewrites(
     cfg = spec.control.rewrite
     if cfg is None:
         return []
+    history = controller.manager.history
+    spots = hot_spots(spec, history, next_epoch, max_lanes)
+    if not spots:
+        return []
     waiting = {
         c["rewrite"].get("step") for c in inbox.pending() if isinstance(c.get("rewrite"), dict)
     }
-    raw, queued = network_dict(spec), []
-    history = controller.manager.history
-    for spot in hot_spots(spec, history, next_epoch, max_lanes):
+    raw, queued = spec.as_dict(), []
+    for spot in spots:
         if spot.step in waiting or spot.step in skip or queued:
             continue  # one rewrite per boundary: the next one judges the rewritten network
         found = fitting(spec, raw, spot.step, cfg.rules)
@@ -85,7 +88,7 @@ def checked_rewrite(spec: NetworkSpec, command: dict[str, Any]) -> Rewritten:
     r = command["rewrite"]
     if not isinstance(r, dict):
         raise SpecError("rewrite: expected a mapping with the rule and the step")
-    done = rewrite(spec, network_dict(spec), str(r.get("rule")), str(r.get("step")))
+    done = rewrite(spec, spec.as_dict(), str(r.get("rule")), str(r.get("step")))
     if network_hash(done.network) != network_hash(command["network"]) or done.inherit != (
         command.get("inherit") or {}
     ):

@@ -15,7 +15,6 @@ from eddyline.control.hotspot import hot_spots
 from eddyline.control.stats import LoadHistory, StepLoad
 from eddyline.errors import SpecError
 from eddyline.kinds.rewrite import RULES, fitting, rewrite
-from eddyline.runtime.checkpoint import network_dict
 from eddyline.runtime.inbox import Inbox
 from eddyline.runtime.rewriting import checked_rewrite, propose_rewrites
 
@@ -99,7 +98,7 @@ def test_a_schedule_names_the_epoch_and_auto_off_stops_the_detector() -> None:
 
 def test_the_pattern_split_rule_as_data() -> None:
     spec = load_spec(raw())
-    done = rewrite(spec, network_dict(spec), "pattern-pipeline-split", "found")
+    done = rewrite(spec, spec.as_dict(), "pattern-pipeline-split", "found")
     new = spec_from_raw(done.network)
     assert [s.name for s in new.steps] == ["found_stage1", "found", "counts"]
     s1, s2 = new.steps[0].params, new.steps[1].params
@@ -111,11 +110,11 @@ def test_the_pattern_split_rule_as_data() -> None:
         check_change(spec, new)
     assert network_diff(spec, new, fits=done.fits).lines() == ["+ step 'found_stage1'", "~ step 'found': pattern.seeds, pattern.split"]
     # where it does not fit, the reason
-    assert fitting(spec, network_dict(spec), "counts", tuple(RULES)) is None
+    assert fitting(spec, spec.as_dict(), "counts", tuple(RULES)) is None
     with pytest.raises(SpecError, match="rewrites pattern steps; 'counts' is a window_aggregate"):
-        rewrite(spec, network_dict(spec), "pattern-pipeline-split", "counts")
+        rewrite(spec, spec.as_dict(), "pattern-pipeline-split", "counts")
     with pytest.raises(SpecError, match="the pattern is split already"):
-        rewrite(new, network_dict(new), "pattern-pipeline-split", "found")
+        rewrite(new, new.as_dict(), "pattern-pipeline-split", "found")
     no_plus = raw()
     no_plus["steps"][0]["pattern"] = {**PATTERN, "factory": "tests.control.test_rewriting:two_steps", "args": {}}
     with pytest.raises(SpecError, match="no Kleene-plus element"):
