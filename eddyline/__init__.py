@@ -22,6 +22,7 @@ from eddyline.api.validate import load_spec
 from eddyline.errors import CheckpointError, EddylineError, SpecError
 from eddyline.facade import Network, validate
 from eddyline.io.console import Console
+from eddyline.io.discard import Discard
 from eddyline.io.generator import Generator, Phase
 from eddyline.io.memory import Memory
 from eddyline.io.nexmark import Nexmark
@@ -29,6 +30,7 @@ from eddyline.io.nexmark import Nexmark
 __all__ = [
     "CheckpointError",
     "Console",
+    "Discard",
     "EddylineError",
     "Files",
     "Generator",

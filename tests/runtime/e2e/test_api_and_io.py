@@ -118,3 +118,14 @@ def test_explain_shows_jvm_steps_kernels_and_lanes(spark, tmp_path: Path) -> Non
     assert "lane 0 ← key groups 0–10" in text and "lane 2 ← key groups 22–31" in text
     assert "MapInArrow" in text and "Exchange hashpartitioning(CASE WHEN (_kg" in text  # the routing value
     assert "HashAggregate" in text  # partial aggregation before the lane shuffle
+
+
+def test_a_discard_sink_counts_its_rows_and_keeps_none(spark, tmp_path: Path) -> None:
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(pa.table({"k": list(range(50))}), src / "part-0.parquet")
+    net = eddyline.Network("discard", trigger=0, lanes=1)
+    net.source("rows", eddyline.Files(str(src))).filter("k % 5 = 0").to(eddyline.Discard(), name="gone")
+    summary = net.run(str(tmp_path / "ckpt"), until_idle=True, spark=spark)
+    assert summary.input_rows == 50
+    assert summary.output_rows["gone"] == 10
