@@ -5,7 +5,10 @@ Workloads (issue #2):
 * ``sliding_auction``: Nexmark bids, count + max(price) per auction over sliding 10 s / 2 s
   windows, watermark delay 4 s;
 * ``tumbling_100k``: generator rows over 100,000 uniform keys, count + sum(value) per key over
-  tumbling 10 s windows.
+  tumbling 10 s windows;
+* ``dedup_keys`` (issue #24's epoch floor): generator rows over 100,000 keys, the first row per
+  key, a key remembered for 10 s of event time (Structured Streaming:
+  ``dropDuplicatesWithinWatermark`` with a 10 s watermark delay).
 
 Both engines get exactly the same rows: Eddyline reads its built-in generators with a fixed
 number of rows per epoch; Structured Streaming reads the ``rate-micro-batch`` source with the same
@@ -56,6 +59,13 @@ def workload(name: str, rows: int, lanes: int) -> dict[str, Any]:
             "aggregates": {"n": "count(*)", "total": "sum(value)"},
             "watermark_delay": "0s",
         }
+    if name == "dedup_keys":
+        return {
+            "source": {"generator": {"rate": rows / 2, "keys": 100_000, "unpaced": True}},
+            "key": "key",
+            "time": "event_time",
+            "ttl": "10s",
+        }
     raise ValueError(name)
 
 
@@ -67,7 +77,9 @@ def eddyline_spec(name: str, rows: int, lanes: int, out: Path) -> dict[str, Any]
         "lanes": lanes,
         "sources": [{"name": "input", **w["source"], "max_rows_per_epoch": rows}],
         "steps": [
-            {
+            {"name": "agg", "input": "input", "dedup": {k: w[k] for k in ("key", "time", "ttl")}}
+            if "ttl" in w
+            else {
                 "name": "agg",
                 "input": "input",
                 "window_aggregate": {k: w[k] for k in ("key", "time", "window", "aggregates", "watermark_delay")},
@@ -147,17 +159,22 @@ def run_native(spark: Any, name: str, rows: int, lanes: int, warmup: int, batche
 
     w = workload(name, rows, lanes)
     df, batch_rows = native_frame(spark, name, rows, lanes)
-    size = w["window"]["size"]
-    slide = w["window"].get("slide", size)
-    aggs = []
-    for out, text in w["aggregates"].items():
-        func, col = text.split("(")[0], text.split("(")[1].rstrip(")")
-        aggs.append((F.count(F.lit(1)) if col == "*" else getattr(F, func)(col)).alias(out))
+    if "ttl" in w:
+        result = df.withWatermark(w["time"], w["ttl"].replace("s", " seconds")).dropDuplicatesWithinWatermark([w["key"]])
+    else:
+        size = w["window"]["size"]
+        slide = w["window"].get("slide", size)
+        aggs = []
+        for out, text in w["aggregates"].items():
+            func, col = text.split("(")[0], text.split("(")[1].rstrip(")")
+            aggs.append((F.count(F.lit(1)) if col == "*" else getattr(F, func)(col)).alias(out))
+        result = (
+            df.withWatermark(w["time"], w["watermark_delay"].replace("s", " seconds"))
+            .groupBy(F.window(w["time"], size.replace("s", " seconds"), slide.replace("s", " seconds")), w["key"])
+            .agg(*aggs)
+        )
     q = (
-        df.withWatermark(w["time"], w["watermark_delay"].replace("s", " seconds"))
-        .groupBy(F.window(w["time"], size.replace("s", " seconds"), slide.replace("s", " seconds")), w["key"])
-        .agg(*aggs)
-        .writeStream.format("parquet")
+        result.writeStream.format("parquet")
         .option("path", str(tmp / "native-out"))
         .option("checkpointLocation", str(tmp / "native-ckpt"))
         .outputMode("append")

@@ -5,6 +5,7 @@ late rows and shed rows are staged beside; nothing becomes visible (see :mod:`.p
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from eddyline.api.network import NetworkSpec
@@ -16,7 +17,13 @@ from eddyline.runtime.epoch.publish import Outputs
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan, Staged
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, Observation
+    from collections.abc import Iterator
+
+    from pyspark.sql import DataFrame, Observation, SparkSession
+
+#: an epoch after one that read at most this many rows runs without whole-stage code generation
+#: (see :func:`small_epoch`)
+SMALL_EPOCH_ROWS = 50_000
 
 
 class Executor:
@@ -37,6 +44,8 @@ class Executor:
         self.checkpoint_id = ""
         #: compute every sink's digest on the way (a hot pair's stream selector compares them)
         self.digests = False
+        #: input rows of the last epoch this executor ran (None: none yet)
+        self.last_rows: int | None = None
 
     def execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any = None) -> Staged:
         """``before_jobs``: called once the frames are built, before the first job runs."""
@@ -68,22 +77,26 @@ class Executor:
                 self._opened.add(spec.name)
         if before_jobs is not None:
             before_jobs()
-        sink_rows, digests = self._stage_sinks(frames, plan.epoch)
-        dead = self._stage_dead_letters(frames, plan.epoch)
-        for step, late in frames.late.items():
-            write_frame(late, self.outputs.late[step], plan.epoch)
-        shed_rows = self.outputs.shed is not None and bool(frames.shed)
-        if shed_rows:
-            assert self.outputs.shed is not None
-            rows = None
-            for df in frames.shed.values():
-                rows = df if rows is None else rows.unionByName(df, allowMissingColumns=True)
-            assert rows is not None
-            write_frame(rows, self.outputs.shed, plan.epoch)
+        small = self.last_rows is not None and self.last_rows <= SMALL_EPOCH_ROWS
+        with small_epoch(self.compiler.spark, small):
+            sink_rows, digests = self._stage_sinks(frames, plan.epoch)
+            dead = self._stage_dead_letters(frames, plan.epoch)
+            for step, late in frames.late.items():
+                write_frame(late, self.outputs.late[step], plan.epoch)
+            shed_rows = self.outputs.shed is not None and bool(frames.shed)
+            if shed_rows:
+                assert self.outputs.shed is not None
+                rows = None
+                for df in frames.shed.values():
+                    rows = df if rows is None else rows.unionByName(df, allowMissingColumns=True)
+                assert rows is not None
+                write_frame(rows, self.outputs.shed, plan.epoch)
         for df in persisted:
             df.unpersist()
+        observed = {k: o.get for k, o in frames.observations.items()}
+        self.last_rows = sum(int(v.get("rows") or 0) for k, v in observed.items() if k.startswith("source:"))
         return Staged(
-            observed={k: o.get for k, o in frames.observations.items()},
+            observed=observed,
             sink_rows=sink_rows,
             dead_letters=dead,
             late_steps=tuple(frames.late),
@@ -130,6 +143,32 @@ class Executor:
             assert letters is not None
             write_frame(letters, self.outputs.dead_letters, epoch)
         return dead
+
+
+@contextmanager
+def small_epoch(spark: SparkSession, small: bool) -> Iterator[None]:
+    """Run the epoch's jobs without whole-stage code generation when it is small.
+
+    Spark compiles a Java class for every stage of every job, and caches the classes by their
+    code; but an epoch's offsets, watermarks and routing values are literals in that code, so
+    every epoch compiles anew, several classes at tens of milliseconds each. For a small epoch
+    that is a large part of its time and buys nothing: interpreted evaluation of a few thousand
+    rows costs less than compiling the code that would evaluate them faster
+    (docs/perf-notes.md, "The epoch floor")."""
+    if not small:
+        yield
+        return
+    # whole stages, and expressions outside them (Spark's fallback factory evaluates them
+    # interpreted instead of compiling a projection or predicate)
+    settings = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+    before = {k: spark.conf.get(k) for k in settings}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            spark.conf.set(k, v)
 
 
 def _bad_records(frames: EpochFrames, source: str) -> int:

@@ -1,0 +1,108 @@
+"""The per-epoch floor (issue #24): how long an epoch takes when it carries almost no data.
+
+At a few thousand rows per epoch an epoch's time is nearly all fixed cost: planning, Spark job
+scheduling, the hand-off to Python, state and sink writes, the commit. That floor is also the
+least latency a result can have. This runs ``run_bench.py``'s window and dedup workloads with
+``--rows`` input rows per epoch (default 2,000) on Eddyline and on Structured Streaming's
+micro-batches, in the same run and SparkSession, ``--rounds`` times each (engines alternating),
+and reports the median and 90th percentile epoch / micro-batch time of every round, and where
+Eddyline's epoch goes (median ms per stage and per lane step).
+
+Usage: ``python bench/epoch_floor.py [--rows 2000] [--batches 30] [--rounds 3]``. Writes
+``bench/results/floor-<timestamp>.json`` and the ``floor`` section of ``bench/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from run_bench import RESULTS, run_eddyline, run_native, write_section
+
+WORKLOADS = ("sliding_auction", "dedup_keys")
+STAGES = ("planning", "execution", "publish", "commit")
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=10)[int(q * 10) - 1] if len(values) > 1 else values[0]
+
+
+def summary(run: dict[str, Any]) -> dict[str, Any]:
+    ms = run["batch_ms"]
+    out = {"median_ms": statistics.median(ms), "p90_ms": pct(ms, 0.9), "batches": len(ms)}
+    for k in ("breakdown_ms", "lane_ms"):
+        if k in run:
+            out[k] = run[k]
+    return out
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [
+        "| workload | rows / epoch | Eddyline median ms (p90) | Spark SS median ms (p90) | ratio SS / Eddyline |",
+        "|---|---:|---|---|---|",
+    ]
+    for name, rounds in result["workloads"].items():
+        e = [r["eddyline"] for r in rounds]
+        n = [r["spark"] for r in rounds]
+        fmt = lambda rs: " · ".join(f"{r['median_ms']:.0f} ({r['p90_ms']:.0f})" for r in rs)  # noqa: E731
+        ratios = " · ".join(f"{b['median_ms'] / a['median_ms']:.2f}" for a, b in zip(e, n, strict=True))
+        lines.append(f"| {name} | {result['rows']:,} | {fmt(e)} | {fmt(n)} | {ratios} |")
+    lines += ["", "Eddyline's epoch by stage (median ms per round; lanes: median per lane step):", "",
+              "| workload | " + " | ".join(STAGES) + " | lanes |", "|---|" + "---:|" * (len(STAGES) + 1)]
+    for name, rounds in result["workloads"].items():
+        stages = [" · ".join(f"{r['eddyline']['breakdown_ms'][s]:.0f}" for r in rounds) for s in STAGES]
+        lanes = "; ".join(f"{k} {v:.0f}" for k, v in rounds[-1]["eddyline"].get("lane_ms", {}).items())
+        lines.append(f"| {name} | " + " | ".join(stages) + f" | {lanes} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--rows", type=int, default=2_000)
+    ap.add_argument("--batches", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--lanes", type=int, default=2)
+    ap.add_argument("--no-md", action="store_true")
+    args = ap.parse_args()
+
+    from eddyline.runtime.session import get_spark
+
+    spark = get_spark("local[2]", {"spark.sql.shuffle.partitions": str(args.lanes)})
+    result: dict[str, Any] = {"when": datetime.now(UTC).isoformat(), "rows": args.rows, "lanes": args.lanes,
+                              "batches": args.batches, "warmup": args.warmup, "workloads": {}}
+    for name in args.workloads.split(","):
+        rounds = []
+        for _ in range(args.rounds):
+            tmp = Path(tempfile.mkdtemp(prefix=f"floor-{name}-"))
+            try:
+                native = run_native(spark, name, args.rows, args.lanes, args.warmup, args.batches, tmp)
+                edd = run_eddyline(spark, name, args.rows, args.lanes, args.warmup, args.batches, tmp)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            rounds.append({"eddyline": summary(edd), "spark": summary(native)})
+            print(f"{name}: Eddyline median {rounds[-1]['eddyline']['median_ms']:.0f} ms "
+                  f"(p90 {rounds[-1]['eddyline']['p90_ms']:.0f}), Spark SS {rounds[-1]['spark']['median_ms']:.0f} ms "
+                  f"(p90 {rounds[-1]['spark']['p90_ms']:.0f}); stages {edd['breakdown_ms']} lanes {edd['lane_ms']}",
+                  flush=True)
+        result["workloads"][name] = rounds
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"floor-{result['when'][:19].replace(':', '')}.json").write_text(json.dumps(result, indent=2))
+    print(table(result))
+    if not args.no_md:
+        write_section(("<!-- floor:start -->", "<!-- floor:end -->"),
+                      ("<!-- floor-tables:start -->", "<!-- floor-tables:end -->"), table(result),
+                      "## The epoch floor\n\n`python bench/epoch_floor.py` (issue #24): epochs of "
+                      f"{args.rows:,} input rows, Eddyline against Structured Streaming's micro-batch in the "
+                      "same run; each cell lists every round.\n\n")
+
+
+if __name__ == "__main__":
+    main()

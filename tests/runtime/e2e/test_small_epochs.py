@@ -1,0 +1,47 @@
+"""Small epochs run without compiling Java code (issue #24, the epoch floor)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+import eddyline
+from eddyline.io.sinks import make_sink
+from eddyline.runtime.engine import Engine
+from eddyline.runtime.epoch import execute
+
+
+def _compilations(spark) -> int:
+    metrics = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics
+    return int(metrics.METRIC_COMPILATION_TIME().getCount())
+
+
+def _windows(spark, checkpoint: Path) -> tuple[pa.Table, int]:
+    """Six epochs of 500 bids through sliding windows; the rows, and the classes Spark compiled
+    in the last four (the second epoch may compile what is the same in every epoch, once)."""
+    net = eddyline.Network("small", trigger=0, lanes=2, key_groups=8)
+    bids = net.source("bids", eddyline.Nexmark(stream="bid", rate=1_000, unpaced=True), max_rows_per_epoch=500)
+    (bids.window_aggregate(key="auction", time="date_time", window=eddyline.sliding("4s", "2s"),
+                           aggregates={"n": "count(*)", "top": "max(price)"})
+         .to(eddyline.Memory(), name="windows"))
+    sinks = {s.name: make_sink(s) for s in net.spec.sinks}
+    engine = Engine(net.spec, spark, str(checkpoint), sinks=sinks)
+    engine.run(epochs=2)  # nothing is known about the first epoch's size: it compiles
+    start = _compilations(spark)
+    engine.run(epochs=4)
+    rows = sinks["windows"].table()
+    assert rows is not None and rows.num_rows > 0
+    return rows.sort_by([("window_start", "ascending"), ("auction", "ascending")]), _compilations(spark) - start
+
+
+def test_epochs_after_a_small_one_compile_no_code_and_give_the_same_rows(spark, tmp_path: Path, monkeypatch) -> None:
+    before = spark.conf.get("spark.sql.codegen.wholeStage")
+    small, compiled = _windows(spark, tmp_path / "a")
+    assert compiled == 0  # offsets and watermarks differ every epoch, yet no class was compiled
+    assert spark.conf.get("spark.sql.codegen.wholeStage") == before  # the session is left as it was
+
+    monkeypatch.setattr(execute, "SMALL_EPOCH_ROWS", -1)  # every epoch with code generation
+    reference, compiled = _windows(spark, tmp_path / "b")
+    assert compiled > 0
+    assert small.equals(reference)
