@@ -1,4 +1,5 @@
-"""Eddyline's Nexmark queries against native Spark Structured Streaming, on one fixed data set.
+"""Eddyline's Nexmark queries against native Spark Structured Streaming and PyFlink, on one fixed
+data set.
 
 Issue #3. The data set is generated once as Parquet (``person/``, ``auction/``, ``bid/``, the
 same number of files each; file ``k`` of every stream holds the events with global numbers in
@@ -6,30 +7,40 @@ same number of files each; file ``k`` of every stream holds the events with glob
 
 * **Eddyline** runs ``examples/nexmark/qN.yaml`` with every ``nexmark`` source replaced by a
   ``files`` source over the matching directory (``max_files_per_epoch = F``), trigger 0, 2 lanes,
-  a Parquet files sink, until idle (so the end-of-stream epochs that flush open windows count);
+  a ``discard`` sink (``--sink files``: a Parquet files sink), until idle (so the end-of-stream
+  epochs that flush open windows count);
 * **Structured Streaming** runs the query written with the DataFrame API as close as possible to
   the Flink SQL of the nexmark project, ``readStream.parquet`` over the same directories with
-  ``maxFilesPerTrigger = F``, ``withWatermark`` where it needs one, a Parquet sink (append), and
-  ``trigger(availableNow=True)``. Where Spark rejects the query, every formulation tried is kept
-  with Spark's exact error.
+  ``maxFilesPerTrigger = F``, ``withWatermark`` where it needs one, a ``noop`` sink (``--sink
+  files``: Parquet, append), and ``trigger(availableNow=True)``. Where Spark rejects the query,
+  every formulation tried is kept with Spark's exact error.
+* **PyFlink** (issue #24) runs the nexmark project's Flink SQL (``flink_runner.py``, in its own
+  virtualenv, one JVM for the whole run) in streaming mode, parallelism 2, on the CSV or
+  JSON-lines copy (the ``apache-flink`` wheel has no Parquet format), with a ``blackhole`` sink
+  (``--sink files``: JSON lines).
 
 Issue #21: ``--formats parquet,csv,json`` runs the same comparison over CSV and JSON-lines copies
 of the data set too (made once from the Parquet files: same names, same order, same mtimes;
 timestamps as ``2026-01-01T00:00:00.000100Z``, read back by Spark to the same rows, checked).
 Eddyline reads them with a ``files`` source of that ``format`` and the stream's ``schema``;
-Structured Streaming with ``readStream.schema(...).csv(dir)`` / ``.json(dir)``.
+Structured Streaming with ``readStream.schema(...).csv(dir)`` / ``.json(dir)``. PyFlink runs
+only on these copies; with PyFlink among ``--engines`` the CSV copy is added when no text format
+was asked for.
 
-Both engines are warmed first on a tiny prefix of the data (the first files of each stream) with
+Every engine is warmed first on a tiny prefix of the data (the first files of each stream) with
 the same query, so JIT, codegen and Python workers are warm. The measured wall time runs from the
-start of the first epoch / micro-batch to the end of the last one (progress timestamps);
-events/s = the rows of the query's input streams (the same count for both, from the data set's
-manifest) / that time. One SparkSession, ``local[2]``, 2 shuffle partitions.
+start of the first epoch / micro-batch to the end of the last one (progress timestamps); for
+PyFlink, Flink's net runtime of the job (submission to end); events/s = the rows of the query's
+input streams (the same count for all, from the data set's manifest) / that time. One
+SparkSession, ``local[2]``, 2 shuffle partitions.
 
 Usage::
 
-    python bench/nexmark/run_nexmark.py                       # 2M events, every query, Parquet
-    python bench/nexmark/run_nexmark.py --formats parquet,csv,json        # and the text copies
+    python bench/nexmark/run_nexmark.py                       # 2M events, Parquet + CSV
+    python bench/nexmark/run_nexmark.py --formats parquet,csv,json        # and JSON lines
     python bench/nexmark/run_nexmark.py --events 200000 --queries q0,q5   # a quick check
+    python bench/nexmark/run_nexmark.py --engines eddyline,spark          # without PyFlink
+    python bench/nexmark/run_nexmark.py --sink files          # write the outputs and compare them
 
 Writes ``bench/results/nexmark-<timestamp>.json`` (``queries``: the Parquet runs, as before;
 ``by_format``: the other formats' runs, shaped the same) and the generated tables inside the
@@ -40,12 +51,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import queue
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -68,8 +84,19 @@ EXTENSIONS = {"parquet": "parquet", "csv": "csv", "json": "jsonl"}
 TEXT_TIMESTAMP = "%Y-%m-%dT%H:%M:%SZ"  # %S is "SS.ffffff" for microsecond timestamps
 #: bump when the text copies are written differently, so cached copies are made again
 TEXT_COPY_VERSION = 1
+#: ``--engines`` names → the keys of each engine's results in a query entry
+ENGINES = {"eddyline": "eddyline", "spark": "native", "flink": "flink"}
+ENGINE_NAMES = {"eddyline": "Eddyline", "native": "Spark SS", "flink": "PyFlink"}
+SINKS = ("discard", "files")
+#: PyFlink, installed by the benchmark into its own virtualenv (its pins clash with PySpark's)
+FLINK_PACKAGE = "apache-flink==2.3.0"
+#: the formats the apache-flink wheel reads (its lib/ has flink-csv and flink-json, no parquet)
+FLINK_FORMATS = ("csv", "json")
+FLINK_PARALLELISM = 2
 
 sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(HERE))
+import flink_runner  # noqa: E402  (its digest helpers import nothing from PyFlink)
 from run_bench import _lane_medians, _ts, cached_data_set, save_manifest, write_section  # noqa: E402  (the issue #2 benchmark's helpers)
 
 
@@ -268,7 +295,13 @@ def spec_streams(raw: dict[str, Any]) -> list[str]:
 
 # ----------------------------------------------------------------------------- Eddyline
 def eddyline_spec(
-    query: str, data: Path, per_epoch: int, lanes: int, out: Path, fmt: str = "parquet"
+    query: str,
+    data: Path,
+    per_epoch: int,
+    lanes: int,
+    out: Path,
+    fmt: str = "parquet",
+    sink: str = "files",
 ) -> dict[str, Any]:
     import yaml
 
@@ -286,11 +319,14 @@ def eddyline_spec(
         }
         if fmt != "parquet":  # text files need their schema (Spark DDL)
             src["files"]["schema"] = nexmark_schema(stream)
-    for sink in raw["sinks"]:
-        sink.pop("files", None)
-        sink.pop("console", None)
-        sink.pop("memory", None)
-        sink["files"] = {"path": str(out / sink["name"]), "format": "parquet"}
+    for target in raw["sinks"]:
+        target.pop("files", None)
+        target.pop("console", None)
+        target.pop("memory", None)
+        if sink == "discard":  # computes and counts the output, keeps none (Spark's noop)
+            target["discard"] = {}
+        else:
+            target["files"] = {"path": str(out / target["name"]), "format": "parquet"}
     return raw
 
 
@@ -638,9 +674,11 @@ def run_native(
     schemas: dict[str, Any],
     only: int | None = None,
     fmt: str = "parquet",
+    sink_kind: str = "files",
 ) -> dict[str, Any]:
     """The first formulation Spark accepts (or only formulation ``only``); with every error.
-    ``schemas``: each stream's schema for the reader of ``fmt``."""
+    ``schemas``: each stream's schema for the reader of ``fmt``. ``sink_kind`` ``files``: a
+    Parquet sink where the output mode is append (``noop`` otherwise); ``discard``: ``noop``."""
     readers: dict[str, Any] = {}
 
     def S(stream: str) -> Any:
@@ -659,7 +697,7 @@ def run_native(
         if only is not None and i != only:
             continue
         readers.clear()
-        sink = "parquet" if mode == "append" else "noop"
+        sink = "parquet" if mode == "append" and sink_kind == "files" else "noop"
         try:
             writer = (
                 build()
@@ -687,7 +725,11 @@ def run_native(
             - _ts(first["timestamp"])
         )
         data_batches = [p for p in progress if p["numInputRows"] > 0]
-        out_rows = spark.read.parquet(str(tmp / f"out-{i}")).count() if sink == "parquet" else None
+        out_rows = (
+            spark.read.parquet(str(tmp / f"out-{i}")).count()
+            if sink == "parquet"
+            else sum(max(p["sink"]["numOutputRows"], 0) for p in progress)
+        )
         return {
             "engine": "spark-structured-streaming",
             "attempt": i,
@@ -738,6 +780,160 @@ def run_native(
     }
 
 
+# ----------------------------------------------------------------------------- PyFlink
+def flink_venv() -> Path:
+    """Where the PyFlink virtualenv lives: ``$XDG_CACHE_HOME`` (or ``~/.cache``)
+    ``/eddyline-bench/flink-venv``."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "eddyline-bench" / "flink-venv"
+
+
+def flink_python() -> Path:
+    """The PyFlink virtualenv's interpreter; the virtualenv is made (``python -m venv``, then
+    ``pip install`` :data:`FLINK_PACKAGE`) on first use, or when the pinned package changed."""
+    venv = flink_venv()
+    python = venv / "bin" / "python"
+    marker = venv / "eddyline-bench.json"
+    installed = json.loads(marker.read_text()) if marker.exists() else {}
+    if python.exists() and installed.get("package") == FLINK_PACKAGE:
+        return python
+    print(f"PyFlink: installing {FLINK_PACKAGE} into {venv} (once; a few minutes)", flush=True)
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, FLINK_PACKAGE], check=True)
+    now = datetime.now(UTC).isoformat()
+    marker.write_text(json.dumps({"package": FLINK_PACKAGE, "installed": now}))
+    return python
+
+
+class FlinkRunner:
+    """``flink_runner.py --serve`` in the PyFlink virtualenv: one process (one JVM) for the whole
+    benchmark, started on first use; each request is one Flink job. Its log (PyFlink's stderr and
+    anything it prints) goes to ``log``."""
+
+    def __init__(self, log: Path, timeout_s: float) -> None:
+        self.log_path, self.timeout_s = log, timeout_s
+        self.proc: subprocess.Popen[str] | None = None
+        self.version: str | None = None
+        self.answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
+
+    def start(self) -> None:
+        python = flink_python()
+        # The runner needs nothing of this environment's Python (nor Spark's settings).
+        drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "SPARK_HOME", "PYSPARK_PYTHON")
+        env = {k: v for k, v in os.environ.items() if k not in drop}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("a", encoding="utf-8")
+        self.proc = subprocess.Popen(
+            [str(python), str(HERE / "flink_runner.py"), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env,
+            cwd=str(self.log_path.parent),
+            start_new_session=True,  # its own process group: the JVM goes with it on a kill
+        )
+        self.answers = queue.Queue()
+        threading.Thread(target=self._read, args=(self.proc, log), daemon=True).start()
+        ready = self._answer()
+        if not ready.get("ready"):
+            raise SystemExit(
+                f"the Flink runner did not start: {ready.get('error')}; see {self.log_path}"
+            )
+        self.version = ready["flink_version"]
+        print(f"PyFlink {self.version} ready ({python}; log {self.log_path})", flush=True)
+
+    def _read(self, proc: subprocess.Popen[str], log: Any) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(flink_runner.RESULT_MARK):
+                self.answers.put(json.loads(line[len(flink_runner.RESULT_MARK) :]))
+            else:
+                log.write(line)
+                log.flush()
+        self.answers.put(None)
+
+    def _answer(self) -> dict[str, Any]:
+        try:
+            answer = self.answers.get(timeout=self.timeout_s)
+        except queue.Empty:
+            self.close(kill=True)
+            return {
+                "error": f"no answer from the Flink runner within {self.timeout_s:.0f} s (killed)"
+            }
+        if answer is None:
+            self.close(kill=True)
+            return {"error": f"the Flink runner exited; see {self.log_path}"}
+        return answer
+
+    def run(self, **request: Any) -> dict[str, Any]:
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return {"engine": "pyflink", **self._answer()}
+
+    def close(self, kill: bool = False) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        if not kill:
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                proc.stdin.close()
+                proc.wait(timeout=120)
+                return
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        os.killpg(proc.pid, signal.SIGKILL)  # the runner's own group: it and its JVM
+        proc.wait()
+
+
+def output_digest(query: str, out: Path) -> dict[str, Any]:
+    """The digest (``flink_runner.Digest``) of a Parquet output directory, over the query's
+    columns (``flink_runner.OUTPUT_COLUMNS``: Eddyline's names; Spark's window columns are
+    ``starttime``/``endtime``); an Eddyline ``_diff`` column is the row's weight, so a changelog
+    gives the digest of the rows it leaves."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = flink_runner.OUTPUT_COLUMNS.get(query)
+    if columns is None:
+        return {}
+    aliases = {
+        "window_start": "starttime",
+        "window_end": "endtime",
+        "session_start": "starttime",
+        "session_end": "endtime",
+    }
+    digest = flink_runner.Digest()
+    for path in sorted(out.rglob("*.parquet")):
+        if any(part.startswith(("_", ".")) for part in path.relative_to(out).parts):
+            continue  # _spark_metadata, staging
+        table = pq.read_table(path)
+        values = []
+        for c in columns:
+            name = c if c in table.column_names else aliases.get(c, c)
+            if name not in table.column_names:
+                return {"digest_error": f"no column {c} in {table.column_names}"}
+            col = table.column(name)
+            if pa.types.is_timestamp(col.type):  # → microseconds since the epoch
+                col = col.cast(pa.timestamp("us"), safe=False).cast(pa.int64())
+            values.append(col.to_pylist())
+        weights = (
+            table.column("_diff").to_pylist()
+            if "_diff" in table.column_names
+            else [1] * table.num_rows
+        )
+        for row, weight in zip(zip(*values, strict=True), weights, strict=True):
+            digest.add(row, weight)
+    return {"final_rows": digest.rows, "digest": digest.as_dict()}
+
+
 def _error_text(e: BaseException) -> str:
     """Spark's message without the plan dump and stack trace that follow it."""
     text = str(e).strip()
@@ -754,12 +950,14 @@ def _cell(rate: float | None) -> str:
 
 
 def _short(error: str) -> str:
-    """Spark's error class, or the first clause of its message."""
+    """Spark's error class, or the first clause of its message (Flink's without the Java
+    exception's class name)."""
     import re
 
     m = re.search(r"\[([A-Z_.]+)\]", error)
     if m:
         return f"`{m.group(1)}`"
+    error = re.sub(r"^(?:[a-z]\w*\.)+[A-Z]\w*(?:Exception|Error): ", "", error)
     text = re.split(r"(?<=[a-z])\. |; |, only ", error)[0]
     return (text if len(text) < 110 else text[:107] + "…").replace("|", "\\|")
 
@@ -777,50 +975,87 @@ def _k(rate: float | None) -> str:
     return f"{rate / 1000:,.0f}" if rate else "–"
 
 
+def _has_flink(by: dict[str, dict[str, Any]]) -> bool:
+    """Whether PyFlink was among the engines (results before issue #24 have no ``flink``)."""
+    return any("flink" in r for entries in by.values() for r in entries.values())
+
+
+def _ratio(value: float | None) -> str:
+    return f"**{value:.2f}**" if value is not None else "–"
+
+
 def formats_md(by: dict[str, dict[str, Any]]) -> str:
-    """The ratio per query and format, K events/s (every run: Eddyline's / Spark's)."""
+    """The ratios per query and format, K events/s (every run: Eddyline's / Spark's [/ PyFlink's])."""
+    flink = _has_flink(by)
+    sides = ("eddyline", "native", "flink") if flink else ("eddyline", "native")
     head = ["query"]
     for fmt in by:
         name = FORMAT_NAMES[fmt]
-        head += [f"{name}: Eddyline", "Spark SS", "ratio", "every run E / S"]
+        if flink:
+            head += [f"{name}: Eddyline", "Spark SS", "PyFlink", "E/S", "E/F"]
+            head.append("every run E / S / F")
+        else:
+            head += [f"{name}: Eddyline", "Spark SS", "ratio", "every run E / S"]
+    width = 6 if flink else 4
     lines = [
         "| " + " | ".join(head) + " |",
-        "|---|" + "---:|---:|---:|---:|" * len(by),
+        "|---|" + "---:|" * width * len(by),
     ]
     below: dict[str, list[str]] = {fmt: [] for fmt in by}
+    below_flink: dict[str, list[str]] = {  # the formats PyFlink ran on
+        fmt: []
+        for fmt, entries in by.items()
+        if any(r.get("ratio_flink") for r in entries.values())
+    }
     queries = list(dict.fromkeys(q for entries in by.values() for q in entries))
     for q in queries:
         cells = [q]
         for fmt, entries in by.items():
             r = entries.get(q)
             if r is None:
-                cells += ["–"] * 4
+                cells += ["–"] * width
                 continue
-            e, n = r["eddyline"], r["native"]
-            ratio = r.get("ratio")
+            e, n, f = (r.get(k, {}) for k in ("eddyline", "native", "flink"))
+            ratio, ratio_flink = r.get("ratio"), r.get("ratio_flink")
             if ratio is not None and ratio < 1.0:
                 below[fmt].append(f"{q} {ratio:.2f}")
+            if ratio_flink is not None and ratio_flink < 1.0 and fmt in below_flink:
+                below_flink[fmt].append(f"{q} {ratio_flink:.2f}")
             runs = " / ".join(
-                ", ".join(_k(x) for x in side.get("runs_events_per_s", [])) or "–"
-                for side in (e, n)
+                ", ".join(_k(x) for x in r.get(side, {}).get("runs_events_per_s", [])) or "–"
+                for side in sides
             )
             cells += [
-                _k(e.get("events_per_s")) if "wall_s" in e else "failed",
+                _k(e.get("events_per_s")) if "wall_s" in e else ("failed" if e else "–"),
                 _k(n.get("events_per_s")) if "wall_s" in n else "–",
-                f"**{ratio:.2f}**" if ratio is not None else "–",
-                runs,
             ]
+            if flink:
+                cells.append(_k(f.get("events_per_s")) if "wall_s" in f else "–")
+            cells.append(_ratio(ratio))
+            if flink:
+                cells.append(_ratio(ratio_flink))
+            cells.append(runs)
         lines.append("| " + " | ".join(cells) + " |")
-    if any(below.values()):
-        verdict = (
-            "Eddyline slower than Spark (ratio below 1.0): "
-            + "; ".join(
-                f"{FORMAT_NAMES[fmt]} {', '.join(b) if b else 'none'}" for fmt, b in below.items()
+    verdicts = []
+    for peer, lows in (("Spark", below), ("PyFlink", below_flink)):
+        if peer == "PyFlink" and not flink:
+            continue
+        ratio_name = "ratio" if not flink else ("E/S" if peer == "Spark" else "E/F")
+        if any(lows.values()):
+            verdicts.append(
+                f"Eddyline slower than {peer} ({ratio_name} below 1.0): "
+                + "; ".join(
+                    f"{FORMAT_NAMES[fmt]} {', '.join(b) if b else 'none'}"
+                    for fmt, b in lows.items()
+                )
+                + "."
             )
-            + "."
-        )
-    else:
-        verdict = "Ratio of 1.0 or more on every query that Spark runs, in every format."
+        elif flink:
+            verdicts.append(
+                f"{ratio_name} of 1.0 or more on every query that {peer} runs, in every format."
+            )
+        else:
+            verdicts.append("Ratio of 1.0 or more on every query that Spark runs, in every format.")
     notes = [
         n for q in queries for n in output_notes(q, {f: e[q] for f, e in by.items() if q in e})[0]
     ]
@@ -829,28 +1064,44 @@ def formats_md(by: dict[str, dict[str, Any]]) -> str:
         if notes
         else "Each engine wrote the same number of rows for a query in every format."
     )
-    return "\n".join(lines) + f"\n\n{verdict} {rows}"
+    return "\n".join(lines) + f"\n\n{' '.join(verdicts)} {rows}"
+
+
+def _not_run(r: dict[str, Any], spark: bool) -> str:
+    """The cell of an engine that has no rate for a query."""
+    if not r:
+        return "–"
+    if r.get("not_run"):
+        return "not run"
+    if spark:
+        return "not expressible — " + "; ".join(
+            f"{t['mode']}: {_short(t['error'])}" for t in r.get("tried", [])
+        )
+    errors = "; ".join(_short(t["error"]) for t in r.get("tried", []))
+    return "not expressible — " + (errors or _short(r.get("error", "?")))
 
 
 def tables_md(result: dict[str, Any]) -> str:
     by = format_entries(result)
-    main_format = next(iter(by), "parquet")
-    rows, errors, prof = [], [], []
+    flink = _has_flink(by)
+    # With PyFlink, the first table is the first format it read (it reads no Parquet).
+    with_flink = [
+        f for f, entries in by.items() if any("wall_s" in r.get("flink", {}) for r in entries.values())
+    ]
+    main_format = with_flink[0] if with_flink else next(iter(by), "parquet")
+    rows, errors, flink_errors, prof, agree = [], [], [], [], []
     for q, r in by.get(main_format, {}).items():
-        e, n = r["eddyline"], r["native"]
+        e, n, f = (r.get(k, {}) for k in ("eddyline", "native", "flink"))
         ev = r["input_events"]
         if "wall_s" in n:
             nat = _cell(n["events_per_s"]) + (
                 "" if n["formulation"] == "flink" else f" ({n['formulation']})"
             )
-            ratio = f"**{r['ratio']:.2f}**"
             nb = f"{n['data_epochs']}+{n['epochs'] - n['data_epochs']}"
             nms = f"{n['median_ms']:.0f}"
         else:
-            nat = "not expressible — " + "; ".join(
-                f"{t['mode']}: {_short(t['error'])}" for t in n.get("tried", [])
-            )
-            ratio, nb, nms = "–", "–", "–"
+            nat = _not_run(n, spark=True)
+            nb, nms = "–", "–"
         if "wall_s" in e:
             ecell, eb, ems = (
                 _cell(e["events_per_s"]),
@@ -858,16 +1109,38 @@ def tables_md(result: dict[str, Any]) -> str:
                 f"{e['median_ms']:.0f}",
             )
         else:
-            ecell, eb, ems = "failed: " + _short(e["error"]), "–", "–"
+            ecell, eb, ems = ("failed: " + _short(e["error"]) if e else "–"), "–", "–"
+        sides = (e, n, f) if flink else (e, n)
         spread = " / ".join(
             ", ".join(f"{x / 1000:.0f}" for x in side.get("runs_events_per_s", [])) or "–"
-            for side in (e, n)
+            for side in sides
         )
-        rows.append(
-            f"| {q} | {', '.join(r['streams'])} | {ev:,} | {ecell} | {nat} | {ratio} | {spread} | {eb} / {nb} | {ems} / {nms} |"
-        )
+        if flink:
+            if "wall_s" in f:
+                fcell = _cell(f["events_per_s"]) + (
+                    "" if f["formulation"] == "nexmark" else f" ({f['formulation']})"
+                )
+            else:
+                fcell = _not_run(f, spark=False)
+            rows.append(
+                f"| {q} | {', '.join(r['streams'])} | {ev:,} | {ecell} | {nat} | {fcell} | {_ratio(r.get('ratio'))} "
+                f"| {_ratio(r.get('ratio_flink'))} | {spread} | {eb} / {nb} | {ems} / {nms} |"
+            )
+        else:
+            rows.append(
+                f"| {q} | {', '.join(r['streams'])} | {ev:,} | {ecell} | {nat} | {_ratio(r.get('ratio'))} | {spread} | {eb} / {nb} | {ems} / {nms} |"
+            )
         for t in n.get("tried", []):
             errors.append(f"- **{q}** ({t['formulation']}, {t['mode']} mode): `{t['error']}`")
+        for t in f.get("tried", []):
+            flink_errors.append(f"- **{q}** ({t['formulation']}): `{t['error']}`")
+        if "digest" in e:
+            same = [
+                name
+                for key, name in (("native", "Spark"), ("flink", "PyFlink"))
+                if r.get(key, {}).get("digest") == e["digest"]
+            ]
+            agree.append(f"{q}: {', '.join(same) if same else 'none'}")
         if "wall_s" in e:
             b = e["breakdown_total_ms"]
             ops = "; ".join(
@@ -891,6 +1164,23 @@ def tables_md(result: dict[str, Any]) -> str:
         f"{result.get('repeat', 1)} runs per engine · whole run "
         f"{result['total_s'] / 60:.1f} min\n\n"
     )
+    if "sink" in result or flink:
+        pf = result.get("pyflink")
+        head += (
+            "Sink: "
+            + (
+                "discard (Eddyline `discard`, Spark `noop`, Flink `blackhole`)"
+                if result.get("sink") == "discard"
+                else "files (Parquet; PyFlink JSON lines)"
+            )
+            + (
+                f" · PyFlink {pf['version']}: streaming mode, parallelism {pf['parallelism']}, local "
+                "mini-cluster; its time is Flink's net runtime of the job (submission to end)"
+                if isinstance(pf, dict)
+                else ""
+            )
+            + "\n\n"
+        )
     if list(by) != ["parquet"]:
         copies = result.get("text_copies", {})
         head += (
@@ -899,21 +1189,39 @@ def tables_md(result: dict[str, Any]) -> str:
                 FORMAT_NAMES[f] + (f" ({copies[f]['mb']:,.0f} MB)" if f in copies else "")
                 for f in by
             )
-            + f". The first table is the {FORMAT_NAMES[main_format]} run; the second compares "
-            "the formats (K events/s).\n\n"
+            + f". The first table is the {FORMAT_NAMES[main_format]} run"
+            + (" (PyFlink reads no Parquet)" if flink and main_format != next(iter(by)) else "")
+            + "; the second compares the formats (K events/s).\n\n"
         )
-    table = (
-        "| query | streams | input events | Eddyline events/s | Spark SS events/s | ratio | every run, K events/s E / S "
-        "| epochs (data+no-input) E / S | median data-epoch ms E / S |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
-        + "\n".join(rows)
-    )
+    if flink:
+        table = (
+            "| query | streams | input events | Eddyline events/s | Spark SS events/s | PyFlink events/s | E/S | E/F "
+            "| every run, K events/s E / S / F | epochs (data+no-input) E / S | median data-epoch ms E / S |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows)
+        )
+    else:
+        table = (
+            "| query | streams | input events | Eddyline events/s | Spark SS events/s | ratio | every run, K events/s E / S "
+            "| epochs (data+no-input) E / S | median data-epoch ms E / S |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+            + "\n".join(rows)
+        )
     per_format = "\n\n" + formats_md(by) if list(by) != ["parquet"] else ""
+    same_rows = (
+        f"\n\nThe engines whose {FORMAT_NAMES[main_format]} output leaves the same rows as Eddyline's "
+        "(digest of the rows, changelogs applied): " + "; ".join(agree) + "."
+        if agree
+        else ""
+    )
     errs = (
         "\n\nSpark's errors, exactly (first lines), for each formulation tried:\n\n"
         + "\n".join(errors)
         if errors
         else ""
     )
+    if flink_errors:
+        errs += "\n\nFlink's errors, exactly, for each formulation tried:\n\n" + "\n".join(
+            flink_errors
+        )
     profile = (
         "\n\nEddyline"
         + (f" on {FORMAT_NAMES[main_format]}" if list(by) != ["parquet"] else "")
@@ -922,7 +1230,7 @@ def tables_md(result: dict[str, Any]) -> str:
         "of each epoch):\n\n| query | total | planning | execution | publish+commit | lanes (ms) |\n"
         "|---|---:|---:|---:|---:|---|\n" + "\n".join(prof)
     )
-    return head + table + per_format + errs + profile
+    return head + table + per_format + same_rows + errs + profile
 
 
 SECTION_START, SECTION_END = "<!-- nexmark:start -->", "<!-- nexmark:end -->"
@@ -937,6 +1245,19 @@ def write_results_md(result: dict[str, Any]) -> None:
         tables_md(result),
         "## Nexmark queries (`bench/nexmark/run_nexmark.py`, issue #3)\n\nSee `bench/nexmark/README.md` for the method.\n\n",
     )
+
+
+def check_flink_schemas() -> None:
+    """The Flink tables' columns (``flink_runner.STREAM_COLUMNS``) must be Eddyline's streams'."""
+    from eddyline.io.nexmark import nexmark_schema
+
+    for stream, cols in flink_runner.STREAM_COLUMNS.items():
+        mine = ", ".join(f"{name} {kind}" for name, kind in cols)
+        if mine != nexmark_schema(stream):
+            raise SystemExit(
+                f"flink_runner.STREAM_COLUMNS[{stream!r}] is {mine!r}, "
+                f"but Eddyline's {stream} schema is {nexmark_schema(stream)!r}"
+            )
 
 
 # ----------------------------------------------------------------------------- main
@@ -973,6 +1294,21 @@ def main() -> None:
         default="parquet",
         help="comma-separated data set formats to run, of parquet, csv, json (default: parquet)",
     )
+    ap.add_argument(
+        "--engines",
+        default="eddyline,spark,flink",
+        help="comma-separated, of eddyline, spark, flink (default: all three)",
+    )
+    ap.add_argument(
+        "--sink",
+        default="discard",
+        choices=SINKS,
+        help="discard: compute and count the output, keep none (Eddyline discard, Spark noop, "
+        "Flink blackhole); files: write it (Parquet; Flink JSON lines) and compare the engines' rows",
+    )
+    ap.add_argument(
+        "--flink-timeout", type=float, default=3600, help="seconds one Flink job may take"
+    )
     ap.add_argument("--no-md", action="store_true", help="do not touch bench/RESULTS.md")
     ap.add_argument(
         "--md-from", default=None, help="only rewrite bench/RESULTS.md from this results JSON"
@@ -984,6 +1320,17 @@ def main() -> None:
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     if not formats or any(f not in FORMATS for f in formats) or len(set(formats)) < len(formats):
         raise SystemExit(f"--formats: expected some of {', '.join(FORMATS)}, got {args.formats!r}")
+    chosen = [x.strip() for x in args.engines.split(",") if x.strip()]
+    if not chosen or any(x not in ENGINES for x in chosen) or len(set(chosen)) < len(chosen):
+        raise SystemExit(f"--engines: expected some of {', '.join(ENGINES)}, got {args.engines!r}")
+    engines = [ENGINES[x] for x in chosen]
+    if "flink" in engines and not any(f in FLINK_FORMATS for f in formats):
+        formats.append("csv")
+        print(
+            "PyFlink reads no Parquet (the apache-flink wheel has no flink-parquet): "
+            "adding the CSV copy, on which all engines run",
+            flush=True,
+        )
 
     import yaml
 
@@ -1036,17 +1383,26 @@ def main() -> None:
         schemas = {s: nexmark_schema(s) for s in STREAMS}
         sets[fmt] = (data / fmt, warm_copy(data / fmt, args.warmup_files, fmt), schemas)
     RESULTS.mkdir(parents=True, exist_ok=True)
+    flink = None
+    if "flink" in engines:
+        check_flink_schemas()
+        log = Path(tempfile.gettempdir()) / f"eddyline-nexmark-flink-{os.getpid()}" / "runner.log"
+        flink = FlinkRunner(log, args.flink_timeout)
 
     out: dict[str, dict[str, Any]] = {fmt: {} for fmt in formats}
-    for query in queries:
-        streams = spec_streams(yaml.safe_load((SPECS / f"{query}.yaml").read_text()))
-        events = sum(sum(manifest["rows"][s]) for s in streams)
-        for fmt in formats:
-            full, warm, schemas = sets[fmt]
-            out[fmt][query] = run_query(
-                spark, args, query, fmt, streams, events, full, warm, schemas
-            )
-        check_outputs(query, {fmt: out[fmt][query] for fmt in formats})
+    try:
+        for query in queries:
+            streams = spec_streams(yaml.safe_load((SPECS / f"{query}.yaml").read_text()))
+            events = sum(sum(manifest["rows"][s]) for s in streams)
+            for fmt in formats:
+                full, warm, schemas = sets[fmt]
+                out[fmt][query] = run_query(
+                    spark, args, query, fmt, streams, events, full, warm, schemas, engines, flink
+                )
+            check_outputs(query, {fmt: out[fmt][query] for fmt in formats})
+    finally:
+        if flink is not None:
+            flink.close()
 
     when = datetime.now(UTC).isoformat()
     result = {
@@ -1064,7 +1420,20 @@ def main() -> None:
         "master": args.master,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "eddyline": version,
-        "pyflink": "not run (not required by issue #3)",
+        "engines_run": [k for k, v in ENGINES.items() if v in engines],
+        "sink": args.sink,
+        "pyflink": {
+            "version": flink.version,
+            "package": FLINK_PACKAGE,
+            "venv": str(flink_venv()),
+            "mode": "streaming",
+            "parallelism": FLINK_PARALLELISM,
+            "formats": [f for f in formats if f in FLINK_FORMATS],
+            "watermark_delay_s": math.ceil(args.events / args.rate) + 1,
+            "log": str(flink.log_path),
+        }
+        if flink is not None
+        else "not run (--engines)",
         # the Parquet runs where they always were, so older readers of these files still work
         "queries": out.get("parquet", {}),
         "by_format": {fmt: v for fmt, v in out.items() if fmt != "parquet"},
@@ -1087,9 +1456,18 @@ def run_query(
     full: Path,
     warm: Path,
     schemas: dict[str, Any],
+    engines: list[str],
+    flink: FlinkRunner | None = None,
 ) -> dict[str, Any]:
-    """One query on one format: both engines warmed, then ``--repeat`` runs each, alternating."""
-    entry: dict[str, Any] = {"format": fmt, "streams": streams, "input_events": events}
+    """One query on one format: every engine warmed, then ``--repeat`` runs each, alternating
+    the order. ``engines``: keys of :data:`ENGINES` values (``native``, ``eddyline``, ``flink``)."""
+    entry: dict[str, Any] = {
+        "format": fmt,
+        "streams": streams,
+        "input_events": events,
+        "sink": args.sink,
+    }
+    delay = math.ceil(args.events / args.rate) + 1  # Flink's watermark delay: see the README
 
     def run(
         engine: str, d: Path, per_epoch: int, tag: str, only: int | None = None
@@ -1105,23 +1483,53 @@ def run_query(
         tmp = keep or Path(tempfile.mkdtemp(prefix=f"nexmark-{query}-{fmt}-{engine}-"))
         try:
             if engine == "native":
-                return run_native(spark, query, d, per_epoch, tmp, schemas, only, fmt)
-            try:
-                return run_eddyline(
-                    spark, eddyline_spec(query, d, per_epoch, args.lanes, tmp / "out", fmt), tmp
+                res = run_native(spark, query, d, per_epoch, tmp, schemas, only, fmt, args.sink)
+                out = tmp / f"out-{res.get('attempt')}" if res.get("sink") == "parquet" else None
+            elif engine == "flink":
+                assert flink is not None
+                return flink.run(
+                    query=query,
+                    data=str(d),
+                    format=fmt,
+                    sink=args.sink,
+                    out=str(tmp / "out"),
+                    parallelism=FLINK_PARALLELISM,
+                    watermark_delay_s=delay,
+                    only=only,
+                    tag=tag,
                 )
-            except Exception as exc:  # noqa: BLE001 - recorded, the other queries still run
-                return {"engine": "eddyline", "error": _error_text(exc)}
+            else:
+                try:
+                    res = run_eddyline(
+                        spark,
+                        eddyline_spec(
+                            query, d, per_epoch, args.lanes, tmp / "out", fmt, args.sink
+                        ),
+                        tmp,
+                    )
+                except Exception as exc:  # noqa: BLE001 - recorded, the other queries still run
+                    return {"engine": "eddyline", "error": _error_text(exc)}
+                out = tmp / "out" if args.sink == "files" else None
+            if out is not None and "wall_s" in res:
+                res |= output_digest(query, out)
+            return res
         finally:
             if keep is None:
                 shutil.rmtree(tmp, ignore_errors=True)
 
-    # Warm-up on the first files; it also finds the native formulation Spark accepts (a
-    # query Spark rejects is rejected the same way on the full data).
-    warmed = {engine: run(engine, warm, 1, "warmup") for engine in ("native", "eddyline")}
-    runs: dict[str, list[dict[str, Any]]] = {e: [] for e in warmed if "wall_s" in warmed[e]}
-    for rep in range(args.repeat):  # alternating order, so a slow spell of the machine hits both
-        for engine in ("native", "eddyline") if rep % 2 == 0 else ("eddyline", "native"):
+    active = [e for e in ("native", "eddyline", "flink") if e in engines]
+    if "flink" in active and fmt not in FLINK_FORMATS:
+        active.remove("flink")
+        entry["flink"] = {
+            "engine": "pyflink",
+            "not_run": f"the apache-flink wheel reads no {FORMAT_NAMES[fmt]} (only CSV, JSON)",
+        }
+    # Warm-up on the first files; it also finds the formulation Spark (and Flink) accepts (a
+    # query rejected is rejected the same way on the full data).
+    warmed = {engine: run(engine, warm, 1, "warmup") for engine in active}
+    runs: dict[str, list[dict[str, Any]]] = {e: [] for e in active if "wall_s" in warmed[e]}
+    for rep in range(args.repeat):  # alternating order, so a slow spell of the machine hits all
+        for engine in active if rep % 2 == 0 else active[::-1]:
             if engine in runs:
                 runs[engine].append(
                     run(
@@ -1132,7 +1540,7 @@ def run_query(
                         warmed[engine].get("attempt"),
                     )
                 )
-    for engine in ("native", "eddyline"):
+    for engine in active:
         done = [r for r in runs.get(engine, []) if "wall_s" in r]
         if not done:
             failed = runs.get(engine) or [warmed[engine]]
@@ -1147,27 +1555,55 @@ def run_query(
         best["events_per_s"] = events / best["wall_s"]
         best["runs_wall_s"] = [round(r["wall_s"], 2) for r in done]
         best["runs_events_per_s"] = [round(events / r["wall_s"]) for r in done]
-        best["runs_output_rows"] = [r["output_rows"] for r in done]
-        if engine == "native":
-            best["tried"] = warmed[engine]["tried"]
+        best["runs_output_rows"] = [r.get("output_rows") for r in done]
+        if any("digest" in r for r in done):
+            best["runs_digest"] = [r.get("digest") for r in done]
+        if engine in ("native", "flink"):
+            best["tried"] = warmed[engine].get("tried", [])
         entry[engine] = best
-    e, n = entry["eddyline"], entry["native"]
+    e, n, f = (entry.get(k, {}) for k in ("eddyline", "native", "flink"))
     entry["ratio"] = (
         e["events_per_s"] / n["events_per_s"] if "wall_s" in e and "wall_s" in n else None
     )
+    if "flink" in engines:
+        entry["ratio_flink"] = (
+            e["events_per_s"] / f["events_per_s"] if "wall_s" in e and "wall_s" in f else None
+        )
+    parts = []
+    for key in ("eddyline", "native", "flink"):
+        r = entry.get(key)
+        if r is None:
+            continue
+        if "wall_s" in r:
+            more = (
+                f"{r['epochs']} epochs, median {r['median_ms']:.0f} ms, "
+                if "epochs" in r
+                else f"submit {r.get('submit_s', 0):.1f} s, "
+            )
+            rows = r.get("output_rows")
+            parts.append(
+                f"{ENGINE_NAMES[key]} {_cell(r['events_per_s'])} ev/s ({more}"
+                + (f"{rows} rows out)" if rows is not None else "rows not counted)")
+            )
+        else:
+            parts.append(f"{ENGINE_NAMES[key]}: {r.get('not_run') or r.get('error')}")
+    ratios = [
+        f"{label} {entry[k]:.2f}"
+        for k, label in (("ratio", "E/S"), ("ratio_flink", "E/F"))
+        if entry.get(k) is not None
+    ]
     print(
-        f"{query} {fmt}: eddyline {_cell(e.get('events_per_s'))} ev/s ({e.get('epochs', '-')} epochs, "
-        f"median {e.get('median_ms', 0):.0f} ms, {e.get('output_rows', '-')} rows out) · native "
-        + (
-            f"{_cell(n['events_per_s'])} ev/s ({n['epochs']} batches, median {n['median_ms']:.0f} ms, "
-            f"{n.get('output_rows', '-')} rows out) · ratio {entry['ratio']:.2f}"
-            if entry["ratio"]
-            else f"{n.get('error', e.get('error'))}"
-        ),
+        f"{query} {fmt}: " + " · ".join(parts) + (" · " + ", ".join(ratios) if ratios else ""),
         flush=True,
     )
     if e.get("dead_letters"):
         print(f"warning: {query} {fmt}: Eddyline sent {e['dead_letters']:,} rows to dead letters")
+    for key, r in entry.items():
+        digests = r.get("runs_digest") if isinstance(r, dict) else None
+        if digests and any(d != digests[0] for d in digests):
+            print(
+                f"warning: {query} {fmt}: {ENGINE_NAMES[key]}'s runs left different rows: {digests}"
+            )
     return entry
 
 
@@ -1175,13 +1611,16 @@ def output_notes(query: str, entries: dict[str, dict[str, Any]]) -> tuple[list[s
     """What disagrees about the rows written for ``query`` (entries by format): an engine whose
     output row count changes with the format; and, per format, Eddyline and Spark writing a
     different number of rows (noted when Parquet shows the same difference: Eddyline also
-    flushes the windows and sessions still open at the end of the input)."""
+    flushes the windows and sessions still open at the end of the input), or another engine
+    leaving other rows than Eddyline (digests, ``--sink files``)."""
     notes, engines = [], []
-    for engine, name in (("eddyline", "Eddyline"), ("native", "Spark")):
+    for engine, name in (("eddyline", "Eddyline"), ("native", "Spark"), ("flink", "PyFlink")):
+        # PyFlink's changelogs depend on timing (mini-batches): the rows they leave do not
+        key = "final_rows" if engine == "flink" else "output_rows"
         counts = {
-            fmt: ent[engine]["output_rows"]
+            fmt: ent[engine][key]
             for fmt, ent in entries.items()
-            if ent[engine].get("output_rows") is not None
+            if ent.get(engine, {}).get(key) is not None
         }
         if len(set(counts.values())) > 1:
             notes.append(
@@ -1190,17 +1629,28 @@ def output_notes(query: str, entries: dict[str, dict[str, Any]]) -> tuple[list[s
             )
     parquet = entries.get("parquet", {})
     for fmt, ent in entries.items():
-        e, n = ent["eddyline"].get("output_rows"), ent["native"].get("output_rows")
-        if e is None or n is None or e == n:
-            continue
-        same = fmt != "parquet" and (
-            parquet.get("eddyline", {}).get("output_rows"),
-            parquet.get("native", {}).get("output_rows"),
-        ) == (e, n)
-        engines.append(
-            f"{query} {FORMAT_NAMES[fmt]}: Eddyline wrote {e:,} rows, Spark {n:,}"
-            + (" (as on Parquet)" if same else "")
-        )
+        ed, nd = ent.get("eddyline", {}), ent.get("native", {})
+        e, n = ed.get("output_rows"), nd.get("output_rows")
+        if e is not None and n is not None and e != n:
+            same = fmt != "parquet" and (
+                parquet.get("eddyline", {}).get("output_rows"),
+                parquet.get("native", {}).get("output_rows"),
+            ) == (e, n)
+            engines.append(
+                f"{query} {FORMAT_NAMES[fmt]}: Eddyline wrote {e:,} rows, Spark {n:,}"
+                + (" (as on Parquet)" if same else "")
+            )
+        elif e is not None and e == n and "digest" in ed and ed["digest"] != nd.get("digest"):
+            engines.append(
+                f"{query} {FORMAT_NAMES[fmt]}: Eddyline and Spark wrote {e:,} rows each, "
+                "but not the same rows"
+            )
+        fd = ent.get("flink", {})
+        if "digest" in ed and "digest" in fd and ed["digest"] != fd["digest"]:
+            engines.append(
+                f"{query} {FORMAT_NAMES[fmt]}: Eddyline's output leaves {ed['digest']['rows']:,} "
+                f"rows, PyFlink's {fd['digest']['rows']:,}, not the same rows"
+            )
     return notes, engines
 
 
