@@ -34,6 +34,9 @@ class Sink:
     generation: int = 0
     #: names this driver's staging area, where two drivers write the same place (a hot pair)
     writer: str = ""
+    #: set by the runtime before each :meth:`stage`: the epoch's input was small, so its output
+    #: most likely is too, and a sink may write it from the driver rather than from Spark tasks
+    small_epoch: bool = False
     #: a sink that writes from Spark cannot count what it wrote without an extra job: the
     #: runtime counts its rows on the way (an observation); one that collects knows the count
     counts_itself: ClassVar[bool] = False

@@ -44,11 +44,20 @@ class Executor:
         self.checkpoint_id = ""
         #: compute every sink's digest on the way (a hot pair's stream selector compares them)
         self.digests = False
-        #: input rows of the last epoch this executor ran (None: none yet)
+        #: input rows of the last epoch this executor ran (None: none yet), and each sink's rows
         self.last_rows: int | None = None
+        self.last_sink_rows: dict[str, int] = {}
 
     def execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any = None) -> Staged:
         """``before_jobs``: called once the frames are built, before the first job runs."""
+        small = self.last_rows is not None and self.last_rows <= SMALL_EPOCH_ROWS
+        with small_epoch(self.compiler.spark, small):  # a frame persisted while building is planned then
+            staged = self._execute(plan, last, before_jobs, small)
+        self.last_rows = sum(int(v.get("rows") or 0) for k, v in staged.observed.items() if k.startswith("source:"))
+        self.last_sink_rows = dict(staged.sink_rows)
+        return staged
+
+    def _execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any, small: bool) -> Staged:
         from pyspark import StorageLevel
 
         t0 = time.monotonic()
@@ -77,26 +86,22 @@ class Executor:
                 self._opened.add(spec.name)
         if before_jobs is not None:
             before_jobs()
-        small = self.last_rows is not None and self.last_rows <= SMALL_EPOCH_ROWS
-        with small_epoch(self.compiler.spark, small):
-            sink_rows, digests = self._stage_sinks(frames, plan.epoch)
-            dead = self._stage_dead_letters(frames, plan.epoch)
-            for step, late in frames.late.items():
-                write_frame(late, self.outputs.late[step], plan.epoch)
-            shed_rows = self.outputs.shed is not None and bool(frames.shed)
-            if shed_rows:
-                assert self.outputs.shed is not None
-                rows = None
-                for df in frames.shed.values():
-                    rows = df if rows is None else rows.unionByName(df, allowMissingColumns=True)
-                assert rows is not None
-                write_frame(rows, self.outputs.shed, plan.epoch)
+        sink_rows, digests = self._stage_sinks(frames, plan.epoch, small)
+        dead = self._stage_dead_letters(frames, plan.epoch)
+        for step, late in frames.late.items():
+            write_frame(late, self.outputs.late[step], plan.epoch)
+        shed_rows = self.outputs.shed is not None and bool(frames.shed)
+        if shed_rows:
+            assert self.outputs.shed is not None
+            rows = None
+            for df in frames.shed.values():
+                rows = df if rows is None else rows.unionByName(df, allowMissingColumns=True)
+            assert rows is not None
+            write_frame(rows, self.outputs.shed, plan.epoch)
         for df in persisted:
             df.unpersist()
-        observed = {k: o.get for k, o in frames.observations.items()}
-        self.last_rows = sum(int(v.get("rows") or 0) for k, v in observed.items() if k.startswith("source:"))
         return Staged(
-            observed=observed,
+            observed={k: o.get for k, o in frames.observations.items()},
             sink_rows=sink_rows,
             dead_letters=dead,
             late_steps=tuple(frames.late),
@@ -106,7 +111,7 @@ class Executor:
             digests=digests,
         )
 
-    def _stage_sinks(self, frames: EpochFrames, epoch: int) -> tuple[dict[str, int], dict[str, Digest]]:
+    def _stage_sinks(self, frames: EpochFrames, epoch: int, small: bool) -> tuple[dict[str, int], dict[str, Digest]]:
         """Stage every sink's output; its row count comes from the sink itself or from an
         observation on the way (no extra job), and so does its digest if asked for."""
         from pyspark.sql import Observation
@@ -120,6 +125,8 @@ class Executor:
             if self.digests or not sink.counts_itself:
                 observed[sink.name] = obs = Observation(f"e{epoch}-sink-{sink.name}")
                 df = df.observe(obs, F.count(F.lit(1)).alias("rows"), *([_row_hash_sum(df)] if self.digests else []))
+            # a small input can still make a large output (a join): its size last epoch decides
+            sink.small_epoch = small and self.last_sink_rows.get(sink.name, SMALL_EPOCH_ROWS + 1) <= SMALL_EPOCH_ROWS
             sink.stage(df, epoch)
             if sink.counts_itself:
                 rows[sink.name] = sink.staged_rows(epoch)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 import eddyline
 from eddyline.io.sinks import make_sink
@@ -22,9 +23,10 @@ def _windows(spark, checkpoint: Path) -> tuple[pa.Table, int]:
     in the last four (the second epoch may compile what is the same in every epoch, once)."""
     net = eddyline.Network("small", trigger=0, lanes=2, key_groups=8)
     bids = net.source("bids", eddyline.Nexmark(stream="bid", rate=1_000, unpaced=True), max_rows_per_epoch=500)
-    (bids.window_aggregate(key="auction", time="date_time", window=eddyline.sliding("4s", "2s"),
-                           aggregates={"n": "count(*)", "top": "max(price)"})
-         .to(eddyline.Memory(), name="windows"))
+    windows = bids.window_aggregate(key="auction", time="date_time", window=eddyline.sliding("4s", "2s"),
+                                    aggregates={"n": "count(*)", "top": "max(price)"})
+    windows.to(eddyline.Memory(), name="windows")
+    windows.to(eddyline.Files(str(checkpoint.parent / f"{checkpoint.name}-out")), name="files")
     sinks = {s.name: make_sink(s) for s in net.spec.sinks}
     engine = Engine(net.spec, spark, str(checkpoint), sinks=sinks)
     engine.run(epochs=2)  # nothing is known about the first epoch's size: it compiles
@@ -45,3 +47,15 @@ def test_epochs_after_a_small_one_compile_no_code_and_give_the_same_rows(spark, 
     reference, compiled = _windows(spark, tmp_path / "b")
     assert compiled > 0
     assert small.equals(reference)
+
+
+def test_a_small_epoch_s_parquet_is_written_by_the_driver_with_spark_s_schema(spark, tmp_path: Path) -> None:
+    rows, _ = _windows(spark, tmp_path / "a")
+    epochs = sorted((tmp_path / "a-out").glob("epoch=*"))
+    assert len(epochs) == 6
+    by_driver = [sorted(p.name for p in e.glob("*.parquet"))[0].endswith("-driver.snappy.parquet") for e in epochs]
+    assert by_driver == [False, True, True, True, True, True]  # the first epoch's size was not known
+    schemas = {pq.read_schema(f).remove_metadata() for e in epochs for f in e.glob("*.parquet")}
+    assert len(schemas) == 1, schemas  # one schema, whoever wrote the epoch (timestamps: INT64 micros)
+    written = pa.concat_tables(pq.read_table(e).replace_schema_metadata(None) for e in epochs)
+    assert written.sort_by([("window_start", "ascending"), ("auction", "ascending")]).equals(rows)
