@@ -187,8 +187,9 @@ QUERIES: dict[str, dict[str, Any]] = {
     # Eddyline: per closed auction, the average over the seller's last 11 closing prices ordered
     # by closing time (``expires``). nexmark orders by the winning bid's ``dateTime``, which its
     # ``ROW_NUMBER`` subquery leaves ambiguous; here the closing price is nexmark's q4 subquery
-    # (``MAX(price)`` per auction) and the order is Eddyline's. Flink 2 takes an OVER window
-    # ordered by a column that is no time attribute, on an updating input: a changelog.
+    # (``MAX(price)`` per auction) and the order is Eddyline's. Flink 2.3 rejects it: a bounded
+    # OVER window must be ordered by a time attribute, and ``expires`` is none. (nexmark's own
+    # form passes the planner, ordered by the bid's rowtime, but those are not Eddyline's rows.)
     "q6": {
         "changelog": True,
         "attempts": [
