@@ -15,10 +15,11 @@ tasks, reading, computing, writing); ``submit_s`` is what comes before (SQL plan
 optimisation, the job graph, starting the per-job mini-cluster); the JVM starts once per runner
 process, before any of it.
 
-Usage, one query (prints one JSON object)::
+Usage, one query (prints one JSON object: ``wall_s``, ``submit_s``, ``events_per_s`` with
+``--events``, and with a files sink ``output_rows``, ``final_rows`` and the ``digest``)::
 
     python flink_runner.py --query q5 --data DIR/csv --format csv --sink files --out OUT \\
-        [--warmup DIR/csv/warm] [--watermark-delay 201] [--parallelism 2]
+        [--warmup DIR/csv/warm] [--watermark-delay 201] [--parallelism 2] [--events 1840000]
 
 or ``--serve``: requests as JSON lines on stdin (the same keys as the options, plus ``tag``),
 each answered by one line ``@@flink-result {json}`` on stdout (how ``run_nexmark.py`` keeps one
@@ -371,8 +372,10 @@ def source_ddl(stream: str, path: str, fmt: str, delay_s: int) -> str:
     if stream == "auction":
         cols.append(f"exp_ts AS {_parse_ts('expires')}")
     cols.append(f"dt AS CAST({_parse_ts('date_time')} AS TIMESTAMP(3))")
-    digits = max(2, len(str(delay_s)))
-    cols.append(f"WATERMARK FOR dt AS dt - INTERVAL '{delay_s}' SECOND({digits})")
+    days, rest = divmod(delay_s, 86_400)  # 'S' SECOND(p) takes at most 3 digits in Flink
+    hours, rest = divmod(rest, 3600)
+    delay = f"'{days} {hours:02d}:{rest // 60:02d}:{rest % 60:02d}' DAY TO SECOND"
+    cols.append(f"WATERMARK FOR dt AS dt - INTERVAL {delay}")
     options = {"connector": "filesystem", "path": path, "format": fmt}
     if fmt == "csv":
         options["csv.ignore-parse-errors"] = "false"
@@ -492,6 +495,8 @@ def _request(args: dict[str, Any]) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - the runner answers every request
         traceback.print_exc(file=sys.stderr)
         res = {"engine": "pyflink", "tried": [], "error": f"runner: {error_text(e)}"}
+    if "wall_s" in res and args.get("events"):
+        res["events_per_s"] = int(args["events"]) / res["wall_s"]
     res["tag"] = args.get("tag")
     res["request_s"] = time.perf_counter() - t0
     res["flink_version"] = flink_version()
@@ -527,6 +532,9 @@ def main() -> None:
         "span, which run_nexmark.py passes: see the README)",
     )
     ap.add_argument("--warmup", default=None, help="run first on this directory (same JVM)")
+    ap.add_argument(
+        "--events", type=int, default=None, help="input rows of the query, for events/s"
+    )
     args = ap.parse_args()
     if args.serve:
         serve()
@@ -545,7 +553,9 @@ def main() -> None:
         out = f"{args.out}-warmup" if args.out else None
         res["warmup"] = _request({**common, "data": args.warmup, "out": out, "tag": "warmup"})
         common["only"] = res["warmup"].get("attempt")
-    res |= _request({**common, "data": args.data, "out": args.out, "tag": "run"})
+    res |= _request(
+        {**common, "data": args.data, "out": args.out, "tag": "run", "events": args.events}
+    )
     print(json.dumps(res, indent=2))
 
 

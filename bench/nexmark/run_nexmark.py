@@ -1497,6 +1497,7 @@ def run_query(
                     watermark_delay_s=delay,
                     only=only,
                     tag=tag,
+                    events=events if d == full else None,
                 )
             else:
                 try:
