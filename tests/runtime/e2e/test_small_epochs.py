@@ -37,25 +37,23 @@ def _windows(spark, checkpoint: Path) -> tuple[pa.Table, int]:
     return rows.sort_by([("window_start", "ascending"), ("auction", "ascending")]), _compilations(spark) - start
 
 
-def test_epochs_after_a_small_one_compile_no_code_and_give_the_same_rows(spark, tmp_path: Path, monkeypatch) -> None:
+def test_epochs_after_a_small_one_compile_no_code_and_write_parquet_from_the_driver(
+    spark, tmp_path: Path, monkeypatch
+) -> None:
     before = spark.conf.get("spark.sql.codegen.wholeStage")
     small, compiled = _windows(spark, tmp_path / "a")
     assert compiled == 0  # offsets and watermarks differ every epoch, yet no class was compiled
     assert spark.conf.get("spark.sql.codegen.wholeStage") == before  # the session is left as it was
 
-    monkeypatch.setattr(execute, "SMALL_EPOCH_ROWS", -1)  # every epoch with code generation
-    reference, compiled = _windows(spark, tmp_path / "b")
-    assert compiled > 0
-    assert small.equals(reference)
-
-
-def test_a_small_epoch_s_parquet_is_written_by_the_driver_with_spark_s_schema(spark, tmp_path: Path) -> None:
-    rows, _ = _windows(spark, tmp_path / "a")
     epochs = sorted((tmp_path / "a-out").glob("epoch=*"))
-    assert len(epochs) == 6
     by_driver = [sorted(p.name for p in e.glob("*.parquet"))[0].endswith("-driver.snappy.parquet") for e in epochs]
     assert by_driver == [False, True, True, True, True, True]  # the first epoch's size was not known
     schemas = {pq.read_schema(f).remove_metadata() for e in epochs for f in e.glob("*.parquet")}
     assert len(schemas) == 1, schemas  # one schema, whoever wrote the epoch (timestamps: INT64 micros)
     written = pa.concat_tables(pq.read_table(e).replace_schema_metadata(None) for e in epochs)
-    assert written.sort_by([("window_start", "ascending"), ("auction", "ascending")]).equals(rows)
+    assert written.sort_by([("window_start", "ascending"), ("auction", "ascending")]).equals(small)
+
+    monkeypatch.setattr(execute, "SMALL_EPOCH_ROWS", -1)  # every epoch compiled and written by Spark
+    reference, compiled = _windows(spark, tmp_path / "b")
+    assert compiled > 0
+    assert small.equals(reference)
