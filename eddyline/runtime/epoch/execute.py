@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, Observation, SparkSession
 
-#: an epoch after one that read at most this many rows runs without whole-stage code generation
-#: (see :func:`small_epoch`)
+#: an epoch after one that read at most this many rows is small: it runs without code generation
+#: (see :func:`small_epoch`), and a sink whose last output was as small may write from the driver
 SMALL_EPOCH_ROWS = 50_000
 
 
