@@ -66,6 +66,8 @@ Usage: ``python bench/latency.py [--rates 1000,10000,50000] [--seconds 20] [--en
 eddyline,spark,spark-rtm,flink] [--queries window,dedup,join] [--no-md]``. Writes
 ``bench/results/latency-<timestamp>.json``, a plot ``latency-<timestamp>.svg`` (matplotlib is not
 a dependency: the SVG is written directly) and the ``latency`` section of ``bench/RESULTS.md``.
+``--md-from RUN.json [RERUN.json ...]`` runs nothing and writes that section (and a plot named
+after the files) from saved runs, a later file's cases replacing an earlier one's.
 """
 
 from __future__ import annotations
@@ -864,6 +866,7 @@ def run_case(ctx: Context, engine: str, query: str, rate: int) -> dict[str, Any]
         if not ctx.args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     r["wall_s"] = round(time.monotonic() - t0, 1)
+    r["load_after"] = _load()  # other work on the machine shows here
     return r
 
 
@@ -904,7 +907,12 @@ def main() -> None:
                     "and query (0: none)")
     ap.add_argument("--keep", action="store_true", help="keep the working files (for debugging)")
     ap.add_argument("--no-md", action="store_true", help="do not write bench/RESULTS.md")
+    ap.add_argument("--md-from", nargs="+", metavar="JSON", help="run nothing: write the RESULTS.md section from "
+                    "these result files (a later file's cases replace an earlier one's)")
     args = ap.parse_args()
+    if args.md_from:
+        md_from(args.md_from)
+        return
     rates = [int(float(r)) for r in args.rates.split(",")]
     engines, queries = args.engines.split(","), args.queries.split(",")
     for e in engines:
@@ -965,7 +973,19 @@ def main() -> None:
     print(f"wrote {path.relative_to(HERE.parent)} and {svg.relative_to(HERE.parent)}; "
           f"load average before {out['load_before']}, after {out['load_after']}")
     if not args.no_md:
-        write_md(out, path, svg)
+        write_md(merged([path]), svg)
+
+
+def md_from(files: list[str]) -> None:
+    """``--md-from``: the RESULTS.md section (and a plot) from saved result files, later files'
+    cases replacing earlier ones'."""
+    paths = [Path(f).resolve() for f in files]
+    out = merged(paths)
+    stamps = [p.stem.removeprefix("latency-") for p in paths]
+    svg = RESULTS / f"latency-{'-with-'.join(stamps)}.svg"
+    svg.write_text(plot_svg(out))
+    write_md(out, svg)
+    print(f"wrote {svg.relative_to(HERE.parent)} and the latency section of bench/RESULTS.md")
 
 
 def _json_default(x: Any) -> Any:
@@ -1064,6 +1084,10 @@ def plot_svg(out: dict[str, Any]) -> str:
                 for x, y, ok in pts:
                     fill = COLORS[e] if ok else "white"
                     svg.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{fill}" stroke="{COLORS[e]}"/>')
+            for r in mine:  # p99 ∞ (results missing): a cross on the top edge
+                if not math.isfinite(r["latency_ms"]["p99"]):
+                    x = x_of(i, r["rate"])
+                    svg.append(f'<path d="M{x - 4:.1f},{mt - 4} l8,8 m0,-8 l-8,8" stroke="{COLORS[e]}" stroke-width="1.6"/>')
     svg.append(f'<text x="14" y="{mt + ph / 2}" transform="rotate(-90 14 {mt + ph / 2})" text-anchor="middle">'
                'latency, ms (log)</text>')
     ly = mt + ph + mb + 8
@@ -1072,31 +1096,68 @@ def plot_svg(out: dict[str, Any]) -> str:
         svg.append(f'<line x1="{lx}" x2="{lx + 24}" y1="{yy}" y2="{yy}" stroke="{COLORS[e]}" stroke-width="2"/>')
         svg.append(f'<text x="{lx + 30}" y="{yy + 4}">{e}</text>')
     yy = ly + -(-len(engines) // per_row) * 18
-    svg.append(f'<text x="{ml}" y="{yy + 4}">solid: p99 · dashed: p50 · hollow: did not keep up · window: from its end</text>')
+    svg.append(f'<text x="{ml}" y="{yy + 4}">solid: p99 · dashed: p50 · hollow: did not keep up · × on the top edge: '
+               'p99 ∞ (results missing) · window: from its end</text>')
     svg.append("</svg>")
     return "\n".join(svg) + "\n"
 
 
 # ----------------------------------------------------------------------------- RESULTS.md
-def write_md(out: dict[str, Any], path: Path, svg: Path) -> None:
+def _short_error(text: str) -> str:
+    """An error for a table cell: up to Spark's "To bypass" advice or SQLSTATE, classes without
+    their packages."""
+    import re
+
+    text = re.split(r" To bypass| SQLSTATE| === Streaming Query", text)[0]
+    return re.sub(r"\b(?:[a-z_][a-z0-9_]*\.)+([A-Z]\w*)", r"\1", text)[:300]
+
+
+def merged(paths: list[Path]) -> dict[str, Any]:
+    """The runs of several result files as one: a case (engine, query, rate) of a later file
+    replaces the same case of an earlier one (a rerun); ``runs_from`` says which file each
+    case comes from, ``files`` every file with its time and load averages."""
+    out: dict[str, Any] | None = None
+    cases: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for i, path in enumerate(paths):
+        d = json.loads(path.read_text())
+        for r in d["runs"]:
+            r["run_file"] = i
+            cases[(r["engine"], r["query"], r["rate"])] = r
+        if out is None:
+            out = {**d, "files": []}
+        else:
+            out["rates"] = sorted({*out["rates"], *d["rates"]})
+            out["unavailable"] = {**out["unavailable"], **d["unavailable"]}
+        out["files"].append({"path": str(path.relative_to(HERE)), "when": d["when"], "load_before": d["load_before"],
+                             "load_after": d["load_after"], "settings": d["settings"]})
+    assert out is not None
+    out["runs"] = list(cases.values())
+    return out
+
+
+def write_md(out: dict[str, Any], svg: Path) -> None:
+    """The ``latency`` section of RESULTS.md from :func:`merged` runs."""
     from run_bench import write_section
 
     rows = []
     order = {e: i for i, e in enumerate(ALL_ENGINES)}
     for r in sorted(out["runs"], key=lambda r: (QUERIES.index(r["query"]), r["rate"], order[r["engine"]])):
         if "error" in r:
-            rows.append(f"| {r['query']} | {r['rate']:,} | {r['engine']} | – | – | – | – | – | – | {r['error'][:160]} |")
+            rows.append(f"| {r['query']} | {r['rate']:,} | {r['engine']} | – | – | – | – | – | – | {_short_error(r['error'])} |")
             continue
         lat = r["latency_ms"]
         note = []
         if "per_event_ms" in r:
             note.append(f"from production: p50 {_ms(r['per_event_ms']['p50'])}, p99 {_ms(r['per_event_ms']['p99'])}")
         if r["basis"] == "emit":
-            note.append("to emission (update mode)" if r["query"] == "window" else "to emission")
+            note.append("to emission (update mode)" if r["engine"] == "spark-rtm" and r["query"] == "window"
+                        else "to emission")
         if r["missing"]:
             note.append(f"{r['missing']:,} of {r['measured']:,} without a result")
         if r.get("file_wait_ms") is not None:
             note.append(f"file wait {r['file_wait_ms']:.0f}")
+        if r.get("run_file"):
+            note.append(f"rerun {out['files'][r['run_file']]['when'][:16]}")
         if r["check"].get("repeat_not_first"):
             note.append(f"{r['check']['repeat_not_first']:,} uids' row was a repeat, not the first event")
         bad = {k: v for k, v in r["check"].items() if v and k not in ("windows", "repeat_not_first")}
@@ -1107,11 +1168,12 @@ def write_md(out: dict[str, Any], path: Path, svg: Path) -> None:
             f"| {_ms(lat['p50'])} | {_ms(lat['p99'])} | {_ms(lat['max'])} | {'yes' if r['kept_up'] else '**no**'} "
             f"| {_ms(r['batch_ms_median'])} | {'; '.join(note)} |")
     unavailable = "".join(f"\n\n{e}: {why}" for e, why in out["unavailable"].items())
-    rel = path.relative_to(HERE)
+    runs = "; ".join(
+        f"{'run' if i == 0 else 'rerun'} {f['when'][:16]} (`bench/{f['path']}`, {f['settings']['seconds']:.0f} s "
+        f"measured per case after {f['settings']['warmup']:.0f} s of warm-up; load average (1, 5, 15 min) "
+        f"{f['load_before']} before, {f['load_after']} after)" for i, f in enumerate(out["files"]))
     generated = (
-        f"Run {out['when'][:16]} (`bench/{rel}`), Spark {out.get('spark', '?')}, {out['machine']['cpus']} cores, "
-        f"{out['settings']['seconds']:.0f} s measured per run after {out['settings']['warmup']:.0f} s of warm-up; "
-        f"load average (1, 5, 15 min) {out['load_before']} before and {out['load_after']} after.\n\n"
+        f"Spark {out.get('spark', '?')}, {out['machine']['cpus']} cores; {runs}.\n\n"
         "| query | events/s | engine | produced / consumed per s | p50 ms | p99 ms | max ms | kept up "
         "| median batch ms | notes |\n|---|---:|---|---|---:|---:|---:|---|---:|---|\n" + "\n".join(rows)
         + f"\n\n![latency against rate]({svg.relative_to(HERE)}){unavailable}"
