@@ -65,6 +65,11 @@ class SourceKind(Kind):
         """Problems pydantic cannot see in one source's parameters, as ``field: message``."""
         return []
 
+    def columns(self, params: Any) -> tuple[str, ...] | None:
+        """The names of its rows' columns when they are known without reading anything (the SQL
+        front end checks a ``CREATE TABLE`` against them); None: not known."""
+        return None
+
 
 class SinkKind(Kind):
     def check(self, sink: SinkSpec) -> list[str]:

@@ -427,6 +427,10 @@ class FilesSourceKind(SourceKind):
             return [f"files.header: only CSV files have a header line, not {p.format}"]
         return []
 
+    def columns(self, params: Files) -> tuple[str, ...] | None:
+        schema = arrow_schema(params.schema_) if params.schema_ else None
+        return tuple(schema.arrow.names) if schema is not None else None
+
     def make(self, spec: SourceSpec) -> FilesSource:
         return FilesSource(spec)
 

@@ -556,5 +556,8 @@ class NexmarkKind(SourceKind):
     key = "nexmark"
     params = Nexmark
 
+    def columns(self, params: Nexmark) -> tuple[str, ...]:
+        return tuple(c.split()[0] for c in SCHEMAS[params.stream].split(","))
+
     def make(self, spec: SourceSpec) -> SyntheticSource:
         return SyntheticSource(spec, nexmark_available, nexmark_frame, unpaced=spec.params.unpaced)
