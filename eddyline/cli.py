@@ -137,6 +137,38 @@ def _may_rewrite(net) -> list[str]:  # noqa: ANN001
 
 
 @app.command()
+def sql(
+    query: Annotated[Path, typer.Argument(help="a streaming SQL script (CREATE TABLE …; INSERT INTO … SELECT …)")],
+    checkpoint: Annotated[str | None, typer.Option(help="run it on this checkpoint, as 'eddyline run' does")] = None,
+    show: Annotated[bool, typer.Option("--explain", help="print the network it compiles to (YAML) and stop")] = False,
+    epochs: Annotated[int | None, typer.Option(help="stop after this many epochs")] = None,
+    duration: Annotated[float | None, typer.Option(help="stop after this many seconds")] = None,
+    until_idle: Annotated[bool, typer.Option(help="stop when the input is exhausted (flushes all windows)")] = False,
+    lanes: Annotated[int | None, typer.Option(help="lanes per stateful step")] = None,
+    progress_json: Annotated[str | None, typer.Option(help="append one JSON progress record per epoch")] = None,
+    live: Annotated[bool, typer.Option(help="live progress table in the terminal")] = True,
+    master: Master = None,
+) -> None:
+    """Compile a Flink SQL script into a network: print it (--explain) or run it (--checkpoint).
+
+    'eddyline validate|explain|run' take the .sql file as they take a YAML spec."""
+    if not show and checkpoint is None:
+        err.print("[red]error:[/red] expected --explain (print the network) or --checkpoint (run it)")
+        raise typer.Exit(2)
+    if show:
+        import yaml
+
+        try:
+            net = _load(query)
+        except EddylineError as e:
+            raise _fail(e) from None
+        typer.echo(yaml.safe_dump(net.as_dict(), sort_keys=False, width=120), nl=False)
+        return
+    assert checkpoint is not None
+    _run(query, checkpoint, epochs, duration, until_idle, lanes, progress_json, live, master, None)
+
+
+@app.command()
 def run(
     spec: SpecArg,
     checkpoint: Annotated[str, typer.Option(help="checkpoint location (path or pyarrow filesystem URI)")],

@@ -24,6 +24,7 @@ from eddyline.api.network import NetworkSpec
 from eddyline.api.registry import SINKS, SOURCES, STEPS, Registry
 from eddyline.api.sinks import SinkSpec
 from eddyline.api.sources import SourceSpec
+from eddyline.api.sql import compile_sql, expand, sql_name
 from eddyline.api.steps import StepSpec
 from eddyline.errors import SpecError
 
@@ -35,9 +36,12 @@ _SECTIONS: dict[str, tuple[str, type[BaseModel], Registry[Any]]] = {
 
 
 def load_spec(source: str | Path | dict[str, Any]) -> NetworkSpec:
-    """Parse YAML (a path, YAML text, or an already-loaded dict) into a validated network."""
+    """Parse YAML (a path, YAML text, or an already-loaded dict) into a validated network; a
+    ``.sql`` path is a streaming SQL script (:mod:`eddyline.api.sql`)."""
     if isinstance(source, dict):
         raw = source
+    elif str(source).endswith(".sql") and _looks_like_path(source):
+        raw = compile_sql(Path(source).read_text(encoding="utf-8"), sql_name(Path(source).stem))
     else:
         text = Path(source).read_text(encoding="utf-8") if _looks_like_path(source) else str(source)
         try:
@@ -50,7 +54,9 @@ def load_spec(source: str | Path | dict[str, Any]) -> NetworkSpec:
 
 
 def spec_from_raw(raw: dict[str, Any]) -> NetworkSpec:
-    """Structure, graph and expression syntax (no Spark); every problem named in one SpecError."""
+    """Structure, graph and expression syntax (no Spark); every problem named in one SpecError.
+    ``sql:`` (for the network or a step) is compiled into steps first (:func:`eddyline.api.sql.expand`)."""
+    raw = expand(raw)
     try:
         spec = NetworkSpec.model_validate(raw)
     except ValidationError as e:

@@ -1,0 +1,18 @@
+-- Nexmark q2: selection of a few auctions' bids.
+-- The nexmark project's Flink SQL (nexmark-flink/src/main/resources/queries/), with Eddyline's
+-- column names (date_time for `dateTime`, item_name for itemName, ...) and the sources declared
+-- here instead of in ddl_gen.sql + ddl_views.sql.
+-- Run: eddyline sql examples/nexmark/sql/q2.sql --checkpoint ckpt/ --epochs 5
+SET 'pipeline.name' = 'nexmark-q2';
+
+CREATE TABLE bid (
+  auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, url VARCHAR,
+  date_time TIMESTAMP(3), extra VARCHAR,
+  WATERMARK FOR date_time AS date_time
+) WITH ('connector' = 'nexmark', 'stream' = 'bid', 'rate' = '100000');
+
+CREATE TABLE out (auction BIGINT, price BIGINT)
+WITH ('connector' = 'filesystem', 'path' = 'out/nexmark/q2');
+
+INSERT INTO out
+SELECT auction, price FROM bid WHERE MOD(auction, 123) = 0;
