@@ -12,6 +12,12 @@ routing table. The manager starts from the committed table and may change it:
   balance, has its new rows split over more lanes while its state stays put;
 * **chaos**: random moves, for relocation drills.
 
+An operator may also ask for a change (:meth:`DistributionManager.request`: the control API,
+``eddyline control route``): a rescale to a lane count, a rebalance now (whatever the threshold,
+patience and cool-down), or key groups moved to a lane. The request is taken by the next plan
+of its step, first of all stages, and becomes a decision like the policies' own (``why.reason``
+is ``operator``, with the command's id).
+
 Every change is a :class:`Decision` that says why (the statistics), what it expected (predicted
 lane loads and makespan) and — a few epochs later — what was measured. Decisions travel in the
 epoch plan, which is logged before the epoch runs: a replay after a crash applies the very same
@@ -129,6 +135,8 @@ class DistributionManager:
         self.routing = c.placement != "uniform" or any(
             x is not None for x in (c.balance, c.scale, c.spread, c.chaos, c.rewrite)
         )
+        #: operator requests (step -> request), taken by the step's next plan
+        self.requests: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ monitor
 
@@ -226,6 +234,38 @@ class DistributionManager:
         self.decisions = [Decision(**d.model_dump()) for d in state.decisions]
 
     # ------------------------------------------------------------------ decide
+    def check_request(self, request: dict[str, Any], lanes_cap: int, lanes_now: int) -> str:
+        """The step an operator's routing request is for; raises ValueError naming what does not
+        fit. ``{"step", "rebalance": true}``, ``{"step", "lanes": n}`` or ``{"step", "move":
+        {key group: lane}}``; ``lanes_now``: the step's lanes in the last commit."""
+        step = request.get("step")
+        if step not in self.steps:
+            raise ValueError(f"route: expected a stateful step the manager routes ({', '.join(sorted(self.steps))}), got {step!r}")
+        actions = [k for k in ("rebalance", "lanes", "move") if k in request]
+        if len(actions) != 1:
+            raise ValueError("route: expected exactly one of rebalance, lanes, move")
+        if "lanes" in request:
+            lanes = request["lanes"]
+            if self.spec.control.scale is None:
+                raise ValueError(f"route {step}: the network has no control.scale, so its lane count is fixed (run with --lanes)")
+            if not isinstance(lanes, int) or isinstance(lanes, bool) or not 1 <= lanes <= lanes_cap:
+                raise ValueError(f"route {step}: expected lanes from 1 to {lanes_cap}, got {lanes!r}")
+        if "move" in request:
+            move = request["move"]
+            if not isinstance(move, dict) or not move:
+                raise ValueError(f"route {step}: expected move as a mapping key group -> lane")
+            for kg, lane in move.items():
+                if not str(kg).isdigit() or not 0 <= int(kg) < self.spec.key_groups:
+                    raise ValueError(f"route {step}: key group {kg!r} is not one of 0..{self.spec.key_groups - 1}")
+                if not isinstance(lane, int) or isinstance(lane, bool) or not 0 <= lane < lanes_now:
+                    raise ValueError(f"route {step}: expected a lane from 0 to {lanes_now - 1} for key group {kg}, got {lane!r}")
+        return str(step)
+
+    def request(self, request: dict[str, Any]) -> None:
+        """Queue an operator's routing request (checked by :meth:`check_request`) for the step's
+        next plan; a later request for the same step replaces it."""
+        self.requests[str(request["step"])] = request
+
     def plan(
         self, epoch: int, step: str, table: RoutingTable, upcoming: np.ndarray | None = None
     ) -> tuple[RoutingTable, list[Decision]]:
@@ -247,7 +287,31 @@ class DistributionManager:
         """The policy stages, in order: placement (once), rescaling, balancing (not in an epoch
         that rescales), spreading hot key groups, relocation drills. Each takes the table the
         stages before it left and returns its own table and decisions."""
-        return (self._place, self._rescale, self._balance, self._spread, self._chaos)
+        return (self._operator, self._place, self._rescale, self._balance, self._spread, self._chaos)
+
+    def _operator(self, ctx: StepContext, table: RoutingTable) -> tuple[RoutingTable, list[Decision]]:
+        """An operator's request for this step, if one waits (see :meth:`request`)."""
+        req = self.requests.pop(ctx.step, None)
+        if req is None:
+            return table, []
+        why: dict[str, Any] = {"reason": "operator", "command": req.get("id")}
+        if "lanes" in req:
+            return self._rescaled(ctx, table, int(req["lanes"]), why)
+        if "move" in req:
+            # (lanes were checked against the committed table, which this first stage starts from)
+            moves = {int(kg): int(lane) for kg, lane in req["move"].items()}
+            moves = {kg: lane for kg, lane in moves.items() if table.assignment[kg] != lane and lane < table.lanes}
+        else:  # a rebalance now, whatever the threshold, patience and cool-down
+            window = ctx.series[:, -3:]
+            c = self.spec.control.balance
+            found = policies.balance(window, np.asarray(table.assignment), table.lanes, threshold=0.0,
+                                     max_moves=c.max_moves if c else 8, method=c.method if c else "one_way") if (
+                window.size and table.lanes > 1) else []
+            moves = {m.item: m.dst for m in found}
+        if not moves:
+            return table, []
+        d = self._decision(ctx.epoch, ctx.step, DecisionKind.BALANCE, table, moves, ctx.series, why)
+        return table.moved(moves), [d]
 
     def _place(self, ctx: StepContext, table: RoutingTable) -> tuple[RoutingTable, list[Decision]]:
         """Once, from a declared profile at once or after the warm-up."""
@@ -326,7 +390,16 @@ class DistributionManager:
                 "targetUtilization": scale.target_utilization,
                 "utilization": round(arrival / (true_rate * table.lanes), 3) if true_rate else None,
             }
-        if target is None or target == table.lanes:
+        if target is None:
+            return table, []
+        return self._rescaled(ctx, table, target, why)
+
+    def _rescaled(
+        self, ctx: StepContext, table: RoutingTable, target: int, why: dict[str, Any]
+    ) -> tuple[RoutingTable, list[Decision]]:
+        """``table`` rescaled to ``target`` lanes, moving as little recent load as possible."""
+        epoch, step, series = ctx.epoch, ctx.step, ctx.series
+        if target == table.lanes:
             return table, []
         loads = series[:, -3:].mean(axis=1) if series.size else np.zeros(table.key_groups)
         assignment = policies.rescale_assignment(loads, np.asarray(table.assignment), target)
@@ -357,8 +430,8 @@ class DistributionManager:
         epoch that rescales."""
         c = self.spec.control
         epoch, step, series = ctx.epoch, ctx.step, ctx.series
-        if any(d.kind == DecisionKind.RESCALE for d in ctx.earlier):
-            return table, []
+        if any(d.kind == DecisionKind.RESCALE or d.why.get("reason") == "operator" for d in ctx.earlier):
+            return table, []  # (nor right after an operator's change: it would undo it)
         if step not in self.balancers or series.shape[1] < 2 or table.lanes <= 1:
             return table, []
         recent = series[:, -c.balance.window :] if c.balance else series

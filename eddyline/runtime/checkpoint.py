@@ -5,6 +5,8 @@
     <checkpoint>/metadata.json              network fingerprint, key groups, start time
     <checkpoint>/plans/<epoch>.json         written (atomically) before the epoch runs
     <checkpoint>/commits/<epoch>.json       written (atomically) after outputs are published
+    <checkpoint>/progress/<epoch>.json      the epoch's progress record (the last PROGRESS_KEPT),
+                                            for `eddyline status` and `eddyline ui` on a stopped run
     <checkpoint>/epochs/<epoch>/<step>/…    lane manifests, written by tasks
     <checkpoint>/state/<step>/…             key-group state (see eddyline.state.store)
 
@@ -31,6 +33,8 @@ from eddyline.state.store import referenced_files, state_file
 from eddyline.storage import create_exclusive, filesystem, read_json, write_atomic
 
 FORMAT_VERSION = 1
+#: progress records kept in the checkpoint (they are small; the dashboard shows the recent ones)
+PROGRESS_KEPT = 300
 
 
 def network_hash(raw: dict[str, Any]) -> str:
@@ -197,6 +201,28 @@ class Checkpoint:
         if later != [last_committed + 1]:
             raise CheckpointError(f"plans {later} follow commit {last_committed}; expected at most one")
         return self.read_plan(later[0])
+
+    # ---------------------------------------------------------------- progress
+    def write_progress(self, epoch: int, record: dict[str, Any]) -> None:
+        self.fs.create_dir(f"{self.base}/progress", recursive=True)
+        write_atomic(self.fs, self._path("progress", epoch), json.dumps(record, default=str).encode())
+
+    def progress(self, last: int = PROGRESS_KEPT) -> list[dict[str, Any]]:
+        """The progress records of the last ``last`` epochs that wrote one, oldest first."""
+        out = []
+        for epoch in self._epochs("progress")[-last:]:
+            with contextlib.suppress(FileNotFoundError):  # (a cleanup may delete it meanwhile)
+                record = read_json(self.fs, self._path("progress", epoch))
+                if isinstance(record, dict):
+                    out.append(record)
+        return out
+
+    def forget_progress(self, keep: int = PROGRESS_KEPT) -> None:
+        """Delete all but the newest ``keep`` progress records."""
+        epochs = self._epochs("progress")
+        for e in epochs[: max(len(epochs) - keep, 0)]:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.delete_file(self._path("progress", e))
 
     # ---------------------------------------------------------------- lane manifests
     def lane_manifests(self, epoch: int, step: str, lanes: int) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ from eddyline.io.files import FilesTarget
 from eddyline.io.sinks import Sink, make_sink
 from eddyline.io.sources import Source, make_source
 from eddyline.observe.progress import ProgressReporter
+from eddyline.plan.keygroups import RoutingTable
 from eddyline.runtime.checkpoint import Checkpoint, network_hash
 from eddyline.runtime.commands import CommandFiles, CommandNats, command_reader
 from eddyline.runtime.compile import EpochCompiler
@@ -153,6 +154,9 @@ class Engine:
         self._refused_ids: set[str] = set()  # refused once, not again while they wait to be read
         self._commands: CommandFiles | CommandNats | None = None  # the control stream's reader
         self._not_rewritten: set[str] = set()  # steps whose rewrite was refused
+        #: an operator paused the network (control API): no epoch runs until a resume
+        self.paused = self.inbox.paused() is not None
+        self._held: list[dict[str, Any]] = []  # pauses and resumes, for the next plan's log
         self._build(spec)
         self._cleaner: _Cleaner | None = None
         self._python_used_at = time.monotonic()  # when Python workers last ran a task of ours
@@ -249,6 +253,10 @@ class Engine:
                 epoch_start = time.monotonic()
                 replayed = pending is not None
                 before, taken = self.settings, [] if replayed else self._take_commands((last.epoch if last else 0) + 1)
+                if self.paused and pending is None:  # an operator's pause: wait for the resume, workers kept warm
+                    summary.worker_keepalives += self._keep_workers_warm()
+                    time.sleep(0.2)
+                    continue
                 special = taken[0] if taken and _alone(taken[0]) else None
                 rewind_to, restores = self._prepare(special, last) if special is not None else (None, [])
                 view, elapsed = self._view(last, (last.epoch if last else 0) + 1), time.time() - started_at
@@ -264,9 +272,11 @@ class Engine:
                     time.sleep(self.planner.poll_s or min(max(self.spec.trigger, 100), 1000) / 1000)
                     continue
                 if not replayed:
-                    applied = [{k: c[k] for k in ("id", "set", "from", "reset", "replay", "undo") if k in c}
+                    applied = [{k: c[k] for k in ("id", "set", "from", "reset", "replay", "undo", "route", "pause", "resume")
+                                if k in c}
                                | ({"network": self.network_id} if "network" in c else {})
-                               | ({"rewrite": c["rewrite"]["rule"]} if "rewrite" in c else {}) for c in taken]
+                               | ({"rewrite": c["rewrite"]["rule"]} if "rewrite" in c else {}) for c in [*self._held, *taken]]
+                    self._held = []
                     plan = self._log(dataclasses.replace(
                         plan, settings=self.settings, applied=applied, commands_cursor=self._read_to,
                         network=self.network_id, restores=restores))  # 2. log
@@ -285,6 +295,7 @@ class Engine:
                 summary.add(plan.epoch, record, replayed)
                 if summary.epochs == 1:
                     thawed = _freeze_heap()
+                self.ckpt.write_progress(plan.epoch, record.to_json())  # (status and the dashboard read it)
                 if self.reporter is not None:
                     self.reporter.report(record.to_json())
                 if self.spec.control.rewrite is not None and self.pair is None and self.spec.max_delay is None:
@@ -323,6 +334,16 @@ class Engine:
             return []  # a follower runs its leader's plans, settings included
         taken: list[dict[str, Any]] = []
         for command in self.inbox.pending():
+            if "pause" in command or "resume" in command:
+                if taken:
+                    return taken  # the commands before it take effect first
+                self._pause_or_resume(command, epoch)
+                continue
+            if self.paused:
+                return []  # everything else waits for the resume
+            if "route" in command:
+                taken += self._route(command, epoch)
+                continue
             if not _alone(command):
                 taken += self._take(command, epoch)
                 continue
@@ -338,7 +359,7 @@ class Engine:
                 continue
             return [command]
         stream = self.spec.control.commands
-        if stream is not None:  # a control stream: its tuples are commands too
+        if stream is not None and not self.paused:  # a control stream: its tuples are commands too
             if self._commands is None:  # (kept open while run() runs: a broker's connection)
                 self._commands = command_reader(stream, self.spec.name)
             commands, self._read_to = self._commands.after(self._cursor)
@@ -362,6 +383,35 @@ class Engine:
                 self._refused.append({"id": command.get("id"), "set": wanted, "reason": str(e)})
             return []
         return [command]
+
+    def _route(self, command: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
+        """``[command]`` if its routing request fits (the manager then takes it in the plan of
+        ``epoch``, where it becomes a decision), else ``[]`` (refused with the reason)."""
+        request = command.get("route")
+        try:
+            if not isinstance(request, dict):
+                raise ValueError("route: expected a mapping with step and one of rebalance, lanes, move")
+            last = self.ckpt.latest_commit()
+            prev = last.steps.get(str(request.get("step"))) if last else None
+            lanes_now = RoutingTable.from_json(prev.routing).lanes if prev else self.lanes
+            self.controller.manager.check_request(request, self.controller.lanes_cap, lanes_now)
+        except ValueError as e:
+            self.inbox.close(command, "refused", epoch, str(e))
+            self._refused.append({"id": command.get("id"), "route": request, "reason": str(e)})
+            return []
+        self.controller.manager.request({**request, "id": command.get("id")})
+        return [command]
+
+    def _pause_or_resume(self, command: dict[str, Any], epoch: int) -> None:
+        """An operator's pause (no epoch runs until a resume; kept in the checkpoint, so a
+        restarted driver stays paused) or resume. Both are closed at once and logged in the plan
+        of the next epoch that runs."""
+        pause = "pause" in command
+        if pause != self.paused:
+            self.inbox.set_paused({"id": command.get("id"), "since": time.time()} if pause else None)
+            self.paused = pause
+            self._held.append(command)
+        self.inbox.close(command, "applied", epoch)
 
     def _check_alone(self, command: dict[str, Any], last_epoch: int) -> None:
         """Refuse (raise) a change of network, a replay or an undo that cannot be done now."""
@@ -706,6 +756,7 @@ class Engine:
             if name not in running and not any(name in c.steps for c in commits):
                 drop_state(self.ckpt.location, name)
         self.ckpt.forget_before(keep_from)
+        self.ckpt.forget_progress()
         if self.pair is not None:
             self.pair.selector.forget_before(keep_from)
 

@@ -9,6 +9,11 @@ with the reason. Either way the command moves to ``done`` with its outcome::
                                                 (or "network": a whole spec, "reset": [steps];
                                                  "replay": epoch [+ "network"]; "undo": epoch)
     <checkpoint>/control/done/<id>.json         the same + "outcome" (applied | refused), "epoch", "reason"
+    <checkpoint>/control/paused.json            while an operator's pause is in force: {"id", "since"}
+
+Besides settings and changes of network, a command may ask the distribution manager for a
+routing change (``"route": {"step", "rebalance" | "lanes" | "move"}``) or pause (``"pause": true``)
+and resume (``"resume": true``) the network.
 
 A command is closed only after the plan that applies it is logged: a driver that dies in
 between finds it in the inbox again and applies the same setting again, which changes nothing.
@@ -75,6 +80,26 @@ class Inbox:
         if path:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.delete_file(path)
+
+    def paused(self) -> dict[str, Any] | None:
+        """The pause in force (who paused, since when), or None."""
+        try:
+            data = read_json(self.fs, self._paused)
+        except FileNotFoundError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    def set_paused(self, pause: dict[str, Any] | None) -> None:
+        if pause is None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.delete_file(self._paused)
+            return
+        self.fs.create_dir(self.inbox.rsplit("/", 1)[0], recursive=True)
+        write_atomic(self.fs, self._paused, json.dumps(pause).encode())
+
+    @property
+    def _paused(self) -> str:
+        return f"{self.inbox.rsplit('/', 1)[0]}/paused.json"
 
     def done(self) -> list[dict[str, Any]]:
         """Closed commands, in the order they were closed."""

@@ -240,3 +240,41 @@ def test_lookahead_waits_for_a_deferring_kernel_to_work_on_the_shifted_input() -
     assert d.kind == "balance" and d.why["lookahead"]["heldRows"] == d.why["lookahead"]["workRows"] == int(hot.sum())
     assert all(src == 0 and dst == 1 for _, src, dst in d.action["moves"])
     assert d.expected["makespanMs"] < d.why["makespanMs"]
+
+
+def test_operator_requests_rescale_move_and_rebalance_before_the_policies() -> None:
+    """An operator's request (the control API) is taken by the step's next plan, first of all
+    stages, as a decision whose why names the operator and the command; the automatic balancer
+    does not undo it in the same plan; a request that cannot fit is refused naming why."""
+    m = DistributionManager(spec({"scale": {"auto": False, "max_lanes": 2},
+                                  "balance": {"threshold": 0.2, "period": 1, "patience": 1}}), max_lanes=2)
+    table = RoutingTable.uniform(K, 2)
+    skewed = {0: 40, 1: 30, 2: 20, 3: 10, 4: 5, 5: 5, 6: 5, 7: 5}
+    m.observe("s", load(1, table, skewed))
+    m.observe("s", load(2, table, skewed))  # (the balancer acts on two epochs or more)
+    for bad, why in (({"step": "x", "rebalance": True}, "stateful step"), ({"step": "s"}, "exactly one"),
+                     ({"step": "s", "lanes": 3}, "from 1 to 2"), ({"step": "s", "move": {"9": 0}}, "key group"),
+                     ({"step": "s", "move": {"1": 2}}, "lane from 0 to 1")):
+        with pytest.raises(ValueError, match=why):
+            m.check_request(bad, lanes_cap=2, lanes_now=2)
+    m.request({"step": "s", "move": {"7": 0}, "id": "c1"})
+    table, made = m.plan(3, "s", table)
+    assert table.assignment[7] == 0 and [d.why["reason"] for d in made] == ["operator"]  # no balance on top
+    assert made[0].action["moves"] == [[7, 1, 0]] and made[0].why["command"] == "c1"
+    table, made = m.plan(4, "s", table)  # taken once
+    assert all(d.why.get("reason") != "operator" for d in made)
+    table = RoutingTable.uniform(K, 2)
+    m.request({"step": "s", "rebalance": True, "id": "c2"})
+    table, made = m.plan(5, "s", table)
+    assert made and made[0].kind == "balance" and made[0].why["reason"] == "operator"
+    assert made[0].expected["makespanMs"] < made[0].why["makespanMs"]  # moved load off the hot lane
+    m.request({"step": "s", "lanes": 1, "id": "c3"})
+    table, made = m.plan(6, "s", table)
+    assert table.lanes == 1 and made[0].kind == "rescale" and made[0].action["lanes"] == [2, 1]
+    assert m.check_request({"step": "s", "rebalance": True}, 2, 2) == "s"
+
+
+def test_a_lane_count_is_fixed_without_control_scale() -> None:
+    m = DistributionManager(spec({}), max_lanes=2)
+    with pytest.raises(ValueError, match="no control.scale"):
+        m.check_request({"step": "s", "lanes": 1}, lanes_cap=2, lanes_now=2)

@@ -182,6 +182,7 @@ def _routing_summary(routing: dict[str, Any]) -> dict[str, Any]:
         "lanes": table.lanes,
         "keyGroupsPerLane": [len(table.key_groups_of(i)) for i in range(table.lanes)],
         "spread": {str(k): [table.assignment[k], *v] for k, v in table.spread.items()},
+        "assignment": list(table.assignment),  # key group -> lane (the dashboard draws it)
     }
 
 
