@@ -36,6 +36,13 @@ export PYSPARK_PYTHON="$PWD/.venv/bin/python"
 case "$cmd" in
   demo) exec .venv/bin/eddyline demo "$@" ;;
   test)
+    # the dashboard's browser test drives the system's Chromium: Debian's, installed here where
+    # this user may (root with apt-get); elsewhere that test says why it skips
+    if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "installing Debian's chromium for the dashboard test..." >&2
+      { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; } \
+        > .venv/chromium-install.log 2>&1 || echo "warning: could not install chromium (see .venv/chromium-install.log)" >&2
+    fi
     # style and the layer rules first (pyproject.toml), then the suite
     .venv/bin/ruff check eddyline tests bench
     .venv/bin/lint-imports

@@ -10,6 +10,7 @@ import shutil
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Annotated
@@ -190,6 +191,11 @@ def run(
     freeze_at: Annotated[str | None, typer.Option(hidden=True, help="test hook: SIGSTOP at EPOCH:POINT")] = None,
     rehearse: Annotated[bool, typer.Option(
         hidden=True, help="a standby rehearses the next epoch while it waits (off: measure a cold takeover)")] = True,
+    ui: Annotated[bool, typer.Option(help="serve the web dashboard, /metrics and the control API while it runs")] = False,
+    ui_host: Annotated[str, typer.Option(help="the dashboard's address (other than loopback: needs --ui-token)")] = "127.0.0.1",
+    ui_port: Annotated[int, typer.Option(help="the dashboard's port (0: any free one)")] = 8080,
+    ui_token: Annotated[str | None, typer.Option(
+        envvar="EDDYLINE_UI_TOKEN", show_envvar=True, help="a token every dashboard request must carry")] = None,
 ) -> None:
     """Run a network in epochs until --epochs / --duration / --until-idle (or Ctrl-C).
 
@@ -198,7 +204,14 @@ def run(
     (it stops before its next visible step). With --standby it waits for the lease to expire,
     having rehearsed the next epoch (writing only to a scratch directory) so that it leads warm."""
     _run(spec, checkpoint, epochs, duration, until_idle, lanes, progress_json, live, master, crash_at,
-         standby, lease_timeout, freeze_at, rehearse, hot=hot)
+         standby, lease_timeout, freeze_at, rehearse, hot=hot, ui=UiOptions(ui_host, ui_port, ui_token) if ui else None)
+
+
+@dataclass(frozen=True)
+class UiOptions:
+    host: str
+    port: int
+    token: str | None
 
 
 def _run(
@@ -217,6 +230,7 @@ def _run(
     freeze_at: str | None = None,
     rehearse: bool = True,
     hot: str | None = None,
+    ui: UiOptions | None = None,
 ) -> None:
     from eddyline.facade import validate as analyze
     from eddyline.observe.progress import ProgressReporter
@@ -231,6 +245,10 @@ def _run(
         stop["now"] = True  # finish the current epoch, then stop cleanly
 
     try:
+        if ui is not None:  # refused before anything starts
+            from eddyline.observe.dashboard.server import check_binding
+
+            check_binding(ui.host, ui.token)
         faults = (KillDriver.parse(crash_at) if crash_at
                   else KillDriver.parse(freeze_at, signal.SIGSTOP, "--freeze-at") if freeze_at else None)
         net = _load(spec)
@@ -245,11 +263,16 @@ def _run(
             # standby can rehearse with it while it waits
             engine = Engine(net, session, checkpoint, lanes=lanes, reporter=reporter, faults=faults, lease=lease,
                             pair=pair)
-            if pair is None and lease is not None and not _take(lease, engine, standby, rehearse, lambda: stop["now"]):
-                return  # a standby stopped before it could take over
-            summary = engine.run(
-                epochs=epochs, duration_s=duration, until_idle=until_idle, should_stop=lambda: stop["now"]
-            )
+            server = _serve(ui, engine, reporter) if ui is not None else None
+            try:
+                if pair is None and lease is not None and not _take(lease, engine, standby, rehearse, lambda: stop["now"]):
+                    return  # a standby stopped before it could take over
+                summary = engine.run(
+                    epochs=epochs, duration_s=duration, until_idle=until_idle, should_stop=lambda: stop["now"]
+                )
+            finally:
+                if server is not None:
+                    server.stop()
     except EddylineError as e:
         raise _fail(e) from None
     outputs = ", ".join(f"{k}={v}" for k, v in summary.output_rows.items())
@@ -258,6 +281,17 @@ def _run(
         f"{summary.input_rows} input rows, output rows {outputs or '-'}, "
         f"{summary.late_rows} late, {summary.dead_letters} dead letters"
     )
+
+
+def _serve(ui: UiOptions, engine, reporter):  # noqa: ANN001, ANN202
+    """The dashboard of the running ``engine``, served until the run ends."""
+    from eddyline.observe.dashboard.app import create_app
+    from eddyline.observe.dashboard.server import DashboardServer
+    from eddyline.operate import live_feed
+
+    server = DashboardServer(create_app(live_feed(engine, reporter), ui.token), ui.host, ui.port, ui.token).start()
+    err.print(f"dashboard: {server.url} · metrics: {server.url}metrics", highlight=False)
+    return server
 
 
 def _lease(checkpoint: str, standby: bool, timeout_s: float):  # noqa: ANN202
@@ -390,6 +424,76 @@ def control_set(
     Console().print(f"queued command {command}: {listed}; it takes effect at the next epoch", highlight=False)
 
 
+@control_app.command("route")
+def control_route(
+    checkpoint: Annotated[str, typer.Option(help="the running network's checkpoint")],
+    step: Annotated[str, typer.Argument(help="a stateful step")],
+    rebalance: Annotated[bool, typer.Option(help="balance its lanes now, whatever the thresholds")] = False,
+    lanes: Annotated[int | None, typer.Option(help="rescale it to this many lanes (needs control.scale)")] = None,
+    move: Annotated[list[str] | None, typer.Option(help="KEY_GROUP:LANE, e.g. 3:1 (repeatable)")] = None,
+) -> None:
+    """Ask the distribution manager of the network running on --checkpoint for a routing change
+    at its next epoch (one of --rebalance, --lanes, --move); it becomes a decision whose why is
+    the operator, logged in that epoch's plan."""
+    route: dict = {"step": step}
+    try:
+        if rebalance + (lanes is not None) + bool(move) != 1:
+            raise SpecError("control route: give exactly one of --rebalance, --lanes N, --move KG:LANE")
+        if rebalance:
+            route["rebalance"] = True
+        elif lanes is not None:
+            route["lanes"] = lanes
+        else:
+            pairs = [m.partition(":") for m in move or []]
+            if any(not (kg.isdigit() and lane.isdigit()) for kg, _, lane in pairs):
+                raise SpecError(f"control route --move: expected KEY_GROUP:LANE (numbers), got {move}")
+            route["move"] = {kg: int(lane) for kg, _, lane in pairs}
+        command = _queue_checked(checkpoint, {"route": route})
+    except EddylineError as e:
+        raise _fail(e) from None
+    Console().print(f"queued command {command}: {_describe({'route': route})}; it takes effect at the next epoch",
+                    highlight=False)
+
+
+@control_app.command("pause")
+def control_pause(checkpoint: Annotated[str, typer.Option(help="the running network's checkpoint")]) -> None:
+    """Pause the network running on --checkpoint after its current epoch (a restarted driver stays
+    paused) until `eddyline control resume`."""
+    try:
+        command = _queue_checked(checkpoint, {"pause": True})
+    except EddylineError as e:
+        raise _fail(e) from None
+    Console().print(f"queued pause {command}: the network stops after its current epoch", highlight=False)
+
+
+@control_app.command("resume")
+def control_resume(checkpoint: Annotated[str, typer.Option(help="the paused network's checkpoint")]) -> None:
+    """Resume a paused network."""
+    try:
+        command = _queue_checked(checkpoint, {"resume": True})
+    except EddylineError as e:
+        raise _fail(e) from None
+    Console().print(f"queued resume {command}", highlight=False)
+
+
+def _queue_checked(checkpoint: str, body: dict) -> str:
+    """Check ``body`` against the network the checkpoint runs, then queue it."""
+    from eddyline.operate import check_command, network_in_force
+    from eddyline.runtime.checkpoint import Checkpoint
+    from eddyline.runtime.inbox import Inbox
+
+    ck = Checkpoint(checkpoint)
+    last = ck.latest_commit()
+    check_command(network_in_force(ck), last.settings if last else {}, body)
+    return Inbox(checkpoint).submit_command(body)
+
+
+def _describe(command: dict) -> str:
+    from eddyline.observe.progress import describe_command
+
+    return describe_command(command)
+
+
 @app.command()
 def apply(
     spec: SpecArg,
@@ -489,8 +593,7 @@ def control_status(checkpoint: Annotated[str, typer.Option(help="the network's c
               highlight=False)
     inbox = Inbox(checkpoint)
     for c in inbox.done():
-        what = ", ".join(f"{t} = {v!r}" for t, v in (c.get("set") or {}).items()) or (
-            "a new network" if c.get("network") else "(no settings)")
+        what = _describe(c) if not c.get("network") or "replay" in c else "a new network"
         if "replay" in c:
             what = f"replay from epoch {c['replay']}" + (" with a new network" if c.get("network") else "")
         elif "undo" in c:
@@ -498,7 +601,9 @@ def control_status(checkpoint: Annotated[str, typer.Option(help="the network's c
         outcome = f"applied from epoch {c['epoch']}" if c["outcome"] == "applied" else f"refused: {c.get('reason')}"
         out.print(f"{c['id']}  {what}  {outcome}", highlight=False, soft_wrap=True)
     for c in inbox.pending():
-        out.print(f"{c['id']}  {c.get('set')}  waiting for the next epoch", highlight=False)
+        out.print(f"{c['id']}  {_describe(c)}  waiting for the next epoch", highlight=False)
+    if inbox.paused():
+        out.print("paused (eddyline control resume --checkpoint … resumes it)", highlight=False)
 
 
 @app.command()
@@ -531,6 +636,85 @@ def produce(
     except EddylineError as e:
         raise _fail(e) from None
     typer.echo(f"published offsets {start:,}..{reached:,} to stream {stream} at {url}")
+
+
+@app.command()
+def ui(
+    checkpoint: Annotated[str, typer.Argument(help="the network's checkpoint")],
+    host: Annotated[str, typer.Option(help="address (other than loopback: needs --token)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port (0: any free one)")] = 8080,
+    token: Annotated[str | None, typer.Option(envvar="EDDYLINE_UI_TOKEN", show_envvar=True,
+                                              help="a token every request must carry")] = None,
+) -> None:
+    """Browse a checkpoint in the web dashboard: the epochs, routing, decisions and control calls
+    it recorded (read-only; a running network's own dashboard is `eddyline run --ui`)."""
+    import threading
+
+    from eddyline.observe.dashboard.app import create_app
+    from eddyline.observe.dashboard.server import DashboardServer
+    from eddyline.operate import checkpoint_feed
+
+    try:
+        server = DashboardServer(create_app(checkpoint_feed(checkpoint), token), host, port, token).start()
+    except EddylineError as e:
+        raise _fail(e) from None
+    err.print(f"dashboard of {checkpoint}: {server.url} (Ctrl-C to stop)", highlight=False)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    signal.signal(signal.SIGINT, lambda *_: stopped.set())
+    stopped.wait()
+    server.stop()
+
+
+@app.command()
+def status(
+    checkpoint: Annotated[str, typer.Argument(help="the network's checkpoint")],
+    as_json: Annotated[bool, typer.Option("--json", help="print it as JSON")] = False,
+) -> None:
+    """A running or stopped network at a glance, from its checkpoint alone: last epoch, lag,
+    leader, routing and recent decisions."""
+    import json
+    import time
+
+    from eddyline.operate import status as read_status
+
+    try:
+        s = read_status(checkpoint)
+    except EddylineError as e:
+        raise _fail(e) from None
+    if as_json:
+        typer.echo(json.dumps(s, indent=2, default=str))
+        return
+    out = Console()
+    ago = f" ({time.time() - s['committedAt']:.0f} s ago)" if s["committedAt"] else ""
+    leader = s["leader"]
+    who = ("no driver has held its lease" if leader is None else
+           f"{'led by' if leader['alive'] else 'last led by'} {leader['holder']} (lease generation {leader['generation']}"
+           f"{', lease alive' if leader['alive'] else ', lease expired: not running'})")
+    out.print(f"[bold]{s['network']}[/bold] · {checkpoint} · last committed epoch {s['lastEpoch']}{ago}"
+              f"{' · end of stream' if s['endOfStream'] else ''}", highlight=False)
+    out.print(f"driver: {who}" + (" · [yellow]paused[/yellow]" if s["paused"] else ""), highlight=False)
+    if s["tentative"]:
+        out.print(f"[yellow]tentative: its state lacks input from {', '.join(s['tentative'])}[/yellow]")
+    stats = s["lastEpochStats"]
+    if stats:
+        out.print(f"last epoch: {stats['numInputRows']:,} input rows in {stats['durationMs']['triggerExecution']:.0f} ms, "
+                  f"watermark {(stats.get('eventTime') or {}).get('watermark') or '-'}, {stats['deadLetters']} dead letters, "
+                  f"{stats['lateRows']} late", highlight=False)
+    for name, src in s["sources"].items():
+        lag = "-" if src["backlog"] is None else f"{src['backlog']:,}"
+        out.print(f"source {name}: offset {src['offset']:,}, lag {lag}", highlight=False)
+    for step, r in s["routing"].items():
+        state = s["state"].get(step, {})
+        out.print(f"step {step}: {r['lanes']} lanes, routing v{r['version']}, key groups per lane {r['keyGroupsPerLane']}"
+                  f"{', split ' + str(r['spread']) if r.get('spread') else ''}; state {state.get('rows', 0):,} rows, "
+                  f"{state.get('bytes', 0) / 1e6:.1f} MB", highlight=False)
+    if s["settings"]:
+        out.print("settings in force: " + ", ".join(f"{t} = {v!r}" for t, v in s["settings"].items()), highlight=False)
+    for d in s["recentDecisions"]:
+        measured = (d.get("measured") or {}).get("makespanMs", "pending")
+        out.print(f"epoch {d['epoch']} {d['step']}: {d['kind']} · why {d['why'].get('reason', '-')} · expected makespan "
+                  f"{d['expected'].get('makespanMs', '-')} ms · measured {measured}", highlight=False, soft_wrap=True)
 
 
 @app.command()

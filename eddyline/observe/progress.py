@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from collections.abc import Callable
 from typing import IO, Any
 
 from rich.console import Console, Group
@@ -37,6 +38,8 @@ class ProgressReporter:
         self.rows: deque[dict[str, Any]] = deque(maxlen=keep)
         self._json: IO[str] | None = open(json_path, "a", encoding="utf-8") if json_path else None  # noqa: SIM115
         self._live: Live | None = None
+        #: called with every record (the dashboard, the metrics)
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
     def __enter__(self) -> ProgressReporter:
         if self.live_enabled:
@@ -60,6 +63,8 @@ class ProgressReporter:
             self._json.flush()
         if self._live is not None:
             self._live.update(self._render())
+        for listener in self.listeners:
+            listener(record)
 
     def _render(self) -> Group:
         t = Table(title="eddyline · epochs", expand=False)
@@ -99,7 +104,7 @@ class ProgressReporter:
                 )
             for r in list(self.rows)[-5:]:  # control lines: what took effect, what was refused
                 for c in r.get("applied", []):
-                    parts.append(f"[green]epoch {r['batchId']}: control {c['id']} applied: {_command(c)}[/green]")
+                    parts.append(f"[green]epoch {r['batchId']}: control {c['id']} applied: {describe_command(c)}[/green]")
                 for c in r.get("refused", []):
                     parts.append(f"[red]epoch {r['batchId']}: control {c['id']} refused: {c['reason']}[/red]")
             for d in last.get("recentDecisions", [])[-3:]:
@@ -112,9 +117,16 @@ class ProgressReporter:
         return Group(*parts)
 
 
-def _command(c: dict[str, Any]) -> str:
-    """What an applied command did, in a few words."""
-    if "set" in c:
+def describe_command(c: dict[str, Any]) -> str:
+    """What a control command did (or will do), in a few words."""
+    if isinstance(c.get("route"), dict):
+        r = c["route"]
+        what = ("rebalance" if "rebalance" in r else f"rescale to {r.get('lanes')} lanes" if "lanes" in r
+                else f"move key groups {r.get('move')}")
+        return f"{what} of {r.get('step')}"
+    if "pause" in c or "resume" in c:
+        return "pause" if "pause" in c else "resume"
+    if c.get("set"):
         return ", ".join(f"{t} = {v!r}" for t, v in c["set"].items())
     if "rewrite" in c:
         return f"network rewritten by {c['rewrite']} ({c.get('network', '?')})"
@@ -123,7 +135,8 @@ def _command(c: dict[str, Any]) -> str:
     if "replay" in c:
         return f"replayed from epoch {c['replay']}" + (f" with network {c['network']}" if "network" in c else "")
     if "network" in c:
-        return f"network {c['network']}" + (f", reset {', '.join(c['reset'])}" if c.get("reset") else "")
+        net = c["network"] if isinstance(c["network"], str) else "(a new network)"
+        return f"network {net}" + (f", reset {', '.join(c['reset'])}" if c.get("reset") else "")
     return str(c)
 
 

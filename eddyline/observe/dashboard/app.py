@@ -1,0 +1,171 @@
+"""The dashboard's web application (FastAPI): the page, its sections, ``/metrics`` and the
+control API.
+
+::
+
+    GET  /                      the page (static HTML + a small script that polls /api/view)
+    GET  /api/view?since=N      {"epoch", "sections": {id: html}} (only when an epoch newer than N
+                                was reported, or the status changed)
+    GET  /api/progress          the recent progress records, as JSON
+    GET  /metrics               Prometheus text format (eddyline.observe.metrics)
+    POST /api/control/set       {"settings": {"STEP.PARAM": value}}   a control line
+    POST /api/control/rebalance {"step"}                              balance the step's lanes now
+    POST /api/control/rescale   {"step", "lanes"}                     give the step that many lanes
+    POST /api/control/move      {"step", "move": {key group: lane}}   move key groups
+    POST /api/control/pause     {}                                    no epoch until resume
+    POST /api/control/resume    {}
+
+A control call is checked (400 naming the problem, nothing queued), then queued for the next
+epoch boundary like ``eddyline control set``: the engine checks it again, logs it in the epoch's
+plan or refuses it, and the page's "control calls" section shows the outcome. With a token every
+request needs it (``Authorization: Bearer TOKEN``; the page also takes ``?token=`` once and keeps
+it in a cookie for reads); control calls without it get 401 and change nothing. A stopped run
+(``eddyline ui CHECKPOINT``) has no control API: 409.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, Field
+
+from eddyline.api.network import NetworkSpec
+from eddyline.errors import EddylineError
+from eddyline.observe.dashboard import views
+from eddyline.observe.metrics import Metrics
+
+COOKIE = "eddyline_token"
+
+
+@dataclass
+class Feed:
+    """What the dashboard shows and does, whatever runs it (a live driver or a checkpoint).
+
+    ``records``: the recent progress records, oldest first; ``status``: ``{"live": bool,
+    "paused": bool, "lease": {...}}``; ``commands``: control calls with their outcomes;
+    ``submit``: queue a command, returning its id (None: read-only); ``check``: raise an
+    :class:`EddylineError` naming what does not fit in a command, before it is queued."""
+
+    network: NetworkSpec | None
+    records: Callable[[], list[dict[str, Any]]]
+    status: Callable[[], dict[str, Any]] = lambda: {}
+    commands: Callable[[], list[dict[str, Any]]] = lambda: []
+    submit: Callable[[dict[str, Any]], str] | None = None
+    check: Callable[[dict[str, Any]], None] = lambda command: None
+    metrics: Metrics = field(default_factory=Metrics)
+
+
+class Settings(BaseModel):
+    settings: dict[str, Any] = Field(min_length=1, description="STEP.PARAM -> value")
+
+
+class Step(BaseModel):
+    step: str
+
+
+class Rescale(Step):
+    lanes: int = Field(ge=1)
+
+
+class Move(Step):
+    move: dict[int, int] = Field(min_length=1, description="key group -> lane")
+
+
+def create_app(feed: Feed, token: str | None = None) -> FastAPI:
+    app = FastAPI(title="Eddyline", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def given(request: Request) -> str | None:
+        auth = request.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        return request.query_params.get("token") or request.cookies.get(COOKIE)
+
+    def may_read(request: Request) -> None:
+        if token is not None and not hmac.compare_digest((given(request) or "").encode(), token.encode()):
+            raise HTTPException(401, "this dashboard needs its token (Authorization: Bearer TOKEN, or ?token=)")
+
+    def may_control(request: Request) -> None:
+        auth = request.headers.get("authorization", "")  # a header only: a cookie would let other sites call
+        if token is not None and not (auth.lower().startswith("bearer ")
+                                      and hmac.compare_digest(auth[7:].strip().encode(), token.encode())):
+            raise HTTPException(401, "control calls need the token: Authorization: Bearer TOKEN")
+        if feed.submit is None:
+            raise HTTPException(409, "this network is not running here (a checkpoint being browsed): nothing to control")
+
+    def queue(command: dict[str, Any]) -> JSONResponse:
+        try:
+            feed.check(command)
+        except EddylineError as e:
+            raise HTTPException(400, str(e)) from None
+        assert feed.submit is not None
+        return JSONResponse({"id": feed.submit(command), "queued": views.describe_command(command),
+                             "note": "takes effect at the next epoch boundary"})
+
+    @app.get("/", response_class=HTMLResponse, dependencies=[Depends(may_read)])
+    def page(request: Request) -> Response:
+        html = (resources.files("eddyline.observe.dashboard") / "static" / "index.html").read_text("utf-8")
+        name = feed.network.name if feed.network is not None else "eddyline"
+        response = HTMLResponse(html.replace("{{name}}", views._e(name)))
+        if token is not None and request.query_params.get("token"):
+            response.set_cookie(COOKIE, request.query_params["token"], httponly=True, samesite="strict")
+        return response
+
+    @app.get("/static/{name}", dependencies=[Depends(may_read)])
+    def static(name: str) -> Response:
+        kinds = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+        if name not in kinds:
+            raise HTTPException(404, f"no static file {name!r}")
+        body = (resources.files("eddyline.observe.dashboard") / "static" / name).read_text("utf-8")
+        return Response(body, media_type=kinds[name])
+
+    @app.get("/api/view", dependencies=[Depends(may_read)])
+    def view(since: int = -1, state: str = "") -> JSONResponse:
+        records, status = feed.records(), feed.status()
+        epoch = records[-1]["batchId"] if records else 0
+        key = f"{epoch}:{status.get('paused')}:{len(feed.commands())}"
+        if epoch <= since and key == state:
+            return JSONResponse({"epoch": epoch, "state": key, "sections": {}})
+        return JSONResponse({"epoch": epoch, "state": key,
+                             "sections": views.sections(feed.network, records, status, feed.commands())})
+
+    @app.get("/api/progress", dependencies=[Depends(may_read)])
+    def progress() -> JSONResponse:
+        return JSONResponse(feed.records())
+
+    @app.get("/metrics", dependencies=[Depends(may_read)])
+    def metrics() -> Response:
+        feed.metrics.set_paused(bool(feed.status().get("paused")))
+        return Response(feed.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/api/control/set", dependencies=[Depends(may_control)])
+    def control_set(body: Settings) -> JSONResponse:
+        return queue({"set": body.settings, "from": "dashboard"})
+
+    @app.post("/api/control/rebalance", dependencies=[Depends(may_control)])
+    def rebalance(body: Step) -> JSONResponse:
+        return queue({"route": {"step": body.step, "rebalance": True}, "from": "dashboard"})
+
+    @app.post("/api/control/rescale", dependencies=[Depends(may_control)])
+    def rescale(body: Rescale) -> JSONResponse:
+        return queue({"route": {"step": body.step, "lanes": body.lanes}, "from": "dashboard"})
+
+    @app.post("/api/control/move", dependencies=[Depends(may_control)])
+    def move(body: Move) -> JSONResponse:
+        return queue({"route": {"step": body.step, "move": {str(k): v for k, v in body.move.items()}},
+                      "from": "dashboard"})
+
+    @app.post("/api/control/pause", dependencies=[Depends(may_control)])
+    def pause() -> JSONResponse:
+        return queue({"pause": True, "from": "dashboard"})
+
+    @app.post("/api/control/resume", dependencies=[Depends(may_control)])
+    def resume() -> JSONResponse:
+        return queue({"resume": True, "from": "dashboard"})
+
+    return app
