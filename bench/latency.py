@@ -8,8 +8,8 @@ event's production to the moment its result is committed. Engines:
   0`` (epochs back to back), a ``files`` sink (Parquet). The engine runs in this process
   (``Engine``, like ``run_bench.py``), so that it shares one SparkSession with Structured
   Streaming; the producer is a separate process (no GIL shared with the driver). An epoch's
-  commit time is its progress record's ``timestamp`` (written right after the commit) less its
-  ``durationMs.cleanup``; its output is ``out/epoch=N/``.
+  commit time is its progress record's ``committedAt`` (records before it had one: the
+  ``timestamp``, written right after the commit, less ``durationMs.cleanup``); its output is ``out/epoch=N/``.
 * ``spark``: Structured Streaming micro-batches, ``trigger(processingTime="0 seconds")``. Spark
   has no NATS source, so the producer writes the same events as JSON-lines files, one file per
   ``--file-ms`` (100 ms) of production, each written aside and renamed in whole, read by
@@ -420,7 +420,8 @@ def run_eddyline(ctx: Context, query: str, rate: int, tmp: Path, files: bool) ->
                 conn.api(f"STREAM.DELETE.{stream}")
     summary, log = producer.result()
     epochs = [json.loads(line) for line in progress.read_text().splitlines()]
-    commit_us = {r["batchId"]: _iso_us(r["timestamp"]) - int(r["durationMs"]["cleanup"] * 1000) for r in epochs}
+    commit_us = {r["batchId"]: _iso_us(r["committedAt"]) if "committedAt" in r
+                 else _iso_us(r["timestamp"]) - int(r["durationMs"]["cleanup"] * 1000) for r in epochs}
     tables = []
     for d in sorted(out.glob("epoch=*")):
         epoch = int(d.name.split("=")[1])

@@ -687,7 +687,7 @@ class Engine:
             driver = self.lease.describe() if self.lease is not None else None
         return done, report(
             self.spec, self.controller, plan, staged, folded, shed, ms, replayed, observed_ms, wall_s, status,
-            driver=driver,
+            driver=driver, committed_at=done.committed_at,
         )
 
     def _restore(self, control: dict) -> None:

@@ -43,11 +43,13 @@ def report(
     wall_s: float,
     status: dict[str, dict[str, Any]] | None = None,
     driver: dict[str, Any] | None = None,
+    committed_at: float | None = None,
 ) -> ProgressRecord:
     """``observed_ms``: the epoch's duration as the overload controller observed it (up to the
     commit); ``wall_s``: seconds since the previous epoch started; ``status``: per source and
     sink name that talks to a server, how that server is doing; ``driver``: which driver leads
-    (its lease), if it runs under one."""
+    (its lease), if it runs under one; ``committed_at``: when the commit was written (Unix s),
+    the moment the epoch's outputs count as delivered."""
     status = status or {}
     input_rows = sum(int(staged.observed.get(f"source:{s.name}", {}).get("rows") or 0) for s in spec.sources)
     total = ms.total
@@ -56,6 +58,7 @@ def report(
         "id": spec.name,
         "batchId": plan.epoch,
         "timestamp": iso_ms(int(time.time() * 1000)),
+        **({"committedAt": iso_ms(int(committed_at * 1000))} if committed_at is not None else {}),
         "replayed": replayed,
         "numInputRows": input_rows,
         "processedRowsPerSecond": input_rows / (total / 1000) if total else 0.0,

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from eddyline.api.validate import load_spec
 from eddyline.cli import app
+from eddyline.eventtime import iso_ms
 from eddyline.observe.dashboard.app import create_app
 from eddyline.observe.dashboard.server import DashboardServer
 from eddyline.observe.progress import ProgressReporter
@@ -158,6 +159,8 @@ def test_the_dashboard_in_a_browser(spark, tmp_path: Path) -> None:
              or ("pause" in a and "pause") or ("resume" in a and "resume") for a in applied]
     assert kinds == ["rebalance", "move", "lanes", "pause", "resume"]
     assert all(c["outcome"] == "applied" and c["from"] == "dashboard" for c in engine.inbox.done())
+    # a record says when its epoch committed (what end-to-end latency is measured to)
+    assert got[-1]["committedAt"] == iso_ms(int(ck.read_commit(got[-1]["batchId"]).committed_at * 1000))
 
     # stopped: `eddyline status` and `eddyline ui` read the checkpoint alone
     result = CliRunner().invoke(app, ["status", ckpt])
