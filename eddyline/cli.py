@@ -685,7 +685,7 @@ def status(
     if as_json:
         typer.echo(json.dumps(s, indent=2, default=str))
         return
-    out = Console()
+    out = Console(soft_wrap=True)
     ago = f" ({time.time() - s['committedAt']:.0f} s ago)" if s["committedAt"] else ""
     leader = s["leader"]
     who = ("no driver has held its lease" if leader is None else
