@@ -939,6 +939,8 @@ class Compiler:
         if str(spec.args.get("start_side", "")).upper() != "PRECEDING" or not (isinstance(start, exp.Literal) and start.is_int) \
                 or str(end).upper() != "CURRENT ROW":
             raise SpecError("sql: OVER: expected ROWS BETWEEN n PRECEDING AND CURRENT ROW")
+        # the kernel orders rows of equal time by their content: it sees the query's columns only
+        rel = self.materialize(rel)
         time_field = self.resolve_field(rel, order[0].this, "OVER (ORDER BY)")
         rel, keys = self._ensure(rel, list(w.args["partition_by"]), "OVER (PARTITION BY)")
         aggs: dict[str, str] = {}
