@@ -40,6 +40,7 @@ from eddyline.kinds.base import (
 )
 from eddyline.operators.window import (
     START_MS,
+    TMAX,
     WINDOW_END,
     WINDOW_START,
     WindowConfig,
@@ -78,9 +79,11 @@ class WindowAggregate(Aggregating, Model):
     def keys(self) -> tuple[str, ...]:
         return names(self.key)
 
-    def config(self, weighted: bool = False) -> WindowConfig:
+    def config(self, weighted: bool = False, advance: bool = False) -> WindowConfig:
+        """``advance``: the watermark may advance within the epoch (fed by sources alone)."""
         return WindowConfig(
             weighted=weighted,
+            advance_delay_ms=self.watermark_delay if advance else None,
             keys=self.keys,
             size_ms=self.window.size,
             slide_ms=self.window.slide_ms,
@@ -141,7 +144,10 @@ class WindowAggregateKind(StepKind):
         if estimate:
             wa, df = _weighted(wa, df)
         weighted = DIFF in df.columns
-        cfg = wa.config(weighted)
+        # fed by sources alone: its lanes may fire as soon as their own rows pass the watermark
+        # (a step fed by stateful steps follows their watermarks of the epoch before)
+        ancestors, _ = ctx.spec.stateful_upstream(step)
+        cfg = wa.config(weighted, advance=not ancestors)
         time_type = df.schema[wa.time].dataType
         if not isinstance(time_type, TimestampType | TimestampNTZType):
             raise SpecError(
@@ -182,6 +188,8 @@ class WindowAggregateKind(StepKind):
                 aggs.append(f"sum({c}{f' * {DIFF}' if weighted else ''}) AS `{pcol}`")
             else:
                 aggs.append(f"{func}(`{col}`) AS `{pcol}`")
+        if cfg.advance_delay_ms is not None:
+            aggs.append(f"max({EVENT_MS}) AS {TMAX}")
         partial = live.groupBy(KG, *cfg.keys, START_MS).agg(*[F.expr(a) for a in aggs])
         result = ctx.to_lanes(step, partial, WindowKernel(cfg, arrow_schema(partial.schema)), cfg.keys[:1])
         if estimate:  # the variance sums become confidence half-widths

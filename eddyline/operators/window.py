@@ -14,7 +14,11 @@ Semantics (Flink's, with Spark's watermark timing):
 * A row with event time ``t`` belongs to windows ``[s, s + size)`` with ``s`` a multiple of
   ``slide`` and ``s <= t < s + size``.
 * The watermark ``W`` of an epoch is fixed in the epoch plan (computed from earlier epochs).
-  A window fires when ``s + size <= W``. It stays in state until ``s + size + lateness <= W``;
+  A window fires when ``s + size <= W``. A window step fed by sources alone may also advance it
+  within the epoch (``advance_delay_ms``): a lane fires with ``max(W, t_max - delay)``, where
+  ``t_max`` is the newest event time among the rows it received this epoch. That is what the
+  next epoch's ``W`` will be at least, so no row is judged late differently: windows only fire
+  one epoch sooner (and a replay, with the same rows on the same lanes, fires the same). It stays in state until ``s + size + lateness <= W``;
   a late row for a window that already fired updates it, and the window fires again with
   ``revision`` one higher (revision 0 is the first result).
 * A (row, window) pair whose window is already past ``end + lateness`` is dropped; a row all of
@@ -41,6 +45,8 @@ WINDOW_START = "window_start"
 START_MS = "_wstart"
 WINDOW_END = "window_end"
 REVISION = "revision"
+#: partials: the newest event time (ms) among their rows (when the watermark advances in-epoch)
+TMAX = "_tmax"
 REV = "_rev"  # state: how many times the window has been emitted
 #: weighted partials and state: the window's rows (the sum of their weights)
 ROWS = "_n"
@@ -60,6 +66,9 @@ class WindowConfig:
     #: the input carries revisions (``_diff`` weights): partials are weighted sums, a ``_n``
     #: partial counts the window's rows, and the output is a changelog with ``_diff``
     weighted: bool = False
+    #: advance the watermark within the epoch to (newest event time on the lane − this delay);
+    #: None: the planned watermark only (a step fed by other stateful steps)
+    advance_delay_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.size_ms <= 0 or self.slide_ms <= 0 or self.size_ms % self.slide_ms:
@@ -118,6 +127,8 @@ class WindowConfig:
         for pcol, func, col, _ in self.partial_columns():
             itype = input_schema.field(col).type if col else None
             fields.append(pa.field(pcol, self.partial_type(func, itype)))
+        if self.advance_delay_ms is not None:
+            fields.append(pa.field(TMAX, pa.int64()))
         return pa.schema(fields)
 
     def state_schema(self, partial_schema: pa.Schema) -> pa.Schema:
@@ -191,6 +202,9 @@ def partial_aggregate(
         else np.ones(len(row_idx), dtype=np.int64)
     )
     cols[one] = pa.array(weight)
+    if cfg.advance_delay_ms is not None:
+        cols["_t"] = pa.array(t[row_idx], type=pa.int64())
+        aggs.append(("_t", "max", TMAX))
     inputs_needed = {c for _, _, c, _ in cfg.partial_columns() if c}
     for c in inputs_needed:
         cols[f"_in_{c}"] = rows.column(c).take(take)
@@ -212,7 +226,7 @@ def partial_aggregate(
     out = {name: grouped.column(name) for name in cfg.primary_key}
     for src, fn, pcol in aggs:
         out[pcol] = grouped.column(f"{src}_{fn}")
-    partials = pa.table(out).cast(schema) if grouped.num_rows else schema.empty_table()
+    partials = pa.table(out).select(schema.names).cast(schema) if grouped.num_rows else schema.empty_table()
     return partials, late_rows
 
 
@@ -221,7 +235,10 @@ class WindowKernel:
 
     def __init__(self, cfg: WindowConfig, partial_schema: pa.Schema):
         self.cfg = cfg
-        self.partial_schema = self.input_schema = partial_schema
+        self.input_schema = partial_schema
+        if TMAX in partial_schema.names:  # read in process(), not kept in state
+            partial_schema = partial_schema.remove(partial_schema.get_field_index(TMAX))
+        self.partial_schema = partial_schema
         self.state_schema = cfg.state_schema(partial_schema)
         self.primary_key = cfg.primary_key
         self.output_schema = cfg.output_schema(partial_schema)
@@ -239,6 +256,10 @@ class WindowKernel:
         cfg = self.cfg
         pk = list(cfg.primary_key)
         state = self.empty_state() if state is None else state.select(self.state_schema.names)
+        if cfg.advance_delay_ms is not None and partials.num_rows and TMAX in partials.column_names:
+            newest = pc.max(partials.column(TMAX)).as_py()
+            if newest is not None:
+                watermark_ms = max(watermark_ms, int(newest) - cfg.advance_delay_ms)
         partials = partials.select(self.partial_schema.names).cast(self.partial_schema)
         if partials.num_rows and self._float_sums:
             # Float addition is not associative: merge in a fixed order so that a replay, whose

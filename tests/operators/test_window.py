@@ -193,3 +193,61 @@ def test_emitted_windows_do_not_depend_on_epoch_split(
     whole = kernel_rows(windows(cfg, [rows], [NO_WATERMARK]))
     split = kernel_rows(windows(cfg, batches, watermarks))
     assert split == whole
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), delay=st.sampled_from([0, 1_500, 4_000]), epochs=st.integers(2, 8),
+       lanes=st.integers(1, 3))
+def test_an_in_epoch_watermark_fires_the_same_windows_no_later(seed: int, delay: int, epochs: int, lanes: int) -> None:
+    """A window fed by sources may advance its watermark within the epoch to the newest event
+    time its lane received minus the delay: over out-of-order input split into epochs and lanes,
+    it emits exactly the windows (and late rows) the planned watermark alone emits, each in the
+    same epoch or an earlier one."""
+    rng = np.random.default_rng(seed)
+    rows = make_rows(600, seed=seed, keys=7)
+    jitter = rng.integers(-3_000_000, 3_000_000, rows.num_rows)  # µs: out of order within 3 s
+    ts = np.maximum(rows.column("ts").to_numpy().astype("datetime64[us]").astype(np.int64) + jitter, 0)
+    rows = rows.set_column(2, "ts", pa.array(ts, pa.timestamp("us", tz="UTC")))
+    cuts = np.sort(rng.choice(np.arange(1, rows.num_rows), epochs - 1, replace=False))
+    batches = np.split(np.arange(rows.num_rows), cuts)
+    planned, seen = [], NO_WATERMARK  # Spark's rule: the newest event time of earlier epochs − delay
+    for b in batches:
+        planned.append(max(planned[-1] if planned else NO_WATERMARK, seen - delay) if seen > NO_WATERMARK else NO_WATERMARK)
+        if len(b):
+            seen = max(seen, int(ts[b].max() // 1000))
+    lane_of = rows.column("auction").to_numpy() % lanes
+    first_epoch: dict[bool, dict[tuple, int]] = {}
+    emitted: dict[bool, list[tuple]] = {}
+    late: dict[bool, int] = {}
+    for advance in (False, True):
+        cfg = WindowConfig(("auction",), 6_000, 2_000, AGGS, advance_delay_ms=delay if advance else None)
+        first_epoch[advance], emitted[advance], late[advance] = {}, [], 0
+        for lane in range(lanes):
+            mine = [pa.array(b[lane_of[b] == lane], pa.int64()) for b in batches]
+            kernel = WindowKernel(cfg, cfg.partial_schema(rows.schema))
+            state = None
+            for epoch, (take, wm) in enumerate([*zip(mine, planned, strict=True), (pa.array([], pa.int64()), 2**62)]):
+                partials, late_rows = partial_aggregate(cfg, rows.take(take), "ts", wm)
+                late[advance] += late_rows.num_rows
+                result = kernel.process(partials, state, wm)
+                state = result.state
+                for row in kernel_rows(result.output):
+                    first_epoch[advance].setdefault(row[:2], epoch)
+                    emitted[advance].append(row)
+            assert state.num_rows == 0
+    assert sorted(emitted[True], key=repr) == sorted(emitted[False], key=repr) and late[True] == late[False]
+    assert all(first_epoch[True][w] <= e for w, e in first_epoch[False].items())
+
+
+def test_a_lane_fires_as_soon_as_its_own_rows_pass_the_window() -> None:
+    cfg = WindowConfig(("auction",), 10_000, 10_000, (("n", "count", None),), advance_delay_ms=1_000)
+    rows = pa.table({"auction": pa.array([1, 1, 2], pa.int64()),
+                     "ts": pa.array([1_000_000, 9_000_000, 11_500_000], pa.timestamp("us", tz="UTC"))})
+    kernel = WindowKernel(cfg, cfg.partial_schema(rows.schema))
+    assert "_tmax" in kernel.input_schema.names and "_tmax" not in kernel.state_schema.names
+    partials, _ = partial_aggregate(cfg, rows, "ts", NO_WATERMARK)
+    r = kernel.process(partials, None, NO_WATERMARK)  # 11.5 s − 1 s passes the end of [0, 10 s)
+    assert r.output.to_pydict()["n"] == [2] and r.state.num_rows == 1
+    early, _ = partial_aggregate(cfg, rows.slice(0, 2), "ts", NO_WATERMARK)
+    r = kernel.process(early, None, NO_WATERMARK)  # only rows before 10 s: 9 s − 1 s does not pass it
+    assert r.output.num_rows == 0
