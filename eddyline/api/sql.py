@@ -9,7 +9,7 @@ How a query maps onto step kinds::
 
     FROM t WHERE p                               → filter (pushed below a join where it can go)
     SELECT exprs                                 → select (only when the columns change)
-    TABLE(TUMBLE|HOP(TABLE t, DESCRIPTOR(c), …))
+    TABLE(TUMBLE|HOP|CUMULATE(TABLE t, DESCRIPTOR(c), …))
         GROUP BY k, window_start, window_end     → window_aggregate (no aggregates: dedup)
     GROUP BY k, SESSION(c, INTERVAL …)           → session_window
     GROUP BY k (no window)                       → aggregate (a changelog of revisions)
@@ -140,12 +140,13 @@ class Field:
 class Window:
     """A window table function not yet grouped or joined."""
 
-    kind: str  # TUMBLE, HOP, SESSION
+    kind: str  # TUMBLE, HOP, CUMULATE, SESSION
     time: str  # the node column of DESCRIPTOR(...)
-    size: int
+    size: int  # CUMULATE: the largest window
     slide: int | None
     delay: int
     keys: tuple[str, ...] = ()  # SESSION(TABLE t PARTITION BY k, ...)
+    step: int | None = None  # CUMULATE: how often a window ends
 
 
 @dataclass(frozen=True)
@@ -551,16 +552,14 @@ class Compiler:
             return rel.requalify(item.alias) if item.alias else rel
         if isinstance(item, exp.Table) and isinstance(item.this, exp.Identifier):
             return self.read(item.name, alias or item.name)
-        raise SpecError(f"sql: FROM {render(item)[:60]}: expected a table, a subquery or TABLE(TUMBLE|HOP|SESSION(…))")
+        raise SpecError(f"sql: FROM {render(item)[:60]}: expected a table, a subquery or TABLE(TUMBLE|HOP|CUMULATE|SESSION(…))")
 
     def window_table(self, call: exp.Expression | None) -> Rel:
         name = _fn(call) if call is not None else ""
-        if name == "CUMULATE":
-            raise SpecError("sql: CUMULATE windows are not supported yet; expected TUMBLE, HOP or SESSION")
-        if name not in ("TUMBLE", "HOP", "SESSION"):
-            raise SpecError(f"sql: FROM TABLE({name or '…'}(…)): expected a window function TUMBLE, HOP or SESSION")
+        if name not in ("TUMBLE", "HOP", "CUMULATE", "SESSION"):
+            raise SpecError(f"sql: FROM TABLE({name or '…'}(…)): expected a window function TUMBLE, HOP, CUMULATE or SESSION")
         args = [a.expression if isinstance(a, exp.Kwarg) else a for a in call.expressions]
-        want = {"TUMBLE": 3, "HOP": 4, "SESSION": 3}[name]
+        want = {"TUMBLE": 3, "HOP": 4, "CUMULATE": 4, "SESSION": 3}[name]
         if len(args) != want:
             raise SpecError(f"sql: {name}: expected {want} arguments (TABLE t, DESCRIPTOR(col), interval{'s' if want > 3 else ''}), got {len(args)}")
         table, descriptor, *intervals = args
@@ -582,11 +581,13 @@ class Compiler:
         if time.column is None:
             raise SpecError(f"sql: {name}: DESCRIPTOR: expected a column")
         sizes = [_duration(i, name) for i in intervals]
-        size, slide = (sizes[1], sizes[0]) if name == "HOP" else (sizes[0], None)
-        if name == "HOP" and (size % slide):
-            raise SpecError(f"sql: HOP: the slide ({slide} ms) must divide the size ({size} ms)")
+        size, slide = (sizes[1], sizes[0]) if name in ("HOP", "CUMULATE") else (sizes[0], None)
+        if name in ("HOP", "CUMULATE") and (size % slide):
+            what = "slide" if name == "HOP" else "step"
+            raise SpecError(f"sql: {name}: the {what} ({slide} ms) must divide the size ({size} ms)")
         key_cols = tuple(self._column(rel, k, "SESSION: PARTITION BY") for k in keys)
-        window = Window(name, time.column, size, slide, time.delay or 0, key_cols)
+        window = (Window(name, time.column, size, None, time.delay or 0, key_cols, step=slide) if name == "CUMULATE"
+                  else Window(name, time.column, size, slide, time.delay or 0, key_cols))
         quals = rel.fields[0].quals if rel.fields else frozenset()
         bounds = []
         for role in ("window_start", "window_end"):
@@ -1026,7 +1027,8 @@ class Compiler:
                 params.update(time=window.time, gap=window.size, aggregates=aggs)
                 kind, roles = "session_window", {"window_start": "session_start", "window_end": "session_end"}
             else:
-                w = {"size": window.size, **({"slide": window.slide} if window.slide and window.slide != window.size else {})}
+                w = {"size": window.size, **({"slide": window.slide} if window.slide and window.slide != window.size else {}),
+                     **({"step": window.step} if window.step else {})}
                 params.update(time=window.time, window=w, aggregates=aggs)
                 kind = "window_aggregate"
             if window.delay:
@@ -1088,7 +1090,8 @@ class Compiler:
         name = _fn(g)
         args = list(g.expressions) if isinstance(g, exp.Anonymous) else [g.this, *g.expressions]
         if name == "CUMULATE":
-            raise SpecError("sql: CUMULATE windows are not supported yet; expected TUMBLE, HOP or SESSION")
+            raise SpecError("sql: GROUP BY CUMULATE(…): Flink has no such group window; expected "
+                            "FROM TABLE(CUMULATE(TABLE t, DESCRIPTOR(col), step, size))")
         want = 3 if name == "HOP" else 2
         if len(args) != want:
             raise SpecError(f"sql: GROUP BY {name}(…): expected {name}(time column, interval{', interval' if want == 3 else ''})")

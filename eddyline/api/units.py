@@ -95,18 +95,24 @@ class Model(BaseModel):
 
 
 class Window(Model):
-    """An event-time window: tumbling when ``slide`` is absent, sliding otherwise."""
+    """An event-time window: tumbling when ``slide`` is absent, sliding otherwise; with ``step``,
+    cumulative (Flink's ``CUMULATE``): from each multiple of ``size``, windows that end every
+    ``step`` up to ``size`` long."""
 
     size: Duration = Field(gt=0)
     slide: Duration | None = Field(default=None, gt=0)
+    step: Duration | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _slide_divides(self) -> Window:
-        if self.slide is not None and (self.slide > self.size or self.size % self.slide):
-            raise ValueError(
-                f"slide: expected a slide that divides the size ({format_duration_ms(self.size)}),"
-                f" got {format_duration_ms(self.slide)}"
-            )
+        for name, part in (("slide", self.slide), ("step", self.step)):
+            if part is not None and (part > self.size or self.size % part):
+                raise ValueError(
+                    f"{name}: expected a {name} that divides the size ({format_duration_ms(self.size)}),"
+                    f" got {format_duration_ms(part)}"
+                )
+        if self.slide is not None and self.step is not None:
+            raise ValueError("window: a slide (sliding windows) or a step (cumulative windows), not both")
         return self
 
     @property

@@ -87,6 +87,7 @@ class WindowAggregate(Aggregating, Model):
             keys=self.keys,
             size_ms=self.window.size,
             slide_ms=self.window.slide_ms,
+            cumulate_ms=self.window.step,
             aggregates=self.parsed_aggregates,
             allowed_lateness_ms=self.allowed_lateness,
         )
@@ -120,12 +121,14 @@ class WindowAggregateKind(StepKind):
     def describe(self, step: StepSpec, key_groups: int) -> list[str]:
         wa = step.params
         w = wa.window
-        kind = f"sliding {format_duration_ms(w.size)} every {format_duration_ms(w.slide_ms)}" if w.slide else f"tumbling {format_duration_ms(w.size)}"
+        kind = (f"sliding {format_duration_ms(w.size)} every {format_duration_ms(w.slide_ms)}" if w.slide
+                else f"cumulative up to {format_duration_ms(w.size)}, ending every {format_duration_ms(w.step)}" if w.step
+                else f"tumbling {format_duration_ms(w.size)}")
         keys = ", ".join(wa.keys) or "(global: one key group)"
         aggs = ", ".join(f"{n}={t}" for n, t in wa.aggregates.items())
         return [
             f"window_aggregate  key {keys}; {kind} on {wa.time}; {aggs}",
-            f"  1. JVM: assign windows ({w.size // w.slide_ms} per row), drop windows past end + lateness "
+            f"  1. JVM: assign windows (up to {w.size // (w.step or w.slide_ms)} per row), drop windows past end + lateness "
             f"({format_duration_ms(wa.allowed_lateness)}), count late rows",
             f"  2. JVM: _kg = pmod(xxhash64({keys if wa.keys else ''}), {key_groups}); partial aggregates per (_kg, keys, window_start)",
             "  3. shuffle: repartition(lanes, routing value of _kg)   [lane i = partition i]",
@@ -169,7 +172,13 @@ class WindowAggregateKind(StepKind):
         last_start = f"({EVENT_MS} - pmod({EVENT_MS}, {slide}))"
         kg = ctx.key_group(cfg.keys)
         live = df.where(f"NOT {LATE}")  # rows without an event time count as late
-        if k == 1:
+        if cfg.cumulate_ms is not None:  # virtual starts (end - size) of the windows ending after t
+            every = cfg.cumulate_ms
+            first = f"({EVENT_MS} - pmod({EVENT_MS}, {every}) + {every - size})"
+            live = live.selectExpr("*", f"explode(sequence({first}, {last_start}, {every})) AS {START_MS}").selectExpr(
+                "*", f"{kg} AS {KG}")
+            live = live.where(f"{START_MS} + {size + lateness} > {wm}")
+        elif k == 1:
             live = live.selectExpr("*", f"{last_start} AS {START_MS}", f"{kg} AS {KG}")
         else:
             live = live.selectExpr(

@@ -12,7 +12,10 @@ The work is split the way a combiner splits it:
 Semantics (Flink's, with Spark's watermark timing):
 
 * A row with event time ``t`` belongs to windows ``[s, s + size)`` with ``s`` a multiple of
-  ``slide`` and ``s <= t < s + size``.
+  ``slide`` and ``s <= t < s + size``. Cumulative windows (Flink's ``CUMULATE``, ``cumulate_ms``
+  = its step) start at the multiples ``s`` of ``size`` and end every step up to ``s + size``: a
+  row belongs to ``[s, e)`` for every end ``e`` after ``t``. Such a window is kept under the
+  *virtual start* ``e - size``, so that its end is ``start + size`` like every other window's.
 * The watermark ``W`` of an epoch is fixed in the epoch plan (computed from earlier epochs).
   A window fires when ``s + size <= W``. A window step fed by sources alone may also advance it
   within the epoch (``advance_delay_ms``): a lane fires with ``max(W, t_max - delay)``, where
@@ -69,18 +72,32 @@ class WindowConfig:
     #: advance the watermark within the epoch to (newest event time on the lane − this delay);
     #: None: the planned watermark only (a step fed by other stateful steps)
     advance_delay_ms: int | None = None
+    #: cumulative windows: their step (ends every ``cumulate_ms`` from each multiple of the size)
+    cumulate_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.size_ms <= 0 or self.slide_ms <= 0 or self.size_ms % self.slide_ms:
             raise ValueError(
                 f"window size {self.size_ms} ms must be a positive multiple of slide {self.slide_ms} ms"
             )
+        if self.cumulate_ms is not None and (
+            self.slide_ms != self.size_ms or self.cumulate_ms <= 0 or self.size_ms % self.cumulate_ms
+        ):
+            raise ValueError(f"cumulative windows: size {self.size_ms} ms must be a multiple of the step "
+                             f"{self.cumulate_ms} ms (and there is no slide)")
         if self.weighted and (problem := revision_problem(self.aggregates)):
             raise ValueError(problem)
 
     @property
     def windows_per_row(self) -> int:
-        return self.size_ms // self.slide_ms
+        """The most windows a row belongs to."""
+        return self.size_ms // (self.cumulate_ms or self.slide_ms)
+
+    def window_starts(self, start_ms: np.ndarray) -> np.ndarray:
+        """The windows' real starts from their (virtual, for cumulative windows) starts."""
+        if self.cumulate_ms is None:
+            return start_ms
+        return -((-start_ms) // self.size_ms) * self.size_ms
 
     @property
     def primary_key(self) -> tuple[str, ...]:
@@ -183,9 +200,17 @@ def partial_aggregate(
     last_start = (t // cfg.slide_ms) * cfg.slide_ms
     late_mask = last_start + cfg.size_ms + cfg.allowed_lateness_ms <= watermark_ms
     late_rows = rows.filter(pa.array(late_mask)) if n else rows
-    k = cfg.windows_per_row
-    row_idx = np.repeat(np.arange(n), k)
-    starts = np.repeat(last_start, k) - np.tile(np.arange(k, dtype=np.int64) * cfg.slide_ms, n)
+    if cfg.cumulate_ms is None:
+        k = cfg.windows_per_row
+        row_idx = np.repeat(np.arange(n), k)
+        starts = np.repeat(last_start, k) - np.tile(np.arange(k, dtype=np.int64) * cfg.slide_ms, n)
+    else:  # virtual starts from (the first end after t) - size up to the period's start, by step
+        step = cfg.cumulate_ms
+        first = t - t % step + step - cfg.size_ms
+        counts = (last_start - first) // step + 1
+        row_idx = np.repeat(np.arange(n), counts)
+        within = np.arange(len(row_idx)) - np.repeat(np.cumsum(counts) - counts, counts)
+        starts = np.repeat(first, counts) + within * step
     alive = starts + cfg.size_ms + cfg.allowed_lateness_ms > watermark_ms
     row_idx, starts = row_idx[alive], starts[alive]
     kg = key_groups if key_groups is not None else np.zeros(n, dtype=np.int32)
@@ -347,7 +372,8 @@ class WindowKernel:
         cfg = self.cfg
         start = fired.column(START_MS)
         cols: dict[str, pa.Array | pa.ChunkedArray] = {k: fired.column(k) for k in cfg.keys}
-        cols[WINDOW_START] = pc.cast(pc.multiply(start, 1000), TIMESTAMP)
+        real = pa.array(cfg.window_starts(start.to_numpy()), pa.int64()) if cfg.cumulate_ms else start
+        cols[WINDOW_START] = pc.cast(pc.multiply(real, 1000), TIMESTAMP)
         cols[WINDOW_END] = pc.cast(pc.multiply(pc.add(start, cfg.size_ms), 1000), TIMESTAMP)
         for name, func, _col in cfg.aggregates:
             if func == "avg":

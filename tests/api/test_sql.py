@@ -134,9 +134,9 @@ REFUSED = {
                "sql: syntax error at line 5, column 38"),  # line 5 of the script, BID's 4 lines first
     "outer join": ("INSERT INTO out SELECT a.auction FROM bid a LEFT JOIN bid b ON a.auction = b.auction;",
                    "sql: LEFT JOIN is not supported; expected an inner join"),
-    "CUMULATE": ("""INSERT INTO out SELECT count(*) AS n, window_start FROM TABLE(CUMULATE(TABLE bid,
-                    DESCRIPTOR(date_time), INTERVAL '2' SECOND, INTERVAL '10' SECOND)) GROUP BY window_start, window_end;""",
-                 "sql: CUMULATE windows are not supported yet"),
+    "CUMULATE step": ("""INSERT INTO out SELECT count(*) AS n, window_start FROM TABLE(CUMULATE(TABLE bid,
+                    DESCRIPTOR(date_time), INTERVAL '3' SECOND, INTERVAL '10' SECOND)) GROUP BY window_start, window_end;""",
+                      "sql: CUMULATE: the step (3000 ms) must divide the size (10000 ms)"),
     "ROW_NUMBER unbounded": ("""INSERT INTO out SELECT auction FROM (SELECT *, ROW_NUMBER() OVER
                                 (PARTITION BY bidder ORDER BY price DESC) AS rn FROM bid) WHERE rn <= 3;""",
                              "sql: ROW_NUMBER() OVER (PARTITION BY …): a streaming top-k needs partitions that end in event time"),
@@ -189,3 +189,12 @@ ACCEPTED = {
 def test_accepted(case: str) -> None:
     sql, kinds = ACCEPTED[case]
     assert [s.kind for s in compile_net(sql).steps] == kinds
+
+
+def test_cumulate_becomes_a_cumulative_window() -> None:
+    net = compile_net("""INSERT INTO out SELECT auction, sum(price) AS total, window_start, window_end FROM TABLE(
+        CUMULATE(TABLE bid, DESCRIPTOR(date_time), INTERVAL '2' SECOND, INTERVAL '10' SECOND))
+        GROUP BY auction, window_start, window_end;""")
+    (window,) = [s for s in net.steps if s.kind == "window_aggregate"]
+    assert window.params.window.size == 10_000 and window.params.window.step == 2_000
+    assert window.params.window.slide is None and window.params.keys == ("auction",)
