@@ -28,6 +28,13 @@ Master = Annotated[
     str | None,
     typer.Option(help="Spark master; default $EDDYLINE_SPARK_MASTER or local[*]"),
 ]
+# the options of a run (`run`, `sql`)
+Epochs = Annotated[int | None, typer.Option(help="stop after this many epochs")]
+Seconds = Annotated[float | None, typer.Option("--duration", help="stop after this many seconds")]
+UntilIdle = Annotated[bool, typer.Option(help="stop when the input is exhausted (flushes all windows)")]
+Lanes = Annotated[int | None, typer.Option(help="lanes per stateful step (may differ from the last run)")]
+ProgressJson = Annotated[str | None, typer.Option(help="append one JSON progress record per epoch")]
+Live = Annotated[bool, typer.Option(help="live progress table in the terminal")]
 
 
 def _fail(e: EddylineError) -> typer.Exit:
@@ -142,12 +149,12 @@ def sql(
     query: Annotated[Path, typer.Argument(help="a streaming SQL script (CREATE TABLE …; INSERT INTO … SELECT …)")],
     checkpoint: Annotated[str | None, typer.Option(help="run it on this checkpoint, as 'eddyline run' does")] = None,
     show: Annotated[bool, typer.Option("--explain", help="print the network it compiles to (YAML) and stop")] = False,
-    epochs: Annotated[int | None, typer.Option(help="stop after this many epochs")] = None,
-    duration: Annotated[float | None, typer.Option(help="stop after this many seconds")] = None,
-    until_idle: Annotated[bool, typer.Option(help="stop when the input is exhausted (flushes all windows)")] = False,
-    lanes: Annotated[int | None, typer.Option(help="lanes per stateful step")] = None,
-    progress_json: Annotated[str | None, typer.Option(help="append one JSON progress record per epoch")] = None,
-    live: Annotated[bool, typer.Option(help="live progress table in the terminal")] = True,
+    epochs: Epochs = None,
+    duration: Seconds = None,
+    until_idle: UntilIdle = False,
+    lanes: Lanes = None,
+    progress_json: ProgressJson = None,
+    live: Live = True,
     master: Master = None,
 ) -> None:
     """Compile a Flink SQL script into a network: print it (--explain) or run it (--checkpoint).
@@ -173,12 +180,12 @@ def sql(
 def run(
     spec: SpecArg,
     checkpoint: Annotated[str, typer.Option(help="checkpoint location (path or pyarrow filesystem URI)")],
-    epochs: Annotated[int | None, typer.Option(help="stop after this many epochs")] = None,
-    duration: Annotated[float | None, typer.Option(help="stop after this many seconds")] = None,
-    until_idle: Annotated[bool, typer.Option(help="stop when the input is exhausted (flushes all windows)")] = False,
-    lanes: Annotated[int | None, typer.Option(help="lanes per stateful step (may differ from the last run)")] = None,
-    progress_json: Annotated[str | None, typer.Option(help="append one JSON progress record per epoch")] = None,
-    live: Annotated[bool, typer.Option(help="live progress table in the terminal")] = True,
+    epochs: Epochs = None,
+    duration: Seconds = None,
+    until_idle: UntilIdle = False,
+    lanes: Lanes = None,
+    progress_json: ProgressJson = None,
+    live: Live = True,
     master: Master = None,
     standby: Annotated[bool, typer.Option(
         help="wait until the driver holding the checkpoint's lease stops renewing it, then take over")] = False,
