@@ -662,7 +662,8 @@ def ui(
     from eddyline.operate import checkpoint_feed
 
     try:
-        server = DashboardServer(create_app(checkpoint_feed(checkpoint), token), host, port, token).start()
+        server = DashboardServer(create_app(checkpoint_feed(checkpoint), token), host, port, token,
+                                 ("--host", "--token")).start()
     except EddylineError as e:
         raise _fail(e) from None
     err.print(f"dashboard of {checkpoint}: {server.url} (Ctrl-C to stop)", highlight=False)

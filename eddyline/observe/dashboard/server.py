@@ -22,18 +22,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_binding(host: str, token: str | None) -> None:
-    """Refuse to serve the control API beyond this machine without a token."""
+def check_binding(host: str, token: str | None, options: tuple[str, str] = ("--ui-host", "--ui-token")) -> None:
+    """Refuse to serve the control API beyond this machine without a token (``options``: how the
+    command names the address and the token)."""
     if not is_loopback(host) and not token:
-        raise SpecError(f"--ui-host {host}: the dashboard controls the network; binding to an address other "
-                        "than 127.0.0.1 / ::1 / localhost needs --ui-token (or $EDDYLINE_UI_TOKEN)")
+        raise SpecError(f"{options[0]} {host}: the dashboard controls the network; binding to an address other "
+                        f"than 127.0.0.1 / ::1 / localhost needs {options[1]} (or $EDDYLINE_UI_TOKEN)")
 
 
 class DashboardServer:
     """``app`` on ``host:port`` (port 0: any free port; see :attr:`port`) until :meth:`stop`."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 8080, token: str | None = None):
-        check_binding(host, token)
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 8080, token: str | None = None,
+                 options: tuple[str, str] = ("--ui-host", "--ui-token")):
+        check_binding(host, token, options)
         self.host = host
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                     access_log=False, lifespan="off"))

@@ -66,3 +66,10 @@ def test_status_of_a_checkpoint_without_epochs(ckpt: str, tmp_path: Path) -> Non
     assert "paused" in run("status", ckpt).output
     missing = run("status", str(tmp_path / "nowhere"))
     assert missing.exit_code == 3 and "no run has started there" in missing.output
+
+
+def test_browsing_beyond_loopback_needs_a_token(ckpt: str, tmp_path: Path) -> None:
+    r = run("ui", ckpt, "--host", "0.0.0.0", "--port", "0")
+    assert r.exit_code == 2 and "--host 0.0.0.0" in r.output and "needs --token" in r.output
+    r = run("ui", str(tmp_path / "nowhere"), "--port", "0")
+    assert r.exit_code == 3 and "no run has started there" in r.output
