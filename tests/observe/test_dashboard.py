@@ -148,3 +148,10 @@ def test_the_page_and_its_script_are_served_from_the_package(inbox: Inbox) -> No
     assert set(view["sections"]) >= {"graph", "steps", "decisions", "epochs", "io", "status", "commands"}
     again = client.get("/api/view", params={"since": view["epoch"], "state": view["state"]}).json()
     assert again["sections"] == {}  # nothing new: nothing redrawn
+
+
+def test_sources_and_sinks_show_their_servers_health() -> None:
+    r = record(1, {"per_key": [1.0, 1.0]})
+    r["sources"][0] |= {"status": "unreachable", "retries": 4, "backlog": 1200}
+    html = views.io_html([r])
+    assert "unreachable (4 retries)" in html and "1.2K" in html and html.count(">ok<") == 3

@@ -280,15 +280,17 @@ def io_html(records: list[dict[str, Any]]) -> str:
     if not records:
         return '<p class="dim">no epochs yet</p>'
     last = records[-1]
+    def status(s: dict[str, Any]) -> str:  # a server's health, for sources and sinks that talk to one
+        retries = f" ({s['retries']} retries)" if s.get("retries") else ""
+        return f"{s.get('status') or 'ok'}{retries}"
+
     rows = []
     for s in last.get("sources", []):
-        status = s.get("status") or s.get("state") or "ok"
         rows.append(f'<tr><td>source</td><td>{_e(s["description"])}</td><td>{_human(s.get("numInputRows", 0))}</td>'
-                    f'<td>{_human(s.get("backlog", 0))}</td><td>{_e(status)}</td></tr>')
+                    f'<td>{_human(s.get("backlog", 0))}</td><td>{_e(status(s))}</td></tr>')
     for s in last.get("sinks", []):
-        status = s.get("status") or s.get("state") or "ok"
         rows.append(f'<tr><td>sink</td><td>{_e(s["description"])}</td><td>{_human(s.get("numOutputRows", 0))}</td>'
-                    f'<td></td><td>{_e(status)}</td></tr>')
+                    f'<td></td><td>{_e(status(s))}</td></tr>')
     return ('<table><tr><th></th><th>name</th><th>rows this epoch</th><th>backlog</th><th>status</th></tr>'
             f'{"".join(rows)}</table>')
 
