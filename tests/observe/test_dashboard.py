@@ -155,3 +155,15 @@ def test_sources_and_sinks_show_their_servers_health() -> None:
     r["sources"][0] |= {"status": "unreachable", "retries": 4, "backlog": 1200}
     html = views.io_html([r])
     assert "unreachable (4 retries)" in html and "1.2K" in html and html.count(">ok<") == 3
+
+
+def test_the_shedding_section_shows_keep_fractions_quality_and_the_lps_utility() -> None:
+    assert "no load shedding configured" in views.shedding_html([record(1, {"per_key": [1.0]})])
+    r = record(2, {"per_key": [1.0]}, [{"epoch": 2, "step": "*", "kind": "overload", "action": {},
+                                        "why": {"expectedUtility": 12.5, "status": "optimal"}, "expected": {}}])
+    r["overload"] = {"boundMs": 3000, "expectedMs": 2000, "measuredMs": 3100, "withinBound": False, "lagSeconds": 0.5,
+                     "shed": {"per_key": {"keep": 0.75, "offered": [60, 40], "kept": [45, 30]}},
+                     "quality": {"counts": {"keptFraction": 0.75, "shedFraction": 0.25}}}
+    html = views.shedding_html([r])
+    assert "over the bound" in html and "<td>0.750</td><td>100</td><td>75</td>" in html
+    assert "counts: kept 0.750" in html and "expected utility 12.5 (optimal)" in html

@@ -270,10 +270,14 @@ def shedding_html(records: list[dict[str, Any]]) -> str:
     shed = "".join(f'<tr><td>{_e(s)}</td><td>{v.get("keep", 1):.3f}</td><td>{sum(v.get("offered") or [])}</td>'
                    f'<td>{sum(v.get("kept") or [])}</td></tr>' for s, v in (o.get("shed") or {}).items())
     quality = ", ".join(f'{_e(k)}: kept {v["keptFraction"]:.3f}' for k, v in (o.get("quality") or {}).items())
+    lp = next((d["why"] for d in last.get("decisions", []) if d.get("kind") == "overload"), {})
+    utility = (f' LP: expected utility {lp["expectedUtility"]} ({_e(lp.get("status", ""))}).'
+               if "expectedUtility" in lp else "")
     return (f'<p>epoch {last["batchId"]}: bound {o.get("boundMs")} ms, expected {o.get("expectedMs")} ms, measured '
             f'{o.get("measuredMs")} ms ({"within" if o.get("withinBound") else "over"} the bound); lag '
             f'{o.get("lagSeconds")} s</p><table><tr><th>step</th><th>keep fraction</th><th>offered</th><th>kept</th>'
-            f'</tr>{shed}</table><p>quality per output: {quality or "-"}</p>')
+            f'</tr>{shed}</table><p>quality per output: {quality or "-"}.{utility} Counts and sums behind a shed '
+            'point are estimates; the outputs carry their confidence half-widths as <code>&lt;name&gt;_error</code>.</p>')
 
 
 def io_html(records: list[dict[str, Any]]) -> str:
