@@ -81,6 +81,22 @@ _ACTION = "eddyline_action"
 _UPSERT, _DELETE = "upsert", "delete"
 
 
+
+#: TCP keepalives: a server that vanished without closing the connection (a partition, a host
+#: that died) is noticed within about 10 + 3 x 5 s, and data it never acknowledges after 30 s,
+#: instead of a commit waiting on the socket for the kernel's default of two hours
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+              "tcp_user_timeout": 30_000}
+
+
+def connect_options(url: str, connect_timeout_s: int) -> dict[str, Any]:
+    """libpq options for a connection to ``url``: its timeout and :data:`KEEPALIVES`, except
+    those the URL sets itself."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    given = conninfo_to_dict(url)
+    return {k: v for k, v in {"connect_timeout": connect_timeout_s, **KEEPALIVES}.items() if k not in given}
+
 class Postgres(Model):
     """Write into a PostgreSQL table, each epoch exactly once: ``append`` copies every row in,
     ``upsert`` applies the input's changes (``_op``) by ``key``. ``table`` is read as SQL reads
@@ -306,7 +322,7 @@ class PostgresSink(Sink):
         if self._conn is None or self._conn.closed:
             # libpq counts whole seconds (and treats 1 as 2)
             timeout = max(1, round(self.params.connect_timeout / 1000))
-            self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=timeout)
+            self._conn = psycopg.connect(self.url, autocommit=True, **connect_options(self.url, timeout))
         return self._conn
 
     def _target(self) -> sql.Identifier:

@@ -268,3 +268,18 @@ def test_an_unreachable_server_fails_naming_the_sink(spark, postgres, sinks) -> 
     assert sink.status()["status"].startswith("retrying since") and sink.status()["retries"] >= 3
     assert sink.staged_rows(1) == 1  # kept for the engine's retry of the epoch
     assert _query(postgres.url, "SELECT count(*) FROM orphaned") == [(0,)]
+
+
+def test_the_connection_keeps_alive_so_a_vanished_server_is_noticed(spark, postgres, sinks) -> None:
+    """TCP keepalives and a user timeout on the sink's connection (a server behind a partition
+    sends no reset: without them a commit would wait on the socket for hours); options the URL
+    sets itself are kept."""
+    sink = sinks("kept_alive")
+    sink.open("net_keep", "ckpt1", spark.createDataFrame([(1,)], "id long").schema)
+    given = sink._connection().info.get_parameters()
+    assert (given["keepalives_idle"], given["keepalives_interval"], given["keepalives_count"]) == ("10", "5", "3")
+    assert given["tcp_user_timeout"] == "30000"
+    own = sinks("kept_alive", url=f"{postgres.url}?keepalives_idle=42" if "?" not in postgres.url
+                else f"{postgres.url}&keepalives_idle=42")
+    own.open("net_keep", "ckpt2", spark.createDataFrame([(1,)], "id long").schema)
+    assert own._connection().info.get_parameters()["keepalives_idle"] == "42"
