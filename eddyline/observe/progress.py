@@ -121,7 +121,7 @@ def describe_command(c: dict[str, Any]) -> str:
     """What a control command did (or will do), in a few words."""
     if isinstance(c.get("route"), dict):
         r = c["route"]
-        what = ("rebalance" if "rebalance" in r else f"rescale to {r.get('lanes')} lanes" if "lanes" in r
+        what = ("rebalance" if "rebalance" in r else f"rescale to {r.get('lanes')} lane{'' if r.get('lanes') == 1 else 's'}" if "lanes" in r
                 else f"move key groups {r.get('move')}")
         return f"{what} of {r.get('step')}"
     if "pause" in c or "resume" in c:

@@ -111,7 +111,7 @@ def test_control_calls_need_the_token_and_are_checked_before_anything_is_queued(
         assert r.status_code in (400, 422) and why in r.text, (path, r.text)
     assert inbox.pending() == []
     r = client.post("/api/control/rescale", json={"step": "per_key", "lanes": 1}, headers=auth)
-    assert r.status_code == 200 and "rescale to 1 lanes of per_key" in r.json()["queued"]
+    assert r.status_code == 200 and "rescale to 1 lane of per_key" in r.json()["queued"]
     r = client.post("/api/control/set", json={"settings": {"cheap.filter": "value < 100"}}, headers=auth)
     assert r.status_code == 200
     queued = inbox.pending()
