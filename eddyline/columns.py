@@ -1,4 +1,5 @@
-"""Reserved column names: the internal columns every layer agrees on.
+"""Reserved column names: the internal columns every layer agrees on, and how a join names its
+right side's columns (the SQL front end predicts it, the join kernel does it).
 
 User columns must not start with an underscore followed by these names; the runtime adds and
 drops them around the kernels.
@@ -18,3 +19,19 @@ PROBE = "_probe"
 #: Behind a shed point feeding a window aggregate: the weight (1 / keep fraction) of a kept row,
 #: for the window's scaled estimates (see eddyline.kinds.window).
 WEIGHT = "_w"
+
+
+def join_right_names(left: list[str] | tuple[str, ...], right: list[str] | tuple[str, ...]) -> list[str]:
+    """A join's output names for its right columns: a name the left side has gets ``_right``
+    appended (again, until it is free)."""
+    taken = set(left) | set(right)
+    names = []
+    for name in right:
+        out = name
+        if name in left:
+            out = f"{name}_right"
+            while out in taken:
+                out = f"{out}_right"
+            taken.add(out)
+        names.append(out)
+    return names

@@ -38,7 +38,6 @@ anything runs (:class:`~eddyline.errors.SpecError`, every message starting ``sql
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -49,6 +48,7 @@ from sqlglot.errors import ParseError
 from sqlglot.tokens import TokenType
 
 from eddyline.api.registry import SOURCES, STEPS
+from eddyline.columns import join_right_names
 from eddyline.errors import SpecError
 
 WINDOW_TVFS = ("TUMBLE", "HOP", "CUMULATE", "SESSION")
@@ -235,23 +235,6 @@ def _fn(e: exp.Expression) -> str:
     return ""
 
 
-def _join_names(left: Iterable[str], right: Iterable[str]) -> list[str]:
-    """The join kernel's names for its right columns (eddyline.operators.join._output_names,
-    which this layer may not import): a name the left side has gets ``_right`` appended."""
-    left, right = list(left), list(right)
-    taken = set(left) | set(right)
-    out = []
-    for name in right:
-        new = name
-        if name in left:
-            new = f"{name}_right"
-            while new in taken:
-                new = f"{new}_right"
-            taken.add(new)
-        out.append(new)
-    return out
-
-
 def _output_columns(step: dict[str, Any], columns: dict[str, tuple[str, ...]]) -> tuple[str, ...] | None:
     """The output columns of a step written in YAML, for the step kinds a query can read."""
     kind = next((k for k in step if k in STEPS), None)
@@ -287,7 +270,7 @@ def _output_columns(step: dict[str, Any], columns: dict[str, tuple[str, ...]]) -
         if left is None or right is None:
             return None
         extra = ("window_start", "window_end") if p.get("kind") == "window" else ()
-        return (*left, *_join_names(left, right), *extra)
+        return (*left, *join_right_names(left, right), *extra)
     if kind == "union":
         return columns.get(p[0])
     return None
@@ -675,7 +658,7 @@ class Compiler:
                         ("right_time", interval[2] if interval else None)):
             if f is not None and f.column is None:
                 raise SpecError(f"sql: JOIN … BETWEEN: {what}: expected a column, got {render(f.sql)}")
-        renamed = dict(zip(right.columns, _join_names(left.columns, right.columns), strict=True))
+        renamed = dict(zip(right.columns, join_right_names(left.columns, right.columns), strict=True))
         out_cols = (*left.columns, *renamed.values(), *(("window_start", "window_end") if params.get("kind") == "window" else ()))
         if delay:
             params["watermark_delay"] = delay

@@ -85,7 +85,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.columns import DIFF, KG, PROBE
+from eddyline.columns import DIFF, KG, PROBE, join_right_names
 from eddyline.operators.base import KernelResult, sortable
 from eddyline.operators.keyed import changed_groups
 from eddyline.operators.window import TIMESTAMP, WINDOW_END, WINDOW_START
@@ -153,21 +153,6 @@ def consolidated(changelog: pa.Table) -> pa.Table:
         return changelog
     summed = summed.select([*names, f"{DIFF}_sum"]).rename_columns([*names, DIFF])
     return summed.filter(pc.not_equal(summed.column(DIFF), 0))
-
-
-def _output_names(left: Sequence[str], right: Sequence[str]) -> list[str]:
-    """Right column names for the output: a name already taken gets ``_right`` appended."""
-    taken = set(left) | set(right)
-    names = []
-    for name in right:
-        out = name
-        if name in left:
-            out = f"{name}_right"
-            while out in taken:
-                out = f"{out}_right"
-            taken.add(out)
-        names.append(out)
-    return names
 
 
 class _EquiJoin:
@@ -238,7 +223,7 @@ class _EquiJoin:
         right_data = [f for f in right_schema if f.name != DIFF]
         self._left_out = [f"{LEFT_PREFIX}{f.name}" for f in left_data]
         self._right_out = [f"{RIGHT_PREFIX}{f.name}" for f in right_data]
-        right_out = _output_names([f.name for f in left_data], [f.name for f in right_data])
+        right_out = join_right_names([f.name for f in left_data], [f.name for f in right_data])
         out_fields = [
             *left_data,
             *(f.with_name(n) for f, n in zip(right_data, right_out, strict=True)),

@@ -126,13 +126,13 @@ def create_app(feed: Feed, token: str | None = None) -> FastAPI:
 
     @app.get("/api/view", dependencies=[Depends(may_read)])
     def view(since: int = -1, state: str = "") -> JSONResponse:
-        records, status = feed.records(), feed.status()
+        records, status, commands = feed.records(), feed.status(), feed.commands()
         epoch = records[-1]["batchId"] if records else 0
-        key = f"{epoch}:{status.get('paused')}:{len(feed.commands())}"
+        key = f"{epoch}:{status.get('paused')}:{len(commands)}"
         if epoch <= since and key == state:
             return JSONResponse({"epoch": epoch, "state": key, "sections": {}})
         return JSONResponse({"epoch": epoch, "state": key,
-                             "sections": views.sections(feed.network, records, status, feed.commands())})
+                             "sections": views.sections(feed.network, records, status, commands)})
 
     @app.get("/api/progress", dependencies=[Depends(may_read)])
     def progress() -> JSONResponse:

@@ -301,8 +301,8 @@ def io_html(records: list[dict[str, Any]]) -> str:
 
 def status_html(records: list[dict[str, Any]], status: dict[str, Any]) -> str:
     last = records[-1] if records else None
-    parts = [f'<span class="badge {"paused" if status.get("paused") else "running" if status.get("live") else "stopped"}" '
-             f'id="run-state">{"paused" if status.get("paused") else "running" if status.get("live") else "stopped"}</span>']
+    state = "paused" if status.get("paused") else "running" if status.get("live") else "stopped"
+    parts = [f'<span class="badge {state}" id="run-state">{state}</span>']
     if last:
         parts.append(f'last epoch <b id="last-epoch">{last["batchId"]}</b> · {_human(last["numInputRows"])} rows · '
                      f'{last["durationMs"]["triggerExecution"]:.0f} ms')
