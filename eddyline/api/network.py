@@ -131,3 +131,29 @@ class NetworkSpec(Model):
             else:
                 frontier.extend(node.inputs)
         return sorted(ancestors), from_sources
+
+    def columns_read(self) -> dict[str, frozenset[str] | None]:
+        """Per source, the columns (lower case) that some step reads, None when all may be: a
+        sink writes every column it gets, a kind that does not say (:meth:`StepKind.reads`)
+        reads all, and so does everything behind a shed point (shed rows may be written out).
+        Walked from the sinks back, each node wanting what its readers want of it."""
+        wanted: dict[str, frozenset[str] | None] = {}
+
+        def want(name: str, columns: frozenset[str] | None) -> None:
+            if name not in wanted:
+                wanted[name] = columns
+            else:
+                have = wanted[name]
+                wanted[name] = None if have is None or columns is None else have | columns
+
+        for sink in self.sinks:
+            want(sink.input, None)
+        everything = self.control.overload is not None
+        for step in reversed(self.topological()):
+            if step.name not in wanted:  # read by nothing: compiled all the same
+                wanted[step.name] = frozenset()
+            reads = (None,) * len(step.inputs) if everything else step.info.reads(step, wanted[step.name])
+            for name, columns in zip(step.inputs, reads, strict=True):
+                want(name, columns)
+        return {s.name: wanted.get(s.name, frozenset()) for s in self.sources}
+

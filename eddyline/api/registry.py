@@ -132,6 +132,12 @@ class StepKind(Kind):
         """The inputs (by position) where overload control may shed rows."""
         return tuple(range(len(self.inputs(step))))
 
+    def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
+        """Per input, the columns the step reads (lower case; None: all) when its readers want
+        ``wanted`` of its output (None: all). Only used to leave columns nobody reads out of
+        what a decoding source hands to Spark, so a kind that does not say reads everything."""
+        return (None,) * len(self.inputs(step))
+
     def revisions(self, params: Any) -> str | None:
         """Whether the step takes an input that carries revisions (a ``_diff`` weight column,
         see docs/revisions.md): None when it does (a stateless step carries each row's weight

@@ -45,7 +45,7 @@ from eddyline.errors import SinkError, SourceError
 from eddyline.io.records import ddl_struct, decode, split_decoded
 from eddyline.io.sinks import Sink, SinkKind
 from eddyline.io.sources import BadCounter, Frames, Source, SourceKind
-from eddyline.io.textrecords import EXTRA_DDL, TextSchema, arrow_schema, file_batches
+from eddyline.io.textrecords import TextSchema, arrow_schema, file_batches
 from eddyline.storage import filesystem
 
 if TYPE_CHECKING:
@@ -145,7 +145,8 @@ class FilesSource(Source):
                 "backlog": len(pending) - len(take)}
 
     def frames(
-        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
+        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None,
+        columns: frozenset[str] | None = None,
     ) -> Frames:
         from pyspark.sql import functions as F
 
@@ -173,14 +174,15 @@ class FilesSource(Source):
         assert p.schema_ is not None
         schema = arrow_schema(p.schema_)
         if schema is not None:  # Arrow's readers in the Python workers (io/textrecords.py)
-            ddl = f"{p.schema_}, {EXTRA_DDL}"
+            ship = schema.shipped(columns)
+            ddl = schema.ddl(ship)
             names = planned.get("files", [])
             if not names:
-                return split_decoded(spark.createDataFrame([], ddl), list(schema.arrow.names), self.name, count_bad)
+                return split_decoded(spark.createDataFrame([], ddl), list(ship), self.name, count_bad)
             tasks = min(len(names), partitions)
-            read = functools.partial(_text_files, p.format, bool(p.header), p.path, names, tasks, schema)
+            read = functools.partial(_text_files, p.format, bool(p.header), p.path, names, tasks, schema, ship)
             df = spark.range(0, tasks, 1, tasks).mapInArrow(read, ddl)
-            return split_decoded(df, list(schema.arrow.names), self.name, count_bad)
+            return split_decoded(df, list(ship), self.name, count_bad)
         lines = _read_lines(spark, [_spark_path(p.path, x) for x in paths])
         if p.header:
             lines = lines.where("line > 1")
@@ -196,16 +198,17 @@ def _footer(fs: pafs.FileSystem, path: str) -> Any:
 
 def _text_files(
     fmt: Any, header: bool, directory: str, names: list[str], tasks: int, schema: TextSchema,
-    batches: Iterator[pa.RecordBatch],
+    ship: tuple[str, ...], batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """In a Spark task: task i's share of the files (every ``tasks``-th), decoded."""
+    """In a Spark task: task i's share of the files (every ``tasks``-th), decoded (the
+    ``ship`` columns handed on)."""
     fs, base = filesystem(directory)
     for batch in batches:
         for task in batch.column(0).to_pylist():
             for name in names[task::tasks]:
                 with fs.open_input_stream(f"{base}/{name}") as f:
                     text = f.read()
-                yield from file_batches(fmt, name, text, schema, header=header)
+                yield from file_batches(fmt, name, text, schema, header=header, ship=ship)
 
 
 def _spark_path(directory: str, full: str) -> str:

@@ -63,7 +63,7 @@ from eddyline.io.records import decode, split_decoded, to_json_column
 from eddyline.io.retry import Health, with_retry
 from eddyline.io.sinks import Sink, SinkKind
 from eddyline.io.sources import BadCounter, Frames, Source, SourceKind
-from eddyline.io.textrecords import EXTRA_DDL, TextSchema, arrow_schema, decoded_batch
+from eddyline.io.textrecords import TextSchema, arrow_schema, decoded_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -184,17 +184,19 @@ class MessageRanges(Source):
         return df.selectExpr("file", "line", "CAST(raw AS STRING) AS raw")
 
     def frames(
-        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
+        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None,
+        columns: frozenset[str] | None = None,
     ) -> Frames:
         p = self.spec.params
         schema = arrow_schema(p.schema_)
         if schema is None:  # a schema Arrow's readers do not take: parsed in the JVM
             return decode(spark, self.lines(spark, planned, partitions), p.format, p.schema_, self.name, count_bad)
-        ddl = f"{p.schema_}, {EXTRA_DDL}"
-        df = self._read(spark, planned, partitions, functools.partial(text_batches, p.format, schema), ddl)
+        ship = schema.shipped(columns)
+        ddl = schema.ddl(ship)
+        df = self._read(spark, planned, partitions, functools.partial(text_batches, p.format, schema, ship), ddl)
         if df is None:
             df = spark.createDataFrame([], ddl)
-        return split_decoded(df, list(schema.arrow.names), self.name, count_bad)
+        return split_decoded(df, list(ship), self.name, count_bad)
 
 
 class NatsSource(MessageRanges):
@@ -236,11 +238,11 @@ def raw_batches(
 
 
 def text_batches(
-    fmt: Any, schema: TextSchema, fetch: Any, stream: str, batches: Iterator[pa.RecordBatch]
+    fmt: Any, schema: TextSchema, ship: tuple[str, ...], fetch: Any, stream: str, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """In a Spark task: the messages decoded as JSON or CSV records (see :func:`decoded_batch`)."""
     for seqs, payloads in fetch(batches):
-        yield decoded_batch(fmt, stream, seqs, payloads, schema)
+        yield decoded_batch(fmt, stream, seqs, payloads, schema, ship)
 
 
 def fetch_ranges(

@@ -117,10 +117,13 @@ class Source:
         return []
 
     def frames(
-        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
+        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None,
+        columns: frozenset[str] | None = None,
     ) -> Frames:
         """The slice's rows; ``count_bad`` (if given) is applied to the frame of all parsed
-        records, which has a boolean ``_bad`` column, before it splits into data and dead letters."""
+        records, which has a boolean ``_bad`` column, before it splits into data and dead letters.
+        ``columns``: the (lower-case) columns the network reads of it, None for all; a source
+        that decodes records may leave the others out of what it hands to Spark."""
         raise NotImplementedError
 
 
@@ -148,7 +151,8 @@ class SyntheticSource(Source):
         return DEFAULT_UNPACED_BATCH if self.unpaced else 2**62
 
     def frames(
-        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None
+        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None,
+        columns: frozenset[str] | None = None,
     ) -> Frames:
         return Frames(self._frame(spark, self.spec.params, planned["start"], planned["end"], partitions))
 

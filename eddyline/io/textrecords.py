@@ -58,6 +58,24 @@ class TextSchema:
     arrow: pa.Schema
     spark_names: tuple[str, ...]  # per field, the type as Spark prints it
 
+    def shipped(self, wanted: frozenset[str] | None) -> tuple[str, ...]:
+        """The fields handed on to Spark when the network reads only ``wanted`` (lower-case
+        names; None: all). Every field is still parsed and checked, so a bad value in a column
+        nobody reads is still a dead letter; only the columns read cross into the JVM (at least
+        one, so that a batch keeps its row count). A wanted name that is no field (a typo in a
+        step, a name SQL binds itself) keeps every field, so that what the step says about it
+        lists them all."""
+        names = tuple(self.arrow.names)
+        if wanted is None or not wanted <= {n.lower() for n in names}:
+            return names
+        kept = tuple(n for n in names if n.lower() in wanted or n.startswith("_"))
+        return kept or names[:1]
+
+    def ddl(self, fields: tuple[str, ...]) -> str:
+        """Spark DDL of ``fields``, with the columns :func:`decoded_batch` adds."""
+        types = dict(zip(self.arrow.names, self.spark_names, strict=True))
+        return ", ".join([*(f"`{n}` {types[n]}" for n in fields), EXTRA_DDL])
+
 
 def arrow_schema(ddl: str) -> TextSchema | None:
     """The Arrow schema of a flat Spark DDL schema (``"id long, name string"``), or None when it
@@ -217,22 +235,27 @@ def _csv_reason(payload: bytes, schema: TextSchema) -> str:
 
 
 def decoded_batch(
-    fmt: Format, where: str, positions: list[int], payloads: list[bytes], schema: TextSchema
+    fmt: Format, where: str, positions: list[int], payloads: list[bytes], schema: TextSchema,
+    ship: tuple[str, ...] | None = None,
 ) -> pa.RecordBatch:
     """``payloads`` decoded into one batch of the schema's columns plus ``_file`` (``where``: a
     file, a stream), ``_line`` (the payload's line or sequence from ``positions``), ``_raw`` and
     ``_reason``; a record that fits has nulls in these four (only dead letters need them), one
-    that does not has nulls in the schema's columns."""
+    that does not has nulls in the schema's columns. ``ship``: the schema's columns the batch
+    holds (default: all; see :meth:`TextSchema.shipped`)."""
     d = decode(fmt, payloads, schema)
-    return _batch(d.rows, schema, where, [(positions[i], payloads[i], reason) for i, reason in d.bad])
+    return _batch(d.rows, schema, where, [(positions[i], payloads[i], reason) for i, reason in d.bad], ship)
 
 
-def _batch(rows: pa.Table, schema: TextSchema, where: str, bad: list[tuple[int, bytes, str]]) -> pa.RecordBatch:
+def _batch(
+    rows: pa.Table, schema: TextSchema, where: str, bad: list[tuple[int, bytes, str]], ship: tuple[str, ...] | None
+) -> pa.RecordBatch:
     good = rows.num_rows
+    fields = [schema.arrow.field(n) for n in ship] if ship is not None else list(schema.arrow)
     columns = [
         pa.concat_arrays([*rows.column(f.name).chunks, pa.nulls(len(bad), f.type)]) if bad
         else rows.column(f.name).combine_chunks()
-        for f in schema.arrow
+        for f in fields
     ]
     if bad:
         extra = [
@@ -243,11 +266,12 @@ def _batch(rows: pa.Table, schema: TextSchema, where: str, bad: list[tuple[int, 
         ]
     else:
         extra = [pa.nulls(good, t) for t in (pa.string(), pa.int64(), pa.string(), pa.string())]
-    return pa.RecordBatch.from_arrays([*columns, *extra], names=[*schema.arrow.names, *EXTRA])
+    return pa.RecordBatch.from_arrays([*columns, *extra], names=[*(f.name for f in fields), *EXTRA])
 
 
 def file_batches(
-    fmt: Format, name: str, text: bytes, schema: TextSchema, *, header: bool = False
+    fmt: Format, name: str, text: bytes, schema: TextSchema, *, header: bool = False,
+    ship: tuple[str, ...] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """A whole file of records (one per line; blank lines skipped, line numbers counted from 1
     including them; with ``header`` the first line is not a record) decoded into batches as
@@ -270,12 +294,12 @@ def file_batches(
             keep = _complete(fmt, table, text.split(b"\n") if nulls else [], schema, 0, bad)
             if keep is None:
                 for batch in table.to_batches(max_chunksize=BATCH_ROWS):
-                    yield _batch(pa.Table.from_batches([batch]), schema, name, [])
+                    yield _batch(pa.Table.from_batches([batch]), schema, name, [], ship)
                 return
     numbered = [(n, line.rstrip(b"\r")) for n, line in enumerate(text.split(b"\n"), first) if line.strip()]
     for lo in range(0, len(numbered), BATCH_ROWS):
         chunk = numbered[lo : lo + BATCH_ROWS]
-        yield decoded_batch(fmt, name, [n for n, _ in chunk], [line for _, line in chunk], schema)
+        yield decoded_batch(fmt, name, [n for n, _ in chunk], [line for _, line in chunk], schema, ship)
 
 
 #: the columns :func:`decoded_batch` adds, and their Spark DDL

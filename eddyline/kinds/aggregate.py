@@ -14,6 +14,7 @@ from eddyline.kinds.base import KeyedStepKind
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from eddyline.api.steps import StepSpec
     from eddyline.operators.base import Kernel
 
 
@@ -31,6 +32,16 @@ class KeyedAggregate(Model):
 class KeyedAggregateKind(KeyedStepKind):
     key = "aggregate"
     params = KeyedAggregate
+
+    def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
+        from eddyline.operators.keyed import KeyedAggregateSpec
+
+        p: KeyedAggregate = step.params
+        used = [*names(p.key), *([p.time] if p.time else [])]
+        for name, text in p.aggregates.items():
+            spec = KeyedAggregateSpec.parse(name, text)
+            used += [c for c in (spec.column, spec.by) if c is not None]
+        return (frozenset(c.lower() for c in used),)
 
     def revisions(self, params: Any) -> str | None:
         from eddyline.operators.keyed import KeyedAggregateSpec, keyed_revision_problem

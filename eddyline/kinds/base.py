@@ -10,6 +10,7 @@ Nothing else in the engine branches on the kind.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -213,6 +214,33 @@ def resolve(path: str) -> Any:
     if not callable(fn):
         raise ValueError(f"module '{module_name}' has no function '{attr}'")
     return fn
+
+
+@functools.lru_cache(maxsize=1024)
+def sql_columns(text: str) -> frozenset[str] | None:
+    """The names (lower case, as Spark resolves them) an SQL expression may read a column by;
+    None when it may read any (``*``) or does not parse. ``a.b`` counts ``a`` (a struct) and
+    ``b``: a name too many only keeps a column."""
+    import sqlglot
+    from sqlglot.errors import ParseError
+
+    try:
+        parsed = sqlglot.parse_one(text, read="spark")
+    except ParseError:
+        return None
+    if parsed is None or any(True for _ in parsed.find_all(sqlglot.exp.Star)):
+        return None
+    return frozenset(part.name.lower() for col in parsed.find_all(sqlglot.exp.Column) for part in col.parts)
+
+
+def columns_of(*parts: frozenset[str] | None) -> frozenset[str] | None:
+    """The union of column sets, None (all) if any is None."""
+    out: frozenset[str] = frozenset()
+    for p in parts:
+        if p is None:
+            return None
+        out |= p
+    return out
 
 
 def sql_problems(expressions: list[tuple[str, str]]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from eddyline.api.registry import STEPS
-from eddyline.kinds.base import CompileContext, StepKind, sql_problems
+from eddyline.kinds.base import CompileContext, StepKind, columns_of, sql_columns, sql_problems
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -24,6 +24,9 @@ class Filter(StepKind):
 
     def check(self, step: StepSpec) -> list[str]:
         return sql_problems([("filter", step.params)])
+
+    def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
+        return (columns_of(wanted, sql_columns(step.params)),)
 
     def describe(self, step: StepSpec, key_groups: int) -> list[str]:
         return [f"filter  {step.params}   [Spark SQL, JVM]"]

@@ -8,7 +8,7 @@ from pydantic import AfterValidator
 
 from eddyline.api.registry import STEPS
 from eddyline.columns import DIFF
-from eddyline.kinds.base import CompileContext, StepKind, sql_problems
+from eddyline.kinds.base import CompileContext, StepKind, columns_of, sql_columns, sql_problems
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -34,6 +34,9 @@ class Select(StepKind):
 
     def check(self, step: StepSpec) -> list[str]:
         return sql_problems([(f"select[{i}]", e) for i, e in enumerate(step.params)])
+
+    def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
+        return (columns_of(*(sql_columns(e) for e in step.params)),)
 
     def describe(self, step: StepSpec, key_groups: int) -> list[str]:
         return [f"select  {', '.join(step.params)}   [Spark SQL, JVM]"]

@@ -36,6 +36,9 @@ class Union(StepKind):
     def input_fields(self, step: StepSpec) -> list[tuple[str, str]]:
         return [("union", i) for i in step.params]
 
+    def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
+        return (wanted,) * len(step.params)
+
     def describe(self, step: StepSpec, key_groups: int) -> list[str]:
         return [f"union of {', '.join(step.params)}   [Spark union, no shuffle]"]
 

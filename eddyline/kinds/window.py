@@ -114,6 +114,13 @@ class WindowAggregateKind(StepKind):
     def revisions(self, params: Any) -> str | None:
         return revision_problem(params.parsed_aggregates)
 
+    def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
+        wa: WindowAggregate = step.params
+        if wa.late is not None:  # late rows are written out whole
+            return (None,)
+        used = [*wa.keys, wa.time, *(col for _, _, col in wa.parsed_aggregates if col is not None)]
+        return (frozenset(c.lower() for c in used),)
+
     def kernel(self, params: Any, *schemas: pa.Schema) -> WindowKernel:
         (schema,) = schemas
         return WindowKernel(params.config(), schema)

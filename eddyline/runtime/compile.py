@@ -127,6 +127,7 @@ class EpochCompiler:
                         times = self._direct_times.setdefault(name, [])
                         if col not in times:
                             times.append(col)
+        self._read_by: tuple[NetworkSpec | None, dict[str, frozenset[str] | None]] = (None, {})
         # per epoch
         self.epoch = 0
         self.observing = True
@@ -150,6 +151,8 @@ class EpochCompiler:
     ) -> EpochFrames:
         self.epoch, self.observing, self._runs, self._tables = epoch, observe, steps, tables or {}
         self._out, self._shared = EpochFrames(), {}
+        if self._read_by[0] is not self.spec:  # what the steps in force read of each source
+            self._read_by = (self.spec, self.spec.columns_read())
         for src in self.spec.sources:
             self._source(src.name, source_slices[src.name], lanes)
         overload = self.spec.control.overload
@@ -178,7 +181,7 @@ class EpochCompiler:
             def count_bad(df: DataFrame) -> DataFrame:
                 return self.observe(df, f"bad:{name}", "count_if(_bad) AS bad")  # only sources that parse records
 
-        frames = self.sources[name].frames(self.spark, planned, lanes, count_bad)
+        frames = self.sources[name].frames(self.spark, planned, lanes, count_bad, columns=self._read_by[1].get(name))
         frames = weighted(frames, name, (lambda df: self.observe(df, f"bad-weights:{name}", f"count_if({BAD}) AS bad")))
         df = frames.data
         times = self._direct_times.get(name, [])

@@ -195,3 +195,19 @@ def test_a_header_line_is_skipped_and_line_numbers_still_count_it():
     assert _lines(file_batches("csv", "f", b"id,name\n1,a\nx,b\n", schema, header=True))[1] == (
         3, "field 'id': expected bigint, got x")
     assert list(file_batches("csv", "f", b"id,name", schema, header=True)) == []
+
+
+def test_only_the_columns_read_are_shipped_but_every_column_is_checked():
+    ship = SCHEMA.shipped(frozenset({"price", "id"}))
+    assert ship == ("id", "price")  # the schema's order
+    assert SCHEMA.shipped(None) == tuple(SCHEMA.arrow.names)
+    assert SCHEMA.shipped(frozenset({"price", "typo"})) == tuple(SCHEMA.arrow.names)  # a name no field has
+    assert SCHEMA.ddl(ship) == "`id` bigint, `price` double, _file string, _line long, _raw string, _reason string"
+    good = {"id": 1, "name": "a", "price": 1.5, "at": "2026-01-01T00:00:00Z"}
+    text = "\n".join(json.dumps(r) for r in [good, {**good, "at": "yesterday"}, {**good, "id": 2}]).encode()
+    (batch,) = file_batches("json", "f.json", text, SCHEMA, ship=ship)
+    assert batch.schema.names == ["id", "price", "_file", "_line", "_raw", "_reason"]
+    assert batch.column("id").to_pylist() == [1, 2, None]
+    # the bad value is in a column nobody reads, and the record is a dead letter all the same
+    assert batch.column("_reason").to_pylist() == [None, None, "field 'at': expected timestamp, got yesterday"]
+    assert batch.column("_line").to_pylist() == [None, None, 2]
