@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .harness import (
     MOVE_EVERY,
     CellError,
@@ -37,6 +39,7 @@ from .harness import (
     SinkCheck,
     SinkRows,
     Watch,
+    network,
     read_outputs,
     verify,
     wait_until,
@@ -54,6 +57,9 @@ PUBLISH_EPOCH = 7
 DOWN_S = 6.0
 #: the lease's timeout: a standby takes over this long after the leader's last renewal
 LEASE_S = 3.0
+#: the epochs of plans a leader keeps (the network's ``history``) in the cell whose follower
+#: falls out of them (otherwise the default, 10, of a 12-epoch input)
+KEPT = 2
 
 
 @dataclass
@@ -436,6 +442,58 @@ def hot_follower_freeze(ctx: Ctx) -> None:
     ctx.notes.append(f"the leader's longest wait to plan after the freeze: {held(ctx.watch, ctx.fault_at)}")
 
 
+def epochs(ckpt: Path, kind: str) -> list[int]:
+    """The epochs of the plans or commits a checkpoint holds now (the engine deletes old ones)."""
+    return sorted(int(p.stem) for p in (ckpt / kind).glob("*.json") if p.stem.isdigit())
+
+
+def hot_follower_left_behind(ctx: Ctx) -> None:
+    """A hot pair whose network keeps ``KEPT`` epochs of plans (``history``); SIGSTOP to the
+    follower's process tree until the leader no longer keeps the plans it needs next, then
+    SIGCONT: the follower must copy the leader's latest commit and its state and follow on."""
+    ctx.spec.write_text(yaml.safe_dump({**network(ctx.setup, ctx.out), "history": KEPT}))
+    leader, follower, fw = hot_pair(ctx)
+    ctx.fault()
+    signal_tree(follower, signal.SIGSTOP)
+    at, had = max(epochs(fw.ckpt, "commits"), default=0), ctx.watch.last_commit
+    # it needs the plan of epoch at + 1 next (at + 2 if it had read that one already)
+    wait_until(lambda: min(epochs(ctx.ckpt, "plans"), default=0) > at + 2, 120,
+               f"the leader to drop its plan of epoch {at + 2}", alive=lambda: leader.proc.poll() is None)
+    kept = epochs(ctx.ckpt, "plans")
+    assert ctx.fault_at is not None
+    woke = time.time()
+    signal_tree(follower, signal.SIGCONT)
+    if any(c["end_of_stream"] for c in ctx.watch.commits.values()):
+        raise CellError("the leader reached the end of the stream before the follower was woken")
+    ctx.notes.append(f"follower frozen {woke - ctx.fault_at:.1f} s at commit {at} ({1 + len(follower.tree)} "
+                     f"processes) while the leader went from commit {had} to {ctx.watch.last_commit}, keeping "
+                     f"(history: {KEPT}) plans {kept[0]}–{kept[-1]} only")
+    ctx.finish()
+    ctx.expect(leader, *EXITED_0)
+    ctx.expect(follower, *EXITED_0)
+    records = follower.progress_records()
+    copied = [r["driver"]["copied_state"] for r in records if "copied_state" in (r.get("driver") or {})]
+    if copied:
+        e, ran = copied[0]["epoch"], {r["batchId"] for r in records}
+        skipped = [x for x in range(1, e + 1) if x not in ran]
+        after = fw.commits.get(e + 1)
+        ctx.notes.append(f"the follower went on from a copy of the leader's commit {e} (driver.copied_state in its "
+                         f"progress; it never ran epochs {skipped[0]}–{skipped[-1]})" if skipped else
+                         f"the follower copied the leader's commit {e} (driver.copied_state in its progress)")
+        ctx.notes.append((f"its epoch {e + 1} committed {after['at'] - woke:.1f} s after SIGCONT; " if after else "")
+                         + f"it ended at commit {fw.last_commit}")
+    else:
+        ctx.problems.append("the follower's progress records show no copy of the leader's state (driver.copied_state)")
+    # an epoch the leader had committed whose files-sink directory was put in place again after SIGCONT
+    done = {e for e, c in ctx.watch.commits.items() if c["at"] < woke}
+    again = sorted({e for kind in ("raw", "win") for d in (ctx.out.directory / kind).glob("epoch=*")
+                    if (e := int(d.name.partition("=")[2])) in done and d.stat().st_ctime >= woke})
+    if again:
+        ctx.notes.append(f"the follower published epoch {', '.join(map(str, again))} again after SIGCONT (the files "
+                         "sinks' directories replaced): the leader's cleanup had dropped its stream selector records")
+    ctx.notes.append(f"the leader's longest wait to plan after the freeze: {held(ctx.watch, ctx.fault_at)}")
+
+
 # ---------------------------------------------------------------------------- the matrix
 
 
@@ -491,6 +549,10 @@ CELLS: list[Cell] = [
     Cell("hot follower (replica)", STOP, f"a hot pair; once the follower has caught up, SIGSTOP to its process tree "
          f"for {DOWN_S:.0f} s (past the {LEASE_S:.0f} s lease), then SIGCONT; the leader must go on, the follower "
          "catch up (from the leader's plans, or from a copy of its state if it fell out of them)", hot_follower_freeze),
+    Cell("hot follower (replica)", f"{STOP}, past the kept plans", f"a hot pair whose network keeps {KEPT} epochs of "
+         f"plans (`history: {KEPT}`; the reference keeps 10); once the follower has caught up, SIGSTOP to its process tree "
+         "until the leader has dropped the plans it needs next, then SIGCONT; the leader must go on, the follower "
+         "copy the leader's latest commit and its state and follow on", hot_follower_left_behind),
 ]
 
 #: rows of the issue's matrix that have no cell yet
