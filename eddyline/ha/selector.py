@@ -30,6 +30,9 @@ from eddyline.errors import EddylineError
 from eddyline.storage import create_exclusive
 
 _LOCAL = pafs.LocalFileSystem()
+#: the file holding the epoch below which records were dropped, and who "published" those
+_FLOOR = "forgotten"
+FORGOTTEN = "(records dropped)"
 
 
 class Diverged(EddylineError):
@@ -67,7 +70,9 @@ class Selector:
             with open(self._path(epoch, output)) as f:
                 raw = json.load(f)
         except FileNotFoundError:
-            return None
+            # an epoch whose records were dropped was published (a driver forgets only epochs
+            # it committed): a driver that wakes up inside one must not publish it again
+            return Published(FORGOTTEN, None) if epoch < self.forgotten() else None
         d = raw.get("digest")
         return Published(str(raw["by"]), Digest(int(d["rows"]), str(d["hash"])) if d else None)
 
@@ -107,8 +112,24 @@ class Selector:
                 f"{theirs.digest.hash}); the two drivers of the pair computed different results"
             )
 
+    def forgotten(self) -> int:
+        """Epochs below this have had their records dropped."""
+        try:
+            with open(os.path.join(self.dir, _FLOOR)) as f:
+                return int(f.read().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
     def forget_before(self, epoch: int) -> None:
-        """Drop the records of epochs before ``epoch`` (neither driver publishes them again)."""
+        """Drop the records of epochs before ``epoch``. They count as published from then on:
+        the other driver may be frozen inside one of them and must not publish it when it wakes
+        (for a NATS sink that could be after the server's de-duplication window)."""
+        if epoch > self.forgotten():  # first the floor, then the records
+            os.makedirs(self.dir, exist_ok=True)
+            tmp = os.path.join(self.dir, f".{_FLOOR}.{self.driver}.tmp")
+            with open(tmp, "w") as f:
+                f.write(str(epoch))
+            os.replace(tmp, os.path.join(self.dir, _FLOOR))
         try:
             names = os.listdir(self.dir)
         except FileNotFoundError:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from eddyline.ha.selector import Digest, Diverged, Selector
+from eddyline.ha.selector import FORGOTTEN, Digest, Diverged, Selector
 
 
 def test_the_first_to_record_publishes_and_the_other_checks_and_skips(tmp_path: Path) -> None:
@@ -36,4 +36,11 @@ def test_records_of_old_epochs_are_forgotten(tmp_path: Path) -> None:
     for epoch in (1, 2, 3):
         s.done(epoch, "out", Digest(1, "1"))
     s.forget_before(3)
-    assert [s.published(e, "out") is not None for e in (1, 2, 3)] == [False, False, True]
+    s.forget_before(2)  # the floor never goes back
+    assert [s.published(e, "out").by for e in (1, 2, 3)] == [FORGOTTEN, FORGOTTEN, "a"]
+    assert sorted(p.name for p in (tmp_path / "selector").iterdir()) == ["0000000003", "forgotten"]
+    # the other driver, frozen inside epoch 2 while these were dropped, wakes: it must not
+    # publish epoch 2 again (nothing to compare its digest with)
+    b = Selector(str(tmp_path), "b")
+    assert not b.first(2, "out", Digest(1, "1")) and b.lost == 1
+    assert b.first(4, "out", Digest(1, "1"))  # a later epoch is still its to publish
