@@ -212,10 +212,16 @@ class WindowAggregateKind(StepKind):
             overload = ctx.spec.control.overload
             assert overload is not None
             z = NormalDist().inv_cdf(0.5 + overload.confidence / 2)
+            estimated = [c[: -len(VAR)] for c in result.columns if c.endswith(VAR)]
             result = result.selectExpr(*[
                 f"CAST({z!r} * sqrt(`{c}`) AS DOUBLE) AS `{c[: -len(VAR)]}_error`" if c.endswith(VAR) else f"`{c}`"
                 for c in result.columns
             ])
+            # how wide the intervals are against the estimates, per aggregate, for the progress
+            # (overload.estimates); a window whose estimate is 0 is left out of the ratio
+            ratios = {n: f"`{n}_error` / nullif(abs(`{n}`), 0)" for n in estimated}
+            result = ctx.observe(result, f"estimates:{step.name}", "count(1) AS rows", *[
+                a for n, r in ratios.items() for a in (f"avg({r}) AS `mean:{n}`", f"max({r}) AS `max:{n}`")])
         return result
 
 

@@ -24,7 +24,9 @@ name                                    type         from the progress record
 ``eddyline_lanes``                      gauge        ``routing.<step>.lanes``
 ``eddyline_lane_key_groups``            gauge        ``routing.<step>.keyGroupsPerLane``, ``lane``
 ``eddyline_lane_busy_seconds``          gauge        ``load.<step>.laneBusyMs``, ``step``, ``lane``
-``eddyline_keep_fraction``              gauge        ``overload.shed.<step>.keep``
+``eddyline_keep_fraction``              gauge        ``overload.shed.<step>.keep[i]``, ``step``, ``input``
+``eddyline_estimate_relative_error``    gauge        ``overload.estimates.<step>``: mean 95 % half-width
+                                                     / estimate, labels ``step``, ``aggregate``
 ``eddyline_lease_generation``           gauge        ``driver.generation``
 ``eddyline_leading``                    gauge        1 while this driver leads (``driver``)
 ``eddyline_tentative``                  gauge        1 while the last epoch was tentative (DPC)
@@ -65,7 +67,11 @@ class Metrics:
         self.lane_kgs = Gauge("eddyline_lane_key_groups", "Key groups routed to a lane", ["step", "lane"], registry=r)
         self.lane_busy = Gauge("eddyline_lane_busy_seconds", "A lane's busy time in the last epoch", ["step", "lane"],
                                registry=r)
-        self.keep = Gauge("eddyline_keep_fraction", "Fraction of input kept by load shedding", ["step"], registry=r)
+        self.keep = Gauge("eddyline_keep_fraction", "Fraction of a step's input kept by load shedding", ["step", "input"],
+                          registry=r)
+        self.estimate_error = Gauge("eddyline_estimate_relative_error",
+                                    "Mean 95 % confidence half-width of an estimate behind a shed point, relative to it",
+                                    ["step", "aggregate"], registry=r)
         self.generation = Gauge("eddyline_lease_generation", "The lease generation this driver runs under", registry=r)
         self.leading = Gauge("eddyline_leading", "1 while this driver leads", registry=r)
         self.tentative = Gauge("eddyline_tentative", "1 while the last epoch was tentative", registry=r)
@@ -100,9 +106,15 @@ class Metrics:
         for step, load in (record.get("load") or {}).items():
             for lane, ms in enumerate(load.get("laneBusyMs") or []):
                 self.lane_busy.labels(step, str(lane)).set(ms / 1000)
-        for step, shed in ((record.get("overload") or {}).get("shed") or {}).items():
-            self.keep.labels(step).set(shed.get("keep", 1.0))
+        overload = record.get("overload") or {}
+        for step, shed in (overload.get("shed") or {}).items():
+            for i, keep in enumerate(shed.get("keep") or []):  # one per input of the step
+                self.keep.labels(step, str(i)).set(keep)
             self.shed_rows.labels(step).inc(max(sum(shed.get("offered") or []) - sum(shed.get("kept") or []), 0))
+        for step, est in (overload.get("estimates") or {}).items():
+            for name, a in (est.get("aggregates") or {}).items():
+                if a.get("meanRelError") is not None:
+                    self.estimate_error.labels(step, name).set(a["meanRelError"])
         driver = record.get("driver")
         if driver:
             self.generation.set(driver.get("generation") or 0)

@@ -162,8 +162,13 @@ def test_the_shedding_section_shows_keep_fractions_quality_and_the_lps_utility()
     r = record(2, {"per_key": [1.0]}, [{"epoch": 2, "step": "*", "kind": "overload", "action": {},
                                         "why": {"expectedUtility": 12.5, "status": "optimal"}, "expected": {}}])
     r["overload"] = {"boundMs": 3000, "expectedMs": 2000, "measuredMs": 3100, "withinBound": False, "lagSeconds": 0.5,
-                     "shed": {"per_key": {"keep": 0.75, "offered": [60, 40], "kept": [45, 30]}},
-                     "quality": {"counts": {"keptFraction": 0.75, "shedFraction": 0.25}}}
+                     "shed": {"per_key": {"keep": [0.75, 0.5], "offered": [60, 40], "kept": [45, 20]}},
+                     "quality": {"counts": {"keptFraction": 0.65, "shedFraction": 0.35}},
+                     "estimates": {"per_key": {"windows": 12, "aggregates": {
+                         "n": {"meanRelError": 0.0412, "maxRelError": 0.25}, "total": {"meanRelError": None,
+                                                                                        "maxRelError": None}}}}}
     html = views.shedding_html([r])
-    assert "over the bound" in html and "<td>0.750</td><td>100</td><td>75</td>" in html
-    assert "counts: kept 0.750" in html and "expected utility 12.5 (optimal)" in html
+    assert "over the bound" in html and "<td>0.750, 0.500</td><td>100</td><td>65</td>" in html
+    assert "counts: kept 0.650" in html and "expected utility 12.5 (optimal)" in html
+    assert '<td>per_key</td><td>n</td><td>12</td><td>4.12 %</td><td>25.00 %</td>' in html
+    assert '<td>total</td><td>12</td><td>-</td><td>-</td>' in html

@@ -18,7 +18,10 @@ def record(epoch: int, rows: int, ms: float, busy: list[float], decisions: list[
         "routing": {"agg": {"version": epoch, "lanes": len(busy), "keyGroupsPerLane": [5, 3][: len(busy)]}},
         "load": {"agg": {"laneBusyMs": busy}},
         "decisions": decisions or [],
-        "overload": {"shed": {"agg": {"keep": 0.75, "offered": [40, 60], "kept": [30, 45]}}},
+        # as the engine reports them: per input of the step
+        "overload": {"shed": {"agg": {"keep": [0.75, 0.5], "offered": [40, 60], "kept": [30, 30]}},
+                     "estimates": {"agg": {"windows": 7, "aggregates": {"n": {"meanRelError": 0.01 * epoch,
+                                                                                "maxRelError": 0.2}}}}},
         "driver": {"holder": "h:1:ab", "generation": 4, "leadingSince": 1.0},
     }
 
@@ -47,7 +50,7 @@ def test_metrics_follow_the_records() -> None:
     assert s[("eddyline_dead_letters_total", ())] == 2 and s[("eddyline_late_rows_total", ())] == 9
     assert s[("eddyline_decisions_total", (("kind", "balance"), ("step", "agg")))] == 2
     assert s[("eddyline_decisions_total", (("kind", "rescale"), ("step", "agg")))] == 1
-    assert s[("eddyline_shed_rows_total", (("step", "agg"),))] == 3 * 25
+    assert s[("eddyline_shed_rows_total", (("step", "agg"),))] == 3 * 40
     assert s[("eddyline_epoch_duration_seconds_count", ())] == 3
     assert abs(s[("eddyline_epoch_duration_seconds_sum", ())] - 1.69) < 1e-9
     assert s[("eddyline_epoch_duration_seconds_bucket", (("le", "0.1"),))] == 1  # the 90 ms epoch
@@ -59,6 +62,8 @@ def test_metrics_follow_the_records() -> None:
     assert s[("eddyline_lanes", (("step", "agg"),))] == 2
     assert s[("eddyline_lane_key_groups", (("lane", "1"), ("step", "agg")))] == 3
     assert s[("eddyline_lane_busy_seconds", (("lane", "0"), ("step", "agg")))] == 0.02
-    assert s[("eddyline_keep_fraction", (("step", "agg"),))] == 0.75
+    assert s[("eddyline_keep_fraction", (("input", "0"), ("step", "agg")))] == 0.75
+    assert s[("eddyline_keep_fraction", (("input", "1"), ("step", "agg")))] == 0.5
+    assert s[("eddyline_estimate_relative_error", (("aggregate", "n"), ("step", "agg")))] == 0.03
     assert s[("eddyline_lease_generation", ())] == 4 and s[("eddyline_leading", ())] == 1
     assert s[("eddyline_paused", ())] == 1 and s[("eddyline_tentative", ())] == 0

@@ -267,17 +267,29 @@ def shedding_html(records: list[dict[str, Any]]) -> str:
     if last is None:
         return '<p class="dim">no load shedding configured (control.overload)</p>'
     o = last["overload"]
-    shed = "".join(f'<tr><td>{_e(s)}</td><td>{v.get("keep", 1):.3f}</td><td>{sum(v.get("offered") or [])}</td>'
-                   f'<td>{sum(v.get("kept") or [])}</td></tr>' for s, v in (o.get("shed") or {}).items())
+    shed = "".join(f'<tr><td>{_e(s)}</td><td>{", ".join(f"{k:.3f}" for k in v.get("keep") or [])}</td>'
+                   f'<td>{sum(v.get("offered") or [])}</td><td>{sum(v.get("kept") or [])}</td></tr>'
+                   for s, v in (o.get("shed") or {}).items())
     quality = ", ".join(f'{_e(k)}: kept {v["keptFraction"]:.3f}' for k, v in (o.get("quality") or {}).items())
     lp = next((d["why"] for d in last.get("decisions", []) if d.get("kind") == "overload"), {})
     utility = (f' LP: expected utility {lp["expectedUtility"]} ({_e(lp.get("status", ""))}).'
                if "expectedUtility" in lp else "")
+    errors = "".join(
+        f'<tr class="estimate"><td>{_e(step)}</td><td>{_e(name)}</td><td>{e.get("windows", 0)}</td>'
+        f'<td>{_pct(a.get("meanRelError"))}</td><td>{_pct(a.get("maxRelError"))}</td></tr>'
+        for step, e in (o.get("estimates") or {}).items() for name, a in (e.get("aggregates") or {}).items())
+    estimates = ('<table><tr><th>step</th><th>estimate</th><th>windows</th><th>mean ± (95 %)</th><th>largest ±</th>'
+                 f'</tr>{errors}</table>' if errors else "")
     return (f'<p>epoch {last["batchId"]}: bound {o.get("boundMs")} ms, expected {o.get("expectedMs")} ms, measured '
             f'{o.get("measuredMs")} ms ({"within" if o.get("withinBound") else "over"} the bound); lag '
-            f'{o.get("lagSeconds")} s</p><table><tr><th>step</th><th>keep fraction</th><th>offered</th><th>kept</th>'
+            f'{o.get("lagSeconds")} s</p><table><tr><th>step</th><th>keep fraction (per input)</th><th>offered</th><th>kept</th>'
             f'</tr>{shed}</table><p>quality per output: {quality or "-"}.{utility} Counts and sums behind a shed '
-            'point are estimates; the outputs carry their confidence half-widths as <code>&lt;name&gt;_error</code>.</p>')
+            'point are estimates: their confidence half-widths relative to the estimate, over the windows of '
+            f'the epoch, below (each row of the output carries its own as <code>&lt;name&gt;_error</code>).</p>{estimates}')
+
+
+def _pct(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{100 * ratio:.2f} %"
 
 
 def io_html(records: list[dict[str, Any]]) -> str:

@@ -174,8 +174,26 @@ def _overload(
             for s, v in plan.shed.items()
         },
         "quality": quality,
+        "estimates": _estimates(staged.observed),
         "hotSpots": overload.hot_spots(),
     }
+
+
+def _estimates(observed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per window step behind a shed point: the windows it emitted and, per estimated aggregate,
+    the mean and largest confidence half-width relative to the estimate (0.05: ±5 %)."""
+    out: dict[str, Any] = {}
+    for key, got in observed.items():
+        if not key.startswith("estimates:"):
+            continue
+        aggs: dict[str, dict[str, float | None]] = {}
+        for field, value in got.items():
+            stat, _, name = field.partition(":")
+            if name:
+                rounded = None if value is None else round(float(value), 5)
+                aggs.setdefault(name, {})["meanRelError" if stat == "mean" else "maxRelError"] = rounded
+        out[key.split(":", 1)[1]] = {"windows": int(got.get("rows") or 0), "aggregates": aggs}
+    return out
 
 
 def _routing_summary(routing: dict[str, Any]) -> dict[str, Any]:

@@ -84,6 +84,24 @@ def test_shedding_scales_aggregates_within_their_reported_error(spark, tmp_path:
     assert dropped == sum(r["overload"]["shed"]["per_key"]["offered"][0] - r["overload"]["shed"]["per_key"]["kept"][0]
                           for r in shedding)
 
+    # the progress says how wide the estimates' intervals were, as the output rows do
+    con = duckdb.connect()
+    for r in records:
+        part = tmp_path / "shed" / f"epoch={r['batchId']:010d}"
+        reported = r["overload"]["estimates"]["per_key"]
+        if not list(part.glob("*.parquet")):
+            assert reported["windows"] == 0
+            continue
+        n, mean_n, max_n, mean_total = con.execute(
+            f"SELECT count(*), avg(n_error / abs(n)), max(n_error / abs(n)), avg(total_error / nullif(abs(total), 0)) "
+            f"FROM read_parquet('{part}/*.parquet', hive_partitioning = false)").fetchone()
+        assert reported["windows"] == n
+        for got, want in [(reported["aggregates"]["n"]["meanRelError"], mean_n),
+                          (reported["aggregates"]["n"]["maxRelError"], max_n),
+                          (reported["aggregates"]["total"]["meanRelError"], mean_total)]:
+            assert (got is None and want is None) if n == 0 else abs(got - want) < 1e-4
+    assert any(r["overload"]["estimates"]["per_key"]["aggregates"]["n"]["meanRelError"] for r in shedding)
+
     exact, est = windows(tmp_path / "exact"), windows(tmp_path / "shed")
     assert set(est) <= set(exact) and len(est) >= 0.95 * len(exact)
     inside = {"n": 0, "total": 0}
