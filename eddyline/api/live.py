@@ -1,7 +1,8 @@
 """Control lines: parameters of a running network that may change between two epochs.
 
 A setting is ``STEP.PARAM=VALUE`` (``expensive.filter=price > 200``, ``top.k=3``,
-``per_auction.watermark_delay=5s``), or ``control.SECTION.FIELD=VALUE`` for the control plane's
+``per_auction.watermark_delay=5s``), ``SINK.PARAM=VALUE`` for where a sink writes
+(``out.path=/data/v2``, ``alerts.subject=alerts.v2``, ``totals.table=totals_v2``), or ``control.SECTION.FIELD=VALUE`` for the control plane's
 policies (``control.balance.threshold=0.3``, ``control.overload.mode=semantic``; see
 :data:`LIVE_CONTROL`). Which parameters may change is each step kind's
 ``live_params``: what a kind can take at an epoch boundary without its state changing shape (a
@@ -53,9 +54,14 @@ def with_settings(spec: NetworkSpec, settings: dict[str, Any]) -> NetworkSpec:
             _set_control(spec, raw, target, value)
             continue
         name, _, param = target.partition(".")
+        sink = next((s for s in spec.sinks if s.name == name), None)
+        if sink is not None:
+            _set_sink(raw, sink, target, param, value)
+            continue
         step = next((s for s in spec.steps if s.name == name), None)
         if step is None:
-            raise SpecError(f"control {target}: no step '{name}'; steps: {', '.join(s.name for s in spec.steps)}")
+            raise SpecError(f"control {target}: no step or sink '{name}'; steps: "
+                            f"{', '.join(s.name for s in spec.steps) or '-'}; sinks: {', '.join(s.name for s in spec.sinks)}")
         live = step.info.live_params
         if param not in live:
             what = f"one of {', '.join(live)}" if live else "none: its parameters shape its state or its output"
@@ -69,6 +75,22 @@ def with_settings(spec: NetworkSpec, settings: dict[str, Any]) -> NetworkSpec:
         return spec_from_raw(raw)
     except SpecError as e:
         raise SpecError(f"control {', '.join(f'{t}={v!r}' for t, v in settings.items())}: {e}") from None
+
+
+def _set_sink(raw: dict[str, Any], sink: Any, target: str, param: str, value: Any) -> None:
+    """A sink's target (``out.path=/data/v2``): the sink is opened on it at the boundary."""
+    live = sink.info.live_params
+    if param not in live:
+        what = f"one of {', '.join(live)}" if live else "none"
+        raise SpecError(f"control {target}: '{param}' of a {sink.kind} sink cannot change while it runs (can: {what})")
+    node = next(n for n in raw["sinks"] if n["name"] == sink.name)
+    node[sink.kind] = {**node[sink.kind], param: value}
+
+
+def sink_settings(spec: NetworkSpec, settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings of ``settings`` that name a sink's target."""
+    sinks = {s.name for s in spec.sinks}
+    return {t: v for t, v in settings.items() if t.partition(".")[0] in sinks}
 
 
 def carried(old: NetworkSpec, new: NetworkSpec, settings: dict[str, Any]) -> dict[str, Any]:
@@ -97,6 +119,9 @@ def _written(spec: NetworkSpec, target: str) -> Any:
     if parts[0] == "control":
         section = getattr(spec.control, parts[1], None) if len(parts) == 3 else None
         return _ABSENT if section is None else getattr(section, parts[2], _ABSENT)
+    sink = next((s for s in spec.sinks if s.name == parts[0]), None)
+    if sink is not None and len(parts) == 2:
+        return (sink.kind, getattr(sink.params, parts[1], _ABSENT))
     step = next((s for s in spec.steps if s.name == parts[0]), None)
     if step is None or len(parts) != 2:
         return _ABSENT

@@ -72,6 +72,10 @@ class SourceKind(Kind):
 
 
 class SinkKind(Kind):
+    #: parameters a running network may change between two epochs (control lines): where the
+    #: sink writes; the sink is opened anew on the new target at that boundary
+    live_params: ClassVar[tuple[str, ...]] = ()
+
     def check(self, sink: SinkSpec) -> list[str]:
         return []
 

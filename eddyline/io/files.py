@@ -442,6 +442,7 @@ class FilesSourceKind(SourceKind):
 class FilesSinkKind(SinkKind):
     key = "files"
     params = Files
+    live_params = ("path",)
 
     def check(self, sink: SinkSpec) -> list[str]:
         if sink.params.schema_ is not None:

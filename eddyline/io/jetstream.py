@@ -353,6 +353,7 @@ class NatsSourceKind(SourceKind):
 class NatsSinkKind(SinkKind):
     key = "nats"
     params = NatsOut
+    live_params = ("url", "stream", "subject")
 
     def describe(self, params: Any) -> str:
         return f"NATS stream {params.stream} at {redact(params.url)}, subject {params.subject} (JSON)"

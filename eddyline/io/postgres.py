@@ -758,6 +758,7 @@ def _fix_json_text(conn: psycopg.Connection[Any]) -> None:
 class PostgresKind(SinkKind):
     key = "postgres"
     params = Postgres
+    live_params = ("url", "table")
 
     def check(self, sink: SinkSpec) -> list[str]:
         p: Postgres = sink.params

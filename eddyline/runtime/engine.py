@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from eddyline.api.change import check_change, history_starts, required_history_starts
-from eddyline.api.live import carried, with_settings
+from eddyline.api.live import carried, sink_settings, with_settings
 from eddyline.api.network import NetworkSpec
 from eddyline.api.units import Files, format_duration_ms
 from eddyline.api.validate import spec_from_raw
@@ -436,6 +437,11 @@ class Engine:
         if cannot:
             raise EngineError(f"{what}: sink(s) {', '.join(cannot)} cannot take published epochs back and put them back "
                               "(files and memory sinks can)")
+        targets = {json.dumps(sink_settings(self.spec, self.ckpt.read_plan(e).settings), sort_keys=True)
+                   for e in range(target, last_epoch + 1) if self.ckpt.has_plan(e)}
+        if len(targets) > 1:  # the epochs to take back were written to more than one target
+            raise EngineError(f"{what}: a sink's target changed (a control setting) between epoch {target} and "
+                              f"{last_epoch}; {what} can go back to the epoch the last change took effect at the earliest")
         rewritten = [r for r in (self.ckpt.metadata() or {}).get("rewrites", []) if r["epoch"] >= target]
         if rewritten and what == "replay":  # its new steps took their state over at that boundary only
             r = min(rewritten, key=lambda r: r["epoch"])
@@ -578,9 +584,17 @@ class Engine:
         if settings == self.settings:
             return
         spec = with_settings(self.base_spec, settings)
-        self.settings, self.spec = settings, spec
+        old, self.settings, self.spec = self.spec, settings, spec
         self.compiler.spec = self._plans.spec = self.executor.spec = spec
         self.controller.reconfigure(spec)
+        moved = [s for s in spec.sinks if s != old.node(s.name)]  # a sink's target changed
+        for sink in moved:
+            before = self.outputs.sinks[sink.name]
+            if hasattr(before, "close"):
+                before.close()
+            self.outputs.sinks[sink.name] = make_sink(sink, self.reporter.console if self.reporter else None)
+        if moved:
+            self._fence_outputs()
 
     def _fence_outputs(self) -> None:
         """Sinks that can tell refuse the output of a driver with an older lease generation: ours,

@@ -48,7 +48,8 @@ def test_settings_change_only_what_they_name_and_are_validated_as_a_whole() -> N
         ({"counts.aggregates": {"n": "sum(value)"}},
          "control counts.aggregates: 'aggregates' of a window_aggregate step cannot change while it runs "
          "(can: one of watermark_delay, allowed_lateness)"),
-        ({"ghost.filter": "true"}, "control ghost.filter: no step 'ghost'; steps: cheap, slim, counts"),
+        ({"ghost.filter": "true"}, "control ghost.filter: no step or sink 'ghost'; steps: cheap, slim, counts; sinks: a, b"),
+        ({"a.format": "json"}, "control a.format: 'format' of a console sink cannot change while it runs (can: none)"),
         ({"slim.select": []}, "control slim.select=[]: step 'slim': expected at least one expression"),
     ],
 )
@@ -125,3 +126,21 @@ def test_settings_stay_in_force_across_a_change_of_network_unless_it_sets_the_pa
     gone["sinks"] = gone["sinks"][1:]
     assert carried(old, load_spec(gone), settings) == {"counts.watermark_delay": "5s"}  # the others are gone
     assert carried(old, old, settings) == settings
+
+
+def test_a_sinks_target_may_change_and_nothing_else_of_it() -> None:
+    raw = {**NET, "sinks": [{"name": "a", "input": "slim", "files": {"path": "/data/a", "format": "json"}},
+                            {"name": "b", "input": "counts", "console": {}}]}
+    spec = load_spec(raw)
+    moved = with_settings(spec, {"a.path": "/data/a-v2"})
+    assert moved.node("a").params.path == "/data/a-v2" and moved.node("a").params.format == "json"
+    assert moved.node("b") == spec.node("b") and moved.steps == spec.steps
+    with pytest.raises(SpecError, match=r"'format' of a files sink cannot change while it runs \(can: one of path\)"):
+        with_settings(spec, {"a.format": "csv"})
+    with pytest.raises(SpecError, match="control a.path='': .*path"):
+        with_settings(spec, {"a.path": ""})
+    # a new network that leaves the sink as it was keeps the setting; one that moves it itself wins
+    assert carried(spec, spec, {"a.path": "/data/a-v2"}) == {"a.path": "/data/a-v2"}
+    raw2 = {**raw, "sinks": [{**raw["sinks"][0], "files": {"path": "/elsewhere", "format": "json"}}, raw["sinks"][1]]}
+    assert carried(spec, load_spec(raw2), {"a.path": "/data/a-v2"}) == {}
+

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from eddyline.api.validate import load_spec
 from eddyline.cli import app
 from eddyline.runtime.checkpoint import Checkpoint
-from eddyline.runtime.engine import Engine
+from eddyline.runtime.engine import Engine, EngineError
 from eddyline.runtime.faults import FaultPoint
 from eddyline.runtime.inbox import Inbox
 
@@ -116,7 +116,7 @@ def test_a_command_that_does_not_fit_is_refused_reported_and_changes_nothing(spa
     assert reasons[1] == "control top.k=0: step 'top': k: Input should be greater than 0, got 0"
     assert reasons[2] == ("control top.order_by: 'order_by' of a top_k step cannot change while it runs "
                           "(can: one of k, watermark_delay)")
-    assert reasons[3].startswith("control nowhere.filter: no step 'nowhere'")
+    assert reasons[3].startswith("control nowhere.filter: no step or sink 'nowhere'")
     assert "not a JSON command" in reasons[4]
     assert all("refused" not in r for r in records[1:])
     assert {d["outcome"] for d in Inbox(ckpt).done()} == {"refused"}
@@ -196,3 +196,25 @@ def test_a_control_stream_on_nats_changes_the_filter_at_the_next_epoch(spark, na
     assert ck.latest_commit().commands_cursor == "3"
     refused = [d for d in Inbox(ckpt).done() if d["outcome"] == "refused"]
     assert [d["id"] for d in refused] == ["stream-CONTROL_E2E:3"] and "top.k" in refused[0]["reason"]
+
+
+def test_a_sinks_target_changes_at_the_next_epoch_also_across_a_crash_and_a_replay_may_not_span_it(
+        spark, tmp_path: Path) -> None:
+    write_bid_files(tmp_path / "in", files=FILES, rows=60)
+    net = load_spec(spec(tmp_path / "in", tmp_path / "out"))
+    ckpt = str(tmp_path / "ckpt")
+    Engine(net, spark, ckpt).run(epochs=3)
+    command = Inbox(ckpt).submit({"rows.path": str(tmp_path / "v2" / "rows")})
+    with pytest.raises(Crash):  # after the plan that moves the sink was logged
+        Engine(net, spark, ckpt, faults=CrashAt(4, FaultPoint.PLANNED)).run(until_idle=True)
+    Engine(net, spark, ckpt).run(until_idle=True)
+
+    want = expected(tmp_path / "in", switch_at=FILES + 1)  # the filter never changed
+    before, after = per_epoch(tmp_path / "out"), per_epoch(tmp_path / "v2")
+    assert before == {e: want[e] for e in (1, 2, 3)}
+    assert after == {e: want[e] for e in range(4, FILES + 1)}
+    assert [(d["id"], d["outcome"], d["epoch"]) for d in Inbox(ckpt).done()] == [(command, "applied", 4)]
+    # epochs 2-5 went to two places: a replay from 2 cannot take them back; from 4 it could
+    with pytest.raises(EngineError, match=r"replay: a sink's target changed .* between epoch 2 and 6"):
+        Engine(net, spark, ckpt)._check_alone({"replay": 2}, 6)
+    Engine(net, spark, ckpt)._check_alone({"replay": 4}, 6)
