@@ -39,13 +39,14 @@ from eddyline.kinds.base import (
     check_aggregates,
 )
 from eddyline.operators.window import (
+    SLOT,
     START_MS,
     TMAX,
+    WEIGHT_SUM,
     WINDOW_END,
     WINDOW_START,
     WindowConfig,
     WindowKernel,
-    revision_problem,
 )
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class WindowAggregateKind(StepKind):
         return params.late
 
     def revisions(self, params: Any) -> str | None:
-        return revision_problem(params.parsed_aggregates)
+        return None  # count, sum and avg subtract a value taken back; min and max keep their values
 
     def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
         wa: WindowAggregate = step.params
@@ -193,8 +194,11 @@ class WindowAggregateKind(StepKind):
             ).selectExpr("*", f"{kg} AS {KG}")
             live = live.where(f"{START_MS} + {size + lateness} > {wm}")
         aggs: list[str] = []
+        extrema = {name: col for name, _, col in cfg.extrema}  # min/max of a revised input
         for pcol, func, col, _ in cfg.partial_columns():
-            if func == "count" and weighted:  # a revision's weight counts (negative: taken back)
+            if pcol in extrema:  # worked out in the lanes from the window's value rows
+                aggs.append(f"CAST(NULL AS {live.schema[col].dataType.simpleString()}) AS `{pcol}`")
+            elif func == "count" and weighted:  # a revision's weight counts (negative: taken back)
                 aggs.append(f"sum({DIFF if col is None else f'CASE WHEN `{col}` IS NULL THEN 0 ELSE {DIFF} END'}) AS `{pcol}`")
             elif func == "count":
                 aggs.append(f"count({'1' if col is None else f'`{col}`'}) AS `{pcol}`")
@@ -204,9 +208,15 @@ class WindowAggregateKind(StepKind):
                 aggs.append(f"sum({c}{f' * {DIFF}' if weighted else ''}) AS `{pcol}`")
             else:
                 aggs.append(f"{func}(`{col}`) AS `{pcol}`")
+        if extrema:
+            aggs += [f"CAST(0 AS TINYINT) AS {SLOT}",
+                     *[f"CAST(NULL AS {live.schema[c].dataType.simpleString()}) AS `{n}__v`" for n, c in extrema.items()],
+                     f"CAST(NULL AS BIGINT) AS {WEIGHT_SUM}"]
         if cfg.advance_delay_ms is not None:
             aggs.append(f"max({EVENT_MS}) AS {TMAX}")
         partial = live.groupBy(KG, *cfg.keys, START_MS).agg(*[F.expr(a) for a in aggs])
+        if extrema:
+            partial = _with_value_rows(partial, live, cfg)
         result = ctx.to_lanes(step, partial, WindowKernel(cfg, arrow_schema(partial.schema)), cfg.keys[:1])
         if estimate:  # the variance sums become confidence half-widths
             overload = ctx.spec.control.overload
@@ -223,6 +233,23 @@ class WindowAggregateKind(StepKind):
             result = ctx.observe(result, f"estimates:{step.name}", "count(1) AS rows", *[
                 a for n, r in ratios.items() for a in (f"avg({r}) AS `mean:{n}`", f"max({r}) AS `max:{n}`")])
         return result
+
+
+def _with_value_rows(partial: DataFrame, live: DataFrame, cfg: WindowConfig) -> DataFrame:
+    """The windows' partial rows and, per min/max of a revised input, one row per window and
+    distinct value with its summed weight (slot j + 1 for the j-th min/max; see WindowKernel)."""
+    from pyspark.sql import functions as F
+
+    types = {f.name: f.dataType.simpleString() for f in partial.schema}
+    window_key = [KG, *cfg.keys, START_MS]
+    for j, (name, _, col) in enumerate(cfg.extrema):
+        values = (live.where(f"`{col}` IS NOT NULL")
+                  .selectExpr(*[f"`{c}`" for c in window_key], f"`{col}` AS _v", DIFF)
+                  .groupBy(*window_key, "_v").agg(F.expr(f"sum({DIFF}) AS {WEIGHT_SUM}")))
+        given = {c: f"`{c}`" for c in window_key} | {SLOT: str(j + 1), f"{name}__v": "_v", WEIGHT_SUM: WEIGHT_SUM}
+        partial = partial.union(values.selectExpr(
+            *[f"CAST({given.get(c, 'NULL')} AS {types[c]}) AS `{c}`" for c in partial.columns]))
+    return partial
 
 
 def _weighted(wa: WindowAggregate, df: DataFrame) -> tuple[WindowAggregate, DataFrame]:

@@ -34,6 +34,7 @@ decides what fires, and partial aggregates merge associatively.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +54,9 @@ TMAX = "_tmax"
 REV = "_rev"  # state: how many times the window has been emitted
 #: weighted partials and state: the window's rows (the sum of their weights)
 ROWS = "_n"
+#: min/max over a revised input keep value rows: which aggregate a row is a value of (0: the
+#: window's own row), and the value's summed weight (as the keyed aggregate does)
+SLOT, WEIGHT_SUM = "_slot", "_w"
 OLD = "_old_"  # while merging: a state row's partials as its last emission showed them
 TOUCHED = "_touched"
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -85,8 +89,6 @@ class WindowConfig:
         ):
             raise ValueError(f"cumulative windows: size {self.size_ms} ms must be a multiple of the step "
                              f"{self.cumulate_ms} ms (and there is no slide)")
-        if self.weighted and (problem := revision_problem(self.aggregates)):
-            raise ValueError(problem)
 
     @property
     def windows_per_row(self) -> int:
@@ -100,8 +102,15 @@ class WindowConfig:
         return -((-start_ms) // self.size_ms) * self.size_ms
 
     @property
+    def extrema(self) -> tuple[tuple[str, str, str | None], ...]:
+        """The min/max aggregates of a revised input: each keeps its values, with their summed
+        weights, as value rows beside the window's row (see :class:`WindowKernel`)."""
+        return tuple(a for a in self.aggregates if self.weighted and a[1] in ("min", "max"))
+
+    @property
     def primary_key(self) -> tuple[str, ...]:
-        return (KG, *self.keys, START_MS)
+        values = (SLOT, *(f"{name}__v" for name, _, _ in self.extrema)) if self.extrema else ()
+        return (KG, *self.keys, START_MS, *values)
 
     # ----------------------------------------------------------------- partial columns
     def partial_columns(self) -> list[tuple[str, str, str | None, str]]:
@@ -144,6 +153,10 @@ class WindowConfig:
         for pcol, func, col, _ in self.partial_columns():
             itype = input_schema.field(col).type if col else None
             fields.append(pa.field(pcol, self.partial_type(func, itype)))
+        if self.extrema:
+            fields.append(pa.field(SLOT, pa.int8()))
+            fields += [pa.field(f"{name}__v", input_schema.field(col).type) for name, _, col in self.extrema]
+            fields.append(pa.field(WEIGHT_SUM, pa.int64()))
         if self.advance_delay_ms is not None:
             fields.append(pa.field(TMAX, pa.int64()))
         return pa.schema(fields)
@@ -163,15 +176,6 @@ class WindowConfig:
         if self.weighted:
             fields.append(pa.field(DIFF, pa.int64()))
         return pa.schema(fields)
-
-
-def revision_problem(aggregates: tuple[tuple[str, str, str | None], ...]) -> str | None:
-    """Why windows with these aggregates cannot take rows back (None: they can). A count, sum
-    or average subtracts a retracted row; a minimum or maximum would have to keep every value."""
-    kept = [f"{name}={func}()" for name, func, _ in aggregates if func in ("min", "max")]
-    if kept:
-        return f"{', '.join(kept)}: min() and max() cannot take a value back (use count, sum or avg)"
-    return None
 
 
 def event_time_ms(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -230,7 +234,8 @@ def partial_aggregate(
     if cfg.advance_delay_ms is not None:
         cols["_t"] = pa.array(t[row_idx], type=pa.int64())
         aggs.append(("_t", "max", TMAX))
-    inputs_needed = {c for _, _, c, _ in cfg.partial_columns() if c}
+    extrema = {name for name, _, _ in cfg.extrema}
+    inputs_needed = {c for p, _, c, _ in cfg.partial_columns() if c and p not in extrema}
     for c in inputs_needed:
         cols[f"_in_{c}"] = rows.column(c).take(take)
         if cfg.weighted:  # a weighted count sums the weights of non-null values; a sum, value × weight
@@ -239,6 +244,8 @@ def partial_aggregate(
             cols[f"_in_{c}"] = pc.multiply(cols[f"_in_{c}"], pc.cast(cols[one], cols[f"_in_{c}"].type))
     exploded = pa.table(cols)
     for pcol, func, col, _ in cfg.partial_columns():
+        if pcol in extrema:  # from the value rows, in the kernel
+            continue
         if func == "count" and col is None:
             aggs.append((one, "sum", pcol))
         elif func == "count":
@@ -247,12 +254,35 @@ def partial_aggregate(
             aggs.append((f"_in_{col}", func, pcol))
     schema = cfg.partial_schema(rows.schema)
     unique_aggs = list(dict.fromkeys((src, fn) for src, fn, _ in aggs))
-    grouped = exploded.group_by(list(cfg.primary_key), use_threads=False).aggregate(unique_aggs)
-    out = {name: grouped.column(name) for name in cfg.primary_key}
+    window_key = [KG, *cfg.keys, START_MS]
+    grouped = exploded.group_by(window_key, use_threads=False).aggregate(unique_aggs)
+    out = {name: grouped.column(name) for name in window_key}
     for src, fn, pcol in aggs:
         out[pcol] = grouped.column(f"{src}_{fn}")
-    partials = pa.table(out).select(schema.names).cast(schema) if grouped.num_rows else schema.empty_table()
+    parts = [_full(out, schema, grouped.num_rows, {SLOT: 0})]
+    for j, (name, _, col) in enumerate(cfg.extrema):  # per value of the column, its summed weight
+        assert col is not None
+        one_col = exploded.select([*window_key, one]).append_column("_v", rows.column(col).take(take))
+        g = one_col.filter(pc.is_valid(one_col.column("_v"))).group_by(
+            [*window_key, "_v"], use_threads=False).aggregate([(one, "sum")])
+        cols_v = {c: g.column(c) for c in window_key} | {f"{name}__v": g.column("_v"), WEIGHT_SUM: g.column(f"{one}_sum")}
+        parts.append(_full(cols_v, schema, g.num_rows, {SLOT: j + 1}))
+    partials = pa.concat_tables(parts)
     return partials, late_rows
+
+
+def _full(cols: dict[str, Any], schema: pa.Schema, n: int, constants: dict[str, int]) -> pa.Table:
+    """``cols`` as a table of ``schema``: the ``constants`` where the schema has them, nulls for
+    the columns not given."""
+    out = {}
+    for f in schema:
+        if f.name in cols:
+            out[f.name] = cols[f.name]
+        elif f.name in constants:
+            out[f.name] = pa.array(np.full(n, constants[f.name]), f.type)
+        else:
+            out[f.name] = pa.nulls(n, f.type)
+    return pa.table(out).cast(schema)
 
 
 class WindowKernel:
@@ -286,6 +316,10 @@ class WindowKernel:
             if newest is not None:
                 watermark_ms = max(watermark_ms, int(newest) - cfg.advance_delay_ms)
         partials = partials.select(self.partial_schema.names).cast(self.partial_schema)
+        values = None
+        if cfg.extrema:  # the value rows go aside; the windows' rows take the steps below
+            (partials, fresh), (state, stored) = _split_values(partials), _split_values(state)
+            values = self._values(stored, fresh, watermark_ms)
         if partials.num_rows and self._float_sums:
             # Float addition is not associative: merge in a fixed order so that a replay, whose
             # shuffle may deliver partials in another order, sums to the same bits.
@@ -313,9 +347,14 @@ class WindowKernel:
             merged_cols[TOUCHED] = g.column(f"{TOUCHED}_max")
             for p in olds:
                 merged_cols[f"{OLD}{p}"] = g.column(f"{OLD}{p}_max")
+            if cfg.extrema:
+                merged_cols[WEIGHT_SUM] = pa.nulls(g.num_rows, pa.int64())
             merged = pa.table(merged_cols)
         else:
             merged = both
+        if values is not None:  # each window's min/max: over its values of positive weight now
+            for name, extreme in self._extremes(merged, values.live).items():
+                merged = merged.set_column(merged.schema.get_field_index(name), name, extreme)
         start = merged.column(START_MS).to_numpy()
         end = start + cfg.size_ms
         rev = merged.column(REV).to_numpy(zero_copy_only=False)
@@ -334,14 +373,18 @@ class WindowKernel:
         output = self._emit(merged.filter(pa.array(fire)), rev[fire])
         if cfg.weighted:
             output = self._deltas(merged, fire, rev, output)
-        state_cols = merged.drop_columns([TOUCHED, *[f"{OLD}{p}" for p in olds]]).set_column(
+        state_cols = merged.set_column(
             merged.schema.get_field_index(REV), REV, pa.array(new_rev, type=pa.int32())
-        )
+        ).select(self.state_schema.names)
         new_state = state_cols.filter(pa.array(keep)).cast(self.state_schema)
         changed = (touched | fire) & keep
         upserts = state_cols.filter(pa.array(changed)).cast(self.state_schema)
         evicted = ~keep
         deletes = merged.filter(pa.array(evicted)).select(pk)
+        if values is not None:
+            new_state = pa.concat_tables([new_state, values.kept])
+            upserts = pa.concat_tables([upserts, values.upserts])
+            deletes = pa.concat_tables([deletes.cast(values.deletes.schema), values.deletes])
         # imported here: keyed imports this module (its time helpers) at load time
         from eddyline.operators.keyed import changed_groups
 
@@ -353,6 +396,50 @@ class WindowKernel:
             changed_groups(upserts, deletes),
             {"windows_fired": int(fire.sum())},
         )
+
+    def _values(self, stored: pa.Table, fresh: pa.Table, watermark_ms: int) -> _Values:
+        """The value rows after the batch: each fresh row adds its weight to the stored row of
+        (window, aggregate, value); a value whose weight sums to 0 goes, and so do the values of
+        a window that leaves the state."""
+        pk = list(self.cfg.primary_key)
+        flags = [(stored, 1, 0), (fresh, 0, 1)]
+        both = pa.concat_tables([
+            t.select([*pk, WEIGHT_SUM]).append_column("_s", pa.array(np.full(t.num_rows, s, np.int8)))
+            .append_column("_f", pa.array(np.full(t.num_rows, f, np.int8))) for t, s, f in flags])
+        g = both.group_by(pk, use_threads=False).aggregate([(WEIGHT_SUM, "sum"), ("_s", "max"), ("_f", "max")])
+        total = np.asarray(pc.fill_null(g.column(f"{WEIGHT_SUM}_sum"), 0).to_numpy(zero_copy_only=False), np.int64)
+        was = g.column("_s_max").to_numpy(zero_copy_only=False).astype(bool)
+        new = g.column("_f_max").to_numpy(zero_copy_only=False).astype(bool)
+        end = g.column(START_MS).to_numpy() + self.cfg.size_ms
+        keep = (total != 0) & (end + self.cfg.allowed_lateness_ms > watermark_ms)
+        rows = _full({c: g.column(c) for c in pk} | {WEIGHT_SUM: pa.array(total)}, self.state_schema, g.num_rows, {})
+        return _Values(
+            kept=rows.filter(pa.array(keep)),
+            live=rows.filter(pa.array(total > 0)),  # also of windows that fire as they leave
+            upserts=rows.filter(pa.array(keep & new)),
+            deletes=rows.filter(pa.array(~keep & was)).select(pk),
+        )
+
+    def _extremes(self, windows: pa.Table, values: pa.Table) -> dict[str, Any]:
+        """Per row of ``windows`` and min/max aggregate, the extremum of its values (null: none)."""
+        from eddyline.operators.keyed import sorted_key_ids, take_or_null
+
+        cfg = self.cfg
+        window_key = [KG, *cfg.keys, START_MS]
+        key_schema = pa.schema([self.state_schema.field(c) for c in window_key])
+        out: dict[str, Any] = {}
+        for j, (name, func, _) in enumerate(cfg.extrema):
+            mine = values.filter(pc.equal(values.column(SLOT), j + 1))
+            (wid, vid), distinct = sorted_key_ids([windows, mine], key_schema)
+            v = mine.column(f"{name}__v")
+            result = pa.nulls(windows.num_rows, v.type)
+            if mine.num_rows:
+                g = pa.table({"g": pa.array(vid), "v": v}).group_by(["g"], use_threads=False).aggregate([("v", func)])
+                row_of = np.full(distinct.num_rows, -1, dtype=np.int64)  # window id -> its row of g
+                row_of[g.column("g").to_numpy()] = np.arange(g.num_rows)
+                result = take_or_null(g.column(f"v_{func}"), row_of[wid])
+            out[name] = result
+        return out
 
     def _deltas(self, merged: pa.Table, fire: np.ndarray, rev: np.ndarray, new: pa.Table) -> pa.Table:
         """A weighted window's changelog: for each firing window, its last emitted row taken
@@ -392,6 +479,22 @@ class WindowKernel:
         if cfg.weighted:
             cols[DIFF] = pa.array(np.ones(fired.num_rows, dtype=np.int64))
         return pa.table(cols).cast(self.output_schema)
+
+
+@dataclass(frozen=True)
+class _Values:
+    """A revised window's min/max value rows after a batch."""
+
+    kept: pa.Table  # every value row the state keeps
+    live: pa.Table  # the values present (of positive weight), before windows leave the state
+    upserts: pa.Table
+    deletes: pa.Table  # primary keys
+
+
+def _split_values(table: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """(the windows' rows, the value rows) of a state or a batch of partials."""
+    is_value = pc.fill_null(pc.not_equal(table.column(SLOT), 0), False).to_numpy(zero_copy_only=False)
+    return table.filter(pa.array(~is_value)), table.filter(pa.array(is_value))
 
 
 def same_partials(merged: pa.Table, partials: list[str]) -> np.ndarray:

@@ -125,7 +125,8 @@ def test_window_changelog_equals_the_query_over_the_final_input(seed: int, cuts:
     changes = history(seed)
     size, slide = (20_000, 10_000) if sliding else (10_000, 10_000)
     cfg = WindowConfig(
-        ("k",), size, slide, (("n", "count", None), ("nv", "count", "v"), ("s", "sum", "v"), ("a", "avg", "v")),
+        ("k",), size, slide, (("n", "count", None), ("nv", "count", "v"), ("s", "sum", "v"), ("a", "avg", "v"),
+                              ("lo", "min", "v"), ("hi", "max", "v")),
         allowed_lateness_ms=10**9,  # every revision arrives in time: the property is about splits
         weighted=True,
     )
@@ -139,7 +140,7 @@ def test_window_changelog_equals_the_query_over_the_final_input(seed: int, cuts:
             assert late.num_rows == 0
             if kernel is None:
                 kernel = WindowKernel(cfg, partials.schema)
-                drivers = [Driver(kernel) for _ in range(LANES)]
+                drivers = [Driver(kernel, check=exact_delta) for _ in range(LANES)]
             drivers[lane].step(partials, wm)
     out = pa.concat_tables([d.output for d in drivers])
     got = final_relation(out, ("k", WINDOW_START), drop=("window_end", REVISION))
@@ -147,11 +148,11 @@ def test_window_changelog_equals_the_query_over_the_final_input(seed: int, cuts:
     con = duckdb.connect()
     con.register("c", changes)
     want_rows = con.execute(
-        f"""SELECT k, ws, count(*), count(v), sum(v), avg(v) FROM (
+        f"""SELECT k, ws, count(*), count(v), sum(v), avg(v), min(v), max(v) FROM (
               SELECT *, unnest(generate_series(ms - ms % {slide} - {size - slide}, ms - ms % {slide}, {slide})) AS ws
               FROM (SELECT *, epoch_ms(t) AS ms FROM {net_rows_sql()})) GROUP BY k, ws"""
     ).fetchall()
-    want = {(k, ws): (n, nv, s, a) for k, ws, n, nv, s, a in want_rows}
+    want = {(k, ws): tuple(rest) for k, ws, *rest in want_rows}
     got_ms = {(k, int(w.timestamp() * 1000)): v for (k, w), v in got.items()}
     assert_close(got_ms, want)
 
@@ -181,9 +182,30 @@ def test_a_window_emits_at_most_one_retraction_and_one_row_per_epoch() -> None:
     assert [(r["n"], r["s"], r[DIFF]) for r in gone.to_pylist()] == [(2, 35, -1)]
 
 
-def test_min_and_max_refuse_a_revised_input() -> None:
-    with pytest.raises(ValueError, match="hi=max\\(\\): min\\(\\) and max\\(\\) cannot take a value back"):
-        WindowConfig(("k",), 10, 10, (("hi", "max", "v"),), weighted=True)
+def test_a_windows_min_and_max_count_only_the_values_present() -> None:
+    """A retraction may come before its insertion (the value is not there until they cancel);
+    taking back the maximum leaves the next value; a window's values leave the state with it."""
+    cfg = WindowConfig(("k",), 10_000, 10_000, (("n", "count", None), ("lo", "min", "v"), ("hi", "max", "v")),
+                       allowed_lateness_ms=5_000, weighted=True)
+
+    def batch(rows: list[tuple[int, int, int]]) -> pa.Table:
+        k, v, d = zip(*rows, strict=True)
+        t = pa.table({"k": pa.array(k, pa.int64()), "t": pa.array([1_000_000] * len(k), TIMESTAMP),
+                      "v": pa.array(v, pa.int64()), DIFF: pa.array(d, pa.int64())})
+        return partial_aggregate(cfg, t, "t", 0)[0]
+
+    first = batch([(1, 3, 1), (1, 5, 1), (1, 9, -1)])  # 9 is taken back before it comes
+    lane = Driver(WindowKernel(cfg, first.schema), check=exact_delta)
+    out = lane.step(first, 12_000).output
+    assert [(r["n"], r["lo"], r["hi"], r[DIFF]) for r in out.to_pylist()] == [(1, 3, 5, 1)]
+    out = lane.step(batch([(1, 9, 1), (1, 1, 1)]), 12_000).output  # 9 cancels; 1 is the new minimum
+    assert [(r["n"], r["lo"], r["hi"], r[DIFF]) for r in out.to_pylist()] == [(1, 3, 5, -1), (3, 1, 5, 1)]
+    out = lane.step(batch([(1, 5, -1)]), 12_000).output  # the maximum goes: 3 is left on top
+    assert [(r["n"], r["lo"], r["hi"], r[DIFF]) for r in out.to_pylist()] == [(3, 1, 5, -1), (2, 1, 3, 1)]
+    values = lane.state.filter(pc.not_equal(lane.state.column("_slot"), 0))
+    assert sorted(values.column("_w").to_pylist()) == [1, 1, 1, 1]  # 1 and 3, once per aggregate
+    assert lane.step(first.slice(0, 0), 10**9).output.num_rows == 0  # past the lateness: all goes
+    assert lane.state.num_rows == 0
 
 
 # ================================================================== keyed aggregate

@@ -58,7 +58,8 @@ def spec(src: Path, out: Path, extra_steps: list | None = None) -> dict:
             {"name": "slim", "input": "priced", "select": ["auction", "price", "ts"]},
             {"name": "windows", "input": "slim", "window_aggregate": {
                 "key": "auction", "time": "ts", "window": {"size": "10s"}, "watermark_delay": "1s",
-                "allowed_lateness": "1h", "aggregates": {"n": "count(*)", "total": "sum(price)", "mean": "avg(price)"}}},
+                "allowed_lateness": "1h", "aggregates": {"n": "count(*)", "total": "sum(price)", "mean": "avg(price)",
+                                                           "hi": "max(price)", "lo": "min(price)"}}},
             {"name": "per_auction", "input": "slim", "aggregate": {
                 "key": "auction", "aggregates": {"n": "count(*)", "total": "sum(price)", "hi": "max(price)", "lo": "min(price)"}}},
             *(extra_steps or []),
@@ -96,10 +97,11 @@ def test_revisions_flow_through_the_network_and_end_exact(spark, tmp_path: Path)
     con = duckdb.connect()
     final = FINAL.format(src=tmp_path / "in")
     want_windows = con.execute(
-        f"SELECT auction, epoch_ms(time_bucket(INTERVAL 10 SECOND, ts)), count(*), sum(price), round(avg(price), 6) "
-        f"FROM {final} GROUP BY ALL ORDER BY ALL"
+        f"SELECT auction, epoch_ms(time_bucket(INTERVAL 10 SECOND, ts)), count(*), sum(price), round(avg(price), 6), "
+        f"max(price), min(price) FROM {final} GROUP BY ALL ORDER BY ALL"
     ).fetchall()
-    got_windows = summed(tmp_path / "out" / "windows", "auction, epoch_ms(window_start), n, total, round(mean, 6), revision")
+    got_windows = summed(tmp_path / "out" / "windows",
+                         "auction, epoch_ms(window_start), n, total, round(mean, 6), hi, lo, revision")
     assert [r[:-1] for r in got_windows] == want_windows
     assert max(r[-1] for r in got_windows) >= 1, "some window was revised after it fired"
 
