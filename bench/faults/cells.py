@@ -404,15 +404,24 @@ def hot_leader_kill(ctx: Ctx) -> None:
 
 def hot_follower_kill(ctx: Ctx) -> None:
     """SIGKILL to the follower's process tree: the leader stops waiting for it once its
-    heartbeat is older than the lease timeout, and goes on."""
-    leader, follower, _ = hot_pair(ctx)
+    heartbeat is older than the lease timeout, and goes on; once the leader has committed again,
+    the follower is started again on its checkpoint and must rejoin and follow to the end."""
+    leader, follower, fw = hot_pair(ctx)
     ctx.fault()
     signal_tree(follower, signal.SIGKILL)
     ctx.died(follower)
+    at, had = fw.last_commit, ctx.watch.last_commit
+    wait_until(lambda: ctx.watch.last_commit > had, 120, "the leader to commit without its follower",
+               alive=lambda: leader.proc.poll() is None)
+    again = ctx.driver("follower again", "--hot", str(ctx.directory / "group"), ckpt=fw.ckpt)
+    started = ctx.watch.last_commit
     ctx.finish()
     ctx.expect(follower, *KILLED)
     ctx.expect(leader, *EXITED_0)
+    ctx.expect(again, *EXITED_0)
     assert ctx.fault_at is not None
+    ctx.notes.append(f"the follower was killed at commit {at}; started again as the leader committed {started}, "
+                     f"it followed to commit {fw.last_commit}")
     ctx.notes.append(f"the leader's longest wait to plan after the kill: {held(ctx.watch, ctx.fault_at)}")
 
 
@@ -544,8 +553,9 @@ CELLS: list[Cell] = [
     Cell("hot leader", "SIGKILL (follower takes over)", "a hot pair (`--hot`, a checkpoint each); once the follower "
          "has caught up, SIGKILL to the leader's process tree inside an epoch; the follower takes the lease over "
          "(timed to the follower's next commit)", hot_leader_kill),
-    Cell("hot follower (replica)", "SIGKILL", "a hot pair; once the follower has caught up, SIGKILL to its process "
-         "tree; the leader must go on (timed to the leader's next commit)", hot_follower_kill),
+    Cell("hot follower (replica)", KILL, "a hot pair; once the follower has caught up, SIGKILL to its process "
+         "tree; the leader must go on (timed to the leader's next commit); once it has committed again, the "
+         "follower is started again and must follow to the end", hot_follower_kill),
     Cell("hot follower (replica)", STOP, f"a hot pair; once the follower has caught up, SIGSTOP to its process tree "
          f"for {DOWN_S:.0f} s (past the {LEASE_S:.0f} s lease), then SIGCONT; the leader must go on, the follower "
          "catch up (from the leader's plans, or from a copy of its state if it fell out of them)", hot_follower_freeze),

@@ -115,9 +115,11 @@ def write_results(results: list[Result], meta: dict[str, Any]) -> None:
 
 def merge(results: list[Result], meta: dict[str, Any]) -> None:
     """Cells run again replace the same cells of the last full run (each noted as a rerun); cells
-    it did not have are added at the end."""
+    it did not have are added at the end; cells no longer in the matrix (renamed) are dropped."""
     last = json.loads(JSON_OUT.read_text())
     last.setdefault("cells_run", len(last["cells"]))  # by the full run (cells added since are reruns')
+    current = {(c.target, c.mode) for c in CELLS}
+    last["cells"] = [c for c in last["cells"] if (c["target"], c["mode"]) in current]
     again = {(r.target, r.mode): r for r in results}
     had = {(c["target"], c["mode"]) for c in last["cells"]}
     for r in results:
