@@ -286,7 +286,16 @@ def _full(cols: dict[str, Any], schema: pa.Schema, n: int, constants: dict[str, 
 
 
 class WindowKernel:
-    """Folds partials into state and fires windows (a :class:`~eddyline.operators.base.Kernel`)."""
+    """Folds partials into state and fires windows (a :class:`~eddyline.operators.base.Kernel`).
+
+    Over a revised input (``_diff``), a min or max cannot be merged from partials once a value
+    is taken back, so each keeps *value rows*: per window and distinct value of its column the
+    summed weight (``_slot`` j + 1 for the j-th min/max, the value in ``<name>__v``, the weight
+    in ``_w``; the window's own row has ``_slot`` 0). The window's min/max is recomputed from
+    its values of positive weight whenever it changes, so firing, retraction and the changelog
+    treat it like any other partial; a value whose weight sums to 0 goes, and all of a window's
+    values go with it.
+    """
 
     def __init__(self, cfg: WindowConfig, partial_schema: pa.Schema):
         self.cfg = cfg
