@@ -14,7 +14,7 @@ from eddyline.api.control import Control
 from eddyline.api.sinks import SinkSpec
 from eddyline.api.sources import SourceSpec
 from eddyline.api.steps import StepSpec
-from eddyline.api.units import Duration, Files, Model, Name
+from eddyline.api.units import ByteSize, Duration, Files, Model, Name
 
 
 class NetworkSpec(Model):
@@ -41,6 +41,9 @@ class NetworkSpec(Model):
     history: int = Field(default=10, ge=2)
     #: Besides those, every epoch committed within this long of the newest commit (None: none).
     history_duration: Duration | None = Field(default=None, gt=0)
+    #: A cap on both: the state files that only older epochs read take at most this many bytes
+    #: (the oldest epochs go first; the newest two always stay). None: no cap.
+    history_bytes: ByteSize | None = Field(default=None, ge=0)
 
     def node(self, name: str) -> SourceSpec | StepSpec | SinkSpec:
         for n in (*self.sources, *self.steps, *self.sinks):

@@ -57,7 +57,7 @@ from eddyline.runtime.inbox import Inbox
 from eddyline.runtime.lookahead import LookAhead
 from eddyline.runtime.replica import Following, HotPair, Leading
 from eddyline.runtime.rewriting import checked_rewrite, decision, propose_rewrites
-from eddyline.state.store import KeyGroupStore, copy_state, drop_state, state_steps
+from eddyline.state.store import KeyGroupStore, copy_state, drop_state, history_floor, state_steps
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -458,8 +458,9 @@ class Engine:
 
     @property
     def _kept_for(self) -> str:
-        within = self.spec.history_duration
-        return f" and those committed in the last {format_duration_ms(within)}" if within is not None else ""
+        within, cap = self.spec.history_duration, self.spec.history_bytes
+        also = f" and those committed in the last {format_duration_ms(within)}" if within is not None else ""
+        return also + (f", as far as their state fits history_bytes ({cap:,} bytes)" if cap is not None else "")
 
     def _check_start(self, start: Any, new: NetworkSpec, last_epoch: int) -> None:
         """An added query that starts from a kept epoch: its sources must read what running
@@ -679,7 +680,7 @@ class Engine:
         for name, source in self.sources.items():
             source.committed(stable.source_ends.get(name, 0) if stable else 0)
         t_commit = time.monotonic()
-        if plan.epoch % self.retain_epochs == 0:
+        if plan.epoch % self.retain_epochs == 0 or self.spec.history_bytes is not None:  # a cap: every epoch
             self._start_cleanup(plan.epoch)
         t_cleanup = time.monotonic()
         ms = Timings(
@@ -752,6 +753,10 @@ class Engine:
         if within is not None and every:  # also what was committed within that long
             newest = max(c.committed_at for c in every)
             keep_from = min([keep_from, *(c.epoch for c in every if c.committed_at >= newest - within / 1000)])
+        cap = self.spec.history_bytes
+        if cap is not None:  # the oldest epochs go until their state fits the cap
+            keep_from = history_floor(self.ckpt.location, [(c.epoch, {n: s.index for n, s in c.steps.items()})
+                                                           for c in every], keep_from, cap)
         # a tentative stretch may outlast the retained epochs: its correction continues from
         # the stable commit before it, which must stay (eddyline.ha.dpc)
         anchors = [c.stable for c in every if c.epoch >= keep_from and c.tentative and c.stable is not None]

@@ -126,6 +126,33 @@ def referenced_files(index: Mapping[int, Chain]) -> set[tuple[int, int]]:
     return {(seg[0], seg[1]) for chain in index.values() for seg in chain}
 
 
+def history_floor(
+    root: str, commits: Sequence[tuple[int, Mapping[str, Mapping[int, Chain]]]], keep_from: int, cap: int
+) -> int:
+    """The first epoch to keep, ``keep_from`` or later, such that the state files that only the
+    kept commits before the newest read take at most ``cap`` bytes. ``commits``: (epoch, the
+    state index per step); the newest two commits are always kept."""
+    if len(commits) < 3:
+        return keep_from
+    fs, base = filesystem(root)
+    sizes: dict[tuple[str, int, int], int] = {}
+    for step in sorted({s for _, indexes in commits for s in indexes}):
+        for info in fs.get_file_info(pafs.FileSelector(f"{base}/state/{step}", allow_not_found=True)):
+            epoch_s, _, lane_s = info.base_name.removesuffix(".arrow").partition("-")
+            if info.base_name.endswith(".arrow") and epoch_s.isdigit() and lane_s.isdigit():
+                sizes[(step, int(epoch_s), int(lane_s))] = info.size or 0
+    ordered = sorted(commits, key=lambda c: c[0])
+
+    def files(of: Sequence[tuple[int, Mapping[str, Mapping[int, Chain]]]]) -> set[tuple[str, int, int]]:
+        return {(s, *f) for _, indexes in of for s, index in indexes.items() for f in referenced_files(index)}
+
+    newest = files(ordered[-1:])
+    for i, (epoch, _) in enumerate(ordered[:-2]):
+        if epoch >= keep_from and sum(sizes.get(f, 0) for f in files(ordered[i:-1]) - newest) <= cap:
+            return epoch
+    return max(keep_from, ordered[-2][0])
+
+
 def copy_state(root: str, source: str, target: str, index: Mapping[int, Chain]) -> int:
     """Give step ``target`` the state of step ``source`` at ``index``: copy the files its chains
     read (same names, so ``index`` reads the same from either step). Files already there are

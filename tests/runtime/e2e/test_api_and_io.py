@@ -108,6 +108,15 @@ def test_a_history_duration_keeps_every_epoch_committed_within_it(spark, tmp_pat
     short = spec.model_copy(update={"history_duration": 1})  # 1 ms: only the last 2 epochs' worth
     Engine(short, spark, str(tmp_path / "ckpt2"), retain_epochs=2).run(until_idle=True)
     assert len(Checkpoint(str(tmp_path / "ckpt2")).commits()) <= 3
+    # a byte cap wins over both: with none to spare only the newest two commits (and their state) stay
+    capped = spec.model_copy(update={"history_bytes": 0})
+    last = Engine(capped, spark, str(tmp_path / "ckpt3")).run(until_idle=True).last_epoch
+    assert [c.epoch for c in Checkpoint(str(tmp_path / "ckpt3")).commits()] == [last - 1, last]
+    kept = {int(p.name[:10]) for p in (tmp_path / "ckpt3" / "state" / "per_auction").glob("*.arrow")}
+    read = {seg[0] for c in Checkpoint(str(tmp_path / "ckpt3")).commits()
+            for chain in c.steps["per_auction"].index.values() for seg in chain}
+    assert kept == read
+    assert read_windows(tmp_path / "out") == duckdb_windows(tmp_path / "in")
 
 
 def test_explain_shows_jvm_steps_kernels_and_lanes(spark, tmp_path: Path) -> None:
