@@ -204,6 +204,7 @@ class NatsSource(MessageRanges):
         super().__init__(spec)
         p: NatsIn = spec.params
         self.server = _Server(p.url, p.wait, f"source '{spec.name}'", SourceError)
+        self._first_seq = 0  # the stream's first sequence held, as the last look found it
 
     @property
     def params(self) -> NatsIn:
@@ -215,7 +216,18 @@ class NatsSource(MessageRanges):
     def available(self, elapsed_s: float) -> int:
         info = self.server.call(lambda c: c.stream_info(self.params.stream), self.patience_s,
                                 lambda message: SourceUnreachable(self.name, message))
+        self._first_seq = int(info["state"].get("first_seq") or 0)
         return int(info["state"]["last_seq"])
+
+    def plan(self, start: int, elapsed_s: float, cursor: str | None = None, cap: int | None = None) -> dict[str, Any]:
+        """Also ``discarded``: how many of the slice's sequences the stream no longer holds (its
+        limits — max messages, bytes or age — or its retention dropped them before they were
+        read). They cannot be read by anyone: said in the plan and the progress, never passed
+        over in silence. With a subject filter some of them may have been other subjects'."""
+        self._first_seq = 0
+        planned = super().plan(start, elapsed_s, cursor, cap)
+        gone = min(self._first_seq - 1, planned["end"]) - start
+        return {**planned, "discarded": gone} if gone > 0 else planned
 
     @property
     def origin(self) -> str:

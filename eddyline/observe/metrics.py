@@ -10,6 +10,8 @@ name                                    type         from the progress record
 ``eddyline_epochs_total``               counter      one per record (``replayed`` epochs included)
 ``eddyline_input_rows_total``           counter      ``numInputRows``
 ``eddyline_source_input_rows_total``    counter      ``sources[].numInputRows``, label ``source``
+``eddyline_source_discarded_total``     counter      ``sources[].discarded``: offsets the source no longer
+                                                     held when read (a stream's limits), ``source``
 ``eddyline_output_rows_total``          counter      ``sinks[].numOutputRows``, label ``sink``
 ``eddyline_dead_letters_total``         counter      ``deadLetters``
 ``eddyline_late_rows_total``            counter      ``lateRows``
@@ -51,6 +53,8 @@ class Metrics:
         self.epochs = Counter("eddyline_epochs", "Epochs run (replays included)", registry=r)
         self.input_rows = Counter("eddyline_input_rows", "Rows the sources delivered", registry=r)
         self.source_rows = Counter("eddyline_source_input_rows", "Rows per source", ["source"], registry=r)
+        self.discarded = Counter("eddyline_source_discarded", "Offsets a source no longer held when they were read",
+                                 ["source"], registry=r)
         self.output_rows = Counter("eddyline_output_rows", "Rows written per sink", ["sink"], registry=r)
         self.dead_letters = Counter("eddyline_dead_letters", "Malformed records sent to dead letters", registry=r)
         self.late_rows = Counter("eddyline_late_rows", "Rows behind the watermark", registry=r)
@@ -90,6 +94,8 @@ class Metrics:
             self.watermark.set(datetime.fromisoformat(watermark.replace("Z", "+00:00")).timestamp())
         for s in record.get("sources", []):
             self.source_rows.labels(s["description"]).inc(s.get("numInputRows", 0))
+            if s.get("discarded"):
+                self.discarded.labels(s["description"]).inc(s["discarded"])
         for source, rows in (record.get("backlog") or {}).items():
             self.backlog.labels(source).set(rows)
         for s in record.get("sinks", []):

@@ -172,3 +172,43 @@ def test_a_url_that_is_not_nats_or_tls_is_refused_with_the_spec_and_names_the_fi
         assert "expected nats://" in first or "TLS files {'ca': '/nowhere'}" in first, first
     with pytest.raises(ValidationError, match=r"nats.url(.|\n)*unknown TLS option"):
         SinkSpec.model_validate({"name": "o", "input": "x", "nats": {"url": "tls://h?cafile=x", "stream": "S", "subject": "s"}})
+
+
+def test_sequences_a_streams_limits_dropped_before_they_were_read_are_said_in_the_plan(spark, nats_server):
+    stream = _stream()
+    with NatsConnection(nats_server.url) as conn:  # keeps the newest 10 messages only
+        conn.api(f"STREAM.CREATE.{stream}", {"name": stream, "subjects": [f"{stream}.>"], "storage": "memory",
+                                             "retention": "limits", "discard": "old", "max_msgs": 10, "num_replicas": 1})
+        conn.publish([(f"{stream}.a", f"m{i}", json.dumps({"id": i, "name": "n", "price": 1.0}).encode())
+                      for i in range(1, 31)])
+    src = NatsSource(SourceSpec.model_validate({"name": "bids", "max_rows_per_epoch": 25,
+                                                "nats": {"url": nats_server.url, "stream": stream, "schema": SCHEMA}}))
+    planned = src.plan(0, 0.0)  # sequences 1-25, of which 1-20 are gone
+    assert (planned["start"], planned["end"], planned["discarded"]) == (0, 25, 20)
+    assert sorted(r.id for r in src.frames(spark, planned, 2).data.collect()) == list(range(21, 26))
+    assert "discarded" not in src.plan(25, 0.0)  # 26-30 are all there
+
+
+def test_the_progress_says_how_many_sequences_were_gone_when_read(spark, nats_server, tmp_path):
+    from eddyline.api.validate import load_spec
+    from eddyline.observe.progress import ProgressReporter
+    from eddyline.runtime.engine import Engine
+
+    stream = _stream()
+    with NatsConnection(nats_server.url) as conn:
+        conn.api(f"STREAM.CREATE.{stream}", {"name": stream, "subjects": [f"{stream}.>"], "storage": "memory",
+                                             "retention": "limits", "discard": "old", "max_msgs": 10, "num_replicas": 1})
+        conn.publish([(f"{stream}.a", None, json.dumps({"id": i, "name": "n", "price": 1.0}).encode())
+                      for i in range(1, 31)])
+    records: list[dict] = []
+
+    class Keep(ProgressReporter):
+        def report(self, record: dict) -> None:
+            records.append(record)
+
+    net = load_spec({"name": "limited", "trigger": 0,
+                     "sources": [{"name": "bids", "nats": {"url": nats_server.url, "stream": stream, "schema": SCHEMA}}],
+                     "sinks": [{"name": "out", "input": "bids", "files": {"path": str(tmp_path / "out")}}]})
+    Engine(net, spark, str(tmp_path / "ckpt"), reporter=Keep()).run(epochs=1)  # type: ignore[arg-type]
+    (source,) = records[0]["sources"]
+    assert (source["numInputRows"], source["discarded"]) == (10, 20)

@@ -155,6 +155,11 @@ def test_sources_and_sinks_show_their_servers_health() -> None:
     r["sources"][0] |= {"status": "unreachable", "retries": 4, "backlog": 1200}
     html = views.io_html([r])
     assert "unreachable (4 retries)" in html and "1.2K" in html and html.count(">ok<") == 3
+    assert "discarded" not in html
+    earlier = record(0, {"per_key": [1.0, 1.0]})
+    earlier["sources"][0]["discarded"] = 20
+    r["sources"][0]["discarded"] = 5
+    assert "25 discarded by the stream before they were read" in views.io_html([earlier, r])
 
 
 def test_the_shedding_section_shows_keep_fractions_quality_and_the_lps_utility() -> None:

@@ -12,7 +12,8 @@ def record(epoch: int, rows: int, ms: float, busy: list[float], decisions: list[
     return {
         "batchId": epoch, "numInputRows": rows, "deadLetters": epoch % 2, "lateRows": 3,
         "durationMs": {"triggerExecution": ms}, "eventTime": {"watermark": "2026-01-01T00:00:05.000Z"},
-        "sources": [{"description": "bids", "numInputRows": rows}], "backlog": {"bids": 100 * epoch},
+        "sources": [{"description": "bids", "numInputRows": rows, **({"discarded": 7} if epoch == 2 else {})}],
+        "backlog": {"bids": 100 * epoch},
         "sinks": [{"description": "out", "numOutputRows": rows // 10}],
         "stateOperators": [{"operatorName": "agg", "numRowsTotal": 50 * epoch, "memoryUsedBytes": 4096 * epoch}],
         "routing": {"agg": {"version": epoch, "lanes": len(busy), "keyGroupsPerLane": [5, 3][: len(busy)]}},
@@ -46,6 +47,7 @@ def test_metrics_follow_the_records() -> None:
     assert s[("eddyline_epochs_total", ())] == 3
     assert s[("eddyline_input_rows_total", ())] == sum(r["numInputRows"] for r in records)
     assert s[("eddyline_source_input_rows_total", (("source", "bids"),))] == 4500
+    assert s[("eddyline_source_discarded_total", (("source", "bids"),))] == 7
     assert s[("eddyline_output_rows_total", (("sink", "out"),))] == 100 + 300 + 50
     assert s[("eddyline_dead_letters_total", ())] == 2 and s[("eddyline_late_rows_total", ())] == 9
     assert s[("eddyline_decisions_total", (("kind", "balance"), ("step", "agg")))] == 2

@@ -301,9 +301,15 @@ def io_html(records: list[dict[str, Any]]) -> str:
         return f"{s.get('status') or 'ok'}{retries}"
 
     rows = []
+    discarded: dict[str, int] = {}  # over the records shown: offsets gone before they were read
+    for r in records:
+        for s in r.get("sources", []):
+            discarded[s["description"]] = discarded.get(s["description"], 0) + int(s.get("discarded") or 0)
     for s in last.get("sources", []):
+        gone = discarded.get(s["description"], 0)
+        lost = f'; <span class="error">{gone:,} discarded by the stream before they were read</span>' if gone else ""
         rows.append(f'<tr><td>source</td><td>{_e(s["description"])}</td><td>{_human(s.get("numInputRows", 0))}</td>'
-                    f'<td>{_human(s.get("backlog", 0))}</td><td>{_e(status(s))}</td></tr>')
+                    f'<td>{_human(s.get("backlog", 0))}</td><td>{_e(status(s))}{lost}</td></tr>')
     for s in last.get("sinks", []):
         rows.append(f'<tr><td>sink</td><td>{_e(s["description"])}</td><td>{_human(s.get("numOutputRows", 0))}</td>'
                     f'<td></td><td>{_e(status(s))}</td></tr>')

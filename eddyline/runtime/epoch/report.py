@@ -83,6 +83,7 @@ def report(
                 "endOffset": s["end"],
                 "numInputRows": int(staged.observed.get(f"source:{n}", {}).get("rows") or 0),
                 **({"backlog": s.get("backlog", 0), **status[n]} if n in status else {}),
+                **({"discarded": s["discarded"]} if s.get("discarded") else {}),
             }
             for n, s in plan.sources.items()
         ],
