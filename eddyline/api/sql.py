@@ -14,8 +14,17 @@ How a query maps onto step kinds::
     GROUP BY k, SESSION(c, INTERVAL …)           → session_window
     GROUP BY k (no window)                       → aggregate (a changelog of revisions)
     a JOIN b ON a.k = b.k                        → join (unbounded; SET 'table.exec.state.ttl')
-        AND b.t BETWEEN a.t0 AND a.t1            → join kind interval
+        AND b.t BETWEEN a.t0 AND a.t1            → join kind interval (bounds and point computed
+                                                   by a select where they are expressions)
         on two TUMBLE tables, equal windows      → join kind window
+        on two queries grouped per TUMBLE window, AND equal window_start, window_end
+                                                 → join kind window on each side's window_start
+    b JOIN (… GROUP BY window_start, window_end) w ON … b.t BETWEEN w.t - INTERVAL x AND w.t
+                                                 → join kind interval, b's rows the intervals
+                                                   [b.t, b.t + x] and w's rows the points w.t
+    a JOIN (SELECT MAX(a'.c) AS m, window_start, window_end FROM a' GROUP BY window_start, window_end) w
+        ON both bounds equal AND a.c >= w.m, a' the same window aggregate as a (Nexmark q5)
+                                                 → top_k (k 1, with ties) over a's window_aggregate
     ROW_NUMBER()|RANK() OVER (PARTITION BY … ORDER BY …) AS rn … WHERE rn <= k
                                                  → top_k (RANK: with ties)
     AGG(x) OVER (PARTITION BY k ORDER BY t ROWS BETWEEN n PRECEDING AND CURRENT ROW)
@@ -23,8 +32,11 @@ How a query maps onto step kinds::
 
 A streaming top-k emits a partition once it is complete, so its partition must end in event
 time: a window (``window_start``/``window_end``), or the key of an interval join (the rows of
-a left row end at its interval's end). Anything else is refused, naming the clause, before
-anything runs (:class:`~eddyline.errors.SpecError`, every message starting ``sql:``).
+a left row end at its interval's end). Rows grouped per window leave their step once their
+window ends, behind the event time of the tables they came from: they are joined as points
+(an interval join) or on their window's start (a window join), never as intervals that would
+start behind the watermark. Anything else is refused, naming the clause, before anything runs
+(:class:`~eddyline.errors.SpecError`, every message starting ``sql:``).
 
 >>> raw = compile_sql('''
 ...   CREATE TABLE bid (auction BIGINT, price BIGINT, date_time TIMESTAMP(3))
@@ -161,6 +173,17 @@ class Rank:
 
 
 @dataclass(frozen=True)
+class PerWindow:
+    """``SELECT MAX(c) … GROUP BY window_start, window_end`` over a window aggregate's rows: not
+    compiled by itself (a window over a window), only joined back to that aggregate's rows ON the
+    window bounds AND ``c >= max`` (:meth:`Compiler.top_rows_join`)."""
+
+    func: str  # max or min
+    column: str  # the aggregate column of the window aggregate (node) it is over
+    clause: str  # how the query wrote it, for messages
+
+
+@dataclass(frozen=True)
 class Rel:
     """Rows of network node ``node`` (whose columns are ``columns``) seen through ``fields``."""
 
@@ -175,6 +198,11 @@ class Rel:
     window_size: int | None = None
     #: the node columns of the interval join that made these rows (their partition ends)
     interval_keys: tuple[str, ...] = ()
+    #: the window whose bounds the rows carry as columns (a window aggregate's, a distinct per
+    #: window's or a window join's output), for joining such rows on their bounds
+    windowed: Window | None = None
+    #: a per-window maximum waiting for the join that makes it a top-1 (its node: the aggregate's)
+    pending: PerWindow | None = None
 
     def requalify(self, qual: str) -> Rel:
         return replace(self, fields=tuple(replace(f, quals=frozenset({qual})) for f in self.fields))
@@ -207,6 +235,23 @@ def _duration(e: exp.Expression, clause: str) -> int:
         if not unit and (m := re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+?)S?\s*", value)) and m.group(2).upper() in units:
             return round(float(m.group(1)) * units[m.group(2).upper()])
     raise SpecError(f"sql: {clause}: expected an interval like INTERVAL '10' SECOND, got {render(e)}")
+
+
+def _window_text(w: Window) -> str:
+    """``TUMBLE 10 s``, ``HOP 10 s every 2 s``: a window for messages."""
+    sec = lambda ms: f"{ms / 1000:g} s"  # noqa: E731
+    every = w.slide or w.step
+    return f"{w.kind} {sec(w.size)}" + (f" every {sec(every)}" if every and every != w.size else "")
+
+
+def _param_text(key: str, value: Any) -> str:
+    """A window aggregate's parameter as the compiler wrote it, for messages (windows in seconds)."""
+    if key == "window" and isinstance(value, dict):
+        every = value.get("slide") or value.get("step")
+        return f"{value['size'] / 1000:g} s" + (f" every {every / 1000:g} s" if every else "")
+    if key == "watermark_delay" and isinstance(value, int):
+        return f"{value / 1000:g} s"
+    return "none" if value is None else ", ".join(value) if isinstance(value, list) else str(value)
 
 
 def _conjuncts(e: exp.Expression | None) -> list[exp.Expression]:
@@ -510,6 +555,7 @@ class Compiler:
         if src is None:
             raise SpecError("sql: a SELECT without FROM is not supported; expected FROM <table>")
         where = _conjuncts(q.args["where"].this) if q.args.get("where") else []
+        first = len(self.steps)
         rel = self.from_item(src.this)
         joins = q.args.get("joins") or []
         if len(joins) > 1:
@@ -520,8 +566,16 @@ class Compiler:
                 raise SpecError(f"sql: {' '.join(x for x in (side, kind) if x)} JOIN is not supported; expected an inner join")
             if j.args.get("using"):
                 raise SpecError("sql: JOIN … USING is not supported; expected JOIN … ON a.k = b.k")
+            middle = len(self.steps)
             right = self.from_item(j.this)
-            rel, where = self.join(rel, right, _conjuncts(j.args["on"]) + where if j.args.get("on") else where)
+            conds = _conjuncts(j.args["on"]) + where if j.args.get("on") else where
+            if rel.pending or right.pending:
+                # the steps compiled for the per-window maximum's side, which the rewrite drops
+                made = self.steps[first:middle] if rel.pending else self.steps[middle:]
+                rel, where = self.top_rows_join(rel, right, conds, [s["name"] for s in made])
+            else:
+                rel, where = self.join(rel, right, conds)
+        self._refuse_pending(rel)
         return rel, where
 
     def from_item(self, item: exp.Expression) -> Rel:
@@ -556,6 +610,7 @@ class Compiler:
         if _fn(descriptor) != "DESCRIPTOR" or len(descriptor.expressions) != 1:
             raise SpecError(f"sql: {name}: expected DESCRIPTOR(<time column>) as its second argument")
         rel = self.read(table.name, table.alias_or_name)
+        self._refuse_pending(rel)
         if rel.window or rel.rank:
             raise SpecError(f"sql: {name}: TABLE {table.name} is itself windowed or ranked; expected a plain table")
         if not all(f.column for f in rel.fields):
@@ -587,16 +642,17 @@ class Compiler:
         if left.rank or right.rank:
             raise SpecError("sql: JOIN of a ROW_NUMBER() query: expected its WHERE rn <= k in the query that defines it")
         keys: list[tuple[Field, Field]] = []
-        interval: tuple[Field, Field, Field] | None = None
-        windows = 0
+        interval: tuple[exp.Expression, exp.Expression, exp.Expression] | None = None
+        bounds: list[exp.Expression] = []  # the ON conditions equating window bounds
         pushed: dict[str, list[exp.Expression]] = {"l": [], "r": []}
         rest: list[exp.Expression] = []
         for c in conds:
-            sides = {self._side(left, right, x) for x in c.find_all(exp.Column)}
+            sides = self._sides(left, right, c)
             if sides <= {"l"} or sides <= {"r"}:
                 side = next(iter(sides), "l")
-                roles = {self._field_of(left if side == "l" else right, x).role for x in c.find_all(exp.Column)}
-                if roles & {"window_start", "window_end"}:
+                table = left if side == "l" else right
+                roles = {self._field_of(table, x).role for x in c.find_all(exp.Column)}
+                if roles & {"window_start", "window_end"} and table.window is not None:
                     raise SpecError(f"sql: WHERE {render(c)}: a condition on a window's bounds before GROUP BY is not supported")
                 pushed[side].append(c)
                 continue
@@ -608,17 +664,27 @@ class Compiler:
                 if fa.role in ("window_start", "window_end") or fb.role in ("window_start", "window_end"):
                     if fa.role != fb.role:
                         raise SpecError(f"sql: JOIN ON {render(c)}: expected window_start = window_start and window_end = window_end")
-                    windows += 1
+                    bounds.append(c)
                 else:
                     keys.append((fa, fb))
                 continue
-            if isinstance(c, exp.Between) and all(isinstance(x, exp.Column) for x in (c.this, c.args["low"], c.args["high"])):
+            if isinstance(c, exp.Between) and interval is None:
+                # a point of one table between two expressions over the other's columns
                 point, low, high = c.this, c.args["low"], c.args["high"]
-                ps, ls, hs = (self._side(left, right, x) for x in (point, low, high))
-                if ls == hs != ps and interval is None:
-                    if ls == "r":  # the interval is on the left in Eddyline's join: swap sides
+                ps, ls, hs = (self._sides(left, right, x) for x in (point, low, high))
+                if len(ps) == len(ls) == len(hs) == 1 and ls == hs != ps:
+                    holder, other = (left, right) if ls == {"l"} else (right, left)
+                    if holder.windowed is not None:
+                        # intervals of grouped rows would start behind their step's watermark:
+                        # the other table's rows are the intervals instead
+                        if other.windowed is not None:
+                            raise SpecError(f"sql: JOIN … {render(c)}: an interval join of two grouped queries (GROUP BY … "
+                                            "window_start, window_end) is not supported; expected a join ON their window bounds")
+                        flipped = self._flip_interval(holder, c)
+                        return self.join(left, right, [flipped if x is c else x for x in conds])
+                    if ls == {"r"}:  # the interval is on the left in Eddyline's join: swap sides
                         return self.join(right, left, conds)
-                    interval = (self._field_of(left, low), self._field_of(left, high), self._field_of(right, point))
+                    interval = (low, high, point)
                     continue
             rest.append(c)
         if not keys:
@@ -626,9 +692,13 @@ class Compiler:
         left = self.filter(left, pushed["l"], "WHERE") if pushed["l"] else left
         right = self.filter(right, pushed["r"], "WHERE") if pushed["r"] else right
         params: dict[str, Any] = {}
-        if left.window or right.window or windows:
+        delay = 0
+        windowed: Window | None = None
+        tables = bool(left.window or right.window)  # a join of window tables (not grouped rows)
+        if tables:
             lw, rw = left.window, right.window
-            if not (lw and rw and lw.kind == rw.kind == "TUMBLE" and lw.size == rw.size and windows == 2):
+            if not (lw and rw and lw.kind == rw.kind == "TUMBLE" and lw.size == rw.size
+                    and self._bound_roles(left, right, bounds) == {"window_start", "window_end"}):
                 raise SpecError(
                     "sql: JOIN of window tables: expected two TUMBLE tables of one size, joined ON their keys "
                     "AND a.window_start = b.window_start AND a.window_end = b.window_end"
@@ -637,27 +707,33 @@ class Compiler:
             delay = max(lw.delay, rw.delay)
             left = replace(left, fields=tuple(f for f in left.fields if not f.role), window=None)
             right = replace(right, fields=tuple(f for f in right.fields if not f.role), window=None)
-        elif interval is not None:
-            lo, hi, point = interval
-            params = {"kind": "interval", "left_time": lo.column, "left_end": hi.column, "right_time": point.column}
-            delay = max(lo.delay or 0, point.delay or 0)
-        else:
-            delay = 0
-            if "table.exec.state.ttl" in self.settings:
-                times = [f for f in left.fields if f.delay is not None], [f for f in right.fields if f.delay is not None]
-                if not (times[0] and times[1]):
-                    raise SpecError("sql: JOIN with a state TTL: expected a WATERMARK on both tables (the TTL is in event time)")
-                params = {"ttl": self.settings["table.exec.state.ttl"].replace(" ", ""),
-                          "left_time": times[0][0].column, "right_time": times[1][0].column}
+            windowed = replace(lw, delay=delay)
+        elif bounds:
+            # rows grouped per window on both sides, equal bounds: a window join on their starts
+            left, right, params = self._grouped_window_join(left, right, bounds)
+            windowed = replace(left.windowed, time=params["left_time"]) if left.windowed else None
+        elif interval is None and "table.exec.state.ttl" in self.settings:
+            times = [f for f in left.fields if f.delay is not None], [f for f in right.fields if f.delay is not None]
+            if not (times[0] and times[1]):
+                raise SpecError("sql: JOIN with a state TTL: expected a WATERMARK on both tables (the TTL is in event time)")
+            params = {"ttl": self.settings["table.exec.state.ttl"].replace(" ", ""),
+                      "left_time": times[0][0].column, "right_time": times[1][0].column}
         # the kernel joins whole rows; columns computed by a query are computed first
         left = left if all(f.column for f in left.fields) else self.materialize(left)
         right = right if all(f.column for f in right.fields) else self.materialize(right)
+        end: Field | None = None
+        if interval is not None:
+            low, high, point = interval
+            clause = "JOIN … BETWEEN"
+            # bounds and point computed where they are not columns (a select before the join)
+            delay = max((self._field_of(rel, x).delay or 0 for rel, e in ((left, low), (right, point))
+                         for x in e.find_all(exp.Column)), default=0)
+            end = self._field_of(left, high) if isinstance(high, exp.Column) else None
+            left, (lo, hi) = self._ensure(left, [low, high], clause)
+            right, (at,) = self._ensure(right, [point], clause)
+            params = {"kind": "interval", "left_time": lo, "left_end": hi, "right_time": at}
         lk = [self._plain(left, a, "JOIN ON") for a, _ in keys]
         rk = [self._plain(right, b, "JOIN ON") for _, b in keys]
-        for what, f in (("left_time", interval[0] if interval else None), ("left_end", interval[1] if interval else None),
-                        ("right_time", interval[2] if interval else None)):
-            if f is not None and f.column is None:
-                raise SpecError(f"sql: JOIN … BETWEEN: {what}: expected a column, got {render(f.sql)}")
         renamed = dict(zip(right.columns, join_right_names(left.columns, right.columns), strict=True))
         out_cols = (*left.columns, *renamed.values(), *(("window_start", "window_end") if params.get("kind") == "window" else ()))
         if delay:
@@ -668,17 +744,88 @@ class Compiler:
         })
         fields = [replace(f, sql=col(f.column)) for f in left.fields]
         fields += [replace(f, sql=col(renamed[f.column])) for f in right.fields]
-        out = Rel(node, out_cols, tuple(fields))
+        out = Rel(node, out_cols, tuple(fields), windowed=windowed)
         if params.get("kind") == "window":
+            out = replace(out, window_size=params["size"])
+        if tables:
+            # two window tables: their bounds are the join's
             quals = frozenset().union(*(f.quals for f in (*left.fields, *right.fields)))
-            bounds = (Field("window_start", quals, col("window_start"), delay, "window_start"),
-                      Field("window_end", quals, col("window_end"), delay, "window_end"))
-            out = replace(out, fields=(*out.fields, *bounds), window_size=params["size"])
+            extra = (Field("window_start", quals, col("window_start"), delay, "window_start"),
+                     Field("window_end", quals, col("window_end"), delay, "window_end"))
+            out = replace(out, fields=(*out.fields, *extra))
         if interval is not None:
-            end = interval[1]
-            out = replace(out, interval_keys=tuple(lk), fields=tuple(
-                replace(f, role="interval_end") if f.column == end.column and f.quals == end.quals else f for f in out.fields))
+            out = replace(out, interval_keys=tuple(lk))
+            if end is not None and end.column is not None:
+                out = replace(out, fields=tuple(
+                    replace(f, role="interval_end") if f.column == end.column and f.quals == end.quals else f for f in out.fields))
         return out, rest
+
+    def _flip_interval(self, rel: Rel, c: exp.Between) -> exp.Between:
+        """``p BETWEEN h - INTERVAL w AND h`` with ``h`` over the rows of a grouped query ``rel``
+        (``window_start AND window_end`` of a fixed-size window: ``w`` its size) as ``h BETWEEN p
+        AND p + INTERVAL w``: the same pairs, with the other table's rows as the intervals.
+
+        Grouped rows leave their step when their window ends, behind that step's watermark by up
+        to a window, so as intervals (which the join takes as late once the watermark passed
+        their start) they could be dropped, and the points they need evicted before they come,
+        as at the end of the input. As points at ``h`` they are never behind the watermark the
+        join inherits, and the other table's rows wait ``w`` after their own time for them."""
+        point, low, high = c.this, c.args["low"], c.args["high"]
+        width: exp.Expression | None = None
+        if isinstance(low, exp.Sub) and low.this == high and isinstance(low.expression, exp.Interval):
+            _duration(low.expression, f"JOIN … {render(c)}")
+            width = low.expression
+        elif isinstance(low, exp.Column) and isinstance(high, exp.Column) and rel.windowed is not None \
+                and rel.windowed.kind in ("TUMBLE", "HOP") and (self._field_of(rel, low).role, self._field_of(rel, high).role) \
+                == ("window_start", "window_end"):
+            size = rel.windowed.size
+            width = exp.Interval(this=exp.Literal.string(str(size // 1000 if size % 1000 == 0 else size)),
+                                 unit=exp.var("SECOND" if size % 1000 == 0 else "MILLISECOND"))
+        if width is None:
+            raise SpecError(
+                f"sql: JOIN … {render(c)}: an interval over the rows of a grouped query (GROUP BY … window_start, "
+                "window_end), which come out only as their window ends, is supported as BETWEEN t - INTERVAL … AND t "
+                "(e.g. w.window_end - INTERVAL '10' SECOND AND w.window_end) or window_start AND window_end"
+            )
+        return exp.Between(this=high.copy(), low=point.copy(), high=exp.Add(this=point.copy(), expression=width.copy()))
+
+    def _bound_roles(self, left: Rel, right: Rel, conds: list[exp.Expression]) -> set[str | None]:
+        """The bounds (window_start, window_end) that ON conditions equating window bounds equate."""
+        return {f.role for c in conds for x in c.find_all(exp.Column) for f in self._lookup(left, x) + self._lookup(right, x)}
+
+    def _grouped_window_join(self, left: Rel, right: Rel, bounds: list[exp.Expression]) -> tuple[Rel, Rel, dict[str, Any]]:
+        """Rows grouped per window on both sides (``GROUP BY k, window_start, window_end``), joined
+        ON their keys and equal bounds: a window join whose time is each side's window_start (a row
+        at its window's start lies in that window), the sides' bound columns renamed out of the
+        way of the join's own window_start / window_end. A grouped row leaves its step only once
+        its window is complete (or, a distinct, as it arrives), never behind its step's watermark,
+        so the join drops none of them as late and closes a window after both sides filled it."""
+        lw, rw = left.windowed, right.windowed
+        on = " AND ".join(render(c) for c in bounds)
+        if not (lw and rw):
+            raise SpecError(
+                f"sql: JOIN ON {on}: expected both tables grouped per window (GROUP BY …, window_start, window_end) "
+                "or both window tables TABLE(TUMBLE(…)); a table of each is not supported"
+            )
+        if not (lw.kind == rw.kind == "TUMBLE" and lw.size == rw.size):
+            raise SpecError(
+                f"sql: JOIN ON {on}: expected two TUMBLE windows of one size; got {_window_text(lw)} and {_window_text(rw)}"
+            )
+        if self._bound_roles(left, right, bounds) != {"window_start", "window_end"}:
+            raise SpecError(
+                f"sql: JOIN ON {on}: expected both bounds equal, a.window_start = b.window_start AND a.window_end = b.window_end"
+            )
+        sides, times = [], []
+        for rel, tag in ((left, "_l_"), (right, "_r_")):
+            named = tuple(replace(f, name=f"{tag}{f.name}") if f.name in ("window_start", "window_end") else f for f in rel.fields)
+            done = self.materialize(replace(rel, fields=named))
+            times.append(next(d.name for d in done.fields if d.role == "window_start"))
+            sides.append(replace(done, fields=tuple(replace(d, name=f.name) for d, f in zip(done.fields, rel.fields, strict=True))))
+        return sides[0], sides[1], {"kind": "window", "size": lw.size, "left_time": times[0], "right_time": times[1]}
+
+    def _sides(self, left: Rel, right: Rel, e: exp.Expression) -> set[str]:
+        """The tables ("l", "r") whose columns an expression reads."""
+        return {self._side(left, right, x) for x in e.find_all(exp.Column)}
 
     def _side(self, left: Rel, right: Rel, c: exp.Column) -> str:
         in_l = self._lookup(left, c)
@@ -753,6 +900,7 @@ class Compiler:
         """A select step computing the rel's fields (none when its node has them as they are)."""
         if rel.rank is not None:
             raise SpecError(f"sql: ROW_NUMBER() AS {rel.rank.name}: expected WHERE {rel.rank.name} <= k in the enclosing query")
+        self._refuse_pending(rel)
         if rel.direct():
             return rel
         items = []
@@ -1021,6 +1169,9 @@ class Compiler:
             node = self.step("window" if kind == "window_aggregate" else "session", kind, params, rel2.node)
             columns = (*key_cols, roles["window_start"], roles["window_end"], *aggs)
             size = window.size if window.kind != "SESSION" else None
+        elif bounds and aggs:
+            # rows grouped per window already (a window aggregate's output), grouped again per window
+            return self._per_window(rel, group, key_fields, plain, aggs, new_items, having)
         elif window is not None or bounds:
             # GROUP BY without aggregates over windowed rows: a distinct per window
             if window is not None and window.kind != "TUMBLE" or (window is None and rel.window_size is None):
@@ -1038,7 +1189,8 @@ class Compiler:
             if delay:
                 params["watermark_delay"] = delay
             node = self.step("distinct", "dedup", params, rel2.node)
-            out = replace(rel2, node=node, window=None, rank=None, ahead=0, window_size=size)
+            out = replace(rel2, node=node, window=None, rank=None, ahead=0, window_size=size,
+                          windowed=window or rel.windowed)
             fields = self.project(out, new_items)
             return replace(out, fields=fields)
         else:
@@ -1059,11 +1211,191 @@ class Compiler:
             fields.append(Field(f.name if f else c, f.quals if f else frozenset(), col(c)))
         fields += [Field(n, frozenset({"__agg"}), col(n)) for n in aggs]
         fields += extra_fields
-        out = Rel(node, tuple(columns), tuple(fields), window_size=size)
+        out = Rel(node, tuple(columns), tuple(fields), window_size=size,
+                  windowed=window if window is not None and window.kind != "SESSION" else None)
         out = self._legacy_bounds(out, legacy[0] if legacy else None, roles)
         if having is not None:
             out = self.filter(out, [having], "HAVING")
         return replace(out, fields=self.project(out, new_items))
+
+    def _per_window(self, rel: Rel, group: list[exp.Expression], key_fields: list[Field | None], plain: list[exp.Expression],
+                    aggs: dict[str, str], items: list[exp.Expression], having: exp.Expression | None) -> Rel:
+        """``SELECT MAX(c) AS m, window_start, window_end FROM <a window aggregate's rows> GROUP BY
+        window_start, window_end``: the per-window maximum, kept as a :class:`PerWindow` for the
+        join that makes it a top-1 (:meth:`top_rows_join`); anything else is refused."""
+        clause = f"GROUP BY {', '.join(render(g) for g in group)}"
+        step = self._step_of(rel.node)
+        agg = step.get("window_aggregate") if step else None
+        name, text = next(iter(aggs.items()))
+        m = re.fullmatch(r"(max|min)\((\w+)\)", text)
+        roles = {f.role for f in key_fields if f is not None}
+
+        def shown(it: exp.Expression) -> bool:  # a bound or the aggregate, as it is
+            inner = it.unalias()
+            return isinstance(inner, exp.Column) and (
+                inner.table == "__agg" or self._field_of(rel, inner).role in ("window_start", "window_end"))
+
+        if not (agg is not None and m and m.group(2) in agg["aggregates"] and len(aggs) == 1 and not plain and having is None
+                and roles == {"window_start", "window_end"} and all(shown(it) for it in items)):
+            raise SpecError(
+                f"sql: {clause}: aggregates over rows already grouped per window (a window over a window) are not supported, "
+                "except the MAX (or MIN) per window of one aggregate of a window aggregate, joined back to its rows "
+                "ON both window bounds AND c >= the maximum (the top rows per window, as Nexmark q5); "
+                "expected a Window Top-N: RANK() OVER (PARTITION BY window_start, window_end ORDER BY c DESC) … <= k"
+            )
+        func, column = m.group(1), m.group(2)
+        fields = [f for f in key_fields if f is not None]
+        fields.append(Field(name, frozenset({"__agg"}), col(column), role="window_max"))
+        out = Rel(rel.node, rel.columns, tuple(fields), window_size=rel.window_size, windowed=rel.windowed,
+                  pending=PerWindow(func, column, f"{func.upper()}({column}) … {clause}"))
+        return replace(out, fields=self.project(out, items))
+
+    def top_rows_join(self, left: Rel, right: Rel, conds: list[exp.Expression], made: list[str]) -> tuple[Rel, list[exp.Expression]]:
+        """A window aggregate's rows joined to the per-window maximum of one of its aggregates::
+
+            a JOIN (SELECT MAX(c) AS m, window_start, window_end FROM a' GROUP BY window_start, window_end) w
+              ON a.window_start = w.window_start AND a.window_end = w.window_end AND a.c >= w.m
+
+        where ``a'`` is the same window aggregate as ``a`` (same input, keys, window and aggregate
+        ``c``; checked on the compiled steps) are the rows of ``a`` ranked first, with ties, in
+        their window: a ``top_k`` (k 1, with ties) over ``a``'s step, as ``RANK() OVER (PARTITION BY
+        window_start, window_end ORDER BY c DESC) <= 1``. On every such row ``w.m`` is ``a.c`` and
+        ``w``'s bounds are ``a``'s, so ``w``'s columns are read from ``a``'s and the other
+        conditions filter the top rows. ``=`` for ``>=`` is the same (``c`` is never above its
+        maximum); MIN with ``<=`` is the bottom rows. The steps compiled for ``a'`` (``made``) are
+        dropped. Anything else — another window, keys, input or aggregate in ``a'``, a join on one
+        bound, ``>`` — is refused, naming the clause."""
+        if left.pending and right.pending:
+            raise SpecError(f"sql: JOIN of two per-window aggregates ({left.pending.clause}; {right.pending.clause}): "
+                            "expected one of them joined to the window aggregate's rows")
+        m_left = left.pending is not None
+        w, a = (left, right) if m_left else (right, left)
+        p = w.pending
+        assert p is not None
+        step = self._step_of(a.node)
+        if step is None or "window_aggregate" not in step or a.rank is not None:
+            raise SpecError(
+                f"sql: JOIN with {p.clause}: expected the other table to be the rows of the window aggregate the "
+                f"{p.func.upper()} is over (… GROUP BY k, window_start, window_end), with no WHERE or HAVING after it"
+            )
+        ops = {exp.EQ: "=", exp.GTE: ">=", exp.LTE: "<=", exp.GT: ">", exp.LT: "<", exp.NEQ: "<>"}
+        flip = {">=": "<=", "<=": ">=", ">": "<", "<": ">"}
+        bounds: set[str | None] = set()
+        top: tuple[Field, Field, exp.Expression] | None = None
+        rest: list[exp.Expression] = []
+        for c in conds:
+            cols = (c.this, c.expression) if type(c) in ops else ()
+            sides = [self._side(a, w, x) if isinstance(x, exp.Column) else None for x in cols]
+            if sorted(s or "" for s in sides) != ["l", "r"]:
+                rest.append(c)
+                continue
+            op = ops[type(c)]
+            x, y = cols if sides[0] == "l" else (cols[1], cols[0])
+            op = op if sides[0] == "l" else flip.get(op, op)
+            fa, fw = self._field_of(a, x), self._field_of(w, y)
+            if {fa.role, fw.role} & {"window_start", "window_end"}:
+                if op != "=" or fa.role != fw.role:
+                    raise SpecError(f"sql: JOIN ON {render(c)}: expected a.window_start = w.window_start and a.window_end = w.window_end")
+                bounds.add(fw.role)
+            elif fw.role == "window_max" and top is None:
+                if op not in ("=", ">=" if p.func == "max" else "<="):
+                    best = "maximum" if p.func == "max" else "minimum"
+                    raise SpecError(
+                        f"sql: JOIN ON {render(c)}: expected {x.sql()} {'>=' if p.func == 'max' else '<='} {y.sql()} (the rows whose "
+                        f"{x.name} is the window's {best}, ties included) or {x.sql()} = {y.sql()}; {op} is not a top-1"
+                    )
+                top = (fa, fw, c)
+            else:
+                rest.append(c)
+        if bounds != {"window_start", "window_end"}:
+            got = f"got only {next(iter(bounds))}" if bounds else "got neither"
+            raise SpecError(f"sql: JOIN with {p.clause}: expected ON both window bounds, a.window_start = w.window_start "
+                            f"AND a.window_end = w.window_end; {got}")
+        over = self._step_of(w.node)  # the window aggregate the maximum is over (see _per_window)
+        assert over is not None
+        mine, theirs = step["window_aggregate"], over["window_aggregate"]
+        if top is None:
+            named = lambda f: f"{min(f.quals)}.{f.name}" if f.quals else f.name  # noqa: E731
+            ours = [named(f) for f in a.fields if mine["aggregates"].get(f.column or "") == theirs["aggregates"][p.column]]
+            best = next(named(f) for f in w.fields if f.role == "window_max")
+            raise SpecError(f"sql: JOIN with {p.clause}: expected ON … AND {ours[0] if ours else 'a.c'} "
+                            f"{'>=' if p.func == 'max' else '<='} {best} (the rows whose {theirs['aggregates'][p.column]} is the "
+                            f"window's {'maximum' if p.func == 'max' else 'minimum'}, ties included)")
+        fa, fw, c = top
+        column = fa.column
+        if column is None or column not in mine["aggregates"]:
+            raise SpecError(f"sql: JOIN ON {render(c)}: {fa.name} is not an aggregate of the window aggregate; "
+                            f"expected the aggregate the {p.func.upper()} is over ({theirs['aggregates'][p.column]})")
+        if mine["aggregates"][column] != theirs["aggregates"][p.column]:
+            raise SpecError(f"sql: JOIN ON {render(c)}: {fa.name} is {mine['aggregates'][column]} but {fw.name} is the "
+                            f"{p.func.upper()} of {theirs['aggregates'][p.column]}; expected the same aggregate")
+        differ = [k for k in sorted({*mine, *theirs} - {"aggregates"}) if mine.get(k) != theirs.get(k)]
+        shown = [f"{k} {_param_text(k, theirs.get(k))} vs {_param_text(k, mine.get(k))}" for k in differ]
+        if not self._same_node(step["input"], over["input"]):
+            shown.insert(0, "another input (table or WHERE)")
+        if shown:
+            raise SpecError(
+                f"sql: JOIN with {p.clause}: the {p.func.upper()} is over another window aggregate than the rows it is joined to "
+                f"({'; '.join(shown)}); expected the same input, window, GROUP BY keys and aggregate"
+            )
+        self._drop(made)
+        rank = Rank("__top", (col("window_start"), col("window_end")), ("window_start", "window_end"),
+                    (exp.Ordered(this=col(column), desc=p.func == "max"),), with_ties=True)
+        out, _ = self.top_k(replace(a, rank=rank), [exp.LTE(this=col("__top"), expression=exp.Literal.number(1))])
+        same = {"window_start": "window_start", "window_end": "window_end", "window_max": column}
+        mapped = tuple(replace(f, sql=col(same[f.role or ""])) for f in w.fields)
+        return replace(out, fields=(*mapped, *out.fields) if m_left else (*out.fields, *mapped)), rest
+
+    def _refuse_pending(self, rel: Rel) -> None:
+        if rel.pending is not None:
+            p = rel.pending
+            raise SpecError(
+                f"sql: {p.clause}: the {p.func.upper()} per window of a window aggregate's rows (a window over a window) "
+                "is supported only joined back to those rows ON a.window_start = w.window_start AND a.window_end = "
+                f"w.window_end AND a.{p.column} {'>=' if p.func == 'max' else '<='} w.<the {p.func.upper()}> (the top rows "
+                "per window, as Nexmark q5); expected that join, or a Window Top-N: RANK() OVER (PARTITION BY window_start, "
+                f"window_end ORDER BY {p.column} {'DESC' if p.func == 'max' else 'ASC'}) … <= 1"
+            )
+
+    def _step_of(self, name: str) -> dict[str, Any] | None:
+        return next((s for s in self.steps if s["name"] == name), None)
+
+    def _same_node(self, a: str, b: str) -> bool:
+        """Whether two nodes compute the same rows: the same node, or steps of the same kind and
+        parameters over the same nodes (compared down to the sources)."""
+        if a == b:
+            return True
+        sa, sb = self._step_of(a), self._step_of(b)
+        if sa is None or sb is None:
+            return False
+        ka, kb = (next(k for k in s if k in STEPS) for s in (sa, sb))
+        if ka != kb:
+            return False
+        pa, pb = sa[ka], sb[kb]
+        if ka == "join":
+            return ({k: v for k, v in pa.items() if k not in ("left", "right")} == {k: v for k, v in pb.items() if k not in ("left", "right")}
+                    and self._same_node(pa["left"], pb["left"]) and self._same_node(pa["right"], pb["right"]))
+        if ka == "union":
+            return len(pa) == len(pb) and all(self._same_node(x, y) for x, y in zip(pa, pb, strict=True))
+        return pa == pb and self._same_node(sa.get("input", ""), sb.get("input", ""))
+
+    def _drop(self, names: list[str]) -> None:
+        """Drops the steps ``names`` but those still read (by another step or a view)."""
+        def reads(s: dict[str, Any]) -> list[str]:
+            if "join" in s:
+                return [s["join"]["left"], s["join"]["right"]]
+            return list(s["union"]) if "union" in s else [s["input"]] if "input" in s else []
+
+        gone = set(names)
+        keep = {v.node for v in self.views.values()} | {r for s in self.steps if s["name"] not in gone for r in reads(s)}
+        todo = [n for n in keep if n in gone]
+        while todo:
+            s = self._step_of(todo.pop())
+            for r in reads(s) if s else []:
+                if r in gone and r not in keep:
+                    keep.add(r)
+                    todo.append(r)
+        self.steps = [s for s in self.steps if s["name"] not in gone or s["name"] in keep]
 
     def _ref(self, f: Field) -> exp.Column:
         q = min(f.quals) if f.quals else None
