@@ -62,6 +62,8 @@ from eddyline.state.store import KeyGroupStore, copy_state, drop_state, history_
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from eddyline.api.sinks import SinkSpec
+
 
 @dataclass
 class RunSummary:
@@ -169,13 +171,13 @@ class Engine:
         """The parts of the engine that follow from the network: made at the start and again
         when a live change (:mod:`eddyline.api.change`) puts another network in force.
         ``keep``: sinks still open from the network before (unchanged), used as they are."""
-        spark, checkpoint, pair, lease, reporter = self.spark, self.ckpt.location, self.pair, self.lease, self.reporter
+        spark, checkpoint, pair, lease = self.spark, self.ckpt.location, self.pair, self.lease
         self.spec = self.base_spec = spec
         self.network_id = network_hash(spec.as_dict())  # names the network in plans and the checkpoint
         self.settings = {}
         self.retain_epochs = self._retain or spec.history
         sinks = {**self._given_sinks, **(keep or {})}
-        sinks = {s.name: sinks.get(s.name) or make_sink(s, reporter.console if reporter else None) for s in spec.sinks}
+        sinks = {s.name: sinks.get(s.name) or self._make_sink(s) for s in spec.sinks}
         self.sources: dict[str, Source] = {s.name: make_source(s) for s in spec.sources}
         overload = spec.control.overload
         self.outputs = Outputs(
@@ -589,13 +591,16 @@ class Engine:
         self.compiler.spec = self._plans.spec = self.executor.spec = spec
         self.controller.reconfigure(spec)
         moved = [s for s in spec.sinks if s != old.node(s.name)]  # a sink's target changed
-        for sink in moved:
+        for sink in moved:  # (the executor opens the new one before its first epoch)
             before = self.outputs.sinks[sink.name]
             if hasattr(before, "close"):
                 before.close()
-            self.outputs.sinks[sink.name] = make_sink(sink, self.reporter.console if self.reporter else None)
+            self.outputs.sinks[sink.name] = self._make_sink(sink)
         if moved:
             self._fence_outputs()
+
+    def _make_sink(self, spec: SinkSpec) -> Sink:
+        return make_sink(spec, self.reporter.console if self.reporter else None)
 
     def _fence_outputs(self) -> None:
         """Sinks that can tell refuse the output of a driver with an older lease generation: ours,

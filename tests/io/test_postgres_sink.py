@@ -283,3 +283,32 @@ def test_the_connection_keeps_alive_so_a_vanished_server_is_noticed(spark, postg
                 else f"{postgres.url}&keepalives_idle=42")
     own.open("net_keep", "ckpt2", spark.createDataFrame([(1,)], "id long").schema)
     assert own._connection().info.get_parameters()["keepalives_idle"] == "42"
+
+
+def test_a_control_setting_moves_the_sink_to_another_table_at_the_next_epoch(spark, postgres, tmp_path) -> None:
+    """The new table is created and checked like the first (the sink put in the old one's place
+    is opened before its first epoch), and every epoch lands in exactly one of the two."""
+    from eddyline.api.validate import load_spec
+    from eddyline.runtime.engine import Engine
+    from eddyline.runtime.faults import FaultPoint
+    from eddyline.runtime.inbox import Inbox
+
+    net = load_spec({
+        "name": "moved", "trigger": 0,
+        "sources": [{"name": "x", "generator": {"rate": 100, "keys": 3, "unpaced": True, "seed": 1},
+                     "limit": 400, "max_rows_per_epoch": 100}],
+        "steps": [{"name": "slim", "input": "x", "select": ["key", "value"]}],
+        "sinks": [{"name": "out", "input": "slim", "postgres": {"url": postgres.url, "table": "moved_v1"}}],
+    })
+    ckpt = str(tmp_path / "ckpt")
+
+    class MoveAfterEpoch2:  # the command comes while the driver runs, with the first sink open
+        def reached(self, point: FaultPoint, epoch: int) -> None:
+            if point == FaultPoint.AFTER_COMMIT and epoch == 2:
+                Inbox(ckpt).submit({"out.table": "moved_v2"})
+
+    Engine(net, spark, ckpt, faults=MoveAfterEpoch2()).run(until_idle=True)
+    counts = [_query(postgres.url, f"SELECT count(*) FROM {t}")[0][0] for t in ("moved_v1", "moved_v2")]
+    assert counts == [200, 200]
+    assert _query(postgres.url, "SELECT sink, epoch FROM eddyline_epochs WHERE network = 'moved' ORDER BY epoch") == [
+        ("out", e) for e in range(1, 5)]

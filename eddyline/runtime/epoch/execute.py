@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, Observation, SparkSession
 
+    from eddyline.io.sinks import Sink
+
 #: an epoch after one that read at most this many rows is small: it runs without code generation
 #: (see :func:`small_epoch`), and a sink whose last output was as small may write from the driver
 SMALL_EPOCH_ROWS = 50_000
@@ -40,7 +42,9 @@ class Executor:
             for name in spec.upstream(sink.input):
                 readers[name] = readers.get(name, 0) + 1
         self.shared = [s.name for s in self.stateful if readers.get(s.name, 0) > 1]
-        self._opened: set[str] = set()  # the sinks told the schema they receive (once a run)
+        #: per sink, the sink object told the schema it receives (once a run; again when a
+        #: control setting moved the sink and the engine put a new one in its place)
+        self._opened: dict[str, Sink] = {}
         self.checkpoint_id = ""
         #: compute every sink's digest on the way (a hot pair's stream selector compares them)
         self.digests = False
@@ -78,12 +82,13 @@ class Executor:
             persisted.append(frames.nodes[name])
         t_built = time.monotonic()
         for spec in self.spec.sinks:
-            if spec.name not in self._opened:
-                self.outputs.sinks[spec.name].open(
+            sink = self.outputs.sinks[spec.name]
+            if self._opened.get(spec.name) is not sink:
+                sink.open(
                     self.spec.name, self.checkpoint_id, frames.nodes[spec.input].schema,
                     tentative=self.spec.max_delay is not None,  # eddyline.ha.dpc may mark epochs
                 )
-                self._opened.add(spec.name)
+                self._opened[spec.name] = sink
         if before_jobs is not None:
             before_jobs()
         sink_rows, digests = self._stage_sinks(frames, plan.epoch, small)
