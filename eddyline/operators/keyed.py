@@ -40,13 +40,10 @@ import pyarrow.compute as pc
 
 from eddyline.columns import DIFF, KG
 from eddyline.operators.base import KernelResult, sortable
-from eddyline.operators.window import TIMESTAMP, event_time_ms
+from eddyline.operators.window import SLOT, TIMESTAMP, WEIGHT_SUM, event_time_ms
 
 #: a revised input's partial: the rows per key (the sum of their weights); at 0 the key is gone
 ROWS = "_n"
-#: a revised min/max's value rows: which aggregate a state row is a value of (0: a key's row),
-#: and its summed weight
-SLOT, WEIGHT_SUM = "_slot", "_w"
 
 ArrayLike = pa.Array | pa.ChunkedArray
 
@@ -271,6 +268,28 @@ def changed_groups(*tables: pa.Table) -> list[int]:
 def take_or_null(column: ArrayLike, idx: np.ndarray) -> ArrayLike:
     """``column`` taken at ``idx``; ``-1`` gives a null."""
     return column.take(pa.array(idx, type=pa.int64(), mask=idx < 0))
+
+
+def extremes(
+    keys: pa.Table, values: pa.Table, key_schema: pa.Schema, aggregates: Sequence[tuple[str, str]]
+) -> dict[str, ArrayLike]:
+    """Min/max over value rows (a revised input's, see :class:`KeyedAggregateKernel`): per row of
+    ``keys`` and j-th ``(name, min|max)`` of ``aggregates``, the extremum of the values
+    (``<name>__v``) of ``values``' rows of slot j + 1 with the same key (``key_schema``'s
+    columns); null where there is none. ``values``: the values present (of positive weight)."""
+    out: dict[str, ArrayLike] = {}
+    for j, (name, func) in enumerate(aggregates):
+        mine = values.filter(pc.equal(values.column(SLOT), j + 1))
+        (kid, vid), distinct = sorted_key_ids([keys, mine], key_schema)
+        v = mine.column(f"{name}__v")
+        result = pa.nulls(keys.num_rows, v.type)
+        if mine.num_rows:
+            g = pa.table({"g": pa.array(vid), "v": v}).group_by(["g"], use_threads=False).aggregate([("v", func)])
+            row_of = np.full(distinct.num_rows, -1, dtype=np.int64)  # key id -> its row of g
+            row_of[g.column("g").to_numpy()] = np.arange(g.num_rows)
+            result = take_or_null(g.column(f"v_{func}"), row_of[kid])
+        out[name] = result
+    return out
 
 
 def ms_to_timestamp(ms: np.ndarray) -> pa.Array:
@@ -797,22 +816,8 @@ class KeyedAggregateKernel:
         )
 
     def _extremes(self, values: pa.Table, keys: pa.Table) -> dict[str, ArrayLike]:
-        """Per key of ``keys`` and min/max aggregate, the extremum of its values present (of
-        positive weight); null where there is none."""
         key_schema = pa.schema([self.state_schema.field(c) for c in (KG, *self.keys)])
-        out: dict[str, ArrayLike] = {}
-        for j, a in enumerate(self._extrema):
-            mine = values.filter(pc.equal(values.column(SLOT), j + 1))
-            (kid, vid), distinct = sorted_key_ids([keys, mine], key_schema)
-            v = mine.column(f"{a.name}__v")
-            result = pa.nulls(keys.num_rows, v.type)
-            if mine.num_rows:
-                g = pa.table({"g": pa.array(vid), "v": v}).group_by(["g"], use_threads=False).aggregate([("v", a.func)])
-                row_of = np.full(distinct.num_rows, -1, dtype=np.int64)  # key id -> its row of g
-                row_of[g.column("g").to_numpy()] = np.arange(g.num_rows)
-                result = take_or_null(g.column(f"v_{a.func}"), row_of[kid])
-            out[a.name] = result
-        return out
+        return extremes(keys, values, key_schema, [(a.name, a.func) for a in self._extrema])
 
     def _changelog(self, partials: pa.Table, results: dict[str, ArrayLike], shown: np.ndarray, diff: int) -> pa.Table:
         cols = {k: partials.column(k) for k in self.keys} | results

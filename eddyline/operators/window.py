@@ -54,8 +54,8 @@ TMAX = "_tmax"
 REV = "_rev"  # state: how many times the window has been emitted
 #: weighted partials and state: the window's rows (the sum of their weights)
 ROWS = "_n"
-#: min/max over a revised input keep value rows: which aggregate a row is a value of (0: the
-#: window's own row), and the value's summed weight (as the keyed aggregate does)
+#: min/max over a revised input keep value rows (windows here, keyed aggregates too): which
+#: aggregate a state row is a value of (0: the window's or key's own row), and its summed weight
 SLOT, WEIGHT_SUM = "_slot", "_w"
 OLD = "_old_"  # while merging: a state row's partials as its last emission showed them
 TOUCHED = "_touched"
@@ -431,24 +431,10 @@ class WindowKernel:
 
     def _extremes(self, windows: pa.Table, values: pa.Table) -> dict[str, Any]:
         """Per row of ``windows`` and min/max aggregate, the extremum of its values (null: none)."""
-        from eddyline.operators.keyed import sorted_key_ids, take_or_null
+        from eddyline.operators.keyed import extremes
 
-        cfg = self.cfg
-        window_key = [KG, *cfg.keys, START_MS]
-        key_schema = pa.schema([self.state_schema.field(c) for c in window_key])
-        out: dict[str, Any] = {}
-        for j, (name, func, _) in enumerate(cfg.extrema):
-            mine = values.filter(pc.equal(values.column(SLOT), j + 1))
-            (wid, vid), distinct = sorted_key_ids([windows, mine], key_schema)
-            v = mine.column(f"{name}__v")
-            result = pa.nulls(windows.num_rows, v.type)
-            if mine.num_rows:
-                g = pa.table({"g": pa.array(vid), "v": v}).group_by(["g"], use_threads=False).aggregate([("v", func)])
-                row_of = np.full(distinct.num_rows, -1, dtype=np.int64)  # window id -> its row of g
-                row_of[g.column("g").to_numpy()] = np.arange(g.num_rows)
-                result = take_or_null(g.column(f"v_{func}"), row_of[wid])
-            out[name] = result
-        return out
+        key_schema = pa.schema([self.state_schema.field(c) for c in (KG, *self.cfg.keys, START_MS)])
+        return extremes(windows, values, key_schema, [(name, func) for name, func, _ in self.cfg.extrema])
 
     def _deltas(self, merged: pa.Table, fire: np.ndarray, rev: np.ndarray, new: pa.Table) -> pa.Table:
         """A weighted window's changelog: for each firing window, its last emitted row taken
