@@ -41,6 +41,28 @@ nothing counts the retracted epochs as written and a replay of the retraction fi
 to do. Rows and before-images are kept as JSON; the transactions that write and read them fix
 the settings that shape its text (time zone, float digits, bytea format), so a value comes back
 exactly as it was and compares equal to itself.
+
+Replays and undo (``eddyline replay`` / ``undo``, ``rewind: true``). A replay at epoch M of the
+epochs from T on first takes back everything epochs T..M-1 wrote; an undo of that replay takes
+back what M and the epochs after it wrote, then puts back what M took back. With ``rewind: true``
+(in a network without ``max_delay``, which cannot replay yet) every epoch keeps the same records
+as a tentative one, in its own transaction: in append mode the rows it inserted, in upsert mode
+the before-image of every key it touched, per epoch (one record per key and epoch). Taking
+epochs back is one transaction, as above, except that upsert mode gives each key the
+before-image of the earliest of them that touched it, and the records stay: first each key's
+row as the replay found it is kept with them (``after``), then they are marked as taken back by
+M (``retracted_by``). Putting back is one transaction too: append mode inserts the recorded rows
+again, upsert mode gives every key its ``after`` row (deleting it where that is null); the
+records are then in force again, so a later replay can take those epochs back once more. Both
+find nothing left to do when done once already (an epoch replayed after a crash repeats them).
+``eddyline_epochs`` keeps its rows: a replay's epochs get numbers of their own. The records are
+kept for the network's ``history`` (the engine sets :attr:`~eddyline.io.sinks.Sink.history`):
+every epoch deletes, in its transaction, those of epochs older than that, and those a replay
+took back once the replay is that old. A replay or undo that needs records the sink does not
+have (epochs written before it had ``rewind: true``, or longer ago) is refused before it starts
+(:meth:`PostgresSink.rewind_problem`). The cost: append mode writes every row a second time, as
+JSON, and deletes it ``history`` epochs later; upsert mode reads and writes a before-image per
+key; taking back append rows reads the whole table once (rows are matched by value).
 """
 
 from __future__ import annotations
@@ -109,6 +131,10 @@ class Postgres(Model):
     connect_timeout: Duration = Field(default=10_000, gt=0)
     #: how long publish retries a lost connection, with back-off, before it fails
     retry_for: Duration = Field(default=60_000, ge=0)
+    #: keep, for the network's ``history``, what it takes to take epochs back and put them back
+    #: (``eddyline replay`` / ``undo``): each epoch's inserted rows (append) or the before-image
+    #: of each key it touched (upsert), in ``eddyline_undo``
+    rewind: bool = False
 
 
 # Spark type name -> (the type as PostgreSQL's format_type() prints it, the name COPY's binary
@@ -233,6 +259,12 @@ class PostgresSink(Sink):
         self.health = Health()
         self._conn: psycopg.Connection[Any] | None = None
         self._marked = False  # eddyline_epochs has the column that marks tentative epochs
+        #: every epoch records what a replay needs to take it back (rewind: true, no max_delay)
+        self._rewind = False
+
+    @property
+    def rewinds(self) -> bool:  # type: ignore[override]
+        return self.params.rewind
 
     def status(self) -> dict[str, Any]:
         return self.health.to_json()
@@ -243,6 +275,8 @@ class PostgresSink(Sink):
 
     def open(self, network: str, checkpoint: str, schema: StructType, tentative: bool = False) -> None:
         self.network, self.checkpoint, self.tentative = network, checkpoint, tentative
+        # a network with max_delay cannot replay (yet): its undo records are the tentative ones
+        self._rewind = self.params.rewind and not tentative
         self.layout = layout_of(schema, self.params, self.name, tentative)
         self._run(self._prepare)
 
@@ -273,13 +307,35 @@ class PostgresSink(Sink):
         changed and :class:`SinkError` says which."""
         if not epochs:
             return
-        if self.layout is None or not self.tentative:
+        if self.layout is None or not (self.tentative or self._rewind):
             raise SinkError(
                 f"sink '{self.name}': asked to retract epochs {sorted(epochs)}, but the sink was "
-                "not opened with tentative=True (its network has no max_delay?)"
+                "not opened with tentative=True (its network has no max_delay?) and has no "
+                "rewind: true"
             )
         wanted = sorted(set(epochs))
-        self._run(lambda conn: self._retract(conn, wanted, at_epoch))
+        if self.tentative:
+            self._run(lambda conn: self._retract(conn, wanted, at_epoch))
+        else:
+            self._run(lambda conn: self._take_back(conn, wanted, at_epoch))
+
+    def restore(self, at_epoch: int) -> None:
+        """Put back what epoch ``at_epoch`` took back (undoing a replay, see the module's
+        docstring), in one transaction; a second call finds nothing left to put back."""
+        if self.layout is None or not self._rewind:
+            raise SinkError(
+                f"sink '{self.name}': asked to put back what epoch {at_epoch} took back, but the "
+                "sink keeps no records to do it with (it needs rewind: true and no max_delay)"
+            )
+        self._run(lambda conn: self._put_back(conn, at_epoch))
+
+    def rewind_problem(self, network: str, checkpoint: str, epochs: range, restore: int | None) -> str | None:
+        """Epochs in ``epochs`` this sink wrote without keeping their records (written before it
+        had ``rewind: true``, or longer ago than ``history``), or a replay ``restore`` whose
+        records are gone."""
+        if not self.params.rewind or not epochs:
+            return None
+        return self._run(lambda conn: self._rewind_problem(conn, (network, checkpoint, self.name), epochs, restore))
 
     def close(self) -> None:
         if self._conn is not None:
@@ -358,17 +414,13 @@ class PostgresSink(Sink):
                 "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(%s)"
                 " AND attname = %s AND NOT attisdropped", (epochs, TENTATIVE),
             ).fetchone() == (1,)
-            if self.tentative:
-                if not self._marked:  # made by a version that knew no tentative epochs
-                    conn.execute(sql.SQL(
-                        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS tentative boolean NOT NULL DEFAULT false"
-                    ).format(self._epochs()))
-                    self._marked = True
+            if self.tentative and not self._marked:  # made by a version that knew no tentative epochs
                 conn.execute(sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (network text NOT NULL, checkpoint text NOT NULL, "
-                    "sink text NOT NULL, epoch bigint NOT NULL, key jsonb, image jsonb, "
-                    "UNIQUE (network, checkpoint, sink, key))"
-                ).format(self._undo()))
+                    "ALTER TABLE {} ADD COLUMN IF NOT EXISTS tentative boolean NOT NULL DEFAULT false"
+                ).format(self._epochs()))
+                self._marked = True
+            if self.tentative or self._rewind:
+                self._prepare_undo(conn)
             name = self.params.table.lower()
             oid = conn.execute("SELECT to_regclass(%s)::oid", (name,)).fetchone()
             if oid is None or oid[0] is None:
@@ -377,6 +429,35 @@ class PostgresSink(Sink):
             self._check_columns(conn, oid[0])
             if self.params.mode == "upsert":
                 self._check_unique(conn, oid[0])
+
+    def _prepare_undo(self, conn: psycopg.Connection[Any]) -> None:
+        """``eddyline_undo`` as this version writes it: a record per epoch and key (upsert) or
+        row (append, no key), and what a replay took back, by the epoch that did."""
+        from psycopg import sql
+
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (network text NOT NULL, checkpoint text NOT NULL, "
+            "sink text NOT NULL, epoch bigint NOT NULL, key jsonb, image jsonb, retracted_by bigint, "
+            "after jsonb, UNIQUE (network, checkpoint, sink, epoch, key))"
+        ).format(self._undo()))
+        undo = ".".join([*self.params.table.lower().split(".")[:-1], UNDO])
+        if conn.execute(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'retracted_by'"
+            " AND NOT attisdropped", (undo,),
+        ).fetchone() != (1,):  # made by a version without replays: no locks taken when it is not
+            conn.execute(sql.SQL(
+                "ALTER TABLE {} ADD COLUMN IF NOT EXISTS retracted_by bigint, ADD COLUMN IF NOT EXISTS after jsonb"
+            ).format(self._undo()))
+        # that version kept one record per key (a stretch of tentative epochs' first): now one
+        # per key and epoch, the first of a stretch chosen when it is written
+        for (name,) in conn.execute(
+            "SELECT c.conname FROM pg_constraint c WHERE c.conrelid = to_regclass(%s) AND c.contype = 'u'"
+            " AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a"
+            " WHERE a.attrelid = c.conrelid AND a.attnum = ANY(c.conkey))"
+            " = ARRAY['checkpoint', 'key', 'network', 'sink']", (undo,),
+        ).fetchall():
+            conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}, ADD UNIQUE (network, checkpoint, sink, epoch, key)")
+                         .format(self._undo(), sql.Identifier(name)))
 
     def _create_table(self) -> sql.Composed:
         from psycopg import sql
@@ -467,17 +548,19 @@ class PostgresSink(Sink):
         with conn.transaction():
             if not self._claim(conn, epoch, tentative):
                 return  # a replay: this epoch committed before
-            if tentative:
+            if tentative or self._rewind:
                 _fix_json_text(conn)
             if self.params.mode == "upsert":
                 self._apply(conn, epoch, values, tentative)
-            elif tentative:
-                self._append_tentative(conn, epoch, values)
+            elif tentative or self._rewind:
+                self._append_recorded(conn, epoch, values, tentative)
             elif self.layout.tentative:
                 flags = [False] * len(values[0])
                 self._copy(conn, self._target(), [*self._copy_types(), (TENTATIVE, "bool")], [*values, flags])
             else:
                 self._copy(conn, self._target(), self._copy_types(), values)
+            if self._rewind:
+                self._forget_before(conn, epoch - self.history + 1)
 
     def _claim(self, conn: psycopg.Connection[Any], epoch: int, tentative: bool) -> bool:
         from psycopg import sql
@@ -550,22 +633,31 @@ class PostgresSink(Sink):
 
     def _apply(self, conn: psycopg.Connection[Any], epoch: int, values: list[list[Any]], tentative: bool) -> None:
         """Upsert mode. A tentative epoch first records the before-image of every key it
-        touches, unless an earlier epoch of the stretch did."""
+        touches, unless an earlier epoch of the stretch did; with ``rewind`` every epoch
+        records them all."""
         staged = self._stage_in_temp(conn, values, op=True)
         if tentative:
-            conn.execute(self._before_images_statement(staged), self._sink_key(epoch))
+            conn.execute(self._before_images_statement(staged, first_of_stretch=True),
+                         (*self._sink_key(epoch), self.network, self.checkpoint, self.name))
+        elif self._rewind:
+            conn.execute(self._before_images_statement(staged, first_of_stretch=False), self._sink_key(epoch))
         conn.execute(self._delete_statement(staged))
         conn.execute(self._upsert_statement(staged, tentative))
 
-    def _append_tentative(self, conn: psycopg.Connection[Any], epoch: int, values: list[list[Any]]) -> None:
-        """Append mode, a tentative epoch: its rows are inserted marked, and recorded."""
+    def _append_recorded(self, conn: psycopg.Connection[Any], epoch: int, values: list[list[Any]], tentative: bool) -> None:
+        """Append mode, a tentative epoch or one of a sink that rewinds: its rows are inserted
+        (marked, if the table has the mark), and recorded."""
         from psycopg import sql
 
         assert self.layout is not None
         staged = self._stage_in_temp(conn, values, op=False)
-        conn.execute(sql.SQL("INSERT INTO {} ({}, {}) SELECT {}, true FROM {}").format(
-            self._target(), _idents(self.layout.names), sql.Identifier(TENTATIVE),
-            _idents(self.layout.names), staged))
+        if self.layout.tentative:
+            conn.execute(sql.SQL("INSERT INTO {} ({}, {}) SELECT {}, {} FROM {}").format(
+                self._target(), _idents(self.layout.names), sql.Identifier(TENTATIVE),
+                _idents(self.layout.names), sql.Literal(tentative), staged))
+        else:
+            conn.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
+                self._target(), _idents(self.layout.names), _idents(self.layout.names), staged))
         conn.execute(sql.SQL(
             "INSERT INTO {} (network, checkpoint, sink, epoch, image) "
             "SELECT %s, %s, %s, %s, to_jsonb(_s.*) FROM {} AS _s"
@@ -574,22 +666,26 @@ class PostgresSink(Sink):
     def _sink_key(self, epoch: int) -> tuple[str, str, str, int]:
         return self.network, self.checkpoint, self.name, epoch
 
-    def _before_images_statement(self, staged: sql.Identifier) -> sql.Composed:
-        """The row of each key as it is (null: absent), unless the key has a record already:
-        that one is older, from this stretch's first epoch to touch the key."""
+    def _before_images_statement(self, staged: sql.Identifier, first_of_stretch: bool) -> sql.Composed:
+        """The row of each key as it is (null: absent). ``first_of_stretch`` (tentative
+        epochs): unless the key has a record already, which is older, from this stretch's first
+        epoch to touch the key."""
         from psycopg import sql
 
         assert self.layout is not None
-        key = sql.SQL(", ").join(
-            sql.SQL("{}, _s.{}").format(sql.Literal(k), sql.Identifier(k)) for k in self.layout.key)
+        key = sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(
+            sql.SQL("{}, _s.{}").format(sql.Literal(k), sql.Identifier(k)) for k in self.layout.key))
         same_key = sql.SQL(" AND ").join(
             sql.SQL("_t.{k} = _s.{k}").format(k=sql.Identifier(k)) for k in self.layout.key)
+        unrecorded = sql.SQL(
+            "WHERE NOT EXISTS (SELECT 1 FROM {} AS _o WHERE _o.network = %s AND _o.checkpoint = %s "
+            "AND _o.sink = %s AND _o.key = {}) "
+        ).format(self._undo(), key) if first_of_stretch else sql.SQL("")
         return sql.SQL(
             "INSERT INTO {} (network, checkpoint, sink, epoch, key, image) "
-            "SELECT %s, %s, %s, %s, jsonb_build_object({}), to_jsonb(_t.*) "
-            "FROM {} AS _s LEFT JOIN {} AS _t ON {} "
-            "ON CONFLICT (network, checkpoint, sink, key) DO NOTHING"
-        ).format(self._undo(), key, staged, self._target(), same_key)
+            "SELECT %s, %s, %s, %s, {}, to_jsonb(_t.*) "
+            "FROM {} AS _s LEFT JOIN {} AS _t ON {} {}ON CONFLICT DO NOTHING"
+        ).format(self._undo(), key, staged, self._target(), same_key, unrecorded)
 
     def _delete_statement(self, staged: sql.Identifier) -> sql.Composed:
         from psycopg import sql
@@ -623,7 +719,7 @@ class PostgresSink(Sink):
             sql.Identifier(_ACTION), sql.Literal(_DELETE), _idents(self.layout.key), on_conflict,
         )
 
-    # -- retracting tentative epochs ---------------------------------------------------------
+    # -- taking epochs back: tentative ones, and those a replay runs again ---------------------
 
     def _retract(self, conn: psycopg.Connection[Any], epochs: list[int], at_epoch: int) -> None:
         from psycopg import sql
@@ -647,64 +743,189 @@ class PostgresSink(Sink):
             if not published:
                 return
             _fix_json_text(conn)
+            where, args = self._records(published)
             if self.params.mode == "upsert":
-                self._restore_before_images(conn, published)
+                self._put_images(conn, "image", where, args)
             else:
-                self._delete_tentative_rows(conn, published)
+                self._delete_recorded_rows(conn, where, args, only_tentative=True)
             conn.execute(sql.SQL("DELETE FROM {} WHERE {} AND epoch = ANY(%s)").format(
                 self._undo(), of_sink), (*sink, published))
             conn.execute(sql.SQL("DELETE FROM {} WHERE {} AND tentative AND epoch = ANY(%s)").format(
                 self._epochs(), of_sink), (*sink, published))
 
-    def _restore_before_images(self, conn: psycopg.Connection[Any], epochs: list[int]) -> None:
-        """Upsert mode: every recorded key's current row goes, its before-image comes back,
-        whole (columns the sink does not write too; generated ones are computed again)."""
+    def _take_back(self, conn: psycopg.Connection[Any], epochs: list[int], at_epoch: int) -> None:
+        """A replay: what the records of ``epochs`` say they wrote goes (upsert: each key's
+        current row is kept with them first, as ``after``), and the records are marked as taken
+        back by ``at_epoch`` rather than deleted, so that :meth:`_put_back` can undo it."""
+        from psycopg import sql
+
+        with conn.transaction():
+            # locked, so that a second driver taking them back at the same time waits, then
+            # finds nothing left to do
+            conn.execute(sql.SQL(
+                "SELECT epoch FROM {} WHERE network = %s AND checkpoint = %s AND sink = %s "
+                "AND epoch = ANY(%s) ORDER BY epoch FOR UPDATE"
+            ).format(self._epochs()), (self.network, self.checkpoint, self.name, epochs))
+            where, args = self._records(epochs)
+            if not self._any(conn, where, args):
+                return  # nothing written, or taken back by an earlier attempt
+            _fix_json_text(conn)
+            if self.params.mode == "upsert":
+                assert self.layout is not None
+                same_key = sql.SQL(" AND ").join(
+                    sql.SQL("_t.{k} = _k.{k}").format(k=sql.Identifier(k)) for k in self.layout.key)
+                conn.execute(sql.SQL(
+                    "UPDATE {} AS _u SET after = (SELECT to_jsonb(_t.*) FROM {} AS _t, "
+                    "jsonb_populate_record(NULL::{}, _u.key) AS _k WHERE {}) WHERE {}"
+                ).format(self._undo(), self._target(), self._target(), same_key, where), args)
+                self._put_images(conn, "image", where, args)
+            else:
+                self._delete_recorded_rows(conn, where, args, only_tentative=False)
+            conn.execute(sql.SQL("UPDATE {} AS _u SET retracted_by = %s WHERE {}").format(self._undo(), where),
+                         (at_epoch, *args))
+
+    def _put_back(self, conn: psycopg.Connection[Any], at_epoch: int) -> None:
+        """Undoing the replay ``at_epoch``: what it took back is written again (upsert: each
+        key's row as the replay found it), and the records are in force again."""
+        from psycopg import sql
+
+        assert self.layout is not None
+        where, args = self._records(retracted_by=at_epoch)
+        with conn.transaction():
+            conn.execute(sql.SQL(
+                "SELECT e.epoch FROM {} AS e WHERE e.network = %s AND e.checkpoint = %s AND e.sink = %s "
+                "AND e.epoch IN (SELECT _u.epoch FROM {} AS _u WHERE {}) ORDER BY e.epoch FOR UPDATE"
+            ).format(self._epochs(), self._undo(), where), (self.network, self.checkpoint, self.name, *args))
+            if not self._any(conn, where, args):
+                return  # nothing taken back, or put back by an earlier attempt
+            _fix_json_text(conn)
+            if self.params.mode == "upsert":
+                self._put_images(conn, "after", where, args)
+            else:
+                names = _idents(self.layout.names)
+                conn.execute(sql.SQL(
+                    "INSERT INTO {} ({}) SELECT {} FROM {} AS _u, jsonb_populate_record(NULL::{}, _u.image) AS _r "
+                    "WHERE {}"
+                ).format(self._target(), names,
+                         sql.SQL(", ").join(sql.SQL("_r.{}").format(sql.Identifier(n)) for n in self.layout.names),
+                         self._undo(), self._target(), where), args)
+            conn.execute(sql.SQL("UPDATE {} AS _u SET retracted_by = NULL, after = NULL WHERE {}").format(
+                self._undo(), where), args)
+
+    def _forget_before(self, conn: psycopg.Connection[Any], floor: int) -> None:
+        """The records no replay or undo can need any more: of epochs before ``floor``, unless
+        a replay at ``floor`` or later took them back (its undo puts them back)."""
+        from psycopg import sql
+
+        conn.execute(sql.SQL(
+            "DELETE FROM {} WHERE network = %s AND checkpoint = %s AND sink = %s AND epoch < %s "
+            "AND (retracted_by IS NULL OR retracted_by < %s)"
+        ).format(self._undo()), (self.network, self.checkpoint, self.name, floor, floor))
+
+    def _rewind_problem(
+        self, conn: psycopg.Connection[Any], sink: tuple[str, str, str], epochs: range, restore: int | None
+    ) -> str | None:
+        from psycopg import sql
+
+        schema = self.params.table.lower().split(".")[:-1]
+        has_epochs, has_undo = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+            (".".join([*schema, EPOCHS]), ".".join([*schema, UNDO])),
+        ).fetchone() or (False, False)
+        if not has_epochs:
+            return None  # it wrote nothing yet
+        of_sink = sql.SQL("e.network = %s AND e.checkpoint = %s AND e.sink = %s")
+        unrecorded = sql.SQL(
+            "AND NOT EXISTS (SELECT 1 FROM {} AS _u WHERE _u.network = e.network AND _u.checkpoint = "
+            "e.checkpoint AND _u.sink = e.sink AND _u.epoch = e.epoch)"
+        ).format(self._undo()) if has_undo else sql.SQL("")
+        missing = [e for (e,) in conn.execute(sql.SQL(
+            "SELECT e.epoch FROM {} AS e WHERE {} AND e.epoch BETWEEN %s AND %s {} ORDER BY e.epoch"
+        ).format(self._epochs(), of_sink, unrecorded), (*sink, epochs[0], epochs[-1])).fetchall()]
+        if missing:
+            return (
+                f"sink '{self.name}' kept no record of what epoch(s) {_listed(missing)} wrote into "
+                f"{self.params.table}, so it cannot take them back (it keeps records since it has "
+                f"rewind: true, for the last {self.history} epochs)"
+            )
+        if restore is not None:
+            (latest,) = conn.execute(sql.SQL("SELECT max(e.epoch) FROM {} AS e WHERE {}").format(
+                self._epochs(), of_sink), sink).fetchone() or (None,)
+            if latest is not None and restore < latest - self.history + 1:
+                return (
+                    f"sink '{self.name}' no longer keeps what epoch {restore} took back from "
+                    f"{self.params.table} (it keeps that for the last {self.history} epochs)"
+                )
+        return None
+
+    def _records(self, epochs: list[int] | None = None, retracted_by: int | None = None) -> tuple[sql.Composed, tuple[Any, ...]]:
+        """The condition on ``eddyline_undo AS _u`` that picks this sink's records of ``epochs``
+        that are in force, or (``retracted_by``) those that epoch took back; and its arguments."""
+        from psycopg import sql
+
+        sink = (self.network, self.checkpoint, self.name)
+        of_sink = sql.SQL("_u.network = %s AND _u.checkpoint = %s AND _u.sink = %s AND ")
+        if retracted_by is None:
+            return of_sink + sql.SQL("_u.epoch = ANY(%s) AND _u.retracted_by IS NULL"), (*sink, epochs)
+        return of_sink + sql.SQL("_u.retracted_by = %s"), (*sink, retracted_by)
+
+    def _any(self, conn: psycopg.Connection[Any], where: sql.Composed, args: tuple[Any, ...]) -> bool:
+        from psycopg import sql
+
+        return conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} AS _u WHERE {})").format(
+            self._undo(), where), args).fetchone() == (True,)
+
+    def _put_images(self, conn: psycopg.Connection[Any], image: str, where: sql.Composed, args: tuple[Any, ...]) -> None:
+        """Upsert mode: the current row of every key the records ``where`` picks goes, and the
+        row their column ``image`` holds comes back (null: none), whole (columns the sink does
+        not write too; generated ones are computed again). A key recorded by several epochs
+        gets its earliest epoch's: the row as it was before all of them."""
         from psycopg import sql
 
         assert self.layout is not None
         target, records = self._target(), self._undo()
         row_type = sql.SQL("NULL::{}").format(target)
-        of_epochs = sql.SQL(
-            "_u.network = %s AND _u.checkpoint = %s AND _u.sink = %s AND _u.epoch = ANY(%s)")
-        args = (self.network, self.checkpoint, self.name, epochs)
         same_key = sql.SQL(" AND ").join(
             sql.SQL("_t.{k} = _k.{k}").format(k=sql.Identifier(k)) for k in self.layout.key)
         conn.execute(sql.SQL(
             "DELETE FROM {} AS _t USING {} AS _u, jsonb_populate_record({}, _u.key) AS _k "
             "WHERE {} AND {}"
-        ).format(target, records, row_type, of_epochs, same_key), args)
+        ).format(target, records, row_type, where, same_key), args)
         columns = [name for (name,) in conn.execute(
             "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0"
             " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
             (self.params.table.lower(),)).fetchall()]
         conn.execute(sql.SQL(
-            "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {} AS _u, "
-            "jsonb_populate_record({}, _u.image) AS _r WHERE {} AND _u.image IS NOT NULL"
+            "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM (SELECT DISTINCT ON (_u.key) "
+            "_u.{} AS _row FROM {} AS _u WHERE {} ORDER BY _u.key, _u.epoch) AS _p, "
+            "jsonb_populate_record({}, _p._row) AS _r WHERE _p._row IS NOT NULL"
         ).format(target, _idents(columns),
                  sql.SQL(", ").join(sql.SQL("_r.{}").format(sql.Identifier(c)) for c in columns),
-                 records, row_type, of_epochs), args)
+                 sql.Identifier(image), records, where, row_type), args)
 
-    def _delete_tentative_rows(self, conn: psycopg.Connection[Any], epochs: list[int]) -> None:
-        """Append mode: for each recorded row, one tentative row of the table with the same
+    def _delete_recorded_rows(
+        self, conn: psycopg.Connection[Any], where: sql.Composed, args: tuple[Any, ...], only_tentative: bool
+    ) -> None:
+        """Append mode: for each record ``where`` picks, one row of the table with the same
         values goes (equal rows are interchangeable, so which one does not matter), as many as
-        were recorded. Rows are matched by their JSON, which makes it one hash join."""
+        were recorded; ``only_tentative``: among the rows marked tentative. Rows are matched by
+        their JSON, which makes it one hash join (over the whole table: a replay reads it all)."""
         from psycopg import sql
 
         assert self.layout is not None
         values = sql.SQL(", ").join(sql.SQL("_t.{}").format(sql.Identifier(n)) for n in self.layout.names)
+        marked = sql.SQL("WHERE _t.{}").format(sql.Identifier(TENTATIVE)) if only_tentative else sql.SQL("")
         conn.execute(sql.SQL(
-            "WITH _recorded AS (SELECT image, count(*) AS n FROM {undo} WHERE network = %s "
-            "AND checkpoint = %s AND sink = %s AND epoch = ANY(%s) GROUP BY image), "
+            "WITH _recorded AS (SELECT _u.image, count(*) AS n FROM {undo} AS _u WHERE {where} "
+            "GROUP BY _u.image), "
             "_rows AS (SELECT _t.ctid AS row_id, (SELECT to_jsonb(_v.*) FROM (SELECT {values}) AS _v) "
-            "AS image FROM {target} AS _t WHERE _t.{tentative}), "
+            "AS image FROM {target} AS _t {marked}), "
             "_matched AS (SELECT _rows.row_id, _recorded.n, row_number() OVER "
             "(PARTITION BY _rows.image ORDER BY _rows.row_id) AS i FROM _rows JOIN _recorded "
             "ON _rows.image = _recorded.image) "
             "DELETE FROM {target} AS _t USING _matched WHERE _t.ctid = _matched.row_id "
             "AND _matched.i <= _matched.n"
-        ).format(undo=self._undo(), values=values, target=self._target(),
-                 tentative=sql.Identifier(TENTATIVE)),
-            (self.network, self.checkpoint, self.name, epochs))
+        ).format(undo=self._undo(), where=where, values=values, target=self._target(), marked=marked), args)
 
 
 def column_problems(layout: Layout, found: dict[str, tuple[str, bool, bool]]) -> list[str]:
@@ -742,6 +963,13 @@ def _idents(columns: Sequence[str]) -> sql.Composed:
     from psycopg import sql
 
     return sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+
+
+def _listed(epochs: list[int]) -> str:
+    """``epochs`` for a message: all of them, or the first and last of many."""
+    if len(epochs) <= 6:
+        return ", ".join(map(str, epochs))
+    return f"{epochs[0]}, {epochs[1]}, ... {epochs[-1]} ({len(epochs)} epochs)"
 
 
 def _fix_json_text(conn: psycopg.Connection[Any]) -> None:

@@ -43,6 +43,9 @@ class Sink:
     #: it can take back any epoch it published and put it back later (:meth:`restore`), so a
     #: network that writes only to such sinks can be replayed from an earlier epoch
     rewinds: ClassVar[bool] = False
+    #: how many of the newest epochs the checkpoint keeps (the network's ``history``; set by the
+    #: engine): a sink that rewinds by records of its own keeps them that long and no longer
+    history: int = 10
 
     @property
     def name(self) -> str:
@@ -97,6 +100,13 @@ class Sink:
         """Put back the output epoch ``at_epoch`` retracted (undoing a replay); sinks that
         ``rewinds`` implement it. Idempotent."""
         raise SinkError(f"sink '{self.name}': a {self.spec.kind} sink cannot put back what it took back")
+
+    def rewind_problem(self, network: str, checkpoint: str, epochs: range, restore: int | None) -> str | None:
+        """Why the sink could not take ``epochs`` back (and, undoing a replay, put back what
+        epoch ``restore`` took back), or None; asked before a replay or an undo is accepted,
+        possibly before :meth:`open`. Sinks that keep what they take back for a while only
+        (the ``postgres`` sink) say so here rather than fail in the middle of the epoch."""
+        return None
 
     def staged_rows(self, epoch: int) -> int:
         """Rows staged for ``epoch`` (for sinks that ``counts_itself``)."""

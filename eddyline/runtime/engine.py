@@ -438,7 +438,8 @@ class Engine:
         cannot = [n for n, s in self.outputs.sinks.items() if not s.rewinds]
         if cannot:
             raise EngineError(f"{what}: sink(s) {', '.join(cannot)} cannot take published epochs back and put them back "
-                              "(files and memory sinks can)")
+                              "(files, memory and discard sinks can, and postgres sinks with rewind: true; what a nats "
+                              "or console sink sent cannot be taken back)")
         targets = {json.dumps(sink_settings(self.spec, self.ckpt.read_plan(e).settings), sort_keys=True)
                    for e in range(target, last_epoch + 1) if self.ckpt.has_plan(e)}
         if len(targets) > 1:  # the epochs to take back were written to more than one target
@@ -457,6 +458,11 @@ class Engine:
             plan = self.ckpt.read_plan(target) if self.ckpt.has_plan(target) else None
             if plan is None or not any("replay" in a for a in plan.applied):
                 raise EngineError(f"undo: epoch {target} did not replay earlier epochs; there is nothing to undo")
+        for sink in self.outputs.sinks.values():  # (one that keeps records may have dropped them)
+            problem = sink.rewind_problem(self.spec.name, self.executor.checkpoint_id, range(target, last_epoch + 1),
+                                          target if what == "undo" else None)
+            if problem:
+                raise EngineError(f"{what}: {problem}")
 
     @property
     def _kept_for(self) -> str:
@@ -600,7 +606,9 @@ class Engine:
             self._fence_outputs()
 
     def _make_sink(self, spec: SinkSpec) -> Sink:
-        return make_sink(spec, self.reporter.console if self.reporter else None)
+        sink = make_sink(spec, self.reporter.console if self.reporter else None)
+        sink.history = self.retain_epochs  # how far back a replay can go: what a rewinding sink keeps
+        return sink
 
     def _fence_outputs(self) -> None:
         """Sinks that can tell refuse the output of a driver with an older lease generation: ours,
