@@ -55,7 +55,7 @@ from pydantic import Field, field_validator, model_validator
 from eddyline.api.registry import SOURCES
 from eddyline.api.units import ByteSize, Duration, Model, format_duration_ms
 from eddyline.errors import SourceError
-from eddyline.io.jetstream import MessageRanges, NatsUrl
+from eddyline.io.jetstream import MessageRanges, NatsUrl, SubRanges
 from eddyline.io.natswire import NatsUnreachable, Subscription, redact
 from eddyline.io.retry import FIRST_PAUSE_S, MAX_PAUSE_S, Health
 from eddyline.io.sources import SourceKind
@@ -261,23 +261,22 @@ class CoreNatsSource(MessageRanges):
     def origin(self) -> str:
         return self.params.subject
 
-    def _fetcher(self, bounds: list[int]) -> Any:
+    def _fetcher(self, ranges: SubRanges) -> Any:
         if self.directory is None:
             raise SourceError(f"source '{self.name}': not attached to a checkpoint, so it has no log to read")
-        return functools.partial(wal_ranges, self.directory, bounds, self.name)
+        return functools.partial(wal_ranges, self.directory, ranges, self.name)
 
 
 def wal_ranges(
-    directory: str, bounds: list[int], source: str, batches: Iterator[pa.RecordBatch]
+    directory: str, ranges: SubRanges, source: str, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[tuple[list[int], list[bytes]]]:
-    """In a Spark task: the log's records of the sub-ranges whose numbers arrive in ``batches``
-    (sub-range i is [bounds[i], bounds[i+1])), as chunks of (record numbers, payloads)."""
-    for batch in batches:
-        for i in batch.column(0).to_pylist():
-            try:
-                yield from read_range(directory, bounds[i], bounds[i + 1])
-            except WalError as e:
-                raise SourceError(f"source '{source}': {e}") from e
+    """In a Spark task: the log's records of the sub-ranges whose numbers arrive in ``batches``,
+    as chunks of (record numbers, payloads)."""
+    for first, end in ranges.of_tasks(batches):
+        try:
+            yield from read_range(directory, first, end)
+        except WalError as e:
+            raise SourceError(f"source '{source}': {e}") from e
 
 
 @SOURCES.register

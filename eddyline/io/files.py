@@ -44,7 +44,7 @@ from eddyline.api.units import Files
 from eddyline.errors import SinkError, SourceError
 from eddyline.io.records import ddl_struct, decode, split_decoded
 from eddyline.io.sinks import Sink, SinkKind
-from eddyline.io.sources import BadCounter, Frames, Source, SourceKind
+from eddyline.io.sources import BadCounter, EpochSlice, Frames, Source, SourceKind
 from eddyline.io.textrecords import TextSchema, arrow_schema, file_batches
 from eddyline.storage import filesystem
 
@@ -151,6 +151,8 @@ class FilesSource(Source):
         from pyspark.sql import functions as F
 
         p = self.params
+        if planned is None:  # tasks take the slice when they run (slices_at_run_time)
+            return self._text_frames(spark, None, partitions, count_bad, columns)
         fs, base = filesystem(p.path)
         paths = [f"{base}/{n}" for n in planned.get("files", [])]
         if p.format == "parquet":
@@ -172,21 +174,38 @@ class FilesSource(Source):
                 return Frames(spark.read.parquet(f"{base}/{known[0]}").limit(0))
             return Frames(spark.createDataFrame([], ddl_struct(spark, p.schema_)))
         assert p.schema_ is not None
-        schema = arrow_schema(p.schema_)
-        if schema is not None:  # Arrow's readers in the Python workers (io/textrecords.py)
-            ship = schema.shipped(columns)
-            ddl = schema.ddl(ship)
-            names = planned.get("files", [])
-            if not names:
-                return split_decoded(spark.createDataFrame([], ddl), list(ship), self.name, count_bad)
-            tasks = min(len(names), partitions)
-            read = functools.partial(_text_files, p.format, bool(p.header), p.path, names, tasks, schema, ship)
-            df = spark.range(0, tasks, 1, tasks).mapInArrow(read, ddl)
-            return split_decoded(df, list(ship), self.name, count_bad)
+        if arrow_schema(p.schema_) is not None:
+            return self._text_frames(spark, planned, partitions, count_bad, columns)
         lines = _read_lines(spark, [_spark_path(p.path, x) for x in paths])
         if p.header:
             lines = lines.where("line > 1")
         return decode(spark, lines, p.format, p.schema_, self.name, count_bad)
+
+    def slices_at_run_time(self) -> bool:
+        p = self.params
+        return p.format != "parquet" and p.schema_ is not None and arrow_schema(p.schema_) is not None
+
+    def _text_frames(
+        self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int, count_bad: BadCounter,
+        columns: frozenset[str] | None,
+    ) -> Frames:
+        """Arrow's readers in the Python workers (io/textrecords.py), task i decoding every
+        ``tasks``-th file of the slice."""
+        p = self.params
+        schema = arrow_schema(p.schema_ or "")
+        assert schema is not None
+        ship = schema.shipped(columns)
+        ddl = schema.ddl(ship)
+        if planned is None:
+            tasks, slice_ = partitions, EpochSlice(self.name)
+        else:
+            names = planned.get("files", [])
+            if not names:
+                return split_decoded(spark.createDataFrame([], ddl), list(ship), self.name, count_bad)
+            tasks, slice_ = min(len(names), partitions), EpochSlice(self.name, {"files": names})
+        read = functools.partial(_text_files, p.format, bool(p.header), p.path, slice_, tasks, schema, ship)
+        df = spark.range(0, tasks, 1, tasks).mapInArrow(read, ddl)
+        return split_decoded(df, list(ship), self.name, count_bad)
 
 
 def _footer(fs: pafs.FileSystem, path: str) -> Any:
@@ -197,12 +216,13 @@ def _footer(fs: pafs.FileSystem, path: str) -> Any:
 
 
 def _text_files(
-    fmt: Any, header: bool, directory: str, names: list[str], tasks: int, schema: TextSchema,
+    fmt: Any, header: bool, directory: str, slice_: EpochSlice, tasks: int, schema: TextSchema,
     ship: tuple[str, ...], batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """In a Spark task: task i's share of the files (every ``tasks``-th), decoded (the
+    """In a Spark task: task i's share of the slice's files (every ``tasks``-th), decoded (the
     ``ship`` columns handed on)."""
     fs, base = filesystem(directory)
+    names = slice_.get().get("files", [])
     for batch in batches:
         for task in batch.column(0).to_pylist():
             for name in names[task::tasks]:

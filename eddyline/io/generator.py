@@ -334,10 +334,15 @@ def generator_columns(spark: SparkSession, params: Generator, offsets: DataFrame
     return offsets.select(*_columns(spark, params, 0, len(segments(params)) - 1))
 
 
+def offsets(params: Generator, start: int, end: int) -> tuple[int, int]:
+    """The row ids of offsets ``[start, end)``: the offsets themselves."""
+    return start, end
+
+
 @SOURCES.register
 class GeneratorKind(SourceKind):
     key = "generator"
     params = Generator
 
     def make(self, spec: SourceSpec) -> SyntheticSource:
-        return SyntheticSource(spec, generator_available, generator_frame, unpaced=spec.params.unpaced)
+        return SyntheticSource(spec, generator_available, generator_columns, offsets, unpaced=spec.params.unpaced)

@@ -41,6 +41,7 @@ import functools
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -62,7 +63,7 @@ from eddyline.io.natswire import (
 from eddyline.io.records import decode, split_decoded, to_json_column
 from eddyline.io.retry import Health, with_retry
 from eddyline.io.sinks import Sink, SinkKind
-from eddyline.io.sources import BadCounter, Frames, Source, SourceKind
+from eddyline.io.sources import BadCounter, EpochSlice, Frames, Source, SourceKind
 from eddyline.io.textrecords import TextSchema, arrow_schema, decoded_batch
 
 if TYPE_CHECKING:
@@ -156,27 +157,35 @@ class MessageRanges(Source):
     #: a task reads at least this many records; fewer make one task (tests lower it)
     min_per_task = MIN_PER_TASK
 
-    def _fetcher(self, bounds: list[int]) -> Any:
+    def _fetcher(self, ranges: SubRanges) -> Any:
         """In a task, ``fetch(batches)``: the records of the sub-ranges whose numbers arrive in
-        ``batches`` (sub-range i is [bounds[i], bounds[i+1])), as chunks of (numbers, payloads)."""
+        ``batches`` (see :class:`SubRanges`), as chunks of (numbers, payloads)."""
         raise NotImplementedError
+
+    def slices_at_run_time(self) -> bool:
+        return True
 
     @property
     def origin(self) -> str:
         """What dead letters name as the ``file`` of a record (a stream, a subject)."""
         raise NotImplementedError
 
-    def _read(self, spark: SparkSession, planned: dict[str, Any], partitions: int, reader: Any, ddl: str) -> DataFrame | None:
-        """``reader`` run over the slice's sub-ranges, one per task; None for an empty slice."""
-        lo, hi = planned["start"] + 1, planned["end"] + 1  # offset n = message n read
-        if hi <= lo:
-            return None
-        tasks = max(1, min(partitions, -(-(hi - lo) // self.min_per_task)))
-        bounds = [lo + (hi - lo) * i // tasks for i in range(tasks + 1)]
-        fetch = self._fetcher(bounds)
+    def _read(
+        self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int, reader: Any, ddl: str
+    ) -> DataFrame | None:
+        """``reader`` run over the slice's sub-ranges, one per task; None for an empty slice.
+        ``planned`` None: every partition is a task, and the tasks take the slice when they run."""
+        if planned is None:
+            ranges = SubRanges(EpochSlice(self.name), partitions, self.min_per_task)
+        else:
+            ranges = SubRanges(EpochSlice(self.name, planned), partitions, self.min_per_task)
+            if planned["end"] <= planned["start"]:
+                return None
+        tasks = partitions if planned is None else len(ranges.bounds()) - 1
+        fetch = self._fetcher(ranges)
         return spark.range(0, tasks, 1, tasks).mapInArrow(functools.partial(reader, fetch, self.origin), ddl)
 
-    def lines(self, spark: SparkSession, planned: dict[str, Any], partitions: int) -> DataFrame:
+    def lines(self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int) -> DataFrame:
         """The slice's messages as ``(file, line, raw)``: origin, number, payload."""
         df = self._read(spark, planned, partitions, raw_batches, "file string, line long, raw binary")
         if df is None:
@@ -184,7 +193,7 @@ class MessageRanges(Source):
         return df.selectExpr("file", "line", "CAST(raw AS STRING) AS raw")
 
     def frames(
-        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None,
+        self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int, count_bad: BadCounter = None,
         columns: frozenset[str] | None = None,
     ) -> Frames:
         p = self.spec.params
@@ -233,9 +242,35 @@ class NatsSource(MessageRanges):
     def origin(self) -> str:
         return self.params.stream
 
-    def _fetcher(self, bounds: list[int]) -> Any:
+    def _fetcher(self, ranges: SubRanges) -> Any:
         p = self.params
-        return functools.partial(fetch_ranges, p.url, p.stream, p.subject, bounds, p.wait / 1000, self.name)
+        return functools.partial(fetch_ranges, p.url, p.stream, p.subject, ranges, p.wait / 1000, self.name)
+
+
+@dataclass(frozen=True)
+class SubRanges:
+    """How the tasks split a slice of message numbers: into at most ``tasks`` sub-ranges of at
+    least ``min_per_task`` messages, sub-range i [bounds[i], bounds[i+1]) for task i (a task
+    past the last reads nothing). Worked out where the slice is known: in the driver for a
+    frame built for one epoch, in the task for one that runs every epoch."""
+
+    slice: EpochSlice
+    tasks: int
+    min_per_task: int
+
+    def bounds(self) -> list[int]:
+        planned = self.slice.get()
+        lo, hi = planned["start"] + 1, planned["end"] + 1  # offset n = message n read
+        n = max(1, min(self.tasks, -(-(hi - lo) // self.min_per_task))) if hi > lo else 1
+        return [lo + max(0, hi - lo) * i // n for i in range(n + 1)]
+
+    def of_tasks(self, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, int]]:
+        """In a task: the sub-ranges (first, end) of the task numbers arriving in ``batches``."""
+        bounds = self.bounds()
+        for batch in batches:
+            for i in batch.column(0).to_pylist():
+                if i + 1 < len(bounds) and bounds[i] < bounds[i + 1]:
+                    yield bounds[i], bounds[i + 1]
 
 
 def raw_batches(
@@ -258,35 +293,32 @@ def text_batches(
 
 
 def fetch_ranges(
-    url: str, stream: str, subject: str | None, bounds: list[int], wait_s: float, source: str,
+    url: str, stream: str, subject: str | None, ranges: SubRanges, wait_s: float, source: str,
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[tuple[list[int], list[bytes]]]:
-    """In a Spark task: the messages of the sub-ranges whose numbers arrive in ``batches``
-    (sub-range i is [bounds[i], bounds[i+1])), as chunks of (sequences, payloads). A lost
-    connection is made again and the read resumes after the last sequence received, for up to
-    ``wait_s``."""
+    """In a Spark task: the messages of the sub-ranges whose numbers arrive in ``batches``, as
+    chunks of (sequences, payloads). A lost connection is made again and the read resumes after
+    the last sequence received, for up to ``wait_s``."""
     conn: NatsConnection | None = None
-    for batch in batches:
-        for i in batch.column(0).to_pylist():
-            seq, end = bounds[i], bounds[i + 1]
-            t_lost: float | None = None
-            while seq < end:
-                try:
-                    if conn is None:
-                        conn = NatsConnection(url)
-                    for seqs, payloads in conn.read_range(stream, seq, end, subject):
-                        t_lost = None
-                        yield seqs, payloads
-                        seq = seqs[-1] + 1
-                    break
-                except NatsUnreachable as e:
-                    if conn is not None:
-                        conn.close()
-                    conn = None
-                    t_lost = t_lost or time.monotonic()
-                    if time.monotonic() - t_lost > wait_s:
-                        raise SourceError(f"source '{source}': NATS server {redact(url)} unreachable: {e}") from e
-                    time.sleep(0.2)
+    for seq, end in ranges.of_tasks(batches):
+        t_lost: float | None = None
+        while seq < end:
+            try:
+                if conn is None:
+                    conn = NatsConnection(url)
+                for seqs, payloads in conn.read_range(stream, seq, end, subject):
+                    t_lost = None
+                    yield seqs, payloads
+                    seq = seqs[-1] + 1
+                break
+            except NatsUnreachable as e:
+                if conn is not None:
+                    conn.close()
+                conn = None
+                t_lost = t_lost or time.monotonic()
+                if time.monotonic() - t_lost > wait_s:
+                    raise SourceError(f"source '{source}': NATS server {redact(url)} unreachable: {e}") from e
+                time.sleep(0.2)
     if conn is not None:
         conn.close()
 

@@ -551,6 +551,11 @@ def nexmark_columns(spark: SparkSession, params: Nexmark, indexes: DataFrame) ->
     return indexes.select(*events).select(*rows)
 
 
+def stream_indexes(params: Nexmark, start: int, end: int) -> tuple[int, int]:
+    """The stream indexes of ``params.stream``'s events among global numbers ``[start, end)``."""
+    return _stream_events_before(params.stream, start), _stream_events_before(params.stream, end)
+
+
 @SOURCES.register
 class NexmarkKind(SourceKind):
     key = "nexmark"
@@ -560,4 +565,4 @@ class NexmarkKind(SourceKind):
         return tuple(c.split()[0] for c in SCHEMAS[params.stream].split(","))
 
     def make(self, spec: SourceSpec) -> SyntheticSource:
-        return SyntheticSource(spec, nexmark_available, nexmark_frame, unpaced=spec.params.unpaced)
+        return SyntheticSource(spec, nexmark_available, nexmark_columns, stream_indexes, unpaced=spec.params.unpaced)

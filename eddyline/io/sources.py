@@ -2,21 +2,26 @@
 
 The driver asks a source how far it has got (:meth:`Source.available`), picks the epoch's range
 (admission control may take less), logs it in the epoch plan, and only then asks for the frame.
-A replay of the plan therefore reads exactly the same rows.
+A replay of the plan therefore reads exactly the same rows. Most sources can also build a frame
+that takes its slice only when its tasks run (:class:`EpochSlice`), so that one frame serves every
+epoch.
 
 * ``generator`` / ``nexmark``: offsets are row (event) numbers; rows are computed in Spark.
 * ``files``: offsets are positions in the name-sorted file list; the plan records the file names,
-  so files added later never change an epoch that was already planned. JSON and CSV lines are read
-  raw and parsed in Spark, so a malformed line becomes a dead letter (raw text, reason, file, line)
-  instead of failing the epoch.
+  so files added later never change an epoch that was already planned. JSON and CSV records are
+  decoded in the Python workers (:mod:`eddyline.io.textrecords`), so a malformed line becomes a
+  dead letter (raw text, reason, file, line) instead of failing the epoch.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from eddyline.api import registry
 from eddyline.api.sources import SourceSpec
@@ -28,6 +33,41 @@ if TYPE_CHECKING:
 DEFAULT_UNPACED_BATCH = 1_000_000
 
 BadCounter = Callable[["DataFrame"], "DataFrame"] | None
+
+#: the Spark local property (this prefix + the source's name) that tells the tasks of a frame
+#: built once and run every epoch which slice to read (see :class:`EpochSlice`)
+SLICE_PROPERTY = "eddyline.slice."
+
+
+@dataclass(frozen=True)
+class EpochSlice:
+    """A source's slice as a Spark task sees it.
+
+    A frame built for one epoch carries its slice (``fixed``). A frame built once and run again
+    every epoch (:meth:`Source.frames` with no plan) cannot: its plan must not change, so the
+    slice comes with the job instead, as a local property the executor sets from the logged
+    plan before the epoch's jobs (:func:`slice_properties`). Either way a task reads what the
+    plan says, so a replay reads the same rows."""
+
+    source: str
+    fixed: dict[str, Any] | None = None
+
+    def get(self) -> dict[str, Any]:
+        if self.fixed is not None:
+            return self.fixed
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        text = ctx.getLocalProperty(SLICE_PROPERTY + self.source) if ctx is not None else None
+        if text is None:
+            raise RuntimeError(f"source '{self.source}': this task was given no slice to read "
+                               f"(local property {SLICE_PROPERTY}{self.source} is not set)")
+        return json.loads(text)
+
+
+def slice_properties(slices: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The local properties that give every source's planned slice to the tasks."""
+    return {SLICE_PROPERTY + name: json.dumps(planned, sort_keys=True) for name, planned in slices.items()}
 
 
 @dataclass
@@ -116,31 +156,43 @@ class Source:
         :meth:`peek` can read them (so the look-ahead can count them early); else none."""
         return []
 
+    def slices_at_run_time(self) -> bool:
+        """Whether :meth:`frames` can build a frame with no plan, whose tasks take the slice when
+        they run (:class:`EpochSlice`), so that one frame serves every epoch."""
+        return False
+
     def frames(
-        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None,
+        self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int, count_bad: BadCounter = None,
         columns: frozenset[str] | None = None,
     ) -> Frames:
         """The slice's rows; ``count_bad`` (if given) is applied to the frame of all parsed
         records, which has a boolean ``_bad`` column, before it splits into data and dead letters.
         ``columns``: the (lower-case) columns the network reads of it, None for all; a source
-        that decodes records may leave the others out of what it hands to Spark."""
+        that decodes records may leave the others out of what it hands to Spark. ``planned``
+        None (only where :meth:`slices_at_run_time`): the slice is given when the frame runs."""
         raise NotImplementedError
 
 
 class SyntheticSource(Source):
     """Rows computed in Spark from their offsets (``generator`` and ``nexmark``): offsets become
-    available at the source's rate of event time, or all at once when ``unpaced``."""
+    available at the source's rate of event time, or all at once when ``unpaced``.
+
+    ``columns(spark, params, ids)`` computes the rows from a frame of row ids (column ``id``),
+    ``ids(params, start, end)`` says which ids the offsets ``[start, end)`` hold. The ids come
+    from the slice when the tasks run (each task its share, exploded in the JVM), so that the
+    frame does not change from one epoch to the next (see :class:`EpochSlice`)."""
 
     def __init__(
         self,
         spec: SourceSpec,
         available: Callable[[Any, float], int],
-        frame: Callable[..., DataFrame],
+        columns: Callable[[SparkSession, Any, DataFrame], DataFrame],
+        ids: Callable[[Any, int, int], tuple[int, int]],
         *,
         unpaced: bool,
     ) -> None:
         super().__init__(spec)
-        self._available, self._frame, self.unpaced = available, frame, unpaced
+        self._available, self._columns, self._ids, self.unpaced = available, columns, ids, unpaced
 
     def available(self, elapsed_s: float) -> int:
         return self._available(self.spec.params, elapsed_s)
@@ -150,11 +202,31 @@ class SyntheticSource(Source):
             return self.spec.max_rows_per_epoch
         return DEFAULT_UNPACED_BATCH if self.unpaced else 2**62
 
+    def slices_at_run_time(self) -> bool:
+        return True
+
     def frames(
-        self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None,
+        self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int, count_bad: BadCounter = None,
         columns: frozenset[str] | None = None,
     ) -> Frames:
-        return Frames(self._frame(spark, self.spec.params, planned["start"], planned["end"], partitions))
+        shares = functools.partial(_id_shares, EpochSlice(self.name, planned), partitions, self._ids, self.spec.params)
+        ranges = spark.range(0, partitions, 1, partitions).mapInArrow(shares, "lo long, hi long")
+        ids = ranges.selectExpr("explode(sequence(lo, hi - 1)) AS id")
+        return Frames(self._columns(spark, self.spec.params, ids))
+
+
+def _id_shares(
+    slice_: EpochSlice, tasks: int, ids: Callable[[Any, int, int], tuple[int, int]], params: Any,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """In a Spark task: the task's share ``[lo, hi)`` of the slice's row ids (none if empty)."""
+    planned = slice_.get()
+    lo, hi = ids(params, planned["start"], planned["end"])
+    for batch in batches:
+        for i in batch.column(0).to_pylist():
+            a, b = lo + (hi - lo) * i // tasks, lo + (hi - lo) * (i + 1) // tasks
+            if b > a:
+                yield pa.RecordBatch.from_arrays([pa.array([a], pa.int64()), pa.array([b], pa.int64())], names=["lo", "hi"])
 
 
 class SourceKind(registry.SourceKind):

@@ -46,6 +46,7 @@ class Lookup(Model):
 class LookupKind(StepKind):
     key = "lookup"
     params = Lookup
+    reads_plan = True  # the table version the plan pins
 
     def pinned_table(self, params: Any) -> Files:
         """The files whose version the epoch plan pins."""

@@ -99,6 +99,7 @@ class WindowAggregateKind(StepKind):
     key = "window_aggregate"
     params = WindowAggregate
     stateful = True
+    reads_plan = True  # the watermark is in its SQL (late rows are split off in the JVM)
     weighs_shed_rows = True
     observes_own_time = True
     live_params = ("watermark_delay", "allowed_lateness")

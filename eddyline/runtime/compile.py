@@ -7,11 +7,16 @@ provides: the plan's watermark and routing, key-group SQL, observations, the lan
 (:mod:`eddyline.runtime.shedding`).
 
 The watermark, the routing table and the state index come from the logged plan, never from the
-clock, so the DataFrames of a replayed epoch equal the original ones.
+clock, so a replayed epoch computes what the original computed. Most of a network's frames do
+not depend on the plan at all once the sources' slices and the lanes' epoch (state index,
+watermark) reach the tasks as Spark local properties when the jobs run (``EpochFrames.properties``):
+those are built once and run every epoch (:meth:`EpochCompiler.build`).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,18 +26,18 @@ from eddyline.columns import DIFF
 from eddyline.errors import SpecError
 from eddyline.eventtime import NO_WATERMARK
 from eddyline.io.revisions import BAD, weighted
-from eddyline.io.sources import Source, make_source
+from eddyline.io.sources import Source, make_source, slice_properties
 from eddyline.io.tables import LookupTables
 from eddyline.kinds import step_kind
 from eddyline.kinds.base import first_line
 from eddyline.plan.keygroups import RoutingTable, key_group_sql
 from eddyline.runtime.faults import Faults, NoFaults
-from eddyline.runtime.lanes import LaneTask
+from eddyline.runtime.lanes import LANE_PROPERTY, LaneTask
 from eddyline.runtime.shedding import shed_inputs
 from eddyline.runtime.shuffle import Heartbeats, to_lanes
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, Observation, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from eddyline.operators.base import Kernel
 
@@ -61,12 +66,48 @@ class Known:
         return self.values
 
 
+class RunObservation:
+    """Aggregates over the rows of a frame, collected while a job runs it (Spark's
+    ``CollectMetrics``), readable once per run: :meth:`arm` before the job, :attr:`get` after it.
+
+    PySpark's ``Observation`` is bound to the first run of its frame only; a frame built once
+    and run every epoch needs its observations armed again before every run. Spark completes an
+    observation by its name and the id of the frame it observes, so arming registers a new one
+    under the same two (``ObservationManager`` of the classic SparkSession, an internal API of
+    the pinned Spark 4.3)."""
+
+    def __init__(self, df: DataFrame, name: str, *aggregates: Any):
+        from pyspark.sql import DataFrame as Frame
+        from pyspark.sql.classic.column import _to_seq
+
+        self.name, self._session = name, df.sparkSession
+        first, *rest = aggregates
+        jdf = df._jdf.observe(name, first._jc, _to_seq(df._sc, [c._jc for c in rest]))
+        self._frame_id = df._jdf.id()
+        self.observed = Frame(jdf, df.sparkSession)
+        self._jo: Any = None
+
+    def arm(self) -> None:
+        jvm = self._session._jvm
+        self._jo = getattr(jvm, "org.apache.spark.sql.Observation")(self.name)
+        self._session._jsparkSession.observationManager().register(self._jo, self._frame_id)
+
+    @property
+    def get(self) -> dict[str, Any]:
+        """The values of the last armed run (waits for it to end)."""
+        from pyspark.serializers import CPickleSerializer
+
+        assert self._jo is not None, f"observation {self.name} read before it was armed"
+        utils = getattr(self._session._jvm, "org.apache.spark.sql.api.python.PythonSQLUtils")
+        return CPickleSerializer().loads(utils.toPyRow(self._jo.getRow())).asDict(recursive=False)
+
+
 @dataclass(frozen=True)
 class SharedObservation:
     """One field of another observation, read under the name its reader expects: a step that
     reads a source as it is shares the source's observation instead of adding its own."""
 
-    of: Observation | Known
+    of: RunObservation | Known
     field: str
     name: str = "max_t"
 
@@ -90,9 +131,80 @@ class EpochFrames:
     shed: dict[str, DataFrame] = field(default_factory=dict)
     #: ``source:<name>`` rows (and newest times), ``step:<name>:<input>`` newest event time
     #: (a window also rows and late rows), ``shed:<step>:<input>``, ``bad:<source>``
-    observations: dict[str, Observation | Known | SharedObservation] = field(default_factory=dict)
+    observations: dict[str, RunObservation | Known | SharedObservation] = field(default_factory=dict)
     dead_letters: dict[str, DataFrame] = field(default_factory=dict)
     late: dict[str, DataFrame] = field(default_factory=dict)
+    #: some nodes are kept to serve more than one epoch (:meth:`EpochCompiler.build`): their
+    #: observations' names recur, and every job must plan them anew (:func:`fresh`)
+    reused: bool = False
+    #: the epoch's planned slice per source, for tasks that take it when they run
+    slices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: per stateful step, the epoch's part of its lanes' task (see :func:`lane_run`)
+    lanes: dict[str, str] = field(default_factory=dict)
+
+    def properties(self) -> dict[str, str]:
+        """The Spark local properties the epoch's jobs run with: what their tasks take when they run."""
+        return {**slice_properties(self.slices), **{LANE_PROPERTY + step: run for step, run in self.lanes.items()}}
+
+    def arm(self) -> None:
+        """Ready every observation for the epoch's run (see :class:`RunObservation`)."""
+        for o in self.observations.values():
+            if isinstance(o, RunObservation):
+                o.arm()
+
+
+_NOT_KEPT = object()
+
+
+@dataclass
+class _Added:
+    """What building one node added to the epoch's frames, to add again when it is kept."""
+
+    key: Any
+    node: dict[str, DataFrame]
+    observations: dict[str, Any]
+    dead_letters: dict[str, DataFrame]
+    late: dict[str, DataFrame]
+    shared: dict[str, Any]
+
+    @staticmethod
+    def snapshot(out: EpochFrames, shared: dict[str, Any]) -> _Added:
+        return _Added(None, dict(out.nodes), dict(out.observations), dict(out.dead_letters), dict(out.late), dict(shared))
+
+    def added(self, name: str, key: Any, out: EpochFrames, shared: dict[str, Any]) -> _Added:
+        def new(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+            return {k: v for k, v in now.items() if k not in before}
+
+        return _Added(key, {name: out.nodes[name]}, new(out.observations, self.observations),
+                      new(out.dead_letters, self.dead_letters), new(out.late, self.late), new(shared, self.shared))
+
+    def restore(self, out: EpochFrames, shared: dict[str, Any]) -> None:
+        out.nodes.update(self.node)
+        out.observations.update(self.observations)
+        out.dead_letters.update(self.dead_letters)
+        out.late.update(self.late)
+        shared.update(self.shared)
+
+
+def fresh(df: DataFrame) -> DataFrame:
+    """``df`` as a new Dataset over the same logical plan, to be planned anew for a run.
+
+    A Dataset plans itself once and keeps its physical plan; run again, that plan's shuffles are
+    not run again (their map output from the first run is reused, and an adaptive plan keeps
+    its finished stages), so a frame kept across epochs would give the first epoch's rows.
+    Every job over a kept frame therefore runs a fresh Dataset of it."""
+    from pyspark.sql import DataFrame as Frame
+
+    session = df.sparkSession
+    jds = session._jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession, df._jdf.logicalPlan())
+    return Frame(jds, session)
+
+
+def lane_run(epoch: int, run: StepRun) -> str:
+    """The epoch's part of a stateful step's lane task, as its lanes read it when they run
+    (:meth:`eddyline.runtime.lanes.LaneTask.for_epoch`)."""
+    return json.dumps({"epoch": epoch, "index": {str(kg): chain for kg, chain in run.index.items()},
+                       "watermark_ms": run.watermark_ms, "bytes_per_row": run.bytes_per_row})
 
 
 class EpochCompiler:
@@ -128,6 +240,10 @@ class EpochCompiler:
                         if col not in times:
                             times.append(col)
         self._read_by: tuple[NetworkSpec | None, dict[str, frozenset[str] | None]] = (None, {})
+        #: the nodes kept across epochs (see :meth:`build`), and the network, lanes and
+        #: observing they were built for
+        self._nodes: dict[str, _Added] = {}
+        self._kept_for: tuple[NetworkSpec | None, int, bool] = (None, 0, False)
         # per epoch
         self.epoch = 0
         self.observing = True
@@ -136,7 +252,7 @@ class EpochCompiler:
         self._out = EpochFrames()
         #: per source, this epoch: its frame, its observation and, per time column observed
         #: there, the observation's field holding its newest value
-        self._shared: dict[str, tuple[DataFrame, Observation | Known, dict[str, str]]] = {}
+        self._shared: dict[str, tuple[DataFrame, RunObservation | Known, dict[str, str]]] = {}
 
     def build(
         self,
@@ -149,29 +265,85 @@ class EpochCompiler:
         tables: dict[str, dict[str, Any]] | None = None,
         shed: dict[str, dict[str, Any]] | None = None,
     ) -> EpochFrames:
+        """The epoch's frames, their observations armed for this epoch's run.
+
+        A node whose frame depends on nothing in the epoch's plan but what its tasks take when
+        they run (a source's slice, a lane's state and watermark) is built once and serves
+        every epoch while the network, the lanes and the step's routing stay as they are:
+        Spark analyses every operation of a frame as it is built, which costs a small epoch
+        more than running it, and an unchanged plan finds its generated code in Spark's cache
+        (docs/perf-notes.md, "The epoch floor"). The nodes after one that must be built anew
+        (a source whose rows are computed from the slice in Spark, a window's watermark in its
+        SQL, a lookup's table version, shedding) are built anew too."""
+        if self._kept_for != (self.spec, lanes, observe):
+            self._kept_for, self._nodes = (self.spec, lanes, observe), {}
         self.epoch, self.observing, self._runs, self._tables = epoch, observe, steps, tables or {}
-        self._out, self._shared = EpochFrames(), {}
+        self._out, self._shared = EpochFrames(slices=source_slices), {}
         if self._read_by[0] is not self.spec:  # what the steps in force read of each source
             self._read_by = (self.spec, self.spec.columns_read())
-        for src in self.spec.sources:
-            self._source(src.name, source_slices[src.name], lanes)
-        overload = self.spec.control.overload
         out = self._out
+        fixed: set[str] = set()  # nodes that may be kept
+        restored: set[str] = set()  # nodes kept from an earlier epoch
+        for src in self.spec.sources:
+            if self.sources[src.name].slices_at_run_time():
+                fixed.add(src.name)
+                if self._node(src.name, None, lambda n=src.name: self._source(n, None, lanes)):
+                    restored.add(src.name)
+            else:
+                self._source(src.name, source_slices[src.name], lanes)
+        overload = self.spec.control.overload
         for step in self.spec.topological():
-            ins = [out.nodes[i] for i in step.inputs]
-            check_revisions(step, ins, overload is not None)
-            if overload is not None and step.stateful:
-                ins, shed_rows = shed_inputs(self, step, ins, (shed or {}).get(step.name), overload)
-                out.shed.update(shed_rows)
-            try:
-                out.nodes[step.name] = step_kind(step).compile(self, step, ins)
-            except SpecError:
-                raise
-            except Exception as e:  # analysis errors name the step
-                raise SpecError(f"step '{step.name}': {step.kind}: {first_line(e)}") from e
+            keeps = (all(i in fixed for i in step.inputs) and not step_kind(step).reads_plan
+                     and not (overload is not None and step.stateful))
+            key = _NOT_KEPT
+            if keeps:
+                fixed.add(step.name)
+                key = self.run(step).routing.to_json() if step.stateful else None
+            anew = not all(i in restored for i in step.inputs)  # on an input built anew
+            if self._node(step.name, key, lambda s=step: self._step(s, shed), anew):
+                restored.add(step.name)
+        out.lanes = {name: lane_run(epoch, run) for name, run in steps.items()}
+        out.reused = bool(fixed)
+        out.arm()
         return out
 
-    def _source(self, name: str, planned: dict[str, Any], lanes: int) -> None:
+    def _step(self, step: StepSpec, shed: dict[str, dict[str, Any]] | None) -> None:
+        overload = self.spec.control.overload
+        out = self._out
+        ins = [out.nodes[i] for i in step.inputs]
+        check_revisions(step, ins, overload is not None)
+        if overload is not None and step.stateful:
+            ins, shed_rows = shed_inputs(self, step, ins, (shed or {}).get(step.name), overload)
+            out.shed.update(shed_rows)
+        try:
+            out.nodes[step.name] = step_kind(step).compile(self, step, ins)
+        except SpecError:
+            raise
+        except Exception as e:  # analysis errors name the step
+            raise SpecError(f"step '{step.name}': {step.kind}: {first_line(e)}") from e
+
+    def _node(self, name: str, key: Any, make: Callable[[], None], anew: bool = False) -> bool:
+        """Node ``name`` of this epoch: kept from an earlier epoch (returns True) if it was built
+        for the same ``key`` and not ``anew``, else made by ``make()``, which adds its frame and
+        whatever else it builds (observations, dead letters, late rows) to the epoch's frames,
+        and kept for later epochs unless ``key`` is ``_NOT_KEPT``."""
+        out, kept = self._out, self._nodes.get(name)
+        if key is not _NOT_KEPT and not anew and kept is not None and kept.key == key:
+            kept.restore(out, self._shared)
+            return True
+        before = _Added.snapshot(out, self._shared)
+        make()
+        if key is _NOT_KEPT:
+            self._nodes.pop(name, None)
+        else:
+            self._nodes[name] = before.added(name, key, out, self._shared)
+        return False
+
+    def forget(self) -> None:
+        """Build every node anew next epoch (an epoch failed: its observations may still wait)."""
+        self._nodes = {}
+
+    def _source(self, name: str, planned: dict[str, Any] | None, lanes: int) -> None:
         from pyspark.sql import functions as F
 
         out = self._out
@@ -192,26 +364,20 @@ class EpochCompiler:
             out.observations[f"source:{name}"] = facts
             self._shared[name] = (df, facts, {c: f"max_t:{c}" for c in times})
         elif self.observing:
-            obs = self._observation(f"source:{name}")
             have = df.columns if times else []
             newest = {c: f"max_t:{c}" for c in times if c in have}
             rows = F.count(F.lit(1)).alias("rows")
             try:
-                df = df.observe(obs, rows, *[F.expr(max_event_ms(c)).alias(a) for c, a in newest.items()])
+                obs = RunObservation(df, f"source:{name}", rows, *[F.expr(max_event_ms(c)).alias(a) for c, a in newest.items()])
             except Exception:  # a column that is no time: the step's own observation says so
                 newest = {}
-                obs = self._observation(f"source:{name}", "rows-only")  # an observation is used once
-                df = df.observe(obs, rows)
+                obs = RunObservation(df, f"source:{name}", rows)
+            df = obs.observed
             out.observations[f"source:{name}"] = obs
             self._shared[name] = (df, obs, newest)
         out.nodes[name] = df
         if frames.dead_letters is not None:
             out.dead_letters[name] = frames.dead_letters
-
-    def _observation(self, key: str, variant: str = "") -> Observation:
-        from pyspark.sql import Observation
-
-        return Observation(f"e{self.epoch}-{key}{'-' + variant if variant else ''}")
 
     # ------------------------------------------------------------------ CompileContext
     def run(self, step: StepSpec) -> StepRun:
@@ -227,9 +393,9 @@ class EpochCompiler:
             return df
         from pyspark.sql import functions as F
 
-        obs = self._observation(key)
+        obs = RunObservation(df, key, *[F.expr(a) for a in aggregates])
         self._out.observations[key] = obs
-        return df.observe(obs, *[F.expr(a) for a in aggregates])
+        return obs.observed
 
     def observe_event_times(self, step: StepSpec, inputs: list[DataFrame]) -> list[DataFrame]:
         if not self.observing:
@@ -253,16 +419,12 @@ class EpochCompiler:
 
     def to_lanes(self, step: StepSpec, keyed: DataFrame, kernel: Kernel, key_columns: tuple[str, ...]) -> DataFrame:
         run = self.run(step)
-        task = LaneTask(
+        task = LaneTask(  # the epoch's part comes when the lanes run (``lane_run``)
             step=step.name,
-            epoch=self.epoch,
             checkpoint=self.checkpoint,
             kernel=kernel,
             routing=tuple(int(x) for x in run.routing.owners()),
-            index=run.index,
-            watermark_ms=run.watermark_ms,
             state_budget=run.state_budget,
-            bytes_per_row=run.bytes_per_row,
             key_columns=key_columns,
             faults=self.faults,
         )

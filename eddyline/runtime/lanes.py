@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -30,16 +30,22 @@ from eddyline.runtime.faults import FaultPoint, Faults, NoFaults
 from eddyline.state.store import DEFAULT_CACHE_BYTES, KeyGroupStore, process_cache, with_chains
 from eddyline.storage import filesystem, read_json, write_atomic
 
+#: the Spark local property (this prefix + the step's name) carrying the epoch's part of a
+#: stateful step's lane task (see :meth:`LaneTask.for_epoch`)
+LANE_PROPERTY = "eddyline.lanes."
+
 
 @dataclass(frozen=True)
 class LaneTask:
     step: str
-    epoch: int
     checkpoint: str
     kernel: Kernel
     routing: tuple[int, ...]  # virtual key group -> lane (RoutingTable.owners())
-    index: dict[int, list]  # key group -> chain, as of the previous commit
-    watermark_ms: int
+    # The epoch's part: given when the lanes run (for_epoch), so that the frame that runs them
+    # can serve many epochs.
+    epoch: int = 0
+    index: dict[int, list] = field(default_factory=dict)  # key group -> chain, as of the previous commit
+    watermark_ms: int = 0
     snapshot_every: int = 8
     #: memory budget for this lane's state (None: load all of it at once)
     state_budget: int | None = None
@@ -50,6 +56,20 @@ class LaneTask:
     key_columns: tuple[str, ...] = ()
     #: told when the first lane has written its state (:attr:`FaultPoint.IN_TASK`)
     faults: Faults = NoFaults()
+
+    def for_epoch(self) -> LaneTask:
+        """In a Spark task: the task with the epoch's part the driver gave the job (the local
+        property ``LANE_PROPERTY + step``, set from the logged plan and the last commit)."""
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        text = ctx.getLocalProperty(LANE_PROPERTY + self.step) if ctx is not None else None
+        if text is None:
+            raise RuntimeError(f"{MARK} step '{self.step}': this lane was given no epoch to run "
+                               f"(local property {LANE_PROPERTY}{self.step} is not set)")
+        run = json.loads(text)
+        return replace(self, epoch=run["epoch"], index={int(kg): chain for kg, chain in run["index"].items()},
+                       watermark_ms=run["watermark_ms"], bytes_per_row=run["bytes_per_row"])
 
 
 class _GcClock:
@@ -228,6 +248,12 @@ def keep_warm(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """In the Spark task of one lane: ``task`` (without its epoch's part, see
+    :meth:`LaneTask.for_epoch`) over the rows that arrive."""
+    yield from _run_lane(task.for_epoch(), batches)
+
+
+def _run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     clock = gc_clock()
     gc_s0, gc_n0, gc_f0 = clock.seconds, clock.collections, clock.full
     t0 = time.perf_counter()

@@ -12,14 +12,14 @@ from eddyline.api.network import NetworkSpec
 from eddyline.ha.selector import Digest
 from eddyline.io.files import write_frame
 from eddyline.plan.keygroups import RoutingTable
-from eddyline.runtime.compile import EpochCompiler, EpochFrames, StepRun
+from eddyline.runtime.compile import EpochCompiler, EpochFrames, RunObservation, StepRun, fresh
 from eddyline.runtime.epoch.publish import Outputs
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan, Staged
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
-    from pyspark.sql import DataFrame, Observation, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from eddyline.io.sinks import Sink
 
@@ -51,6 +51,8 @@ class Executor:
         #: input rows of the last epoch this executor ran (None: none yet), and each sink's rows
         self.last_rows: int | None = None
         self.last_sink_rows: dict[str, int] = {}
+        #: per sink: the frame it was last given, whether digests were asked, its observation
+        self._sink_observations: dict[str, tuple[DataFrame, bool, RunObservation]] = {}
 
     def execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any = None) -> Staged:
         """``before_jobs``: called once the frames are built, before the first job runs."""
@@ -62,8 +64,6 @@ class Executor:
         return staged
 
     def _execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any, small: bool) -> Staged:
-        from pyspark import StorageLevel
-
         t0 = time.monotonic()
         runs = {
             s.name: StepRun(
@@ -75,10 +75,22 @@ class Executor:
             )
             for s in self.stateful
         }
-        frames = self.compiler.build(plan.epoch, plan.sources, runs, plan.lanes, tables=plan.tables, shed=plan.shed)
+        try:
+            frames = self.compiler.build(plan.epoch, plan.sources, runs, plan.lanes, tables=plan.tables, shed=plan.shed)
+            with local_properties(self.compiler.spark, frames.properties()):
+                return self._run(plan, frames, before_jobs, small, t0)
+        except BaseException:
+            self.compiler.forget()  # observations of the failed run may still be waiting
+            self._sink_observations.clear()
+            raise
+
+    def _run(self, plan: EpochPlan, frames: EpochFrames, before_jobs: Any, small: bool, t0: float) -> Staged:
+        from pyspark import StorageLevel
+
+        run_on = fresh if frames.reused else _same  # a kept frame's every job plans it anew
         persisted = []
         for name in self.shared:
-            frames.nodes[name] = frames.nodes[name].persist(StorageLevel.MEMORY_AND_DISK)
+            frames.nodes[name] = run_on(frames.nodes[name]).persist(StorageLevel.MEMORY_AND_DISK)
             persisted.append(frames.nodes[name])
         t_built = time.monotonic()
         for spec in self.spec.sinks:
@@ -91,10 +103,10 @@ class Executor:
                 self._opened[spec.name] = sink
         if before_jobs is not None:
             before_jobs()
-        sink_rows, digests = self._stage_sinks(frames, plan.epoch, small)
-        dead = self._stage_dead_letters(frames, plan.epoch)
+        sink_rows, digests = self._stage_sinks(frames, plan.epoch, small, run_on)
+        dead = self._stage_dead_letters(frames, plan.epoch, run_on)
         for step, late in frames.late.items():
-            write_frame(late, self.outputs.late[step], plan.epoch)
+            write_frame(run_on(late), self.outputs.late[step], plan.epoch)
         shed_rows = self.outputs.shed is not None and bool(frames.shed)
         if shed_rows:
             assert self.outputs.shed is not None
@@ -102,9 +114,15 @@ class Executor:
             for df in frames.shed.values():
                 rows = df if rows is None else rows.unionByName(df, allowMissingColumns=True)
             assert rows is not None
-            write_frame(rows, self.outputs.shed, plan.epoch)
+            write_frame(run_on(rows), self.outputs.shed, plan.epoch)
         for df in persisted:
             df.unpersist()
+        if frames.reused:
+            # Spark completes an observation when its job's end reaches the listener bus, by
+            # the observation's name and frame, which a reused frame keeps: a second job over an
+            # observed frame (a dead-letter job, another sink) must be done with before the next
+            # epoch arms the same names
+            self.compiler.spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
         return Staged(
             observed={k: o.get for k, o in frames.observations.items()},
             sink_rows=sink_rows,
@@ -116,20 +134,21 @@ class Executor:
             digests=digests,
         )
 
-    def _stage_sinks(self, frames: EpochFrames, epoch: int, small: bool) -> tuple[dict[str, int], dict[str, Digest]]:
+    def _stage_sinks(
+        self, frames: EpochFrames, epoch: int, small: bool, run_on: Callable[[DataFrame], DataFrame]
+    ) -> tuple[dict[str, int], dict[str, Digest]]:
         """Stage every sink's output; its row count comes from the sink itself or from an
         observation on the way (no extra job), and so does its digest if asked for."""
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as F
-
         rows: dict[str, int] = {}
-        observed: dict[str, Observation] = {}
+        observed: dict[str, RunObservation] = {}
         for spec in self.spec.sinks:
             sink = self.outputs.sinks[spec.name]
             df = frames.nodes[spec.input]
             if self.digests or not sink.counts_itself:
-                observed[sink.name] = obs = Observation(f"e{epoch}-sink-{sink.name}")
-                df = df.observe(obs, F.count(F.lit(1)).alias("rows"), *([_row_hash_sum(df)] if self.digests else []))
+                observed[sink.name] = obs = self._sink_observation(sink.name, df)
+                obs.arm()
+                df = obs.observed
+            df = run_on(df)
             # a small input can still make a large output (a join): its size last epoch decides
             sink.small_epoch = small and self.last_sink_rows.get(sink.name, SMALL_EPOCH_ROWS + 1) <= SMALL_EPOCH_ROWS
             sink.stage(df, epoch)
@@ -143,7 +162,19 @@ class Executor:
                 digests[name] = Digest(int(got.get("rows", 0)), str(got.get("hash") or 0))
         return rows, digests
 
-    def _stage_dead_letters(self, frames: EpochFrames, epoch: int) -> int:
+    def _sink_observation(self, sink: str, df: DataFrame) -> RunObservation:
+        """The row count (and digest) of what reaches ``sink``; kept with a frame that serves
+        every epoch (see ``EpochCompiler.build``), so that its plan stays the same too."""
+        from pyspark.sql import functions as F
+
+        kept = self._sink_observations.get(sink)
+        if kept is not None and kept[0] is df and kept[1] == self.digests:
+            return kept[2]
+        obs = RunObservation(df, f"sink:{sink}", F.count(F.lit(1)).alias("rows"), *([_row_hash_sum(df)] if self.digests else []))
+        self._sink_observations[sink] = (df, self.digests, obs)
+        return obs
+
+    def _stage_dead_letters(self, frames: EpochFrames, epoch: int, run_on: Callable[[DataFrame], DataFrame]) -> int:
         """Bad records were counted on the data path; the dead-letter job runs only if needed."""
         bad = {n: _bad_records(frames, n) for n in frames.dead_letters}
         dead = sum(bad.values())
@@ -153,8 +184,26 @@ class Executor:
                 if bad[n]:
                     letters = df if letters is None else letters.unionByName(df)
             assert letters is not None
-            write_frame(letters, self.outputs.dead_letters, epoch)
+            write_frame(run_on(letters), self.outputs.dead_letters, epoch)
         return dead
+
+
+def _same(df: DataFrame) -> DataFrame:
+    return df
+
+
+@contextmanager
+def local_properties(spark: SparkSession, properties: dict[str, str]) -> Iterator[None]:
+    """Spark local properties of this thread, and so of the jobs it starts, for the duration."""
+    sc = spark.sparkContext
+    before = {k: sc.getLocalProperty(k) for k in properties}
+    for k, v in properties.items():
+        sc.setLocalProperty(k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            sc.setLocalProperty(k, v)  # None removes it
 
 
 @contextmanager

@@ -13,7 +13,7 @@ import pytest
 
 from eddyline.api.validate import load_spec
 from eddyline.runtime.checkpoint import Checkpoint
-from eddyline.runtime.compile import Known, SharedObservation
+from eddyline.runtime.compile import Known, RunObservation, SharedObservation
 from eddyline.runtime.engine import Engine
 
 T0 = 1_767_225_600_000  # 2026-01-01, ms
@@ -62,10 +62,10 @@ def test_a_step_reading_its_source_directly_shares_the_sources_observation(spark
 
     direct, kinds, out = run("direct", through_filter=False)
     filtered, other_kinds, other_out = run("filtered", through_filter=True)
-    shared = f"{SharedObservation.__name__}/{Known.__name__ if tz else 'Observation'}"
-    assert kinds == [shared, f"source {Known.__name__ if tz else 'Observation'}"] * 3
+    shared = f"{SharedObservation.__name__}/{Known.__name__ if tz else RunObservation.__name__}"
+    assert kinds == [shared, f"source {Known.__name__ if tz else RunObservation.__name__}"] * 3
     # through a filter the step observes its own input; the source's rows are in the footers
-    assert set(other_kinds) == {"Observation", f"source {Known.__name__}"}
+    assert set(other_kinds) == {RunObservation.__name__, f"source {Known.__name__}"}
     # the newest event time after each epoch, in ms, both ways
     assert direct == filtered == [[newest[0]], [max(newest[:2])], [max(newest)]]
     assert out == other_out and sum(out) > 0

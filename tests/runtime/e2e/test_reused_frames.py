@@ -1,0 +1,142 @@
+"""A network whose frames depend on nothing but the sources' slices (stateless steps over JSON
+files) builds them once and runs them every epoch: each epoch's tasks still read exactly the
+epoch's own slice, its observations (rows, bad records, sink counts) are its own, and a changed
+network builds them again at the epoch the change takes effect."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+
+from eddyline.api.validate import load_spec
+from eddyline.runtime.checkpoint import Checkpoint
+from eddyline.runtime.compile import EpochCompiler
+from eddyline.runtime.engine import Engine
+from eddyline.runtime.inbox import Inbox
+
+DDL = "auction long, price long, ts timestamp"
+FILES = 4
+
+
+def _write(directory: Path) -> dict[int, tuple[list[tuple[int, int]], int]]:
+    """File f (epoch f + 1): 40 + 15 f good rows and f + 1 bad ones; per epoch its good rows
+    and its bad count (every epoch's differ, so a stale slice or count shows)."""
+    directory.mkdir(parents=True)
+    out = {}
+    for f in range(FILES):
+        good = [(f * 1000 + i, (i * 37) % 500) for i in range(40 + 15 * f)]
+        lines = [json.dumps({"auction": a, "price": p, "ts": f"2026-01-01T00:00:{i % 60:02d}Z"})
+                 for i, (a, p) in enumerate(good)]
+        lines += [json.dumps({"auction": "x", "price": 1, "ts": "2026-01-01T00:00:00Z"})] * (f + 1)
+        (directory / f"bids-{f}.json").write_text("\n".join(lines) + "\n")
+        out[f + 1] = (good, f + 1)
+    return out
+
+
+def _spec(src: Path, out: Path) -> dict:
+    return {
+        "name": "reused", "trigger": 0, "lanes": 2,
+        "sources": [{"name": "bids", "files": {"path": str(src), "format": "json", "schema": DDL,
+                                               "max_files_per_epoch": 1}}],
+        "steps": [{"name": "some", "input": "bids", "filter": "auction % 3 = 0"},
+                  {"name": "cols", "input": "some", "select": ["auction", "price"]}],
+        "sinks": [{"name": "picked", "input": "cols", "files": {"path": str(out / "picked"), "format": "parquet"}},
+                  {"name": "all", "input": "bids", "files": {"path": str(out / "all"), "format": "parquet"}}],
+    }
+
+
+def _per_epoch(directory: Path, columns: str) -> dict[int, list[tuple]]:
+    rows = duckdb.connect().execute(
+        f"SELECT CAST(regexp_extract(filename, 'epoch=(\\d+)', 1) AS INT), {columns} "
+        f"FROM read_parquet('{directory}/epoch=*/*.parquet', filename=true) ORDER BY ALL").fetchall()
+    got: dict[int, list[tuple]] = {}
+    for e, *rest in rows:
+        got.setdefault(e, []).append(tuple(rest))
+    return got
+
+
+def test_frames_built_once_read_each_epochs_own_slice_and_a_change_builds_them_again(
+    spark, tmp_path: Path, monkeypatch
+) -> None:
+    files = _write(tmp_path / "in")
+    ckpt = str(tmp_path / "ckpt")
+    built: list[tuple[int, str]] = []  # (epoch, node) of every node the engine's compiler built
+    source, step = EpochCompiler._source, EpochCompiler._step
+
+    def counted(method, name_of):
+        def call(self, *args, **kwargs):
+            if self.checkpoint == ckpt:  # not the warm-up's own compiler
+                built.append((self.epoch, name_of(args)))
+            return method(self, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(EpochCompiler, "_source", counted(source, lambda a: a[0]))
+    monkeypatch.setattr(EpochCompiler, "_step", counted(step, lambda a: a[0].name))
+    net = load_spec(_spec(tmp_path / "in", tmp_path / "out"))
+    Engine(net, spark, ckpt).run(epochs=2)
+    assert built == [(1, "bids"), (1, "some"), (1, "cols")]  # epoch 2 ran the frames of epoch 1
+    Inbox(ckpt).submit({"some.filter": "auction % 3 = 1"})
+    Engine(net, spark, ckpt).run(until_idle=True)
+    # a new driver, with the change: built for epoch 3 and kept to the end
+    assert built[3:] == [(3, "bids"), (3, "some"), (3, "cols")]
+
+    # every epoch's rows are its own file's, through the filter in force at that epoch
+    picked = _per_epoch(tmp_path / "out" / "picked", "auction, price")
+    want = {e: sorted((a, p) for a, p in good if a % 3 == (0 if e < 3 else 1)) for e, (good, _) in files.items()}
+    assert picked == want
+    assert _per_epoch(tmp_path / "out" / "all", "auction, price") == {e: sorted(g) for e, (g, _) in files.items()}
+    # the observations are each epoch's own: the sinks' counts in the commits and the bad records
+    commits = {c.epoch: c for c in Checkpoint(ckpt).commits()}
+    for e, (good, _) in files.items():
+        assert commits[e].sinks == {"picked": len(want[e]), "all": len(good)}
+    dead = duckdb.connect().execute(
+        f"SELECT CAST(regexp_extract(filename, 'epoch=(\\d+)', 1) AS INT), count(*) "
+        f"FROM read_json('{ckpt}/dead-letters/epoch=*/*.json', filename=true) GROUP BY ALL ORDER BY ALL").fetchall()
+    assert dead == [(e, bad) for e, (_, bad) in files.items()]
+
+
+def test_a_kept_stateful_step_runs_its_lanes_on_each_epochs_rows(spark, tmp_path: Path, monkeypatch) -> None:
+    """A keyed aggregate kept across epochs, read through a memory sink (which collects its
+    frame in the driver): every epoch shuffles and aggregates its own rows, so the changelog,
+    applied in order, ends at the totals over every file (a frame planned only once would
+    reuse the first epoch's shuffle output)."""
+    from eddyline.io.sinks import make_sink
+
+    files = _write(tmp_path / "in")
+    ckpt = str(tmp_path / "ckpt")
+    steps: list[tuple[int, str]] = []
+    step = EpochCompiler._step
+
+    def counted(self, s, *args, **kwargs):
+        if self.checkpoint == ckpt:
+            steps.append((self.epoch, s.name))
+        return step(self, s, *args, **kwargs)
+
+    monkeypatch.setattr(EpochCompiler, "_step", counted)
+    raw = _spec(tmp_path / "in", tmp_path / "out")
+    raw["steps"] = [{"name": "keyed", "input": "bids", "select": ["auction % 4 AS k", "price"]},
+                    {"name": "totals", "input": "keyed", "aggregate": {"key": "k", "aggregates": {
+                        "n": "count(*)", "total": "sum(price)"}}}]
+    raw["sinks"] = [{"name": "changes", "input": "totals", "memory": {}}]
+    net = load_spec(raw)
+    sinks = {s.name: make_sink(s) for s in net.sinks}
+    Engine(net, spark, ckpt, sinks=sinks).run(until_idle=True)
+    assert steps == [(1, "keyed"), (1, "totals")]  # built once, run every epoch
+    changes = sinks["changes"].table()
+    assert changes is not None
+    # the changelog summed with its weights (each row taken back cancels the row it replaced)
+    # is one live row per key with the totals over every file
+    final: dict[int, list[int]] = {}
+    for row in changes.to_pylist():
+        live = final.setdefault(row["k"], [0, 0, 0])
+        for i, v in enumerate((1, row["n"], row["total"])):
+            live[i] += row["_diff"] * v
+    want: dict[int, list[int]] = {}
+    for good, _ in files.values():
+        for a, p in good:
+            live = want.setdefault(a % 4, [1, 0, 0])
+            live[1] += 1
+            live[2] += p
+    assert final == want
