@@ -7,7 +7,8 @@
     <checkpoint>/commits/<epoch>.json       written (atomically) after outputs are published
     <checkpoint>/progress/<epoch>.json      the epoch's progress record (the last PROGRESS_KEPT),
                                             for `eddyline status` and `eddyline ui` on a stopped run
-    <checkpoint>/epochs/<epoch>/<step>/…    lane manifests, written by tasks
+    <checkpoint>/epochs/<epoch>/<step>/…    lane manifests, written by tasks (and the epoch for
+                                            them when too large to go with them, run.json)
     <checkpoint>/state/<step>/…             key-group state (see eddyline.state.store)
 
 An epoch is committed iff its commit file exists. The commit is the single atomic step that
@@ -48,6 +49,13 @@ def manifest_path(checkpoint: str, epoch: int, step: str, lane: int) -> str:
     """Where a lane's task leaves its manifest (written atomically, read by the driver)."""
     _, base = filesystem(checkpoint)
     return f"{base}/epochs/{epoch:010d}/{step}/lane-{lane:04d}.json"
+
+
+def lane_run_path(checkpoint: str, epoch: int, step: str) -> str:
+    """Where the driver leaves a stateful step's epoch for its lanes when it is too large to go
+    with the tasks (see ``EpochCompiler._lane_run``)."""
+    _, base = filesystem(checkpoint)
+    return f"{base}/epochs/{epoch:010d}/{step}/run.json"
 
 
 class Checkpoint:

@@ -31,10 +31,12 @@ from eddyline.io.tables import LookupTables
 from eddyline.kinds import step_kind
 from eddyline.kinds.base import first_line
 from eddyline.plan.keygroups import RoutingTable, key_group_sql
+from eddyline.runtime.checkpoint import lane_run_path
 from eddyline.runtime.faults import Faults, NoFaults
 from eddyline.runtime.lanes import LANE_PROPERTY, LaneTask
 from eddyline.runtime.shedding import shed_inputs
 from eddyline.runtime.shuffle import Heartbeats, to_lanes
+from eddyline.storage import filesystem, write_atomic
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -139,7 +141,7 @@ class EpochFrames:
     reused: bool = False
     #: the epoch's planned slice per source, for tasks that take it when they run
     slices: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: per stateful step, the epoch's part of its lanes' task (see :func:`lane_run`)
+    #: per stateful step, the epoch's part of its lanes' task (see ``EpochCompiler._lane_run``)
     lanes: dict[str, str] = field(default_factory=dict)
 
     def properties(self) -> dict[str, str]:
@@ -200,11 +202,9 @@ def fresh(df: DataFrame) -> DataFrame:
     return Frame(jds, session)
 
 
-def lane_run(epoch: int, run: StepRun) -> str:
-    """The epoch's part of a stateful step's lane task, as its lanes read it when they run
-    (:meth:`eddyline.runtime.lanes.LaneTask.for_epoch`)."""
-    return json.dumps({"epoch": epoch, "index": {str(kg): chain for kg, chain in run.index.items()},
-                       "watermark_ms": run.watermark_ms, "bytes_per_row": run.bytes_per_row})
+#: a lane run larger than this (a state index over many key groups) goes to a file in the
+#: checkpoint, and only its path rides with the tasks
+LANE_RUN_INLINE = 256 * 1024
 
 
 class EpochCompiler:
@@ -302,7 +302,7 @@ class EpochCompiler:
             anew = not all(i in restored for i in step.inputs)  # on an input built anew
             if self._node(step.name, key, lambda s=step: self._step(s, shed), anew):
                 restored.add(step.name)
-        out.lanes = {name: lane_run(epoch, run) for name, run in steps.items()}
+        out.lanes = {name: self._lane_run(epoch, name, run) for name, run in steps.items()}
         out.reused = bool(fixed)
         out.arm()
         return out
@@ -338,6 +338,19 @@ class EpochCompiler:
         else:
             self._nodes[name] = before.added(name, key, out, self._shared)
         return False
+
+    def _lane_run(self, epoch: int, step: str, run: StepRun) -> str:
+        """The epoch's part of a stateful step's lane task, as its lanes read it when they run
+        (:meth:`eddyline.runtime.lanes.LaneTask.for_epoch`): inline, or the path of a file."""
+        text = json.dumps({"epoch": epoch, "index": {str(kg): chain for kg, chain in run.index.items()},
+                           "watermark_ms": run.watermark_ms, "bytes_per_row": run.bytes_per_row})
+        if len(text) <= LANE_RUN_INLINE:
+            return text
+        fs, _ = filesystem(self.checkpoint)
+        path = lane_run_path(self.checkpoint, epoch, step)
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        write_atomic(fs, path, text.encode())  # the same bytes again if the epoch is replayed
+        return json.dumps({"path": path})
 
     def forget(self) -> None:
         """Build every node anew next epoch (an epoch failed: its observations may still wait)."""
@@ -419,7 +432,7 @@ class EpochCompiler:
 
     def to_lanes(self, step: StepSpec, keyed: DataFrame, kernel: Kernel, key_columns: tuple[str, ...]) -> DataFrame:
         run = self.run(step)
-        task = LaneTask(  # the epoch's part comes when the lanes run (``lane_run``)
+        task = LaneTask(  # the epoch's part comes when the lanes run (``_lane_run``)
             step=step.name,
             checkpoint=self.checkpoint,
             kernel=kernel,

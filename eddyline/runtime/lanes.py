@@ -68,6 +68,9 @@ class LaneTask:
             raise RuntimeError(f"{MARK} step '{self.step}': this lane was given no epoch to run "
                                f"(local property {LANE_PROPERTY}{self.step} is not set)")
         run = json.loads(text)
+        if "path" in run:  # too large to go with the task (a state index over many key groups)
+            fs, _ = filesystem(self.checkpoint)
+            run = read_json(fs, run["path"])
         return replace(self, epoch=run["epoch"], index={int(kg): chain for kg, chain in run["index"].items()},
                        watermark_ms=run["watermark_ms"], bytes_per_row=run["bytes_per_row"])
 

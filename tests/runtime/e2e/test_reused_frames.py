@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from eddyline.api.validate import load_spec
 from eddyline.runtime.checkpoint import Checkpoint
@@ -97,12 +98,18 @@ def test_frames_built_once_read_each_epochs_own_slice_and_a_change_builds_them_a
     assert dead == [(e, bad) for e, (_, bad) in files.items()]
 
 
-def test_a_kept_stateful_step_runs_its_lanes_on_each_epochs_rows(spark, tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("inline", [True, False], ids=["run-inline", "run-in-a-file"])
+def test_a_kept_stateful_step_runs_its_lanes_on_each_epochs_rows(spark, tmp_path: Path, monkeypatch, inline) -> None:
     """A keyed aggregate kept across epochs, read through a memory sink (which collects its
     frame in the driver): every epoch shuffles and aggregates its own rows, so the changelog,
     applied in order, ends at the totals over every file (a frame planned only once would
-    reuse the first epoch's shuffle output)."""
+    reuse the first epoch's shuffle output). The lanes' epoch (state index, watermark) goes
+    with the tasks, or, when it is large, in a file of the checkpoint."""
     from eddyline.io.sinks import make_sink
+    from eddyline.runtime import compile as compiling
+
+    if not inline:
+        monkeypatch.setattr(compiling, "LANE_RUN_INLINE", 0)
 
     files = _write(tmp_path / "in")
     ckpt = str(tmp_path / "ckpt")
@@ -124,6 +131,8 @@ def test_a_kept_stateful_step_runs_its_lanes_on_each_epochs_rows(spark, tmp_path
     sinks = {s.name: make_sink(s) for s in net.sinks}
     Engine(net, spark, ckpt, sinks=sinks).run(until_idle=True)
     assert steps == [(1, "keyed"), (1, "totals")]  # built once, run every epoch
+    in_files = sorted(p.parent.parent.name for p in Path(ckpt).glob("epochs/*/totals/run.json"))
+    assert len(in_files) == (0 if inline else FILES + 1)  # (+ the end-of-stream epoch)
     changes = sinks["changes"].table()
     assert changes is not None
     # the changelog summed with its weights (each row taken back cancels the row it replaced)
