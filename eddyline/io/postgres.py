@@ -393,6 +393,17 @@ class PostgresSink(Sink):
 
         return sql.Identifier(*self.params.table.lower().split(".")[:-1], name)
 
+    def _beside_name(self, name: str) -> str:
+        """:meth:`_beside`'s table as ``to_regclass`` takes it."""
+        return ".".join([*self.params.table.lower().split(".")[:-1], name])
+
+    def _has_column(self, conn: psycopg.Connection[Any], table: str, column: str) -> bool:
+        """Whether the bookkeeping table ``table`` (see :meth:`_beside`) has ``column``."""
+        return conn.execute(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attname = %s AND NOT attisdropped", (self._beside_name(table), column),
+        ).fetchone() == (1,)
+
     def _epochs(self) -> sql.Identifier:
         return self._beside(EPOCHS)
 
@@ -409,11 +420,7 @@ class PostgresSink(Sink):
                 "committed_at timestamptz DEFAULT now(), tentative boolean NOT NULL DEFAULT false, "
                 "PRIMARY KEY (network, checkpoint, sink, epoch))"
             ).format(self._epochs()))
-            epochs = ".".join([*self.params.table.lower().split(".")[:-1], EPOCHS])
-            self._marked = conn.execute(
-                "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(%s)"
-                " AND attname = %s AND NOT attisdropped", (epochs, TENTATIVE),
-            ).fetchone() == (1,)
+            self._marked = self._has_column(conn, EPOCHS, TENTATIVE)
             if self.tentative and not self._marked:  # made by a version that knew no tentative epochs
                 conn.execute(sql.SQL(
                     "ALTER TABLE {} ADD COLUMN IF NOT EXISTS tentative boolean NOT NULL DEFAULT false"
@@ -440,11 +447,9 @@ class PostgresSink(Sink):
             "sink text NOT NULL, epoch bigint NOT NULL, key jsonb, image jsonb, retracted_by bigint, "
             "after jsonb, UNIQUE (network, checkpoint, sink, epoch, key))"
         ).format(self._undo()))
-        undo = ".".join([*self.params.table.lower().split(".")[:-1], UNDO])
-        if conn.execute(
-            "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'retracted_by'"
-            " AND NOT attisdropped", (undo,),
-        ).fetchone() != (1,):  # made by a version without replays: no locks taken when it is not
+        undo = self._beside_name(UNDO)
+        # made by a version without replays (the check takes no lock when there is nothing to do)
+        if not self._has_column(conn, UNDO, "retracted_by"):
             conn.execute(sql.SQL(
                 "ALTER TABLE {} ADD COLUMN IF NOT EXISTS retracted_by bigint, ADD COLUMN IF NOT EXISTS after jsonb"
             ).format(self._undo()))
@@ -827,10 +832,9 @@ class PostgresSink(Sink):
     ) -> str | None:
         from psycopg import sql
 
-        schema = self.params.table.lower().split(".")[:-1]
         has_epochs, has_undo = conn.execute(
             "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
-            (".".join([*schema, EPOCHS]), ".".join([*schema, UNDO])),
+            (self._beside_name(EPOCHS), self._beside_name(UNDO)),
         ).fetchone() or (False, False)
         if not has_epochs:
             return None  # it wrote nothing yet

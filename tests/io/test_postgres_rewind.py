@@ -7,27 +7,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
 import pytest
 
 import eddyline.io  # noqa: F401  (registers the sink kinds)
 from eddyline.errors import SinkError
 from eddyline.io.postgres import PostgresSink
+from tests.io.pg import query as _query
+from tests.io.pg import run as _run
 
 pytestmark = pytest.mark.spark
 
 ROWS = "id long, name string"
 CHANGES = "k string, total long, _diff long"
-
-
-def _query(postgres, statement: str, *args: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(postgres.url, autocommit=True) as conn:
-        return conn.execute(statement, args).fetchall()
-
-
-def _run(postgres, statement: str) -> None:
-    with psycopg.connect(postgres.url, autocommit=True) as conn:
-        conn.execute(statement)
 
 
 def _epoch(sink: PostgresSink, rows: list[tuple[Any, ...]], schema: str, epoch: int, spark) -> None:
