@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from eddyline.api import registry
@@ -215,6 +216,11 @@ class SyntheticSource(Source):
         return Frames(self._columns(spark, self.spec.params, ids))
 
 
+#: row ids per exploded sequence: a task's share is cut into pieces this long, since a long
+#: sequence is built whole as one array before it is exploded
+ID_CHUNK = 4096
+
+
 def _id_shares(
     slice_: EpochSlice, tasks: int, ids: Callable[[Any, int, int], tuple[int, int]], params: Any,
     batches: Iterator[pa.RecordBatch],
@@ -226,7 +232,9 @@ def _id_shares(
         for i in batch.column(0).to_pylist():
             a, b = lo + (hi - lo) * i // tasks, lo + (hi - lo) * (i + 1) // tasks
             if b > a:
-                yield pa.RecordBatch.from_arrays([pa.array([a], pa.int64()), pa.array([b], pa.int64())], names=["lo", "hi"])
+                starts = np.arange(a, b, ID_CHUNK, dtype=np.int64)
+                ends = np.minimum(starts + ID_CHUNK, b)
+                yield pa.RecordBatch.from_arrays([pa.array(starts), pa.array(ends)], names=["lo", "hi"])
 
 
 class SourceKind(registry.SourceKind):
