@@ -81,10 +81,12 @@ class CompileContext(Protocol):
 
 
 class StepKind(registry.StepKind):
-    #: its frame depends on the epoch's plan beyond the sources' slices (stateful steps do by
-    #: their state, routing and watermark; a lookup by the table version), so it is built anew
-    #: every epoch rather than once for all (see ``EpochCompiler.build``)
-    reads_plan = False
+    def reads_plan(self, params: Any) -> bool:
+        """Its frame depends on the epoch's plan beyond what its tasks read when they run (the
+        sources' slices, a lane's state, routing and watermark): a lookup's table version, a
+        watermark in its SQL. Such a step is built anew every epoch rather than once for all
+        (see ``EpochCompiler.build``)."""
+        return False
 
     def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
         raise NotImplementedError(f"step kind {self.key!r} does not compile")

@@ -46,7 +46,9 @@ class Lookup(Model):
 class LookupKind(StepKind):
     key = "lookup"
     params = Lookup
-    reads_plan = True  # the table version the plan pins
+
+    def reads_plan(self, params: Any) -> bool:
+        return True  # the table version the plan pins
 
     def pinned_table(self, params: Any) -> Files:
         """The files whose version the epoch plan pins."""

@@ -2,13 +2,16 @@
 
 On Spark one epoch of a window aggregate is::
 
-    assign windows (Expand) → drop pairs past end + lateness → key group = pmod(xxhash64(keys), K)
+    assign windows (Expand) → key group = pmod(xxhash64(keys), K)
     → partial aggregate per (key group, keys, window start)      [JVM, combines before the shuffle]
     → routing value per key group → repartition(lanes)            [lane i = partition i]
     → mapInArrow(lane)                                            [Python: state + WindowKernel]
 
-so however hot a key is, its lane receives one row per key and window in an epoch. Behind a
-shed point, counts and sums are Horvitz-Thompson estimates with ``<name>_error`` columns.
+so however hot a key is, its lane receives one row per key and window in an epoch. The lanes
+drop the partials of windows that closed before the epoch and count their late rows, so the
+plan holds no watermark and is built once; a step with a ``late`` target splits its late rows
+off in the JVM instead (and is built every epoch). Behind a shed point, counts and sums are
+Horvitz-Thompson estimates with ``<name>_error`` columns.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from eddyline.kinds.base import (
     check_aggregates,
 )
 from eddyline.operators.window import (
+    LAST,
     SLOT,
     START_MS,
     TMAX,
@@ -99,10 +103,14 @@ class WindowAggregateKind(StepKind):
     key = "window_aggregate"
     params = WindowAggregate
     stateful = True
-    reads_plan = True  # the watermark is in its SQL (late rows are split off in the JVM)
     weighs_shed_rows = True
     observes_own_time = True
     live_params = ("watermark_delay", "allowed_lateness")
+
+    def reads_plan(self, params: Any) -> bool:
+        # Late rows written out whole are split off in the JVM, at the watermark in its SQL.
+        # Otherwise the lanes drop the closed windows' partials, and the plan serves every epoch.
+        return params.late is not None
 
     def key_columns(self, params: Any) -> tuple[str, ...]:
         return params.keys
@@ -137,12 +145,16 @@ class WindowAggregateKind(StepKind):
         aggs = ", ".join(f"{n}={t}" for n, t in wa.aggregates.items())
         return [
             f"window_aggregate  key {keys}; {kind} on {wa.time}; {aggs}",
-            f"  1. JVM: assign windows (up to {w.size // (w.step or w.slide_ms)} per row), drop windows past end + lateness "
-            f"({format_duration_ms(wa.allowed_lateness)}), count late rows",
+            f"  1. JVM: assign windows (up to {w.size // (w.step or w.slide_ms)} per row)"
+            + (f", drop windows past end + lateness ({format_duration_ms(wa.allowed_lateness)}), split off late rows"
+               if wa.late is not None else ""),
             f"  2. JVM: _kg = pmod(xxhash64({keys if wa.keys else ''}), {key_groups}); partial aggregates per (_kg, keys, window_start)",
             "  3. shuffle: repartition(lanes, routing value of _kg)   [lane i = partition i]",
-            "  4. Python per lane (mapInArrow): load key-group state, merge partials, fire windows with "
-            f"end <= watermark (delay {format_duration_ms(wa.watermark_delay)}), write state versions",
+            "  4. Python per lane (mapInArrow): load key-group state, "
+            + ("" if wa.late is not None else
+               f"drop windows past end + lateness ({format_duration_ms(wa.allowed_lateness)}) and count late rows, ")
+            + f"merge partials, fire windows with end <= watermark (delay {format_duration_ms(wa.watermark_delay)}), "
+            "write state versions",
         ]
 
     def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
@@ -166,35 +178,40 @@ class WindowAggregateKind(StepKind):
                 f"step '{step.name}': time: expected a timestamp column, "
                 f"'{wa.time}' is {time_type.simpleString()}"
             )
-        run = ctx.run(step)
-        size, slide, lateness, wm = cfg.size_ms, cfg.slide_ms, cfg.allowed_lateness_ms, run.watermark_ms
+        size, slide, lateness = cfg.size_ms, cfg.slide_ms, cfg.allowed_lateness_ms
         # Few, string-built expressions: every Column built in Python is a py4j round trip, and
-        # planning cost is paid every epoch.
+        # planning cost is paid whenever the frame is built.
         t_ms = f"CAST(floor(unix_micros(CAST(`{wa.time}` AS TIMESTAMP)) / 1000) AS BIGINT)"
-        df = df.selectExpr("*", f"{t_ms} AS {EVENT_MS}").selectExpr(
-            "*", f"coalesce({EVENT_MS} - pmod({EVENT_MS}, {slide}) + {size + lateness} <= {wm}, true) AS {LATE}"
-        )
-        df = ctx.observe(df, f"step:{step.name}:0", "count(1) AS rows", f"max({EVENT_MS}) AS max_t", f"count_if({LATE}) AS late")
-        if wa.late is not None:
-            ctx.late_rows(step, df.filter(F.col(LATE)).drop(EVENT_MS, LATE))
-        k = cfg.windows_per_row
         last_start = f"({EVENT_MS} - pmod({EVENT_MS}, {slide}))"
+        df = df.selectExpr("*", f"{t_ms} AS {EVENT_MS}")
+        observed = ["count(1) AS rows", f"max({EVENT_MS}) AS max_t"]
+        closed = ""  # which windows the JVM drops: none unless late rows are split off here
+        if wa.late is not None:  # (rows without an event time count as late)
+            wm = ctx.run(step).watermark_ms
+            df = df.selectExpr("*", f"coalesce({last_start} + {size + lateness} <= {wm}, true) AS {LATE}")
+            df = ctx.observe(df, f"step:{step.name}:0", *observed, f"count_if({LATE}) AS late")
+            ctx.late_rows(step, df.filter(F.col(LATE)).drop(EVENT_MS, LATE))
+            live = df.where(f"NOT {LATE}")
+            closed = f"{START_MS} + {size + lateness} > {wm}"
+        else:
+            live = ctx.observe(df, f"step:{step.name}:0", *observed)
+        k = cfg.windows_per_row
         kg = ctx.key_group(cfg.keys)
-        live = df.where(f"NOT {LATE}")  # rows without an event time count as late
+        # explode_outer: a row without an event time keeps a partial (window start null) in
+        # which the lanes count it as late
         if cfg.cumulate_ms is not None:  # virtual starts (end - size) of the windows ending after t
             every = cfg.cumulate_ms
             first = f"({EVENT_MS} - pmod({EVENT_MS}, {every}) + {every - size})"
-            live = live.selectExpr("*", f"explode(sequence({first}, {last_start}, {every})) AS {START_MS}").selectExpr(
-                "*", f"{kg} AS {KG}")
-            live = live.where(f"{START_MS} + {size + lateness} > {wm}")
+            live = live.selectExpr("*", f"explode_outer(sequence({first}, {last_start}, {every})) AS {START_MS}")
         elif k == 1:
-            live = live.selectExpr("*", f"{last_start} AS {START_MS}", f"{kg} AS {KG}")
+            live = live.selectExpr("*", f"{last_start} AS {START_MS}")
         else:
             live = live.selectExpr(
-                "*", f"explode(sequence({last_start} - {(k - 1) * slide}, {last_start}, {slide})) AS {START_MS}"
-            ).selectExpr("*", f"{kg} AS {KG}")
-            live = live.where(f"{START_MS} + {size + lateness} > {wm}")
-        aggs: list[str] = []
+                "*", f"explode_outer(sequence({last_start} - {(k - 1) * slide}, {last_start}, {slide})) AS {START_MS}")
+        live = live.selectExpr("*", f"{kg} AS {KG}")
+        if closed and k > 1:
+            live = live.where(closed)
+        aggs: list[str] = [f"count_if(coalesce({START_MS} = {last_start}, true)) AS {LAST}"]
         extrema = {name: col for name, _, col in cfg.extrema}  # min/max of a revised input
         for pcol, func, col, _ in cfg.partial_columns():
             if pcol in extrema:  # worked out in the lanes from the window's value rows

@@ -24,8 +24,11 @@ Semantics (Flink's, with Spark's watermark timing):
   one epoch sooner (and a replay, with the same rows on the same lanes, fires the same). It stays in state until ``s + size + lateness <= W``;
   a late row for a window that already fired updates it, and the window fires again with
   ``revision`` one higher (revision 0 is the first result).
-* A (row, window) pair whose window is already past ``end + lateness`` is dropped; a row all of
-  whose windows are dropped is *late* and is counted (and optionally written to a late sink).
+* A (row, window) pair whose window is already past ``end + lateness`` at ``W`` is dropped; a
+  row all of whose windows are dropped is *late* and is counted (and optionally written to a
+  late sink). Step 1 may leave the dropping to the kernel, so that its plan does not depend on
+  ``W``: each partial counts the rows whose *last* window it is (``_last``), and the kernel
+  drops the partials of closed windows and counts those rows as late.
 
 The kernel is independent of how input is split into epochs: only the watermark sequence
 decides what fires, and partial aggregates merge associatively.
@@ -51,6 +54,9 @@ WINDOW_END = "window_end"
 REVISION = "revision"
 #: partials: the newest event time (ms) among their rows (when the watermark advances in-epoch)
 TMAX = "_tmax"
+#: partials: how many of their rows have this window as their last (the rows that are late when
+#: it has closed); a partial without an event time holds rows that are late whatever the watermark
+LAST = "_last"
 REV = "_rev"  # state: how many times the window has been emitted
 #: weighted partials and state: the window's rows (the sum of their weights)
 ROWS = "_n"
@@ -159,6 +165,7 @@ class WindowConfig:
             fields.append(pa.field(WEIGHT_SUM, pa.int64()))
         if self.advance_delay_ms is not None:
             fields.append(pa.field(TMAX, pa.int64()))
+        fields.append(pa.field(LAST, pa.int64()))
         return pa.schema(fields)
 
     def state_schema(self, partial_schema: pa.Schema) -> pa.Schema:
@@ -231,6 +238,8 @@ def partial_aggregate(
         else np.ones(len(row_idx), dtype=np.int64)
     )
     cols[one] = pa.array(weight)
+    cols[LAST] = pa.array((starts == last_start[row_idx]).astype(np.int64))
+    aggs.append((LAST, "sum", LAST))
     if cfg.advance_delay_ms is not None:
         cols["_t"] = pa.array(t[row_idx], type=pa.int64())
         aggs.append(("_t", "max", TMAX))
@@ -300,8 +309,9 @@ class WindowKernel:
     def __init__(self, cfg: WindowConfig, partial_schema: pa.Schema):
         self.cfg = cfg
         self.input_schema = partial_schema
-        if TMAX in partial_schema.names:  # read in process(), not kept in state
-            partial_schema = partial_schema.remove(partial_schema.get_field_index(TMAX))
+        for col in (TMAX, LAST):  # read in process(), not kept in state
+            if col in partial_schema.names:
+                partial_schema = partial_schema.remove(partial_schema.get_field_index(col))
         self.partial_schema = partial_schema
         self.state_schema = cfg.state_schema(partial_schema)
         self.primary_key = cfg.primary_key
@@ -320,6 +330,7 @@ class WindowKernel:
         cfg = self.cfg
         pk = list(cfg.primary_key)
         state = self.empty_state() if state is None else state.select(self.state_schema.names)
+        partials, late = self._open(partials, watermark_ms)
         if cfg.advance_delay_ms is not None and partials.num_rows and TMAX in partials.column_names:
             newest = pc.max(partials.column(TMAX)).as_py()
             if newest is not None:
@@ -403,8 +414,20 @@ class WindowKernel:
             upserts,
             deletes,
             changed_groups(upserts, deletes),
-            {"windows_fired": int(fire.sum())},
+            {"windows_fired": int(fire.sum()), "late_rows": late},
         )
+
+    def _open(self, partials: pa.Table, watermark_ms: int) -> tuple[pa.Table, int]:
+        """The partials of windows still open at the planned watermark, and how many rows were
+        late: those whose last window has closed, or that have no event time."""
+        if not partials.num_rows:
+            return partials, 0
+        horizon = watermark_ms - self.cfg.size_ms - self.cfg.allowed_lateness_ms
+        closed = pc.fill_null(pc.less_equal(partials.column(START_MS), horizon), True)
+        if not pc.any(closed).as_py():
+            return partials, 0
+        late = pc.sum(partials.column(LAST).filter(closed)).as_py() if LAST in partials.column_names else 0
+        return partials.filter(pc.invert(closed)), int(late or 0)
 
     def _values(self, stored: pa.Table, fresh: pa.Table, watermark_ms: int) -> _Values:
         """The value rows after the batch: each fresh row adds its weight to the stored row of

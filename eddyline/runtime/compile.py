@@ -293,7 +293,7 @@ class EpochCompiler:
                 self._source(src.name, source_slices[src.name], lanes)
         overload = self.spec.control.overload
         for step in self.spec.topological():
-            keeps = (all(i in fixed for i in step.inputs) and not step_kind(step).reads_plan
+            keeps = (all(i in fixed for i in step.inputs) and not step_kind(step).reads_plan(step.params)
                      and not (overload is not None and step.stateful))
             key = _NOT_KEPT
             if keeps:

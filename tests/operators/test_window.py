@@ -277,3 +277,44 @@ def test_cumulative_windows_match_duckdb(size: int, step: int, epochs: int) -> N
     for g, w in zip(got, want, strict=True):
         assert g[:8] == w[:8] and (g[8] is None and w[8] is None or g[8] == pytest.approx(w[8]))
     assert set(out.column("revision").to_pylist()) == {0}
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), epochs=st.integers(2, 6), lateness=st.sampled_from([0, 2_000]),
+       shape=st.sampled_from([(6_000, 6_000, None), (6_000, 2_000, None), (6_000, 6_000, 2_000)]))
+def test_lanes_drop_closed_windows_as_the_jvm_would(
+    seed: int, epochs: int, lateness: int, shape: tuple[int, int, int | None]
+) -> None:
+    """A window kept across epochs leaves its plan without the watermark: the partials of every
+    window reach the lanes, which drop those closed at the planned watermark and count the rows
+    whose last window that was as late. Epoch by epoch, over out-of-order input, that emits and
+    keeps what dropping in the JVM (``partial_aggregate`` at the watermark) does, with the same
+    count of late rows."""
+    size, slide, step = shape
+    rng = np.random.default_rng(seed)
+    rows = make_rows(500, seed=seed, keys=4)
+    jitter = rng.integers(-8_000_000, 2_000_000, rows.num_rows)  # µs: some rows far behind
+    ts = np.maximum(rows.column("ts").to_numpy().astype("datetime64[us]").astype(np.int64) + jitter, 0)
+    rows = rows.set_column(2, "ts", pa.array(ts, pa.timestamp("us", tz="UTC")))
+    batches = np.array_split(np.arange(rows.num_rows), epochs)
+    batches[-1] = np.concatenate([batches[-1], np.arange(20)])  # the first rows again, now late
+    cfg = WindowConfig(("auction",), size, slide, AGGS, allowed_lateness_ms=lateness, cumulate_ms=step)
+    kernel = WindowKernel(cfg, cfg.partial_schema(rows.schema))
+    states: dict[bool, pa.Table | None] = {True: None, False: None}
+    late_total = {True: 0, False: 0}
+    wm, seen = NO_WATERMARK, NO_WATERMARK
+    for b in batches:
+        part = rows.take(pa.array(b, pa.int64()))
+        outs = {}
+        for in_jvm in (True, False):
+            partials, late_rows = partial_aggregate(cfg, part, "ts", wm if in_jvm else NO_WATERMARK)
+            r = kernel.process(partials, states[in_jvm], wm)
+            states[in_jvm] = r.state
+            late_total[in_jvm] += late_rows.num_rows + r.metrics["late_rows"]
+            outs[in_jvm] = sorted(kernel_rows(r.output), key=repr)
+        assert outs[True] == outs[False]
+        order = [(c, "ascending") for c in kernel.primary_key]
+        assert states[True].sort_by(order).equals(states[False].sort_by(order))
+        seen = max(seen, int(ts[b].max() // 1000))
+        wm = max(wm, seen - 1_000)
+    assert late_total[True] == late_total[False] > 0

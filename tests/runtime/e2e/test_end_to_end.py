@@ -106,6 +106,33 @@ def test_late_rows_are_counted_and_routed(spark, tmp_path: Path) -> None:
     assert sum(ref.values()) - sum(r[2] for r in got) >= 2 * summary.late_rows
 
 
+def test_without_a_late_target_the_lanes_drop_closed_windows_and_count_late_rows(
+    spark, tmp_path: Path, monkeypatch
+) -> None:
+    """Without a late target the window's plan holds no watermark, so it is built once for the
+    run; its lanes drop the windows closed before the epoch and count the late rows. Over the
+    same disordered input that gives the windows and the count that splitting late rows off in
+    the JVM (at the watermark in the plan, built every epoch) gives."""
+    from eddyline.runtime.compile import EpochCompiler
+
+    write_bid_files(tmp_path / "in", files=5, rows=200, seed=5, disorder_ms=15_000)
+    built: list[str] = []
+    step = EpochCompiler._step
+
+    def counted(self, s, *args, **kwargs):
+        built.append(f"{self.checkpoint.rsplit('/', 1)[-1]}:{s.name}")
+        return step(self, s, *args, **kwargs)
+
+    monkeypatch.setattr(EpochCompiler, "_step", counted)
+    jvm = run(bids_window_spec(tmp_path / "in", tmp_path / "jvm", late_dir=tmp_path / "late"), spark,
+              tmp_path / "jvm-ckpt", until_idle=True)
+    lanes = run(bids_window_spec(tmp_path / "in", tmp_path / "lanes"), spark, tmp_path / "lanes-ckpt", until_idle=True)
+    assert lanes.late_rows == jvm.late_rows > 0
+    assert read_windows(tmp_path / "lanes") == read_windows(tmp_path / "jvm")
+    epochs = len(Checkpoint(str(tmp_path / "jvm-ckpt")).commits())
+    assert built.count("lanes-ckpt:per_auction") == 1 and built.count("jvm-ckpt:per_auction") == epochs > 1
+
+
 def test_allowed_lateness_revises_windows(spark, tmp_path: Path) -> None:
     write_bid_files(tmp_path / "in", files=5, rows=200, seed=5, disorder_ms=30_000)
     spec = bids_window_spec(tmp_path / "in", tmp_path / "out", lateness="60s")
