@@ -45,6 +45,10 @@ class CompileContext(Protocol):
     epoch: int
     #: whether observations are collected (not when only analysing a network: validate, explain)
     observing: bool
+    #: the epoch is expected to be small (the one before read few rows): a step may hand its rows
+    #: to the lanes without combining them in a stage of their own (which costs more than the
+    #: lanes' work on them then)
+    small: bool
 
     def run(self, step: StepSpec) -> StepRun:
         """The epoch plan's watermark and routing of a stateful step."""
@@ -86,6 +90,10 @@ class StepKind(registry.StepKind):
         sources' slices, a lane's state, routing and watermark): a lookup's table version, a
         watermark in its SQL. Such a step is built anew every epoch rather than once for all
         (see ``EpochCompiler.build``)."""
+        return False
+
+    def plans_small_epochs(self, params: Any) -> bool:
+        """Its frame for a small epoch differs from a large one's (``CompileContext.small``)."""
         return False
 
     def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:

@@ -60,6 +60,9 @@ if TYPE_CHECKING:
     from eddyline.api.steps import StepSpec
 
 EVENT_MS = "_t"
+#: a small epoch hands its (row, window) pairs to the lanes uncombined up to this many windows
+#: per row (see _uncombined)
+UNCOMBINED_WINDOWS_PER_ROW = 10
 LATE = "_late"
 VAR = "__var"
 
@@ -111,6 +114,9 @@ class WindowAggregateKind(StepKind):
         # Late rows written out whole are split off in the JVM, at the watermark in its SQL.
         # Otherwise the lanes drop the closed windows' partials, and the plan serves every epoch.
         return params.late is not None
+
+    def plans_small_epochs(self, params: Any) -> bool:
+        return True  # hands a small epoch's rows to the lanes uncombined
 
     def key_columns(self, params: Any) -> tuple[str, ...]:
         return params.keys
@@ -235,6 +241,8 @@ class WindowAggregateKind(StepKind):
         partial = live.groupBy(KG, *cfg.keys, START_MS).agg(*[F.expr(a) for a in aggs])
         if extrema:
             partial = _with_value_rows(partial, live, cfg)
+        elif ctx.small and not weighted and k <= UNCOMBINED_WINDOWS_PER_ROW:
+            partial = _uncombined(partial, live, cfg, last_start)
         result = ctx.to_lanes(step, partial, WindowKernel(cfg, arrow_schema(partial.schema)), cfg.keys[:1])
         if estimate:  # the variance sums become confidence half-widths
             overload = ctx.spec.control.overload
@@ -251,6 +259,24 @@ class WindowAggregateKind(StepKind):
             result = ctx.observe(result, f"estimates:{step.name}", "count(1) AS rows", *[
                 a for n, r in ratios.items() for a in (f"avg({r}) AS `mean:{n}`", f"max({r}) AS `max:{n}`")])
         return result
+
+
+def _uncombined(partial: DataFrame, live: DataFrame, cfg: WindowConfig, last_start: str) -> DataFrame:
+    """In a small epoch, each (row, window) pair as a partial of its own, typed as ``partial``
+    (the combined partials): the lanes merge partials anyway, and the stage that would combine
+    them first costs more than the lanes' work on a few thousand rows. Not when a sum is of
+    floats (their order of addition would differ from a combined epoch's), else ``partial``."""
+    from pyspark.sql.types import FractionalType
+
+    types = {f.name: f.dataType for f in partial.schema}
+    per_row = {LAST: f"CASE WHEN coalesce({START_MS} = {last_start}, true) THEN 1 ELSE 0 END", TMAX: EVENT_MS}
+    for pcol, func, col, _ in cfg.partial_columns():
+        if func == "sum" and isinstance(types[pcol], FractionalType):
+            return partial
+        per_row[pcol] = (("1" if col is None else f"CASE WHEN `{col}` IS NULL THEN 0 ELSE 1 END") if func == "count"
+                         else f"`{col}`")
+    return live.selectExpr(*[
+        f"`{c}`" if c not in per_row else f"CAST({per_row[c]} AS {t.simpleString()}) AS `{c}`" for c, t in types.items()])
 
 
 def _with_value_rows(partial: DataFrame, live: DataFrame, cfg: WindowConfig) -> DataFrame:

@@ -247,6 +247,7 @@ class EpochCompiler:
         # per epoch
         self.epoch = 0
         self.observing = True
+        self.small = False
         self._runs: dict[str, StepRun] = {}
         self._tables: dict[str, dict[str, Any]] = {}
         self._out = EpochFrames()
@@ -262,6 +263,7 @@ class EpochCompiler:
         lanes: int,
         *,
         observe: bool = True,
+        small: bool = False,
         tables: dict[str, dict[str, Any]] | None = None,
         shed: dict[str, dict[str, Any]] | None = None,
     ) -> EpochFrames:
@@ -273,11 +275,14 @@ class EpochCompiler:
         Spark analyses every operation of a frame as it is built, which costs a small epoch
         more than running it, and an unchanged plan finds its generated code in Spark's cache
         (docs/perf-notes.md, "The epoch floor"). The nodes after one that must be built anew
-        (a source whose rows are computed from the slice in Spark, a window's watermark in its
-        SQL, a lookup's table version, shedding) are built anew too."""
+        (a Parquet source's files, a window's watermark in its SQL when it writes late rows out,
+        a lookup's table version, shedding) are built anew too. A step that plans small epochs
+        differently (``CompileContext.small``) is built anew when the epochs turn small or
+        large."""
         if self._kept_for != (self.spec, lanes, observe):
             self._kept_for, self._nodes = (self.spec, lanes, observe), {}
-        self.epoch, self.observing, self._runs, self._tables = epoch, observe, steps, tables or {}
+        self.epoch, self.observing, self.small, self._runs = epoch, observe, small, steps
+        self._tables = tables or {}
         self._out, self._shared = EpochFrames(slices=source_slices), {}
         if self._read_by[0] is not self.spec:  # what the steps in force read of each source
             self._read_by = (self.spec, self.spec.columns_read())
@@ -293,12 +298,14 @@ class EpochCompiler:
                 self._source(src.name, source_slices[src.name], lanes)
         overload = self.spec.control.overload
         for step in self.spec.topological():
-            keeps = (all(i in fixed for i in step.inputs) and not step_kind(step).reads_plan(step.params)
+            kind = step_kind(step)
+            keeps = (all(i in fixed for i in step.inputs) and not kind.reads_plan(step.params)
                      and not (overload is not None and step.stateful))
             key = _NOT_KEPT
             if keeps:
                 fixed.add(step.name)
-                key = self.run(step).routing.to_json() if step.stateful else None
+                key = (self.run(step).routing.to_json() if step.stateful else None,
+                       small and kind.plans_small_epochs(step.params))
             anew = not all(i in restored for i in step.inputs)  # on an input built anew
             if self._node(step.name, key, lambda s=step: self._step(s, shed), anew):
                 restored.add(step.name)

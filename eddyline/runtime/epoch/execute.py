@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from eddyline.io.sinks import Sink
 
 #: an epoch after one that read at most this many rows is small: it runs without code generation
-#: (see :func:`small_epoch`), and a sink whose last output was as small may write from the driver
+#: (see :func:`small_epoch`), its steps may hand rows to their lanes without combining them first
+#: (``CompileContext.small``), and a sink whose last output was as small may write from the driver
 SMALL_EPOCH_ROWS = 50_000
 
 
@@ -76,7 +77,8 @@ class Executor:
             for s in self.stateful
         }
         try:
-            frames = self.compiler.build(plan.epoch, plan.sources, runs, plan.lanes, tables=plan.tables, shed=plan.shed)
+            frames = self.compiler.build(plan.epoch, plan.sources, runs, plan.lanes, small=small, tables=plan.tables,
+                                         shed=plan.shed)
             with local_properties(self.compiler.spark, frames.properties()):
                 return self._run(plan, frames, before_jobs, small, t0)
         except BaseException:

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 
 import eddyline
 from eddyline.io.sinks import make_sink
+from eddyline.kinds.window import _uncombined as _real_uncombined
 from eddyline.runtime.engine import Engine
 from eddyline.runtime.epoch import execute
 
@@ -26,7 +27,8 @@ def _windows(spark, checkpoint: Path) -> tuple[pa.Table, int]:
     net = eddyline.Network("small", trigger=0, lanes=2, key_groups=8)
     bids = net.source("bids", eddyline.Nexmark(stream="bid", rate=1_000, unpaced=True), max_rows_per_epoch=500)
     windows = bids.window_aggregate(key="auction", time="date_time", window=eddyline.sliding("4s", "2s"),
-                                    aggregates={"n": "count(*)", "top": "max(price)"},
+                                    aggregates={"n": "count(*)", "top": "max(price)", "total": "sum(price)",
+                                                "mean": "avg(price)"},
                                     late=eddyline.Files(str(checkpoint.parent / f"{checkpoint.name}-late")))
     windows.to(eddyline.Memory(), name="windows")
     windows.to(eddyline.Files(str(checkpoint.parent / f"{checkpoint.name}-out")), name="files")
@@ -43,9 +45,21 @@ def _windows(spark, checkpoint: Path) -> tuple[pa.Table, int]:
 def test_epochs_after_a_small_one_compile_no_code_and_write_parquet_from_the_driver(
     spark, tmp_path: Path, monkeypatch
 ) -> None:
+    """...and hand their window's (row, window) pairs to the lanes uncombined: the windows, and
+    their state carried from a large epoch into small ones, are those of combining every epoch."""
+    from eddyline.kinds import window
+
+    uncombined = []
+
+    def spied(*args):
+        uncombined.append(args[2])
+        return _real_uncombined(*args)
+
+    monkeypatch.setattr(window, "_uncombined", spied)
     before = spark.conf.get("spark.sql.codegen.wholeStage")
     small, compiled = _windows(spark, tmp_path / "a")
     assert compiled == 0  # offsets and watermarks differ every epoch, yet no class was compiled
+    assert len(uncombined) == 5  # every epoch but the first (the late target has it built every epoch)
     assert spark.conf.get("spark.sql.codegen.wholeStage") == before  # the session is left as it was
 
     epochs = sorted((tmp_path / "a-out").glob("epoch=*"))
@@ -58,5 +72,5 @@ def test_epochs_after_a_small_one_compile_no_code_and_write_parquet_from_the_dri
 
     monkeypatch.setattr(execute, "SMALL_EPOCH_ROWS", -1)  # every epoch compiled and written by Spark
     reference, compiled = _windows(spark, tmp_path / "b")
-    assert compiled > 0
+    assert compiled > 0 and len(uncombined) == 5
     assert small.equals(reference)
