@@ -16,19 +16,27 @@ stream's de-duplication window, so a replayed epoch's republish adds nothing: ex
 long as the replay comes within the window (``dedup_window``, 2 minutes by default; the sink
 creates the stream with it, or widens the window of an existing stream to it).
 
-Tentative epochs (Delay-Process-Correct, :mod:`eddyline.ha.dpc`): their messages carry the headers
-``Eddyline-Tentative: true`` and ``Eddyline-Epoch: <epoch>`` besides ``Nats-Msg-Id``; a stable
-epoch's messages carry the id alone. A stream is a log, so taking them back is a message too:
-when an epoch corrects them, :meth:`NatsSink.retract` publishes on the sink's subject one
-correction per tentative epoch, with the headers ``Eddyline-Retract: <epoch>`` and ``Nats-Msg-Id:
-network/checkpoint id/sink/retract/<epoch>`` (a replayed correction is dropped like a replayed
-row; one replayed after the window only repeats what the first said), and the body ``{"retract_epoch": N, "at_epoch": M, "writer": "network/checkpoint id",
-"sink": "<sink>"}``. A consumer that shows tentative results keeps the rows it got marked
-tentative by writer and sink (the start of their message id) and epoch; on a correction it drops
-those of that writer, sink and epoch: the correcting epoch ``M`` and those after it publish what
-replaces them, stable. A consumer that wants final results only skips marked messages and
-corrections alike. Epochs are never numbered twice (the correcting epoch comes after the
-tentative ones), so a stable row never shares its id with a tentative one.
+Taking epochs back. Tentative epochs (Delay-Process-Correct, :mod:`eddyline.ha.dpc`) carry the
+headers ``Eddyline-Tentative: true`` and ``Eddyline-Epoch: <epoch>`` besides ``Nats-Msg-Id``; a
+stable epoch's messages carry the id alone. Both kinds can be taken back: tentative ones when an
+epoch corrects them, any ones when ``eddyline replay`` runs epochs again from an earlier one. A
+stream is a log, so taking them back is a message too: :meth:`NatsSink.retract` publishes on the
+sink's subject one correction per epoch taken back, with the headers ``Eddyline-Retract:
+<epoch>`` and ``Nats-Msg-Id: network/checkpoint id/sink/retract/<epoch>`` (a replayed correction
+is dropped like a replayed row; one replayed after the window only repeats what the first said),
+and the body ``{"retract_epoch": N, "at_epoch": M, "writer": "network/checkpoint id", "sink":
+"<sink>"}``. The epoch ``M`` and those after it publish what replaces the rows taken back. So a
+consumer keeps each row under its writer, sink and epoch (its message id up to the position) and,
+on a correction, drops the rows of that writer, sink and epoch; one that wants stable results
+only also skips the messages marked tentative. Epochs are never numbered twice (the correcting or
+replaying epoch comes after the ones it takes back), so new rows never share an id with old ones.
+Undoing a replay (``eddyline undo``) takes back what the replay's epochs published, by
+corrections again, and puts back what the replay took back: the sink reads its subject back
+from the stream (one request per message: an undo is rare, and reads all the sink published
+before the replay, holding those rows in memory), finds the epochs the replay's corrections took
+back that were live until then, and republishes their rows as rows of the undoing epoch ``U``,
+with ids ``network/checkpoint id/sink/U/<epoch>.<position>`` (so a later correction of ``U`` takes
+them back too). That needs those messages still in the stream: its limits must keep them.
 
 A server that cannot be reached is retried with back-off for up to ``wait``; meanwhile the
 progress shows the source's or sink's ``status``; after that the epoch fails with an error that
@@ -37,6 +45,7 @@ names the source or sink and the server. A restart then replays it exactly.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import time
@@ -325,12 +334,16 @@ def fetch_ranges(
 
 class NatsSink(Sink):
     counts_itself = True
+    rewinds = True  # by corrections; an undo republishes what they took back, read from the stream
 
     def __init__(self, spec: SinkSpec):
         super().__init__(spec)
         p: NatsOut = spec.params
         self.server = _Server(p.url, p.wait, f"sink '{spec.name}'", SinkError)
         self.writer = ""  # network/checkpoint id: the start of this run's message ids
+        #: the rows :meth:`restore` put back, for the next :meth:`publish` (the undoing epoch's):
+        #: (message id's last part, payload)
+        self._restored: list[tuple[str, bytes]] = []
 
     def status(self) -> dict[str, Any]:
         return self.server.health.to_json()
@@ -345,22 +358,49 @@ class NatsSink(Sink):
         self.collected[epoch] = pa.table({"v": pa.array(sorted(rows.column(0).to_pylist()), pa.string())})
 
     def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
-        staged = self.collected.get(epoch)
-        if staged is None:
+        staged, restored, self._restored = self.collected.get(epoch), self._restored, []
+        if staged is None and not restored:
             return
         subject = self.spec.params.subject
         prefix = f"{self.writer}/{self.name}/{epoch}/"
-        messages = [(subject, f"{prefix}{i}", v.encode()) for i, v in enumerate(staged.column(0).to_pylist())]
+        rows = staged.column(0).to_pylist() if staged is not None else []
+        messages = [(subject, f"{prefix}{pos}", payload) for pos, payload in restored]
+        messages += [(subject, f"{prefix}{i}", v.encode()) for i, v in enumerate(rows)]
         headers = b"Eddyline-Tentative: true\r\nEddyline-Epoch: %d\r\n" % epoch if tentative else b""
         half = len(messages) // 2  # two calls, so that a crash test can cut between them
         self.server.call(lambda c: c.publish(messages[:half], headers=headers))
         midway()
         self.server.call(lambda c: c.publish(messages[half:], headers=headers))
-        del self.collected[epoch]
+        self.collected.pop(epoch, None)
+
+    def restore(self, at_epoch: int) -> None:
+        """Put back what ``at_epoch`` took back, as rows of the epoch :meth:`publish` publishes
+        next, the undoing one (see the module's docstring). Idempotent: a replay of the undoing
+        epoch reads the same and publishes the same ids, which the server drops."""
+        if not self.writer:
+            raise SinkError(f"sink '{self.name}': asked to put back epoch {at_epoch}'s take-back before it was opened")
+        p: NatsOut = self.spec.params
+        mine = f"{self.writer}/{self.name}/"
+        taken: dict[int, set[int]] = {}  # correcting epoch -> the epochs it took back
+        rows: dict[int, list[tuple[str, bytes]]] = {}  # epoch -> its rows, before at_epoch
+        for headers, payload in self.server.call(lambda c: list(_messages(c, p.stream, p.subject))):
+            if "Eddyline-Retract" in headers:
+                body = json.loads(payload)
+                if body.get("writer") == self.writer and body.get("sink") == self.name:
+                    taken.setdefault(int(body["at_epoch"]), set()).add(int(body["retract_epoch"]))
+                continue
+            msg_id = headers.get("Nats-Msg-Id", "")
+            if msg_id.startswith(mine):
+                epoch, _, pos = msg_id[len(mine):].partition("/")
+                if epoch.isdigit() and int(epoch) < at_epoch:
+                    rows.setdefault(int(epoch), []).append((pos, payload))
+        earlier = set().union(*(e for at, e in taken.items() if at < at_epoch))
+        back = sorted(taken.get(at_epoch, set()) - earlier)
+        self._restored += [(f"{e}.{pos}", payload) for e in back for pos, payload in rows.get(e, [])]
 
     def retract(self, epochs: list[int], at_epoch: int) -> None:
-        """One correction per tentative epoch (see the module's docstring); a replay publishes
-        the same ids again, which the server drops."""
+        """One correction per epoch taken back (see the module's docstring); a replay of the
+        epoch publishes the same ids again, which the server drops."""
         if not epochs:
             return
         if not self.writer:
@@ -381,6 +421,23 @@ class NatsSink(Sink):
                 conn.publish(message, headers=headers)
 
         self.server.call(send)
+
+
+def _messages(conn: NatsConnection, stream: str, subject: str) -> Iterator[tuple[dict[str, str], bytes]]:
+    """(headers, payload) of every message on ``subject`` in ``stream``, in order, one request
+    each (``STREAM.MSG.GET`` with ``next_by_subj``)."""
+    seq = 1
+    while True:
+        try:
+            found = conn.api(f"STREAM.MSG.GET.{stream}", {"seq": seq, "next_by_subj": subject})["message"]
+        except NatsError as e:
+            if "no message found" in str(e):
+                return
+            raise
+        raw = base64.b64decode(found.get("hdrs") or b"")
+        headers = dict(line.split(": ", 1) for line in raw.decode().split("\r\n")[1:] if ": " in line)
+        yield headers, base64.b64decode(found.get("data") or b"")
+        seq = int(found["seq"]) + 1
 
 
 @SOURCES.register

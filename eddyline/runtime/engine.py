@@ -438,8 +438,8 @@ class Engine:
         cannot = [n for n, s in self.outputs.sinks.items() if not s.rewinds]
         if cannot:
             raise EngineError(f"{what}: sink(s) {', '.join(cannot)} cannot take published epochs back and put them back "
-                              "(files, memory and discard sinks can, and postgres sinks with rewind: true; what a nats "
-                              "or console sink sent cannot be taken back)")
+                              "(files, memory, discard and nats sinks can, and postgres sinks with rewind: true; what a "
+                              "console sink printed cannot be taken back)")
         targets = {json.dumps(sink_settings(self.spec, self.ckpt.read_plan(e).settings), sort_keys=True)
                    for e in range(target, last_epoch + 1) if self.ckpt.has_plan(e)}
         if len(targets) > 1:  # the epochs to take back were written to more than one target

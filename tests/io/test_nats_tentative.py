@@ -5,7 +5,6 @@ client, reads the stream back with every header."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from typing import Any
@@ -16,6 +15,7 @@ from eddyline.api.sinks import SinkSpec
 from eddyline.errors import SinkError
 from eddyline.io.jetstream import NatsSink
 from eddyline.io.natswire import NatsConnection, ensure_stream
+from tests.io.natsread import consume, read_stream
 
 pytestmark = pytest.mark.spark
 
@@ -24,27 +24,6 @@ SCHEMA = "k long, v string"
 
 def _stream() -> str:
     return f"T{uuid.uuid4().hex[:10]}"
-
-
-def _read(url: str, stream: str) -> list[tuple[dict[str, str], bytes]]:
-    """(headers, payload) of every message in ``stream``, in order."""
-
-    async def read() -> list[tuple[dict[str, str], bytes]]:
-        import nats
-
-        nc = await nats.connect(url)
-        js = nc.jetstream()
-        info = await js.stream_info(stream)
-        out = []
-        for seq in (
-            range(info.state.first_seq, info.state.last_seq + 1) if info.state.messages else []
-        ):
-            m = await js.get_msg(stream, seq)
-            out.append((dict(m.headers or {}), m.data))
-        await nc.close()
-        return out
-
-    return asyncio.run(read())
 
 
 def _sink(url: str, stream: str, name: str = "counts") -> NatsSink:
@@ -66,31 +45,6 @@ def _epoch(
     sink.publish(epoch, tentative=tentative)
 
 
-def _consume(messages: list[tuple[dict[str, str], bytes]]) -> tuple[list[Any], list[Any]]:
-    """What a consumer shows, following the module's rules: (every row, tentative ones included,
-    with corrections applied; the final rows only)."""
-    shown: list[tuple[tuple[str, str, int] | None, Any]] = []
-    final = []
-    for headers, payload in messages:
-        if "Eddyline-Retract" in headers:
-            body = json.loads(payload)
-            assert int(headers["Eddyline-Retract"]) == body["retract_epoch"]
-            gone = (body["writer"], body["sink"], body["retract_epoch"])
-            shown = [(mark, row) for mark, row in shown if mark != gone]
-        elif headers.get("Eddyline-Tentative") == "true":
-            network, checkpoint, sink, *_ = headers["Nats-Msg-Id"].split("/")
-            shown.append(
-                (
-                    (f"{network}/{checkpoint}", sink, int(headers["Eddyline-Epoch"])),
-                    json.loads(payload),
-                )
-            )
-        else:
-            shown.append((None, json.loads(payload)))
-            final.append(json.loads(payload))
-    return [row for _, row in shown], final
-
-
 def test_tentative_messages_are_marked_and_retracted_once_by_one_correction_per_epoch(
     spark, nats_server
 ):
@@ -106,7 +60,7 @@ def test_tentative_messages_are_marked_and_retracted_once_by_one_correction_per_
     _epoch(sink, spark, [(3, "c"), (4, "d")], 2, tentative=True)
     _epoch(other, spark, [(9, "z")], 2, tentative=True)
     _epoch(sink, spark, [(5, "e")], 3, tentative=True)
-    got = _read(nats_server.url, out)
+    got = read_stream(nats_server.url, out)
     assert [h for h, _ in got] == [
         {"Nats-Msg-Id": "net/ckpt1/counts/1/0"},
         {"Nats-Msg-Id": "net/ckpt1/counts/1/1"},
@@ -131,10 +85,10 @@ def test_tentative_messages_are_marked_and_retracted_once_by_one_correction_per_
     again = _sink(nats_server.url, out)
     again.open("net", "ckpt1", spark.createDataFrame([], SCHEMA).schema, tentative=True)
     _epoch(again, spark, [(5, "e")], 3, tentative=True)
-    assert len(_read(nats_server.url, out)) == 6
+    assert len(read_stream(nats_server.url, out)) == 6
 
     again.retract([3, 2], at_epoch=4)
-    corrections = _read(nats_server.url, out)[6:]
+    corrections = read_stream(nats_server.url, out)[6:]
     assert [(h, json.loads(p)) for h, p in corrections] == [
         (
             {"Nats-Msg-Id": "net/ckpt1/counts/retract/2", "Eddyline-Retract": "2"},
@@ -148,15 +102,15 @@ def test_tentative_messages_are_marked_and_retracted_once_by_one_correction_per_
     # a replay of epoch 4, by this driver or the first one: nothing more
     again.retract([2, 3], at_epoch=4)
     sink.retract([2, 3], at_epoch=4)
-    assert len(_read(nats_server.url, out)) == 8
+    assert len(read_stream(nats_server.url, out)) == 8
     # the correcting epoch publishes as usual, unmarked
     _epoch(again, spark, [(3, "c"), (5, "e2")], 4)
-    got = _read(nats_server.url, out)
+    got = read_stream(nats_server.url, out)
     assert [h for h, _ in got[8:]] == [
         {"Nats-Msg-Id": "net/ckpt1/counts/4/0"},
         {"Nats-Msg-Id": "net/ckpt1/counts/4/1"},
     ]
-    shown, final = _consume(got)
+    shown, final = consume(got)
     stable = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}, {"k": 5, "v": "e2"}]
     assert final == stable
     assert shown == [
@@ -165,7 +119,7 @@ def test_tentative_messages_are_marked_and_retracted_once_by_one_correction_per_
         *stable[2:],
     ]  # the other sink's row stays till it retracts
     other.retract([2], at_epoch=3)
-    assert _consume(_read(nats_server.url, out)) == (stable, stable)
+    assert consume(read_stream(nats_server.url, out)) == (stable, stable)
 
 
 def test_retracting_nothing_publishes_nothing_and_before_open_is_refused(spark, nats_server):
@@ -178,7 +132,7 @@ def test_retracting_nothing_publishes_nothing_and_before_open_is_refused(spark, 
     sink.open("net", "ckpt1", spark.createDataFrame([], SCHEMA).schema, tentative=True)
     sink.retract([], at_epoch=2)
     _epoch(sink, spark, [], 1, tentative=True)  # an empty tentative epoch: no messages
-    assert _read(nats_server.url, out) == []
+    assert read_stream(nats_server.url, out) == []
 
 
 def test_the_wire_client_adds_the_same_headers_to_every_message_of_a_call(nats_server):
@@ -197,7 +151,7 @@ def test_the_wire_client_adds_the_same_headers_to_every_message_of_a_call(nats_s
         for bad in (b"No-Line-End: x", b"A: b\r\n\r\nC: d\r\n", b"\r\n"):
             with pytest.raises(ValueError, match="headers: expected lines"):
                 c.publish([(f"{out}.x", "c", b"5")], headers=bad)
-    assert _read(nats_server.url, out) == [
+    assert read_stream(nats_server.url, out) == [
         ({"Nats-Msg-Id": "a", "Eddyline-Tentative": "true", "X-Odd": "100%s%d"}, b"1"),
         ({"Eddyline-Tentative": "true", "X-Odd": "100%s%d"}, b"2"),
         ({"Nats-Msg-Id": "b"}, b"3"),

@@ -3,11 +3,9 @@ replay replaces an earlier attempt's). Nothing is committed yet: a crash after t
 replays the epoch, which publishes the very same outputs again.
 
 An epoch that corrects tentative ones (:mod:`eddyline.ha.dpc`), or replays earlier ones
-(``eddyline replay``), first retracts their outputs; one that undoes a replay then puts back what
-the replay retracted.
-An epoch that corrects tentative ones (:mod:`eddyline.ha.dpc`) first retracts their outputs
-from every sink and files target, then publishes its own; a tentative epoch publishes its
-outputs marked tentative.
+(``eddyline replay``), first retracts their outputs from every sink and files target; one that
+undoes a replay then puts back what the replay retracted; then it publishes its own. A tentative
+epoch publishes its outputs marked tentative.
 
 The two drivers of a hot pair (:mod:`eddyline.runtime.replica`) publish each sink's epoch once
 between them: with a :class:`~eddyline.ha.selector.Selector`, a sink whose epoch the other driver

@@ -77,7 +77,7 @@ def test_a_replay_the_postgres_sinks_cannot_do_is_refused(spark, postgres, tmp_p
     net = network(tmp_path / "in", postgres.url, "rp_no", "true")
     net["sinks"][1]["postgres"]["rewind"] = False
     with pytest.raises(EngineError, match=r"replay: sink\(s\) sums cannot take published epochs back and put them "
-                                          r"back \(files, memory and discard sinks can, and postgres sinks with rewind: true"):
+                                          r"back \(files, memory, discard and nats sinks can, and postgres sinks with rewind: true"):
         Engine(load_spec(net), spark, str(tmp_path / "ckpt"))._check_alone({"replay": 2}, 3)
     # epoch 2 was written by a driver without rewind: true (the sink has no records of it)
     net["sinks"][1]["postgres"]["rewind"] = True
