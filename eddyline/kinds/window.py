@@ -7,7 +7,8 @@ On Spark one epoch of a window aggregate is::
     → routing value per key group → repartition(lanes)            [lane i = partition i]
     → mapInArrow(lane)                                            [Python: state + WindowKernel]
 
-so however hot a key is, its lane receives one row per key and window in an epoch. The lanes
+so however hot a key is, its lane receives one row per key and window in an epoch (a small
+epoch skips the combining: its few rows cost the lanes less than a stage would). The lanes
 drop the partials of windows that closed before the epoch and count their late rows, so the
 plan holds no watermark and is built once; a step with a ``late`` target splits its late rows
 off in the JVM instead (and is built every epoch). Behind a shed point, counts and sums are
