@@ -45,7 +45,6 @@ names the source or sink and the server. A restart then replays it exactly.
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import time
@@ -383,7 +382,7 @@ class NatsSink(Sink):
         mine = f"{self.writer}/{self.name}/"
         taken: dict[int, set[int]] = {}  # correcting epoch -> the epochs it took back
         rows: dict[int, list[tuple[str, bytes]]] = {}  # epoch -> its rows, before at_epoch
-        for headers, payload in self.server.call(lambda c: list(_messages(c, p.stream, p.subject))):
+        for headers, payload in self.server.call(lambda c: list(c.messages_on(p.stream, p.subject))):
             if "Eddyline-Retract" in headers:
                 body = json.loads(payload)
                 if body.get("writer") == self.writer and body.get("sink") == self.name:
@@ -421,23 +420,6 @@ class NatsSink(Sink):
                 conn.publish(message, headers=headers)
 
         self.server.call(send)
-
-
-def _messages(conn: NatsConnection, stream: str, subject: str) -> Iterator[tuple[dict[str, str], bytes]]:
-    """(headers, payload) of every message on ``subject`` in ``stream``, in order, one request
-    each (``STREAM.MSG.GET`` with ``next_by_subj``)."""
-    seq = 1
-    while True:
-        try:
-            found = conn.api(f"STREAM.MSG.GET.{stream}", {"seq": seq, "next_by_subj": subject})["message"]
-        except NatsError as e:
-            if "no message found" in str(e):
-                return
-            raise
-        raw = base64.b64decode(found.get("hdrs") or b"")
-        headers = dict(line.split(": ", 1) for line in raw.decode().split("\r\n")[1:] if ": " in line)
-        yield headers, base64.b64decode(found.get("data") or b"")
-        seq = int(found["seq"]) + 1
 
 
 @SOURCES.register

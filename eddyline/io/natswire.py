@@ -15,6 +15,7 @@ mutual TLS, ``&cert=FILE&key=FILE`` (this client's certificate and key).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -200,6 +201,23 @@ class NatsConnection:
 
     def stream_info(self, stream: str) -> dict[str, Any]:
         return self.api(f"STREAM.INFO.{stream}")
+
+    def messages_on(self, stream: str, subject: str) -> Iterator[tuple[dict[str, str], bytes]]:
+        """(headers, payload) of every message on ``subject`` in ``stream``, in order, one
+        request each (``STREAM.MSG.GET`` with ``next_by_subj``): for rare reads that need the
+        headers, which :meth:`read_range` leaves out."""
+        seq = 1
+        while True:
+            try:
+                found = self.api(f"STREAM.MSG.GET.{stream}", {"seq": seq, "next_by_subj": subject})["message"]
+            except NatsError as e:
+                if "no message found" in str(e):
+                    return
+                raise
+            raw = base64.b64decode(found.get("hdrs") or b"")
+            headers = dict(line.split(": ", 1) for line in raw.decode().split("\r\n")[1:] if ": " in line)
+            yield headers, base64.b64decode(found.get("data") or b"")
+            seq = int(found["seq"]) + 1
 
     # ------------------------------------------------------------------ reading a range
     def read_range(
