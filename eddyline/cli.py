@@ -547,7 +547,7 @@ def replay(
     with_: Annotated[Path | None, typer.Option("--with", help="run them again with this network (YAML) instead")] = None,
     reset: Annotated[list[str] | None, typer.Option(help="with --with: a changed stateful step that starts with no state")] = None,
 ) -> None:
-    """Time travel: at its next epoch, the network goes back to the commit before --from-epoch,
+    """Time travel: at its next epoch, the network goes back to the commit --from-epoch went on from,
     takes back what every epoch since published, and reads their input again (with --with: as
     the changed network, which stays in force). Needs the commit to be kept (the network's
     ``history``) and sinks that can take epochs back (files, memory). ``eddyline undo`` reverts it."""
@@ -576,7 +576,7 @@ def undo(
 ) -> None:
     """Undo a replay: at its next epoch, the network goes back to the commit and the network
     from before epoch EPOCH, puts back what the replay took back, takes back what it and the
-    epochs since published, and reads their input again."""
+    epochs since published, and reads their input again. Replays are undone latest first."""
     from eddyline.runtime.inbox import Inbox
 
     try:

@@ -450,7 +450,13 @@ class Engine:
             r = min(rewritten, key=lambda r: r["epoch"])
             raise EngineError(f"replay: rule {r['rule']} rewrote step '{r['step']}' at epoch {r['epoch']}; "
                               f"a replay can go back to epoch {r['epoch'] + 1} at the earliest")
-        back = target - 1  # the commit (and the plan naming its network) the epoch goes on from
+        if what == "replay":
+            taken = self._taken_back(target, last_epoch)
+            if taken is not None:
+                raise EngineError(f"replay: epoch {target} was taken back by epoch {taken[0]}, which went on from epoch "
+                                  f"{taken[1]}; replay from epoch {taken[0]} or from an epoch up to {taken[1]}")
+        # the commit (and the plan naming its network) the epoch goes on from
+        back = self._went_on_from(target) if what == "replay" else target - 1
         if back and not (self.ckpt.has_commit(back) and self.ckpt.has_plan(back)):
             raise EngineError(f"{what}: epoch {back} is no longer kept (the checkpoint keeps the last "
                               f"{self.retain_epochs} epochs{self._kept_for}; raise the network's history to go further back)")
@@ -458,11 +464,33 @@ class Engine:
             plan = self.ckpt.read_plan(target) if self.ckpt.has_plan(target) else None
             if plan is None or not any("replay" in a for a in plan.applied):
                 raise EngineError(f"undo: epoch {target} did not replay earlier epochs; there is nothing to undo")
+            later = [(e, self.ckpt.read_plan(e).applied) for e in range(target + 1, last_epoch + 1) if self.ckpt.has_plan(e)]
+            blocked = undo_blocked(target, later)
+            if blocked:
+                raise EngineError(f"undo: {blocked}")
         for sink in self.outputs.sinks.values():  # (one that keeps records may have dropped them)
             problem = sink.rewind_problem(self.spec.name, self.executor.checkpoint_id, range(target, last_epoch + 1),
                                           target if what == "undo" else None)
             if problem:
                 raise EngineError(f"{what}: {problem}")
+
+    def _went_on_from(self, epoch: int) -> int:
+        """The commit ``epoch`` continued from: the one before, or for an epoch that replayed
+        or undid a replay the earlier commit it went back to (0: the start)."""
+        base = self.ckpt.read_plan(epoch).base if self.ckpt.has_plan(epoch) else None
+        return epoch - 1 if base is None else base
+
+    def _taken_back(self, epoch: int, last_epoch: int) -> tuple[int, int] | None:
+        """Whether ``epoch`` was taken back: the epochs the last commit descends from, back to
+        ``epoch``, skip it. Returns the epoch that skipped it and the commit that one went on
+        from (a replay from there would read input that the sinks show from later epochs)."""
+        at = last_epoch
+        while at > epoch:
+            went_on_from = self._went_on_from(at)
+            if went_on_from < epoch:
+                return at, went_on_from
+            at = went_on_from
+        return None
 
     @property
     def _kept_for(self) -> str:
@@ -497,7 +525,7 @@ class Engine:
         if "rewrite" in command:  # the decision, logged with the plan like every other
             self.controller.manager.decisions.append(decision(command, (last.epoch if last else 0) + 1))
         if "replay" in command:
-            return int(command["replay"]) - 1, []
+            return self._went_on_from(int(command["replay"])), []
         return None, []
 
     def _switch(self, command: dict[str, Any], last: EpochCommit | None) -> None:
@@ -845,6 +873,29 @@ def _freeze_heap() -> bool:
     gc.collect()
     gc.freeze()
     return thawed
+
+
+def undo_blocked(replay: int, later: list[tuple[int, list[dict[str, Any]]]]) -> str | None:
+    """Why the replay at epoch ``replay`` cannot be undone exactly, given the commands applied
+    by each epoch after it (None: it can).
+
+    Replays are undone in the reverse order they were made, like an editor's undo: an undo goes
+    back to the commit before its replay and puts back what that replay took back, which is the
+    content the sinks had then only if every replay since has been undone already (a later one
+    may have taken back epochs from before it, which nothing would put back)."""
+    open_ = [replay]  # replays in force, the latest last
+    for epoch, applied in later:
+        for command in applied:
+            if "replay" in command:
+                open_.append(epoch)
+            elif "undo" in command and int(command["undo"]) in open_:
+                open_.remove(int(command["undo"]))
+                if int(command["undo"]) == replay:
+                    return f"the replay at epoch {replay} was undone at epoch {epoch} already"
+    if open_[-1] != replay:
+        return (f"the replay at epoch {open_[-1]} came later and is still in force; undo it first "
+                "(replays are undone in the reverse order they were made)")
+    return None
 
 
 def _alone(command: dict[str, Any]) -> str | None:

@@ -1,7 +1,7 @@
 """Time travel on local Spark (``eddyline replay`` / ``undo``): Nexmark q2's shape (a filter on
 the auction, a select) over files; its predicate is changed and epochs 5 on are run again with
 it: the sink then holds what a run that changed the predicate at epoch 5 holds; undoing the
-replay brings back exactly what it held before."""
+replay brings back exactly what it held before, also after a second replay (undone first)."""
 
 from __future__ import annotations
 
@@ -60,12 +60,31 @@ def test_replay_with_a_changed_predicate_then_undo(spark, tmp_path: Path) -> Non
     at = ck.read_plan(9)
     assert (at.base, at.retracts, [a["id"] for a in at.applied]) == (4, [5, 6, 7, 8], [replay])
 
-    Inbox(ckpt).submit_command({"undo": 9})
+    # epoch 7 is gone (9 took it back); 9 goes on from 4, and so does a replay from it
+    inbox = Inbox(ckpt)
+    gone, again, early = inbox.submit_command({"replay": 7}), inbox.submit_command({"replay": 9}), inbox.submit_command({"undo": 9})
+    Engine(load_spec(old), spark, ckpt).run(until_idle=True)
+    assert content(tmp_path / "out") == content(tmp_path / "ref")
+    assert ck.read_plan(13).base == 4
+    done = {d["id"]: d for d in inbox.done()}
+    assert done[gone]["reason"] == ("replay: epoch 7 was taken back by epoch 9, which went on from epoch 4; "
+                                    "replay from epoch 9 or from an epoch up to 4")
+    assert done[again]["outcome"] == "applied"
+    assert done[early]["reason"] == ("undo: the replay at epoch 13 came later and is still in force; undo it first "
+                                     "(replays are undone in the reverse order they were made)")
+
+    # undone in reverse order: the first replay's content, then what the sink held before both
+    last = ck.latest_commit().epoch
+    inbox.submit_command({"undo": 13})
+    Engine(load_spec(old), spark, ckpt).run(until_idle=True)
+    assert content(tmp_path / "out") == content(tmp_path / "ref")
+    assert ck.read_plan(last + 1).base == 12
+    inbox.submit_command({"undo": 9})
     Engine(load_spec(old), spark, ckpt).run(until_idle=True)
     assert content(tmp_path / "out") == before
     last = ck.read_plan(ck.latest_commit().epoch)
     assert last.base == 8 and last.restores == [9] and last.network == ck.read_plan(8).network
-    assert [d["outcome"] for d in Inbox(ckpt).done()] == ["applied", "applied"]
+    assert [d["outcome"] for d in inbox.done()] == ["applied", "refused", "applied", "refused", "applied", "applied"]
 
 
 def test_a_replay_that_cannot_be_done_is_refused(spark, tmp_path: Path) -> None:
