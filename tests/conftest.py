@@ -1,6 +1,14 @@
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Every JVM of the suite (the shared session's and those of the drivers that crash tests start
+# and kill, a dozen per test) lives briefly on small data, so it starts with the quick compiler
+# only and the serial collector: a SIGKILL test's run-and-restart cycle takes about a third less
+# (docs/perf-notes.md). Benchmarks and users' runs keep the JVM's defaults.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
 @pytest.fixture(scope="session")
