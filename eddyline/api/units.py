@@ -130,6 +130,15 @@ class Files(Model):
     CSV is RFC 4180 (a quote inside a quoted field written twice). ``header``: whether the first
     line of each CSV file names the columns; a source skips it (default: no header), a sink
     writes it (default: a header), so a source reading a sink's CSV sets ``header: true``.
+
+    ``retract`` (a sink's): how it takes published epochs back (a replay, an undo, a correction
+    of tentative epochs). ``move`` (the default) moves their directories aside, into
+    ``path/_corrections/``; ``revisions`` (Parquet only) leaves every directory where it is, as
+    an append-only changelog: each epoch's rows carry a ``_diff`` weight (+1 unless the step
+    writes weights itself), and the epoch that takes an earlier one back writes that epoch's
+    rows again with the weight negated (``retract-<epoch>.parquet`` in its own directory); an
+    undo writes them once more as they were (``restore-<epoch>.parquet``). Summing ``_diff``
+    per row over all directories gives what is in force.
     """
 
     path: str = Field(min_length=1)
@@ -137,6 +146,7 @@ class Files(Model):
     schema_: str | None = Field(default=None, alias="schema")
     max_files_per_epoch: int | None = Field(default=None, gt=0)
     header: bool | None = None
+    retract: Literal["move", "revisions"] | None = None
 
     def __init__(self, path: str | None = None, /, **data: Any) -> None:
         """Allow ``Files("out/dir", format="json")`` with the path first."""

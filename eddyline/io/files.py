@@ -31,16 +31,19 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from eddyline.api.registry import SINKS, SOURCES
 from eddyline.api.units import Files
+from eddyline.columns import DIFF
 from eddyline.errors import SinkError, SourceError
 from eddyline.io.records import ddl_struct, decode, split_decoded
 from eddyline.io.sinks import Sink, SinkKind
@@ -365,20 +368,106 @@ class FilesSink(Sink):
     def __init__(self, spec: SinkSpec):
         super().__init__(spec)
         self.target = FilesTarget(spec.params)
+        self.revisions = Revisions(self.target) if spec.params.retract == "revisions" else None
 
     def stage(self, df: DataFrame, epoch: int) -> None:
         self.target.writer = self.writer
+        if self.revisions is not None and DIFF not in df.columns:
+            df = df.selectExpr("*", f"CAST(1 AS BIGINT) AS {DIFF}")
         write_frame(df, self.target, epoch, in_driver=self.small_epoch)
 
     def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
         self.target.generation = self.generation
+        if self.revisions is not None:
+            self.revisions.write(epoch)
         self.target.publish(epoch, tentative)
 
     def retract(self, epochs: list[int], at_epoch: int) -> None:
-        self.target.retract(epochs, at_epoch)
+        if self.revisions is not None:
+            self.revisions.take_back(epochs, at_epoch)
+        else:
+            self.target.retract(epochs, at_epoch)
 
     def restore(self, at_epoch: int) -> None:
-        self.target.restore(at_epoch)
+        if self.revisions is not None:
+            self.revisions.put_back(at_epoch)
+        else:
+            self.target.restore(at_epoch)
+
+
+class Revisions:
+    """A files sink's epochs taken back and put back as revisions (``retract: revisions``).
+
+    Nothing published moves (but tentative epochs, which readers of the changelog never saw):
+    the epoch that takes epoch N back carries N's rows with ``_diff`` negated
+    (``retract-N.parquet``), the one that puts it back carries them as they were
+    (``restore-N.parquet``). Whether N is in force is counted from those files in the published
+    epochs before the one at work, so a replayed epoch (whose staging starts afresh) writes the
+    same files again and nothing twice. The driver reads the rows it writes back: at most the
+    epochs a replay reaches over, which the network's ``history`` bounds."""
+
+    RETRACT, RESTORE = "retract-", "restore-"
+
+    def __init__(self, target: FilesTarget):
+        self.target = target
+        self._due: dict[str, list[int]] = {}  # file prefix -> epochs, written at the next publish
+
+    def take_back(self, epochs: list[int], at_epoch: int) -> None:
+        fs = self.target.fs
+        tentative = [e for e in epochs if fs.get_file_info(self.target.final(e, tentative=True)).type != pafs.FileType.NotFound]
+        self.target.retract(tentative, at_epoch)
+        in_force = self._in_force(at_epoch)
+        self._due[self.RETRACT] = [e for e in epochs if e not in tentative and in_force[e] > 0]
+
+    def put_back(self, replayed: int) -> None:
+        """Put back what epoch ``replayed`` took back (written at the next publish): none of it
+        is in force, since replays are undone latest first and once (the engine refuses others)."""
+        self._due[self.RESTORE] = self._marks(self.target.final(replayed)).get(self.RETRACT, [])
+
+    def write(self, epoch: int) -> None:
+        due, self._due = self._due, {}
+        fs, staged = self.target.fs, self.target.staging(epoch)
+        for prefix, epochs in due.items():
+            for e in epochs:
+                rows = self._rows(e)
+                if rows is None:
+                    continue
+                if prefix == self.RETRACT:
+                    rows = rows.set_column(rows.schema.get_field_index(DIFF), DIFF, pc.negate(rows[DIFF]))
+                fs.create_dir(staged, recursive=True)
+                pq.write_table(rows, f"{staged}/{prefix}{e:010d}.parquet", filesystem=fs, compression="snappy",
+                               store_decimal_as_integer=True)
+
+    def _published(self, before: int) -> Iterator[tuple[int, pafs.FileInfo]]:
+        for info in self.target.fs.get_file_info(pafs.FileSelector(self.target.base, allow_not_found=True)):
+            name = info.base_name
+            if info.type == pafs.FileType.Directory and name.startswith("epoch=") and int(name[6:]) < before:
+                yield int(name[6:]), info
+
+    def _marks(self, path: str) -> dict[str, list[int]]:
+        marks: dict[str, list[int]] = {}
+        for info in self.target.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)):
+            for prefix in (self.RETRACT, self.RESTORE):
+                if info.base_name.startswith(prefix):
+                    marks.setdefault(prefix, []).append(int(info.base_name[len(prefix):].split(".")[0]))
+        return marks
+
+    def _in_force(self, before: int) -> Counter[int]:
+        """How many times each epoch's rows count in the epochs published before ``before``."""
+        count: Counter[int] = Counter()
+        for e, info in self._published(before):
+            count[e] += 1
+            marks = self._marks(info.path)
+            count.update(marks.get(self.RESTORE, []))
+            count.subtract(marks.get(self.RETRACT, []))
+        return count
+
+    def _rows(self, epoch: int) -> pa.Table | None:
+        """Epoch ``epoch``'s own rows (not the revisions it carries), or None if it wrote none."""
+        fs = self.target.fs
+        files = [i.path for i in fs.get_file_info(pafs.FileSelector(self.target.final(epoch), allow_not_found=True))
+                 if i.base_name.endswith(".parquet") and not i.base_name.startswith((self.RETRACT, self.RESTORE))]
+        return pq.read_table(files, filesystem=fs, partitioning=None) if files else None
 
     def drop(self, epoch: int) -> None:
         self.target.discard(epoch)
@@ -448,6 +537,8 @@ class FilesSourceKind(SourceKind):
             return [f"files.schema: a {p.format} source needs a schema (Spark DDL)"]
         if p.header is not None and p.format != "csv":
             return [f"files.header: only CSV files have a header line, not {p.format}"]
+        if p.retract is not None:
+            return ["files.retract: only a sink takes epochs back; remove 'retract'"]
         return []
 
     def columns(self, params: Files) -> tuple[str, ...] | None:
@@ -469,6 +560,8 @@ class FilesSinkKind(SinkKind):
             return ["files.schema: a sink writes its input's schema; remove 'schema'"]
         if sink.params.header is not None and sink.params.format != "csv":
             return [f"files.header: only CSV files have a header line, not {sink.params.format}"]
+        if sink.params.retract == "revisions" and sink.params.format != "parquet":
+            return [f"files.retract: revisions are written as Parquet; set format: parquet (not {sink.params.format})"]
         return []
 
     def describe(self, params: Any) -> str:
