@@ -550,7 +550,8 @@ def replay(
     """Time travel: at its next epoch, the network goes back to the commit --from-epoch went on from,
     takes back what every epoch since published, and reads their input again (with --with: as
     the changed network, which stays in force). Needs the commit to be kept (the network's
-    ``history``) and sinks that can take epochs back (files, memory). ``eddyline undo`` reverts it."""
+    ``history``) and sinks that can take epochs back (files, memory, discard, nats; postgres with
+    ``rewind: true``). ``eddyline undo`` reverts it; replays are undone latest first."""
     from eddyline.api.change import check_change
     from eddyline.runtime.inbox import Inbox
 
