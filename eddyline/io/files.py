@@ -394,6 +394,9 @@ class FilesSink(Sink):
         else:
             self.target.restore(at_epoch)
 
+    def drop(self, epoch: int) -> None:
+        self.target.discard(epoch)
+
 
 class Revisions:
     """A files sink's epochs taken back and put back as revisions (``retract: revisions``).
@@ -468,9 +471,6 @@ class Revisions:
         files = [i.path for i in fs.get_file_info(pafs.FileSelector(self.target.final(epoch), allow_not_found=True))
                  if i.base_name.endswith(".parquet") and not i.base_name.startswith((self.RETRACT, self.RESTORE))]
         return pq.read_table(files, filesystem=fs, partitioning=None) if files else None
-
-    def drop(self, epoch: int) -> None:
-        self.target.discard(epoch)
 
 
 def write_frame(df: DataFrame, target: FilesTarget, epoch: int, in_driver: bool = False) -> None:
