@@ -36,9 +36,10 @@ def _key(options: str) -> str:
     return hashlib.sha1(f"{pyspark.__version__}|{java}|{stamp}|{options}".encode()).hexdigest()[:16]
 
 
-def use_archive(cache_dir: Path, options: str) -> str:
-    """The JVM options ``options`` plus an archive made with them, making it first if this cache
-    has none; ``options`` unchanged (plus quieting) if it cannot be made."""
+def archive_options(cache_dir: Path, options: str) -> str:
+    """The JVM options that map an archive made by a JVM started with ``options`` (making it
+    first if this cache has none); only the quieting ones if it cannot be made. A JVM with other
+    compiler or collector options maps it too."""
     archive = cache_dir / f"spark-{_key(options)}.jsa"
     if not archive.exists():
         work = cache_dir / "work"
@@ -52,9 +53,9 @@ def use_archive(cache_dir: Path, options: str) -> str:
         shutil.rmtree(work, ignore_errors=True)
         if done.returncode != 0 or not partial.exists():
             print(f"no JVM class archive (the suite runs without one): {done.stderr[-1500:]}", file=sys.stderr)
-            return f"{options} {QUIET}"
+            return QUIET
         partial.rename(archive)
-    return f"{options} {QUIET} -XX:SharedArchiveFile={archive}"
+    return f"{QUIET} -XX:SharedArchiveFile={archive}"
 
 
 def _dump(work: Path) -> None:

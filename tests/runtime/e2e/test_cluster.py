@@ -68,6 +68,10 @@ class Cluster:
         self.base, self.work = base, base / "work"
         self.port, self.ui = free_ports(2)
         self.env = {**os.environ, "SPARK_LOG_DIR": str(base), "SPARK_LOCAL_IP": "127.0.0.1"}
+        # the master, the workers and the executors they start get the suite's JVM options too
+        # (tests/conftest.py); Java's launcher reads JDK_JAVA_OPTIONS for every JVM it starts
+        if "SPARK_SUBMIT_OPTS" in os.environ:
+            self.env["JDK_JAVA_OPTIONS"] = os.environ["SPARK_SUBMIT_OPTS"]
         self.master = subprocess.Popen(
             [spark_class(), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port),
              "--webui-port", str(self.ui)],
