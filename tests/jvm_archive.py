@@ -1,7 +1,7 @@
 """A class-data-sharing archive for the suite's JVMs.
 
-A Spark driver JVM loads and verifies some twenty thousand classes from Spark's jars before its
-first epoch ends, and the crash tests start dozens of drivers. Java's application class-data
+A Spark driver JVM loads and verifies thousands of classes from Spark's jars before its first
+epoch ends, and the crash tests start dozens of drivers. Java's application class-data
 sharing (``-XX:ArchiveClassesAtExit`` once, ``-XX:SharedArchiveFile`` after) maps those classes
 from an archive instead, which takes several seconds off every driver start (docs/perf-notes.md).
 
@@ -9,7 +9,7 @@ The archive is made once per pytest cache by running a small Eddyline network in
 process, whose JVM writes it when it exits; it is keyed by the PySpark version, the Java binary
 and the JVM options, because the JVM refuses (and then ignores) an archive made by another.
 
-``python -m tests.jvm_archive ARCHIVE WORKDIR`` is that process.
+``python -m tests.jvm_archive WORKDIR`` is that process (the archive's path is in its JVM options).
 """
 
 from __future__ import annotations
@@ -48,13 +48,16 @@ def archive_options(cache_dir: Path, options: str) -> str:
         partial.unlink(missing_ok=True)
         env = {**os.environ, "SPARK_SUBMIT_OPTS": f"{options} {QUIET} -XX:ArchiveClassesAtExit={partial}"}
         root = Path(__file__).resolve().parents[1]
-        done = subprocess.run([sys.executable, "-m", "tests.jvm_archive", str(partial), str(work)],
+        done = subprocess.run([sys.executable, "-m", "tests.jvm_archive", str(work)],
                               cwd=root, env=env, capture_output=True, text=True, timeout=600)
         shutil.rmtree(work, ignore_errors=True)
         if done.returncode != 0 or not partial.exists():
             print(f"no JVM class archive (the suite runs without one): {done.stderr[-1500:]}", file=sys.stderr)
             return QUIET
         partial.rename(archive)
+        for old in cache_dir.glob("spark-*.jsa"):  # made for another PySpark, Java or options
+            if old != archive:
+                old.unlink()
     return f"{QUIET} -XX:SharedArchiveFile={archive}"
 
 
@@ -77,4 +80,4 @@ def _dump(work: Path) -> None:
 
 
 if __name__ == "__main__":
-    _dump(Path(sys.argv[2]))
+    _dump(Path(sys.argv[1]))
