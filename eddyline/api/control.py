@@ -72,7 +72,8 @@ class Rewrite(Model):
     for ``patience`` epochs in a row, a rule that fits the step rewrites the network at the next
     epoch boundary (``eddyline explain --rules`` lists them)."""
 
-    rules: tuple[Literal["pattern-pipeline-split"], ...] = ("pattern-pipeline-split",)
+    rules: tuple[Literal["pattern-pipeline-split", "aggregate-local-global-split"], ...] = (
+        "pattern-pipeline-split", "aggregate-local-global-split")
     saturation: float = Field(default=0.5, ge=0, le=1)
     hot_share: float = Field(default=1.2, ge=1)
     patience: int = Field(default=3, ge=1)

@@ -15,6 +15,8 @@ for a stateful kind, its kernel factory. Importing this package registers them.
 | ``top_k``          | topk      | the top rows of each partition                             |
 | ``session_window`` | session   | event-time sessions per key                                |
 | ``aggregate``      | aggregate | an unbounded aggregate per key, as a changelog             |
+| ``combine``        | combine   | partial aggregates per key before the shuffle (the local   |
+|                    |           | half of a local/global split)                              |
 | ``over_aggregate`` | over      | aggregates over each row's preceding rows                  |
 | ``pattern``        | pattern   | complex event patterns per key                             |
 +--------------------+-----------+------------------------------------------------------------+
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, cast
 
 from eddyline.kinds import (  # noqa: F401  (each module registers its kind)
     aggregate,
+    combine,
     dedup,
     filter,
     join,

@@ -474,6 +474,55 @@ def keyed_revision_problem(aggregates: Sequence[tuple[str, str]]) -> str | None:
     return None
 
 
+def _rows_behind(
+    partials: pa.Schema, keys: Sequence[str], aggregates: Sequence[AggregateLike], time: str | None
+) -> pa.Schema:
+    """An input schema whose rows a kernel of ``aggregates`` would turn into ``partials``: each
+    aggregated column with the type its partial has (a sum's partial is its own sum type; a
+    count's column only needs to be there), ``_diff`` when the partials are weighted."""
+    types: dict[str, pa.DataType | None] = {}
+
+    def put(column: str | None, partial: str | None) -> None:
+        if column is None:
+            return
+        have = types.get(column)
+        if partial is None:
+            types.setdefault(column, None)
+            return
+        if partial not in partials.names:
+            raise ValueError(
+                f"input: expected the partials of a combine step with these keys and aggregates; "
+                f"missing column {partial} (input has {', '.join(partials.names)})"
+            )
+        t = partials.field(partial).type
+        if have is not None and have != t:
+            raise ValueError(f"aggregates: column {column!r} has partials of types {have} and {t}; a combine step cannot carry both")
+        types[column] = t
+
+    for spec in aggregates:
+        name, func, *columns = spec
+        col = columns[0] if columns else None
+        by = columns[1] if len(columns) > 1 else None
+        if func == "count":
+            put(col, None)
+        elif func == "avg":
+            put(col, f"{name}__sum")
+        elif func in ("last", "max_by"):
+            put(col, name)
+            put(time if func == "last" else by, f"{name}__by")
+        else:
+            put(col, name)
+    put(time, None)
+    missing = [k for k in keys if k not in partials.names]
+    if missing:
+        raise ValueError(f"input: expected the partials of a combine step keyed by {', '.join(keys)}; missing {', '.join(missing)}")
+    fields = [partials.field(k) for k in keys]
+    fields += [pa.field(c, t if t is not None else pa.int8()) for c, t in types.items() if c not in keys]
+    if ROWS in partials.names:
+        fields.append(pa.field(DIFF, pa.int64()))
+    return pa.schema(fields)
+
+
 class _ValueRows(NamedTuple):
     kept: pa.Table  # every value row after the batch
     live: pa.Table  # of the batch's key groups, the values present (weight > 0)
@@ -626,6 +675,51 @@ class KeyedAggregateKernel:
             self.primary_key = (KG, *self.keys, SLOT, *(f.name for f in values))
         self.state_schema = pa.schema(state_fields)
         self.output_schema = pa.schema([*out_fields, pa.field(DIFF, pa.int64())])
+        #: whether input rows are :meth:`combine`'s partials rather than rows (see :meth:`merging`)
+        self.combined = False
+
+    @property
+    def partial_schema(self) -> pa.Schema:
+        """The rows :meth:`combine` makes: the state's columns without ``_kg``."""
+        return self.state_schema.remove(self.state_schema.get_field_index(KG))
+
+    def combine(self, batch: pa.Table) -> pa.Table:
+        """The batch's rows (the input schema, without ``_kg``) merged into one partial row per
+        key, in :attr:`partial_schema`: the local step of a local/global split
+        (:mod:`eddyline.kinds.combine`). A :meth:`merging` kernel that takes these rows ends
+        with the state and emits the changelog this kernel would from the rows themselves, since
+        partials merge associatively; a key whose weighted partials all cancel is left out.
+        min and max over a revised input keep every value and cannot be combined."""
+        if self._extrema:
+            raise ValueError(
+                f"aggregates {', '.join(a.name for a in self._extrema)}: min and max over a revised input "
+                "keep every value per key; they cannot be combined"
+            )
+        if batch.num_rows == 0:
+            return self.partial_schema.empty_table()
+        rows = batch.append_column(KG, pa.array(np.zeros(batch.num_rows, np.int32)))
+        return self.process(rows, None, 0).state.drop_columns([KG])
+
+    @classmethod
+    def merging(
+        cls, partials: pa.Schema, keys: Sequence[str], aggregates: Sequence[AggregateLike], time: str | None = None
+    ) -> KeyedAggregateKernel:
+        """The kernel of the same aggregates whose input rows are the partials :meth:`combine`
+        makes (``partials``: their schema): the global step of a local/global split. Its state
+        is that of the kernel over the rows themselves, so it can take that state over."""
+        kernel = cls(_rows_behind(partials, keys, aggregates, time), keys, aggregates, time)
+        if kernel._extrema:
+            raise ValueError("min and max over a revised input cannot take combined partials")
+        want = kernel.partial_schema
+        missing = [f.name for f in want if f.name not in partials.names]
+        if missing:
+            raise ValueError(
+                f"input: expected the partials of a combine step with these keys and aggregates; "
+                f"missing column(s) {', '.join(missing)} (input has {', '.join(partials.names)})"
+            )
+        kernel.combined = True
+        kernel.input_schema = with_key_group(want)
+        return kernel
 
     def empty_state(self) -> pa.Table:
         return self.state_schema.empty_table()
@@ -660,30 +754,8 @@ class KeyedAggregateKernel:
             is_value = pc.not_equal(state.column(SLOT), 0).to_numpy(zero_copy_only=False)
             value_rows, state = state.filter(pa.array(is_value)), state.filter(pa.array(~is_value))
 
-        # 1. one-row partials
-        cols: dict[str, ArrayLike] = {
-            KG: batch.column(KG),
-            **{k: batch.column(k) for k in self.keys},
-        }
-        weight = batch.column(DIFF).to_numpy(zero_copy_only=False) if self.weighted else None
-        simple = row_partials(batch, self._partials, weight)
-        for a in self.aggregates:
-            if a.func in WINDOW_FUNCS:
-                cols |= {p.name: simple[p.name] for p in self._partials if p.aggregate == a.name}
-            else:
-                assert a.column is not None and a.by is not None
-                by = batch.column(a.by)
-                ok = pc.is_valid(by)
-                cols[a.name] = pc.if_else(
-                    ok, batch.column(a.column), pa.scalar(None, batch.schema.field(a.column).type)
-                )
-                cols[f"{a.name}__by"] = by
-        if self.weighted:
-            cols[ROWS] = simple[ROWS]
-        if self._extrema:
-            cols[SLOT] = pa.array(np.zeros(batch.num_rows, np.int8))
-            cols |= {f.name: pa.nulls(batch.num_rows, f.type) for f in self.state_schema if f.name not in cols}
-        rows = pa.table(cols).cast(self.state_schema)
+        # 1. one-row partials (a combined input's rows are partials already)
+        rows = batch.select(self.state_schema.names).cast(self.state_schema) if self.combined else self._one_row(batch)
 
         # 2. the touched key groups' state + the batch, sorted
         touched, rest = split_by_key_groups(state, np.unique(key_groups_of(batch)))
@@ -760,7 +832,7 @@ class KeyedAggregateKernel:
             self._changelog(new, new_out, shown_new, 1),
         ])
         upserts = new.filter(pa.array(state_changed & alive))
-        deletes = new.filter(pa.array(~alive)).select(list(self.primary_key))
+        deletes = new.filter(pa.array(~alive & had)).select(list(self.primary_key))  # (only stored keys)
         new_state = pa.concat_tables([rest, new.filter(pa.array(alive))])
         if values is not None:
             upserts = pa.concat_tables([upserts, values.upserts])
@@ -778,6 +850,33 @@ class KeyedAggregateKernel:
                 "keys_deleted": int((shown_old & ~shown_new).sum()),
             },
         )
+
+    def _one_row(self, batch: pa.Table) -> pa.Table:
+        """Each batch row as a partial in the state's schema (``max_by``/``last`` rows with a
+        null ``by`` carry nulls, so they never win)."""
+        cols: dict[str, ArrayLike] = {
+            KG: batch.column(KG),
+            **{k: batch.column(k) for k in self.keys},
+        }
+        weight = batch.column(DIFF).to_numpy(zero_copy_only=False) if self.weighted else None
+        simple = row_partials(batch, self._partials, weight)
+        for a in self.aggregates:
+            if a.func in WINDOW_FUNCS:
+                cols |= {p.name: simple[p.name] for p in self._partials if p.aggregate == a.name}
+            else:
+                assert a.column is not None and a.by is not None
+                by = batch.column(a.by)
+                ok = pc.is_valid(by)
+                cols[a.name] = pc.if_else(
+                    ok, batch.column(a.column), pa.scalar(None, batch.schema.field(a.column).type)
+                )
+                cols[f"{a.name}__by"] = by
+        if self.weighted:
+            cols[ROWS] = simple[ROWS]
+        if self._extrema:
+            cols[SLOT] = pa.array(np.zeros(batch.num_rows, np.int8))
+            cols |= {f.name: pa.nulls(batch.num_rows, f.type) for f in self.state_schema if f.name not in cols}
+        return pa.table(cols).cast(self.state_schema)
 
     def _values(self, batch: pa.Table, stored: pa.Table) -> _ValueRows:
         """The min/max value rows after the batch: each batch row adds its weight to the value

@@ -99,7 +99,9 @@ class Checkpoint:
         """Keep a network (its spec as a dict) under ``networks/<hash>.json``; returns the hash."""
         digest = network_hash(raw)
         self.fs.create_dir(f"{self.base}/networks", recursive=True)
-        write_atomic(self.fs, f"{self.base}/networks/{digest}.json", json.dumps(raw, sort_keys=True).encode())
+        # in the spec's own order: a step's aggregates or columns in that order make the order of
+        # its state's and output's columns (the hash is of the sorted form)
+        write_atomic(self.fs, f"{self.base}/networks/{digest}.json", json.dumps(raw).encode())
         return digest
 
     def read_network(self, digest: str) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from eddyline.observe.progress import ProgressReporter
 from eddyline.plan.keygroups import RoutingTable
 from eddyline.runtime.checkpoint import Checkpoint, network_hash
 from eddyline.runtime.commands import CommandFiles, CommandNats, command_reader
-from eddyline.runtime.compile import EpochCompiler
+from eddyline.runtime.compile import EpochCompiler, analyze
 from eddyline.runtime.epoch.commit import commit
 from eddyline.runtime.epoch.execute import Executor
 from eddyline.runtime.epoch.fold import fold
@@ -428,6 +428,7 @@ class Engine:
             fits = checked_rewrite(self.base_spec, command).fits if "rewrite" in command else ()
             new = spec_from_raw(raw)
             check_change(self.base_spec, new, tuple(command.get("reset") or ()), fits)
+            analyze(new, self.spark)  # what would fail its first epoch is refused before it is in force
             if "start_epoch" in command:
                 self._check_start(command["start_epoch"], new, last_epoch)
         if what == "apply":

@@ -21,7 +21,7 @@ from eddyline.control.controller import Controller
 from eddyline.control.decisions import Decision, DecisionKind
 from eddyline.control.hotspot import hot_spots
 from eddyline.errors import SpecError
-from eddyline.kinds.rewrite import Rewritten, fitting, rewrite
+from eddyline.kinds.rewrite import RULES, Rewritten, fitting, rewrite
 from eddyline.runtime.checkpoint import network_hash
 from eddyline.runtime.inbox import Inbox
 
@@ -67,13 +67,8 @@ def propose_rewrites(
                     "steps": [*done.inherit, spot.step],
                     "summary": list(done.summary),
                     "why": {**spot.why, "makespanMs": round(before, 1)},
-                    # what the rule expects: the step's work divides between the steps it
-                    # becomes, each with lanes of its own (an estimate, judged by ``measured``);
-                    # within one epoch they run one after the other, so their sum stays
-                    "expected": {
-                        "stepMakespanMs": round(before / (len(done.inherit) + 1), 1),
-                        "makespanMs": round(before, 1),
-                    },
+                    # what the rule expects (an estimate, judged by ``measured``)
+                    "expected": RULES[rule].expect(before, spot.why),
                 },
             },
             origin="rewrite",

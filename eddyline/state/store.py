@@ -267,7 +267,7 @@ class KeyGroupStore:
         current = pa.concat_tables(snapshots).drop_columns([OP])
         for epoch in sorted(layers):
             current = apply_delta(current, pa.concat_tables(layers[epoch]), self.primary_key)
-        return _sorted_by_kg(current.cast(self.schema))
+        return _sorted_by_kg(current.select(self.schema.names).cast(self.schema))
 
     # ------------------------------------------------------------------ writing
     def write(

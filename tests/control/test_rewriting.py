@@ -147,3 +147,41 @@ def test_a_rewrite_command_must_be_the_rules_effect(tmp_path) -> None:  # noqa: 
     smuggled = {**command, "inherit": {"found_stage1": "counts"}}
     with pytest.raises(SpecError, match="not what rule"):
         checked_rewrite(spec, smuggled)
+
+
+def test_the_aggregate_split_rule_as_data() -> None:
+    net = raw()
+    net["steps"].append({"name": "totals", "input": "ticks", "aggregate": {
+        "key": "key", "time": "event_time", "aggregates": {"n": "count(*)", "top": "max(value)", "latest": "last(value)"}}})
+    net["sinks"].append({"name": "t", "input": "totals", "console": {}})
+    spec = load_spec(net)
+    done = rewrite(spec, spec.as_dict(), "aggregate-local-global-split", "totals")
+    new = spec_from_raw(done.network)
+    assert [s.name for s in new.steps] == ["found", "counts", "totals_local", "totals"]
+    local, totals = new.steps[2], new.steps[3]
+    assert (local.kind, local.input, totals.input, totals.params.combined) == ("combine", "ticks", "totals_local", True)
+    assert list(local.params.aggregates) == ["n", "top", "latest"]  # their order is the state's columns' order
+    assert local.params.aggregates == totals.params.aggregates and local.params.time == "event_time"
+    assert done.inherit == {} and done.fits == ("totals",)  # the step keeps the state it has
+    with pytest.raises(SpecError, match="step 'totals': its state would not fit"):
+        check_change(spec, new)
+    assert network_diff(spec, new, fits=done.fits).lines() == [
+        "+ step 'totals_local'", "~ step 'totals': aggregate.combined, input"]
+    # what the rule expects: the makespan by the hot key group's share of a fair lane
+    why = {"epochs": [{"hotShareOfFairLane": 2.5}, {"hotShareOfFairLane": 2.0}]}
+    assert RULES["aggregate-local-global-split"].expect(800.0, why) == {"stepMakespanMs": 400.0, "makespanMs": 400.0}
+    assert RULES["aggregate-local-global-split"].expect(800.0, {"reason": "schedule"})["makespanMs"] == 800.0
+    # where it does not fit, the reason
+    with pytest.raises(SpecError, match="takes combined partials already"):
+        rewrite(new, new.as_dict(), "aggregate-local-global-split", "totals")
+    taken = copy.deepcopy(net)
+    taken["steps"].append({"name": "totals_local", "input": "ticks", "select": ["key"]})
+    taken["sinks"].append({"name": "l", "input": "totals_local", "console": {}})
+    with pytest.raises(SpecError, match="the name 'totals_local' for the local step is taken"):
+        rewrite(load_spec(taken), taken, "aggregate-local-global-split", "totals")
+    shed = copy.deepcopy(net)
+    shed["control"]["overload"] = {"shedding": "uniform"}
+    shed["sinks"][2]["qos"] = {"latency": "2s"}
+    with pytest.raises(SpecError, match="overload shedding would shed partial rows"):
+        rewrite(load_spec(shed), shed, "aggregate-local-global-split", "totals")
+    assert fitting(spec, spec.as_dict(), "totals", tuple(RULES))[0] == "aggregate-local-global-split"

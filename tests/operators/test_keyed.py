@@ -340,3 +340,70 @@ def test_kernels_pickle_and_accept_non_nullable_input() -> None:
         assert all(f.nullable for f in kernel.state_schema)
         out = run_epochs(kernel, [(rows, 0)], check=check_result).output
         assert out.num_rows > 0
+
+
+# ==================================================================== local/global split
+# integer sums only: a float sum whose rows all cancel may end at a residue like 1e-16 in one
+# order of addition and at 0 in another, and a non-zero partial keeps a key's state row
+REVISABLE: tuple = (("n", "count", None), ("n_price", "count", "price"), ("total", "sum", "price"),
+                    ("mean", "avg", "price"))
+
+
+def revised_bids(n: int, seed: int) -> pa.Table:
+    """Bids with ``_diff``: every row inserted, then about a third of them taken back later."""
+    rows = make_bids(n, seed=seed)
+    rng = np.random.default_rng(seed)
+    back = np.sort(rng.choice(n, n // 3, replace=False))
+    out = pa.concat_tables([rows, rows.take(pa.array(back))])
+    weights = np.concatenate([np.ones(n, np.int64), -np.ones(back.size, np.int64)])
+    return out.append_column(DIFF, pa.array(weights))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    cuts=st.lists(st.integers(0, 400), max_size=5),
+    switch=st.integers(0, 6),
+    chunk=st.integers(10, 200),
+    revised=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_a_local_global_split_emits_what_the_aggregate_emits(
+    cuts: list[int], switch: int, chunk: int, revised: bool, seed: int
+) -> None:
+    """From any epoch on, the rows combined in chunks of any size first (the local step) and a
+    merging kernel that takes the aggregate's state over (the global step): every epoch emits the
+    aggregate's changelog and ends with its state."""
+    rows = revised_bids(300, seed) if revised else make_bids(400, seed=seed)
+    aggs = REVISABLE if revised else AGGS
+    keys = ("cat", "region")
+    whole = KeyedAggregateKernel(rows.schema, keys, aggs, time="ts")
+    merging = KeyedAggregateKernel.merging(whole.partial_schema, keys, aggs, time="ts")
+    assert merging.state_schema == whole.state_schema and merging.output_schema == whole.output_schema
+    batches, _ = cut(rows, cuts)
+    want_state = got_state = whole.empty_state()
+    for epoch, batch in enumerate(batches):
+        want = whole.process(with_kg(batch, keys), want_state, NO_WATERMARK)
+        if epoch < switch:
+            got = whole.process(with_kg(batch, keys), got_state, NO_WATERMARK)
+        else:
+            parts = [whole.combine(batch.slice(i, chunk)) for i in range(0, batch.num_rows, chunk)]
+            partials = pa.concat_tables(parts) if parts else whole.partial_schema.empty_table()
+            assert partials.num_rows <= len(parts) * len(set(row_tuples(batch, keys)))
+            got = merging.process(with_kg(partials, keys), got_state, NO_WATERMARK)
+            check_result(merging, got_state, got)
+        assert multiset(got.output) == multiset(want.output), epoch
+        assert multiset(got.state) == multiset(want.state), epoch
+        want_state, got_state = want.state, got.state
+
+
+def test_combine_refuses_what_it_cannot_merge() -> None:
+    rows = revised_bids(20, 1)
+    with_min = KeyedAggregateKernel(rows.schema, ("cat",), [("lo", "min", "price")])
+    with pytest.raises(ValueError, match="min and max over a revised input"):
+        with_min.combine(rows)
+    plain = KeyedAggregateKernel(make_bids(5).schema, ("cat",), AGGS, time="ts")
+    with pytest.raises(ValueError, match="missing column"):
+        KeyedAggregateKernel.merging(plain.partial_schema.remove(3), ("cat",), AGGS, time="ts")
+    with pytest.raises(ValueError, match="partials of types"):
+        clash = pa.schema([("cat", pa.int64()), ("s", pa.int64()), ("m", pa.int32())])
+        KeyedAggregateKernel.merging(clash, ("cat",), [("s", "sum", "p"), ("m", "max", "p")])

@@ -108,3 +108,90 @@ def test_the_hot_spot_detector_splits_a_saturated_pattern_step(spark, tmp_path: 
     assert all(s["hotShareOfFairLane"] > 1.2 and s["makespanMs"] > 0 for s in seen)
     assert made["expected"]["makespanMs"] > 0 and made["measured"]["makespanMs"] > 0
     assert [d["outcome"] for d in Inbox(ckpt).done()] == ["applied"]
+
+
+def aggregate_network(out: Path, rewrite: dict, revised: bool = False) -> dict:
+    aggregates = {"n": "count(*)", "total": "sum(value)", "mean": "avg(value)", "low": "min(value)", "high": "max(value)"}
+    if not revised:
+        aggregates["latest"] = "last(value)"
+    return {
+        "name": "rewriting-aggregate", "trigger": 0, "lanes": 2, "key_groups": 16,
+        "sources": [{"name": "ticks", "generator": TICKS_SOURCE, "limit": TICKS, "max_rows_per_epoch": 500}],
+        "steps": [
+            {"name": "shown", "input": "ticks", "select": ["key", "value", "event_time"]
+             + (["CASE WHEN value % 7 = 0 THEN -1 ELSE 1 END AS _diff"] if revised else [])},
+            {"name": "per_key", "input": "shown", "aggregate": {"key": "key", "time": "event_time", "aggregates": aggregates}},
+        ],
+        "sinks": [{"name": "changes", "input": "per_key", "files": {"path": str(out / "changes")}}],
+        "control": {"load": "rows", "rewrite": rewrite},
+    }
+
+
+def applied_changelog(out: Path, columns: str) -> list[tuple]:
+    """The sink's changelog applied: each distinct row with its summed weight, if positive."""
+    return normal(duckdb.connect().execute(
+        f"SELECT {columns} FROM read_parquet('{out}/changes/epoch=*/*.parquet', hive_partitioning = false) "
+        f"GROUP BY ALL HAVING sum(_diff) > 0").fetchall())
+
+
+def test_a_hot_aggregate_is_split_into_local_and_global_steps_that_keep_its_state(spark, tmp_path: Path) -> None:
+    """The detector fires the local/global split; the driver dies in the first epoch that runs
+    it and a restart goes on split. The aggregate keeps its state (no reset) and the changelog
+    applied equals the query over all ticks, last() included."""
+    ckpt = str(tmp_path / "ckpt")
+    spec = load_spec(aggregate_network(tmp_path / "out", {"saturation": 0.0, "patience": 2}))
+    with pytest.raises(Crash):
+        Engine(spec, spark, ckpt, faults=CrashAt(4, FaultPoint.AFTER_STAGE)).run(until_idle=True)
+    Engine(spec, spark, ckpt).run(until_idle=True)
+
+    ticks = duckdb.connect()
+    ticks.register("ticks", generator_frame(spark, Generator(**TICKS_SOURCE), 0, TICKS, 2).toArrow())
+    want = normal(ticks.execute(
+        "SELECT key, count(*), sum(value), avg(value), min(value), max(value), "
+        "arg_max(value, (event_time, value)) FROM ticks GROUP BY key").fetchall())
+    assert len(want) == 6
+    assert applied_changelog(tmp_path / "out", "key, n, total, mean, low, high, latest") == want
+
+    ((epoch, applied),) = rewrites(ckpt)
+    assert epoch == 4 and applied["rewrite"] == "aggregate-local-global-split"
+    ck = Checkpoint(ckpt)
+    assert ck.metadata()["applied"]["reset"] == [] and ck.metadata()["applied"]["inherit"] == {}
+    made = next(d for d in ck.latest_commit().control["manager"]["decisions"] if d["kind"] == "rewrite")
+    assert made["why"]["reason"] == "hot spot" and made["action"]["steps"] == ["per_key"]
+    share = min(e["hotShareOfFairLane"] for e in made["why"]["epochs"])
+    assert made["expected"]["makespanMs"] == pytest.approx(made["why"]["makespanMs"] / share, abs=0.2)
+    assert made["measured"]["makespanMs"] > 0
+    # the aggregate's lanes got every tick of a key before the split, one partial per key and
+    # task (two tasks) after it
+    rows = {h["epoch"]: max(h["kg_rows"].values()) for h in ck.latest_commit().control["manager"]["history"]["per_key"]
+            if h["kg_rows"]}
+    assert all(rows[e] > 300 for e in (1, 2, 3)) and 4 in rows and all(rows[e] <= 2 for e in rows if e >= 4), rows
+    shown = CliRunner().invoke(app, ["explain", str(tmp_path / "net.json"), "--checkpoint", ckpt, "--no-spark-plan"])
+    assert shown.exit_code == 2
+    (tmp_path / "net.json").write_text(json.dumps(aggregate_network(tmp_path / "out", {"auto": False})))
+    shown = CliRunner().invoke(app, ["explain", str(tmp_path / "net.json"), "--checkpoint", ckpt, "--no-spark-plan"])
+    assert shown.exit_code == 0, shown.output
+    assert "per_key_local ← shown: combine" in shown.output
+    assert "rewritten at epoch 4 by aggregate-local-global-split" in shown.output
+
+
+def test_a_rewrite_that_would_not_compile_is_refused_and_the_run_goes_on(spark, tmp_path: Path) -> None:
+    """min and max over a revised input cannot be combined: the rule fits the spec, but the
+    rewritten network does not compile, so the command is refused before anything changes."""
+    ckpt = str(tmp_path / "ckpt")
+    spec = load_spec({**aggregate_network(tmp_path / "out", {"auto": False, "schedule": {2: ["per_key"]}}, revised=True),
+                      "sources": [{"name": "ticks", "generator": TICKS_SOURCE, "limit": 1_000, "max_rows_per_epoch": 500}]})
+    Engine(spec, spark, ckpt).run(until_idle=True)
+
+    (done,) = Inbox(ckpt).done()
+    assert done["outcome"] == "refused" and done["from"] == "rewrite"
+    assert "step 'per_key_local': combine cannot take the revisions of input 'shown'" in done["reason"]
+    assert "low, high: only count, sum and avg partials can take a row back" in done["reason"]
+    assert rewrites(ckpt) == [] and "applied" not in (Checkpoint(ckpt).metadata() or {})
+    ticks = duckdb.connect()
+    ticks.register("ticks", generator_frame(spark, Generator(**TICKS_SOURCE), 0, 1_000, 2).toArrow())
+    weighted = "(CASE WHEN value % 7 = 0 THEN -1 ELSE 1 END)"
+    want = normal(ticks.execute(
+        f"SELECT key, sum({weighted}), sum(value * {weighted}), sum(value * {weighted}) / sum({weighted}) "
+        "FROM ticks GROUP BY key").fetchall())
+    assert applied_changelog(tmp_path / "out", "key, n, total, mean") == want
