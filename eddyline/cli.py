@@ -509,21 +509,24 @@ def apply(
     reset: Annotated[list[str] | None, typer.Option(help="a changed stateful step that starts with no state")] = None,
     dry_run: Annotated[bool, typer.Option(help="show what would change, queue nothing")] = False,
     from_epoch: Annotated[int | None, typer.Option(
-        help="added sources that read what a running one reads start where it was at this kept epoch")] = None,
+        help="added steps that read a running source, and added sources that read what a running one reads, "
+        "start where it was at this kept epoch")] = None,
 ) -> None:
     """Change the network running on --checkpoint into NEW at its next epoch, without stopping
     it: shows what is added (+), removed (-) and changed (~), checks that the running state fits
     the new network, and queues the change. Unchanged steps keep their state and routing; added
-    ones start empty (a new source from its first offset, or with --from-epoch where a running
-    source with the same parameters was at that epoch); a changed stateful step whose state
-    would not fit is refused unless given with --reset."""
-    from eddyline.api.change import check_change, required_history_starts
+    ones start empty (a new source from its first offset). With --from-epoch, an added source
+    with the parameters of a running one starts where that one was at the epoch, and an added
+    step that reads a running source reads a copy of it from there, then the source itself once
+    the copy has caught up. A changed stateful step whose state would not fit is refused unless
+    given with --reset."""
+    from eddyline.api.change import catch_ups, check_change, required_history_starts
     from eddyline.runtime.inbox import Inbox
 
     try:
         old, target = _load(spec), _load(new)
         diff = check_change(old, target, tuple(reset or ()))
-        starts = required_history_starts(old, target) if from_epoch is not None else {}
+        starts = required_history_starts(old, target, from_epoch) if from_epoch is not None else {}
     except EddylineError as e:
         raise _fail(e) from None
     out = Console()
@@ -534,8 +537,13 @@ def apply(
         return
     body = {"network": target.as_dict(), "reset": sorted(reset or ())} | ({"start_epoch": from_epoch} if from_epoch else {})
     command = Inbox(checkpoint).submit_command(body)
+    copies = catch_ups(old, target, from_epoch) if from_epoch is not None else {}
     for added, running in starts.items():
-        out.print(f"source '{added}' starts where '{running}' was at epoch {from_epoch}", highlight=False)
+        if added in copies:
+            out.print(f"step(s) {', '.join(copies[added][1])} read a copy of '{running}' that starts where it was at epoch "
+                      f"{from_epoch}, then '{running}' itself once the copy has caught up", highlight=False)
+        else:
+            out.print(f"source '{added}' starts where '{running}' was at epoch {from_epoch}", highlight=False)
     out.print(f"queued change {command}; it takes effect at the next epoch", highlight=False)
 
 

@@ -10,6 +10,11 @@ would not fit the new step, and the change is refused unless the step is named i
 (it then starts with no state). What cannot change in place is refused with the reason: the
 network's name and key groups (every key-group state is cut by them), a source's kind or
 parameters (its offsets mean something else), a changed stateful step that is not reset.
+
+Added steps may start from a kept epoch instead (``--from-epoch``): an added source with the
+parameters of a running one starts where that one was (:func:`history_starts`), and an added
+step that reads a running source reads a copy of it that does (:func:`catch_ups`), until the
+copy has caught up with the source.
 """
 
 from __future__ import annotations
@@ -113,13 +118,78 @@ def history_starts(old: NetworkSpec, new: NetworkSpec) -> dict[str, str]:
     return out
 
 
-def required_history_starts(old: NetworkSpec, new: NetworkSpec) -> dict[str, str]:
-    """:func:`history_starts` for ``apply --from-epoch``: refused when there is none."""
-    starts = history_starts(old, new)
+#: the name of the copy of a running source that added steps catch up on
+CATCH_UP = "{source}__from_{epoch}"
+
+
+def catch_ups(old: NetworkSpec, new: NetworkSpec, epoch: int) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """For ``apply --from-epoch``: the added steps that read a running source directly. They
+    read a copy of it instead (``<source>__from_<epoch>``, same kind and parameters), which
+    starts where the source was at ``epoch`` and catches up behind it; once the copy has read as
+    far as the source, the steps read the source itself (``Engine``). Returns copy -> (running
+    source, its added readers). A step that reads a running source among several inputs is
+    refused: it cannot be given a copy for one of them."""
+    running = {s.name for s in old.sources}
+    before = {s.name for s in old.steps}
+    taken = {n.name for n in (*new.sources, *new.steps, *new.sinks)}
+    out: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for step in new.steps:
+        if step.name in before:
+            continue
+        shared = [i for i in step.inputs if i in running]
+        if not shared:
+            continue
+        if len(step.inputs) > 1:
+            raise SpecError(f"apply --from-epoch: step '{step.name}' reads running source '{shared[0]}' among other "
+                            "inputs; to start it from a kept epoch, read the source through a step of its own "
+                            "(e.g. select: ['*'])")
+        copy = CATCH_UP.format(source=shared[0], epoch=epoch)
+        if copy in taken:
+            raise SpecError(f"apply --from-epoch: the name '{copy}' for the copy of source '{shared[0]}' is taken")
+        out[copy] = (shared[0], (*out.get(copy, ("", ()))[1], step.name))
+    return out
+
+
+def with_catch_ups(spec: NetworkSpec, copies: dict[str, tuple[str, tuple[str, ...]]]) -> NetworkSpec:
+    """``spec`` as it runs while added steps catch up (see :func:`catch_ups`): each copy a source
+    of its own, its steps reading it. Copies whose source or steps are gone are left out."""
+    from eddyline.api.validate import spec_from_raw
+
+    copies = still_catching_up(spec, copies)
+    if not copies:
+        return spec
+    raw = spec.as_dict()
+    sources = {s["name"]: s for s in raw["sources"]}
+    steps = {s["name"]: s for s in raw["steps"]}
+    for copy, (source, readers) in copies.items():
+        raw["sources"].append({**sources[source], "name": copy})
+        for r in readers:
+            steps[r]["input"] = copy
+    return spec_from_raw(raw)
+
+
+def still_catching_up(
+    spec: NetworkSpec, copies: dict[str, tuple[str, tuple[str, ...]]]
+) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The copies of :func:`catch_ups` that still apply to ``spec``: their source is there and
+    so is one of their steps, still reading it."""
+    sources = {s.name for s in spec.sources}
+    reads = {s.name: s.inputs for s in spec.steps}
+    out: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for copy, (source, readers) in copies.items():
+        kept = tuple(r for r in readers if reads.get(r) == (source,))
+        if source in sources and kept:
+            out[copy] = (source, kept)
+    return out
+
+
+def required_history_starts(old: NetworkSpec, new: NetworkSpec, epoch: int) -> dict[str, str]:
+    """:func:`history_starts` for ``apply --from-epoch``, also the copies :func:`catch_ups`
+    makes (copy -> running source): refused when there is neither."""
+    starts = history_starts(old, new) | {c: s for c, (s, _) in catch_ups(old, new, epoch).items()}
     if not starts:
-        raise SpecError("apply --from-epoch: no added source reads what a running one reads; an added query that "
-                        "should see the input since then reads its own copy of the running source (same kind and "
-                        "parameters, another name)")
+        raise SpecError("apply --from-epoch: no added step reads a running source and no added source reads what a "
+                        "running one reads, so nothing would start from a kept epoch")
     return starts
 
 

@@ -123,6 +123,15 @@ class Checkpoint:
             meta["rewrites"] = [*(r for r in meta.get("rewrites", []) if r.get("epoch") != epoch), {**rewrite, "epoch": epoch}]
         write_atomic(self.fs, f"{self.base}/metadata.json", json.dumps(meta, indent=2).encode())
 
+    def record_caught_up(self, catch_up: dict[str, Any], copies: list[str], epoch: int) -> None:
+        """From ``epoch`` on, the steps that caught up on ``copies`` read their sources
+        (``catch_up``: the copies still in use); kept in the list ``caught_up``."""
+        meta = self.metadata()
+        assert meta is not None and "applied" in meta
+        meta["applied"]["catch_up"] = catch_up
+        meta["caught_up"] = [*meta.get("caught_up", []), *({"copy": c, "epoch": epoch} for c in copies)]
+        write_atomic(self.fs, f"{self.base}/metadata.json", json.dumps(meta, indent=2).encode())
+
     # ---------------------------------------------------------------- plans and commits
     def _path(self, kind: str, epoch: int) -> str:
         return f"{self.base}/{kind}/{epoch:010d}.json"

@@ -26,7 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from eddyline.api.change import check_change, history_starts, required_history_starts
+from eddyline.api.change import (
+    catch_ups,
+    check_change,
+    history_starts,
+    required_history_starts,
+    still_catching_up,
+    with_catch_ups,
+)
 from eddyline.api.live import carried, sink_settings, with_settings
 from eddyline.api.network import NetworkSpec
 from eddyline.api.units import Files, format_duration_ms
@@ -172,8 +179,10 @@ class Engine:
         when a live change (:mod:`eddyline.api.change`) puts another network in force.
         ``keep``: sinks still open from the network before (unchanged), used as they are."""
         spark, checkpoint, pair, lease = self.spark, self.ckpt.location, self.pair, self.lease
-        self.spec = self.base_spec = spec
+        self.base_spec = spec
         self.network_id = network_hash(spec.as_dict())  # names the network in plans and the checkpoint
+        # added steps still catching up read copies of running sources (api.change.catch_ups)
+        self.spec = spec = with_catch_ups(spec, self._change.catch_up)
         self.settings = {}
         self.retain_epochs = self._retain or spec.history
         sinks = {**self._given_sinks, **(keep or {})}
@@ -255,6 +264,8 @@ class Engine:
             ):
                 epoch_start = time.monotonic()
                 replayed = pending is not None
+                if not replayed and not self.paused:
+                    self._merge_caught_up(last)
                 before, taken = self.settings, [] if replayed else self._take_commands((last.epoch if last else 0) + 1)
                 if self.paused and pending is None:  # an operator's pause: wait for the resume, workers kept warm
                     summary.worker_keepalives += self._keep_workers_warm()
@@ -428,9 +439,10 @@ class Engine:
             fits = checked_rewrite(self.base_spec, command).fits if "rewrite" in command else ()
             new = spec_from_raw(raw)
             check_change(self.base_spec, new, tuple(command.get("reset") or ()), fits)
-            analyze(new, self.spark)  # what would fail its first epoch is refused before it is in force
             if "start_epoch" in command:
                 self._check_start(command["start_epoch"], new, last_epoch)
+            # what would fail its first epoch is refused before it is in force
+            analyze(with_catch_ups(new, self._catch_ups(command, new)), self.spark)
         if what == "apply":
             return
         target = command.get(what)
@@ -446,6 +458,14 @@ class Engine:
         if len(targets) > 1:  # the epochs to take back were written to more than one target
             raise EngineError(f"{what}: a sink's target changed (a control setting) between epoch {target} and "
                               f"{last_epoch}; {what} can go back to the epoch the last change took effect at the earliest")
+        if self._change.catch_up:  # (the copies' offsets would have to be taken back too)
+            steps = sorted(st for _, readers in self._change.catch_up.values() for st in readers)
+            raise EngineError(f"{what}: step(s) {', '.join(steps)} still catch up on copies of running sources; "
+                              f"{what} once they read the sources themselves")
+        merged = [r["epoch"] for r in (self.ckpt.metadata() or {}).get("caught_up", []) if r["epoch"] >= target]
+        if merged:
+            raise EngineError(f"{what}: added steps went over from a copy to its source at epoch {max(merged)}; "
+                              f"{what} can go back to epoch {max(merged) + 1} at the earliest")
         rewritten = [r for r in (self.ckpt.metadata() or {}).get("rewrites", []) if r["epoch"] >= target]
         if rewritten and what == "replay":  # its new steps took their state over at that boundary only
             r = min(rewritten, key=lambda r: r["epoch"])
@@ -499,12 +519,37 @@ class Engine:
         also = f" and those committed in the last {format_duration_ms(within)}" if within is not None else ""
         return also + (f", as far as their state fits history_bytes ({cap:,} bytes)" if cap is not None else "")
 
+    def _catch_ups(self, command: dict[str, Any], new: NetworkSpec) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """The copies added steps read while they catch up once ``command`` is in force: those
+        still catching up, and with ``start_epoch`` those for the steps it adds."""
+        start = command.get("start_epoch")
+        added = catch_ups(self.base_spec, new, int(start)) if isinstance(start, int) else {}
+        return still_catching_up(new, {**self._change.catch_up, **added})
+
+    def _merge_caught_up(self, last: EpochCommit | None) -> None:
+        """Copies that have read as far as their sources: from the next epoch on their steps
+        read the sources themselves, with the state they have (the rows are the same from here
+        on). Recorded in the checkpoint's metadata (``caught_up``) before the next epoch is planned."""
+        if last is None or not self._change.catch_up or isinstance(self.planner, Following):
+            return
+        ends, cursors = last.source_ends, last.cursors
+        done = [c for c, (s, _) in self._change.catch_up.items()
+                if c in ends and ends[c] >= ends.get(s, 0) and cursors.get(c) == cursors.get(s)]
+        if not done:
+            return
+        self._change = dataclasses.replace(
+            self._change, catch_up={c: v for c, v in self._change.catch_up.items() if c not in done})
+        self.ckpt.record_caught_up(self._change.to_json()["catch_up"], done, last.epoch + 1)
+        settings = self.settings
+        self._rebuild(self.base_spec, last)
+        self._use_settings(settings)
+
     def _check_start(self, start: Any, new: NetworkSpec, last_epoch: int) -> None:
         """An added query that starts from a kept epoch: its sources must read what running
         ones read, and the commit before that epoch must still be kept."""
         if not isinstance(start, int) or not 1 <= start <= last_epoch + 1:
             raise EngineError(f"apply --from-epoch: expected an epoch from 1 to {last_epoch + 1}, got {start!r}")
-        required_history_starts(self.base_spec, new)
+        required_history_starts(self.base_spec, new, start)
         if start > 1 and not self.ckpt.has_commit(start - 1):
             raise EngineError(f"apply --from-epoch: epoch {start - 1} is no longer kept (the checkpoint keeps the last "
                               f"{self.retain_epochs} epochs{self._kept_for}; raise the network's history to go further back)")
@@ -539,9 +584,12 @@ class Engine:
         if network_hash(raw) == self.network_id:
             return  # in force already (switched while idle, the plan to log it still to come)
         start = command.get("start_epoch")
+        copies = self._catch_ups(command, new)
         change = LiveChange(
             (last.epoch if last else 0) + 1, tuple(sorted(command.get("reset") or ())), dict(command.get("inherit") or {}),
-            {n: (o, int(start)) for n, o in history_starts(self.base_spec, new).items()} if start else {})
+            {n: (o, int(start)) for n, o in history_starts(self.base_spec, new).items()}
+            | {c: (o, int(start)) for c, (o, _) in copies.items() if c not in self._change.catch_up} if start else {},
+            copies)
         made_by = command.get("rewrite")
         self.ckpt.record_change(new.fingerprint(), self.ckpt.store_network(raw), change.to_json(),
                                 {k: made_by[k] for k in ("rule", "step", "summary")} if made_by else None)
@@ -557,7 +605,11 @@ class Engine:
         meta = self.ckpt.metadata() or {}
         applied = meta.get("applied")
         mine = self.network_id
+        if applied:
+            self._change = LiveChange.from_json(applied)
         if not applied or applied["hash"] == mine:
+            if self._change.catch_up:  # its added steps go on catching up on their copies
+                self._rebuild(self.base_spec, None)
             return
         if mine != meta.get("created"):
             raise CheckpointError(
@@ -621,7 +673,7 @@ class Engine:
         """Run with the network as written plus ``settings`` (validated: a plan logged them)."""
         if settings == self.settings:
             return
-        spec = with_settings(self.base_spec, settings)
+        spec = with_catch_ups(with_settings(self.base_spec, settings), self._change.catch_up)
         old, self.settings, self.spec = self.spec, settings, spec
         self.compiler.spec = self._plans.spec = self.executor.spec = spec
         self.controller.reconfigure(spec)
@@ -832,15 +884,19 @@ class LiveChange:
     reset: tuple[str, ...] = ()
     inherit: dict[str, str] = field(default_factory=dict)
     sources: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: added steps catching up on copies of running sources: copy -> (source, steps)
+    catch_up: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "reset": list(self.reset), "inherit": self.inherit,
-                "sources": {n: list(v) for n, v in self.sources.items()}}
+                "sources": {n: list(v) for n, v in self.sources.items()},
+                "catch_up": {c: [s, list(steps)] for c, (s, steps) in self.catch_up.items()}}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LiveChange:
         return cls(int(data.get("epoch", 0)), tuple(data.get("reset", ())), dict(data.get("inherit") or {}),
-                   {n: (str(o), int(e)) for n, (o, e) in (data.get("sources") or {}).items()})
+                   {n: (str(o), int(e)) for n, (o, e) in (data.get("sources") or {}).items()},
+                   {c: (str(s), tuple(steps)) for c, (s, steps) in (data.get("catch_up") or {}).items()})
 
 
 class _Cleaner(threading.Thread):

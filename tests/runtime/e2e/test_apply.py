@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from eddyline.api.validate import load_spec
 from eddyline.cli import app
 from eddyline.errors import CheckpointError
-from eddyline.runtime.checkpoint import Checkpoint
+from eddyline.runtime.checkpoint import Checkpoint, network_hash
 from eddyline.runtime.engine import Engine
 from eddyline.runtime.faults import FaultPoint
 from eddyline.runtime.inbox import Inbox
@@ -182,3 +182,55 @@ def test_an_added_query_starts_from_a_kept_epoch(spark, tmp_path: Path) -> None:
     ).fetchall()
     assert got == windows_from_third_file(tmp_path / "in", "count(*)", first=1) and len(got) > 20
     assert Checkpoint(ckpt).metadata()["applied"]["sources"] == {"bids_again": ["bids", 2]}
+
+
+def test_an_added_query_on_a_running_source_catches_up_and_then_reads_it(spark, tmp_path: Path) -> None:
+    """``apply --from-epoch 2`` of a query that reads the running source itself: it reads a copy
+    that starts where the source was at epoch 2 and follows one file an epoch behind it; once
+    the copy has read as far as the source, the query reads the source (the driver dies in that
+    epoch, a restart goes on). Its windows are those of the input from epoch 2 on, every file
+    counted once; the running query's output is as without the change; the network in force is
+    the one applied, so applying it again changes nothing."""
+    write_bid_files(tmp_path / "in", files=6, rows=40)
+    a = network(tmp_path / "in", tmp_path / "out")
+    b = copy.deepcopy(a)
+    b["steps"].append(COUNTS)  # reads 'bids', which runs
+    b["sinks"].append({"name": "windows", "input": "counts", "files": {"path": str(tmp_path / "out" / "counts"), "format": "parquet"}})
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, net in zip(paths, (a, b), strict=True):
+        path.write_text(json.dumps(net))
+    ckpt = str(tmp_path / "ckpt")
+    Engine(load_spec(a), spark, ckpt).run(epochs=3)
+    runner = CliRunner()
+    ok = runner.invoke(app, ["apply", str(paths[0]), str(paths[1]), "--checkpoint", ckpt, "--from-epoch", "2"])
+    assert ok.exit_code == 0, ok.output
+    assert "step(s) counts read a copy of 'bids' that starts where it was at epoch 2" in ok.output
+    Engine(load_spec(a), spark, ckpt).run(epochs=5)  # epochs 4-8: 'bids' reads files 3-5, the copy 1-5
+    meta, last = Checkpoint(ckpt).metadata(), Checkpoint(ckpt).latest_commit()
+    assert last.epoch == 8 and last.source_ends["bids__from_2"] == last.source_ends["bids"] == 6
+    assert meta["applied"]["catch_up"] == {"bids__from_2": ["bids", ["counts"]]}
+
+    write_bid_files(tmp_path / "more", files=7, rows=40, seed=11)  # one more file, read by epoch 9
+    (tmp_path / "more" / "bids-0006.json").rename(tmp_path / "in" / "bids-0006.json")
+    with pytest.raises(Crash):  # caught up at epoch 8: from epoch 9 on 'counts' reads 'bids'
+        Engine(load_spec(a), spark, ckpt, faults=CrashAt(9, FaultPoint.AFTER_STAGE)).run(until_idle=True)
+    assert Checkpoint(ckpt).metadata()["applied"]["catch_up"] == {}  # decided before epoch 9 was planned
+    Engine(load_spec(a), spark, ckpt).run(until_idle=True)
+
+    meta = Checkpoint(ckpt).metadata()
+    assert meta["caught_up"] == [{"copy": "bids__from_2", "epoch": 9}]
+    assert set(Checkpoint(ckpt).read_plan(9).sources) == {"bids"}
+    got = duckdb.connect().execute(
+        f"SELECT auction, epoch_ms(window_start), n FROM read_parquet('{tmp_path}/out/counts/epoch=*/*.parquet') ORDER BY ALL"
+    ).fetchall()
+    assert got == windows_from_third_file(tmp_path / "in", "count(*)", first=1) and len(got) > 20
+    want = expected(tmp_path / "in", switch_at=99)
+    rows = per_epoch(tmp_path / "out")
+    assert {e: rows[e] for e in range(1, 7)} == {e: want[e] for e in range(1, 7)} and rows[9] == want[7]
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6, 9]
+    assert meta["applied"]["hash"] == network_hash(load_spec(b).as_dict())  # what runs is what was applied
+    refused = Inbox(ckpt).submit_command({"replay": 8})
+    Engine(load_spec(a), spark, ckpt).run(until_idle=True)
+    (done,) = [d for d in Inbox(ckpt).done() if d["id"] == refused]
+    assert done["outcome"] == "refused"
+    assert "added steps went over from a copy to its source at epoch 9; replay can go back to epoch 10" in done["reason"]
