@@ -407,3 +407,14 @@ def test_combine_refuses_what_it_cannot_merge() -> None:
     with pytest.raises(ValueError, match="partials of types"):
         clash = pa.schema([("cat", pa.int64()), ("s", pa.int64()), ("m", pa.int32())])
         KeyedAggregateKernel.merging(clash, ("cat",), [("s", "sum", "p"), ("m", "max", "p")])
+
+
+def test_a_key_whose_rows_cancel_in_its_first_batch_is_neither_stored_nor_deleted() -> None:
+    schema = pa.schema([("k", pa.int64()), ("v", pa.int64()), (DIFF, pa.int64())])
+    kernel = KeyedAggregateKernel(schema, ("k",), [("n", "count", None), ("s", "sum", "v")])
+    first = kernel.process(with_kg(pa.table({"k": [1], "v": [5], DIFF: [1]}, schema=schema), ("k",)), None, NO_WATERMARK)
+    batch = pa.table({"k": [1, 2, 2], "v": [5, 7, 7], DIFF: [1, 1, -1]}, schema=schema)  # key 2 comes and goes
+    res = kernel.process(with_kg(batch, ("k",)), first.state, NO_WATERMARK)
+    check_result(kernel, first.state, res)
+    assert res.deletes.num_rows == 0 and row_tuples(res.state, ["k", "n", "s"]) == [(1, 2, 10)]
+    assert sorted(row_tuples(res.output)) == [(1, 1, 5, -1), (1, 2, 10, 1)]
