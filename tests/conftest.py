@@ -9,10 +9,14 @@ import pytest
 # run-and-restart cycle takes about a third less (docs/perf-notes.md). This process's own JVM,
 # which runs the in-process tests for twenty minutes, keeps the JVM's compilers. All of them map
 # Spark's classes from a class-data-sharing archive (tests/jvm_archive.py), made once per pytest
-# cache when the shared session starts. Benchmarks and users' runs keep the JVM's defaults.
+# cache, in the background from when the shared session starts. Benchmarks and users' runs keep the JVM's defaults.
 DRIVER_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 _CHOSEN_JVM = "SPARK_SUBMIT_OPTS" in os.environ
 os.environ.setdefault("SPARK_SUBMIT_OPTS", DRIVER_JVM)
+
+
+#: the class archive being made in the background, until the tests that need it wait for it
+_MAKING: list = []
 
 
 @pytest.fixture(scope="session")
@@ -24,14 +28,33 @@ def spark(request):
     if _CHOSEN_JVM:  # JVM options chosen by whoever runs the suite are left as they are
         session = get_spark("local[2]", conf)
     else:
-        from tests.jvm_archive import archive_options
+        from tests.jvm_archive import Archive
 
-        archive = archive_options(request.config.cache.mkdir("jvm-archive"), DRIVER_JVM)
-        os.environ["SPARK_SUBMIT_OPTS"] = archive
+        archive = Archive(request.config.cache.mkdir("jvm-archive"), DRIVER_JVM)
+        if not archive.exists():
+            archive.start()  # meanwhile this session and the first tests go on without it
+            _MAKING.append(archive)
+        os.environ["SPARK_SUBMIT_OPTS"] = archive.options()
         session = get_spark("local[2]", conf)
-        os.environ["SPARK_SUBMIT_OPTS"] = f"{DRIVER_JVM} {archive}"
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{DRIVER_JVM} {archive.options()}"
     yield session
     session.stop()
+
+
+def _archive_made() -> None:
+    archive = _MAKING.pop()
+    os.environ["SPARK_SUBMIT_OPTS"] = f"{DRIVER_JVM} {archive.finish()}"
+
+
+def pytest_runtest_setup(item):  # noqa: ANN001, ANN201
+    """The tests that start drivers of their own (marked slow) wait for the class archive."""
+    if _MAKING and (_MAKING[0].done() or item.get_closest_marker("slow") is not None):
+        _archive_made()
+
+
+def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001, ANN201
+    if _MAKING:  # made for the next run
+        _archive_made()
 
 
 @pytest.fixture(scope="session")

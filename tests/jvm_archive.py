@@ -8,6 +8,8 @@ from an archive instead, which takes several seconds off every driver start (doc
 The archive is made once per pytest cache by running a small Eddyline network in a separate
 process, whose JVM writes it when it exits; it is keyed by the PySpark version, the Java binary
 and the JVM options, because the JVM refuses (and then ignores) an archive made by another.
+It is made in the background while the first tests run (their JVMs start without it); the
+tests that start drivers of their own wait for it (tests/conftest.py).
 
 ``python -m tests.jvm_archive WORKDIR`` is that process (the archive's path is in its JVM options).
 """
@@ -36,29 +38,54 @@ def _key(options: str) -> str:
     return hashlib.sha1(f"{pyspark.__version__}|{java}|{stamp}|{options}".encode()).hexdigest()[:16]
 
 
-def archive_options(cache_dir: Path, options: str) -> str:
-    """The JVM options that map an archive made by a JVM started with ``options`` (making it
-    first if this cache has none); only the quieting ones if it cannot be made. A JVM with other
-    compiler or collector options maps it too."""
-    archive = cache_dir / f"spark-{_key(options)}.jsa"
-    if not archive.exists():
-        work = cache_dir / "work"
-        shutil.rmtree(work, ignore_errors=True)
-        partial = archive.with_suffix(".partial")
-        partial.unlink(missing_ok=True)
-        env = {**os.environ, "SPARK_SUBMIT_OPTS": f"{options} {QUIET} -XX:ArchiveClassesAtExit={partial}"}
+class Archive:
+    """The archive of a pytest cache for JVMs started with ``options``. :meth:`options` gives the
+    JVM options that map it once it exists; if it does not, :meth:`start` makes it in the
+    background and :meth:`finish` waits for it. While it is being made, JVMs start without it."""
+
+    def __init__(self, cache_dir: Path, options: str):
+        self.cache_dir, self.jvm_options = cache_dir, options
+        self.path = cache_dir / f"spark-{_key(options)}.jsa"
+        self.partial = self.path.with_suffix(".partial")
+        self.work = cache_dir / "work"
+        self.proc: subprocess.Popen | None = None
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def options(self) -> str:
+        return f"{QUIET} -XX:SharedArchiveFile={self.path}" if self.exists() else QUIET
+
+    def start(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.partial.unlink(missing_ok=True)
+        env = {**os.environ, "SPARK_SUBMIT_OPTS": f"{self.jvm_options} {QUIET} -XX:ArchiveClassesAtExit={self.partial}"}
         root = Path(__file__).resolve().parents[1]
-        done = subprocess.run([sys.executable, "-m", "tests.jvm_archive", str(work)],
-                              cwd=root, env=env, capture_output=True, text=True, timeout=600)
-        shutil.rmtree(work, ignore_errors=True)
-        if done.returncode != 0 or not partial.exists():
-            print(f"no JVM class archive (the suite runs without one): {done.stderr[-1500:]}", file=sys.stderr)
-            return QUIET
-        partial.rename(archive)
-        for old in cache_dir.glob("spark-*.jsa"):  # made for another PySpark, Java or options
-            if old != archive:
-                old.unlink()
-    return f"{QUIET} -XX:SharedArchiveFile={archive}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.jvm_archive", str(self.work)], cwd=root, env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def done(self) -> bool:
+        return self.proc is None or self.proc.poll() is not None
+
+    def finish(self) -> str:
+        """Wait for the archive being made; the options that map it (only the quieting ones if
+        it could not be made: the suite then runs without one, and says so)."""
+        if self.proc is not None:
+            try:
+                _, err = self.proc.communicate(timeout=600)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                _, err = self.proc.communicate()
+            failed, self.proc = self.proc.returncode != 0 or not self.partial.exists(), None
+            shutil.rmtree(self.work, ignore_errors=True)
+            if failed:
+                print(f"no JVM class archive (the suite runs without one): {(err or '')[-1500:]}", file=sys.stderr)
+                return QUIET
+            self.partial.rename(self.path)
+            for old in self.cache_dir.glob("spark-*.jsa"):  # made for another PySpark, Java or options
+                if old != self.path:
+                    old.unlink()
+        return self.options()
 
 
 def _dump(work: Path) -> None:
