@@ -87,25 +87,32 @@ def _plus_element(step: StepSpec) -> str:
     return plus[0]
 
 
+def _new_name(spec: NetworkSpec, step: StepSpec, name: str, what: str) -> str:
+    """``name`` for the new step ``what``, refused if the network uses it already."""
+    if name in {n.name for n in (*spec.sources, *spec.steps, *spec.sinks)}:
+        raise SpecError(f"step '{step.name}': the name '{name}' for {what} is taken")
+    return name
+
+
+def _split_step(
+    raw: dict[str, Any], step: StepSpec, into: Callable[[dict[str, Any]], list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """The network's steps (spec dicts) with ``step`` replaced, in place, by ``into(its dict)``."""
+    return [new for s in raw["steps"] for new in (into(s) if s["name"] == step.name else [s])]
+
+
 def _pattern_split(raw: dict[str, Any], spec: NetworkSpec, step: StepSpec) -> Rewritten:
     """One pattern step becomes stage 1 (``<step>_stage1``, new, the runs up to the first
     ``P``) and stage 2 (the step itself, its output unchanged, extending stage 1's seeds)."""
     p = step.params
     if p.split is not None:
         raise SpecError(f"step '{step.name}': the pattern is split already (stage {p.split.stage})")
-    first = STAGE1.format(step=step.name)
-    taken = {n.name for n in (*spec.sources, *spec.steps, *spec.sinks)}
-    if first in taken:
-        raise SpecError(f"step '{step.name}': the name '{first}' for stage 1 is taken")
+    first = _new_name(spec, step, STAGE1.format(step=step.name), "stage 1")
     at = _plus_element(step)
-    steps: list[dict[str, Any]] = []
-    for s in raw["steps"]:
-        if s["name"] != step.name:
-            steps.append(s)
-            continue
-        pattern = s["pattern"]
-        steps.append({**s, "name": first, "pattern": {**pattern, "split": {"stage": 1, "at": at}}})
-        steps.append({**s, "pattern": {**pattern, "split": {"stage": 2, "at": at}, "seeds": first}})
+    steps = _split_step(raw, step, lambda s: [
+        {**s, "name": first, "pattern": {**s["pattern"], "split": {"stage": 1, "at": at}}},
+        {**s, "pattern": {**s["pattern"], "split": {"stage": 2, "at": at}, "seeds": first}},
+    ])
     control = dict(raw.get("control") or {})
     if step.name in (control.get("steps") or ()):
         control["steps"] = [*control["steps"], first]
@@ -140,20 +147,14 @@ def _aggregate_split(raw: dict[str, Any], spec: NetworkSpec, step: StepSpec) -> 
     p = step.params
     if p.combined:
         raise SpecError(f"step '{step.name}': the aggregate takes combined partials already")
-    local = LOCAL.format(step=step.name)
-    if local in {n.name for n in (*spec.sources, *spec.steps, *spec.sinks)}:
-        raise SpecError(f"step '{step.name}': the name '{local}' for the local step is taken")
+    local = _new_name(spec, step, LOCAL.format(step=step.name), "the local step")
     overload = spec.control.overload
     if overload is not None and overload.shedding != "off":
         raise SpecError(f"step '{step.name}': overload shedding would shed partial rows, each standing for many rows")
-    steps: list[dict[str, Any]] = []
-    for s in raw["steps"]:
-        if s["name"] != step.name:
-            steps.append(s)
-            continue
-        given = s["aggregate"]
-        steps.append({"name": local, "input": s["input"], "combine": {k: v for k, v in given.items() if k != "combined"}})
-        steps.append({**s, "input": local, "aggregate": {**given, "combined": True}})
+    steps = _split_step(raw, step, lambda s: [
+        {"name": local, "input": s["input"], "combine": {k: v for k, v in s["aggregate"].items() if k != "combined"}},
+        {**s, "input": local, "aggregate": {**s["aggregate"], "combined": True}},
+    ])
     return Rewritten(
         {**raw, "steps": steps},
         fits=(step.name,),

@@ -462,11 +462,12 @@ class Engine:
             steps = sorted(st for _, readers in self._change.catch_up.values() for st in readers)
             raise EngineError(f"{what}: step(s) {', '.join(steps)} still catch up on copies of running sources; "
                               f"{what} once they read the sources themselves")
-        merged = [r["epoch"] for r in (self.ckpt.metadata() or {}).get("caught_up", []) if r["epoch"] >= target]
+        meta = self.ckpt.metadata() or {}
+        merged = [r["epoch"] for r in meta.get("caught_up", []) if r["epoch"] >= target]
         if merged:
             raise EngineError(f"{what}: added steps went over from a copy to its source at epoch {max(merged)}; "
                               f"{what} can go back to epoch {max(merged) + 1} at the earliest")
-        rewritten = [r for r in (self.ckpt.metadata() or {}).get("rewrites", []) if r["epoch"] >= target]
+        rewritten = [r for r in meta.get("rewrites", []) if r["epoch"] >= target]
         if rewritten and what == "replay":  # its new steps took their state over at that boundary only
             r = min(rewritten, key=lambda r: r["epoch"])
             raise EngineError(f"replay: rule {r['rule']} rewrote step '{r['step']}' at epoch {r['epoch']}; "

@@ -151,21 +151,30 @@ def test_a_removed_stateful_step_leaves_no_state_once_no_kept_epoch_has_it(spark
     assert not (tmp_path / "ckpt" / "state" / "counts").exists()
 
 
-def test_an_added_query_starts_from_a_kept_epoch(spark, tmp_path: Path) -> None:
-    """``apply --from-epoch 2``: the added query reads its own copy of the running source, which
-    starts where that source was at epoch 2, so it sees the input from epoch 2 on although it
-    is added at epoch 4; the running query goes on as without the change."""
+def counts_added_after_three_epochs(spark, tmp_path: Path, *, own_copy: bool) -> tuple[dict, dict, list[Path], str]:  # noqa: ANN001
+    """Six bid files; network A (``a.json``) run for three epochs, and B (``b.json``): A plus
+    windowed counts that read 'bids' itself or, ``own_copy``, a source 'bids_again' with its
+    parameters. Returns A, B, their files and the checkpoint."""
     write_bid_files(tmp_path / "in", files=6, rows=40)
     a = network(tmp_path / "in", tmp_path / "out")
     b = copy.deepcopy(a)
-    b["sources"].append({**copy.deepcopy(b["sources"][0]), "name": "bids_again"})
-    b["steps"].append({**COUNTS, "input": "bids_again"})
+    if own_copy:
+        b["sources"].append({**copy.deepcopy(b["sources"][0]), "name": "bids_again"})
+    b["steps"].append({**COUNTS, "input": "bids_again" if own_copy else "bids"})
     b["sinks"].append({"name": "windows", "input": "counts", "files": {"path": str(tmp_path / "out" / "counts"), "format": "parquet"}})
     paths = [tmp_path / "a.json", tmp_path / "b.json"]
     for path, net in zip(paths, (a, b), strict=True):
         path.write_text(json.dumps(net))
     ckpt = str(tmp_path / "ckpt")
     Engine(load_spec(a), spark, ckpt).run(epochs=3)
+    return a, b, paths, ckpt
+
+
+def test_an_added_query_starts_from_a_kept_epoch(spark, tmp_path: Path) -> None:
+    """``apply --from-epoch 2``: the added query reads its own copy of the running source, which
+    starts where that source was at epoch 2, so it sees the input from epoch 2 on although it
+    is added at epoch 4; the running query goes on as without the change."""
+    a, b, paths, ckpt = counts_added_after_three_epochs(spark, tmp_path, own_copy=True)
     runner = CliRunner()
     no_copy = copy.deepcopy(b)
     no_copy["sources"][1]["files"]["max_files_per_epoch"] = 2  # not what 'bids' reads
@@ -190,17 +199,8 @@ def test_an_added_query_on_a_running_source_catches_up_and_then_reads_it(spark, 
     the copy has read as far as the source, the query reads the source (the driver dies in that
     epoch, a restart goes on). Its windows are those of the input from epoch 2 on, every file
     counted once; the running query's output is as without the change; the network in force is
-    the one applied, so applying it again changes nothing."""
-    write_bid_files(tmp_path / "in", files=6, rows=40)
-    a = network(tmp_path / "in", tmp_path / "out")
-    b = copy.deepcopy(a)
-    b["steps"].append(COUNTS)  # reads 'bids', which runs
-    b["sinks"].append({"name": "windows", "input": "counts", "files": {"path": str(tmp_path / "out" / "counts"), "format": "parquet"}})
-    paths = [tmp_path / "a.json", tmp_path / "b.json"]
-    for path, net in zip(paths, (a, b), strict=True):
-        path.write_text(json.dumps(net))
-    ckpt = str(tmp_path / "ckpt")
-    Engine(load_spec(a), spark, ckpt).run(epochs=3)
+    the one applied, without the copy."""
+    a, b, paths, ckpt = counts_added_after_three_epochs(spark, tmp_path, own_copy=False)  # reads 'bids', which runs
     runner = CliRunner()
     ok = runner.invoke(app, ["apply", str(paths[0]), str(paths[1]), "--checkpoint", ckpt, "--from-epoch", "2"])
     assert ok.exit_code == 0, ok.output
