@@ -73,7 +73,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from scipy.optimize import linprog
 
 __all__ = [
     "ARC_SEPARATOR",
@@ -561,6 +560,10 @@ def _maximise(c: np.ndarray, a_ub: np.ndarray, b_ub: np.ndarray, upper: np.ndarr
         if np.all(b_ub >= -FEASIBILITY_TOL * np.maximum(1.0, np.abs(b_ub))):
             return _LPResult("optimal", np.zeros(0), np.zeros(b_ub.size), "optimal", solver)
         return _LPResult("infeasible", None, None, "the fixed loads exceed a capacity", solver)
+    # imported here: SciPy's optimizer takes half a second to import, which every driver start
+    # (and every crash test's restart) would pay for a solver only overload control calls
+    from scipy.optimize import linprog
+
     bounds = [(0.0, None if math.isinf(u) else float(u)) for u in upper]
     rows = a_ub.shape[0] > 0
     res = linprog(
