@@ -19,6 +19,8 @@ from .helpers import bids_window_spec, read_windows, write_bid_files
 pytestmark = pytest.mark.slow
 
 LEASE = "1.5"
+#: epochs this far apart, so that a standby started after the leader is ready before it ends
+TRIGGER_MS = 500
 
 
 def start(spec: Path, ckpt: Path, *extra: str) -> subprocess.Popen:
@@ -58,7 +60,7 @@ def commits(ckpt: Path) -> dict[int, dict]:
 def network(spark, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Path, list[tuple]]:
     write_bid_files(tmp_path / "in", files=getattr(request, "param", 16), rows=150, seed=5)
     spec = bids_window_spec(tmp_path / "in", tmp_path / "out")
-    raw = spec.model_dump(mode="json", by_alias=True, exclude_none=True) | {"trigger": 1000}  # epochs 1 s apart
+    raw = spec.model_dump(mode="json", by_alias=True, exclude_none=True) | {"trigger": TRIGGER_MS}
     spec_file = tmp_path / "net.yaml"
     spec_file.write_text(yaml.safe_dump(raw))
     from eddyline.runtime.engine import Engine
@@ -93,8 +95,9 @@ def test_a_frozen_leader_is_fenced_after_the_standby_took_over(network, tmp_path
     assert all(c["generation"] == 2 for e, c in done.items() if e >= 3)
 
 
-# 40 epochs a second apart: time for the standby to start its JVM and rehearse before the leader ends
-@pytest.mark.parametrize("network", [40], indirect=True)
+# 48 epochs half a second apart: time for the standby to start its JVM and rehearse (about 10 s)
+# before the leader ends
+@pytest.mark.parametrize("network", [48], indirect=True)
 def test_a_standby_takes_over_when_the_leader_dies(network, tmp_path: Path) -> None:
     spec, expected = network
     ckpt = tmp_path / "ckpt"
