@@ -8,6 +8,13 @@ micro-batches, in the same run and SparkSession, ``--rounds`` times each (engine
 and reports the median and 90th percentile epoch / micro-batch time of every round, and where
 Eddyline's epoch goes (median ms per stage and per lane step).
 
+Each round also times a *bare Spark job* of the shape a small Eddyline epoch runs, with none of
+Eddyline's work in it: ``--rows`` rows made in a Python step (as a generator source's tasks
+take their slice), shuffled to the lanes, passed through a Python step per lane (as the lanes'
+kernels run) and collected to the driver (as a small epoch's Parquet is written), code
+generation off as in small epochs. What an epoch takes beyond that job is Eddyline's own:
+planning, the kernels, state, the commit.
+
 Usage: ``python bench/epoch_floor.py [--rows 2000] [--batches 30] [--rounds 3]``. Writes
 ``bench/results/floor-<timestamp>.json`` and the ``floor`` section of ``bench/RESULTS.md``.
 """
@@ -42,17 +49,43 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def bare_job(spark: Any, rows: int, lanes: int, warmup: int, batches: int) -> dict[str, Any]:
+    """The bare Spark job of a small epoch's shape (module docstring), ``warmup + batches`` times."""
+    import time
+
+    def through(batches):  # noqa: ANN001, ANN202  (the Python steps do nothing)
+        yield from batches
+
+    settings = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+    before = {k: spark.conf.get(k) for k in settings}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
+    try:
+        ms = []
+        for _ in range(warmup + batches):
+            t0 = time.perf_counter()
+            (spark.range(0, rows, 1, lanes).mapInArrow(through, "id long").repartition(lanes, "id")
+             .mapInArrow(through, "id long").toArrow())
+            ms.append((time.perf_counter() - t0) * 1000)
+    finally:
+        for k, v in before.items():
+            spark.conf.set(k, v)
+    return {"batch_ms": ms[warmup:]}
+
+
 def table(result: dict[str, Any]) -> str:
     lines = [
-        "| workload | rows / epoch | Eddyline median ms (p90) | Spark SS median ms (p90) | ratio SS / Eddyline |",
-        "|---|---:|---|---|---|",
+        "| workload | rows / epoch | Eddyline median ms (p90) | Spark SS median ms (p90) | ratio SS / Eddyline "
+        "| bare Spark job median ms (p90) |",
+        "|---|---:|---|---|---|---|",
     ]
     for name, rounds in result["workloads"].items():
         e = [r["eddyline"] for r in rounds]
         n = [r["spark"] for r in rounds]
         fmt = lambda rs: " · ".join(f"{r['median_ms']:.0f} ({r['p90_ms']:.0f})" for r in rs)  # noqa: E731
         ratios = " · ".join(f"{b['median_ms'] / a['median_ms']:.2f}" for a, b in zip(e, n, strict=True))
-        lines.append(f"| {name} | {result['rows']:,} | {fmt(e)} | {fmt(n)} | {ratios} |")
+        bare = fmt([r["bare"] for r in rounds]) if all("bare" in r for r in rounds) else "–"
+        lines.append(f"| {name} | {result['rows']:,} | {fmt(e)} | {fmt(n)} | {ratios} | {bare} |")
     lines += ["", "Eddyline's epoch by stage (median ms per round; lanes: median per lane step):", "",
               "| workload | " + " | ".join(STAGES) + " | lanes |", "|---|" + "---:|" * (len(STAGES) + 1)]
     for name, rounds in result["workloads"].items():
@@ -85,13 +118,14 @@ def main() -> None:
             try:
                 native = run_native(spark, name, args.rows, args.lanes, args.warmup, args.batches, tmp)
                 edd = run_eddyline(spark, name, args.rows, args.lanes, args.warmup, args.batches, tmp)
+                bare = bare_job(spark, args.rows, args.lanes, args.warmup, args.batches)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-            rounds.append({"eddyline": summary(edd), "spark": summary(native)})
+            rounds.append({"eddyline": summary(edd), "spark": summary(native), "bare": summary(bare)})
             print(f"{name}: Eddyline median {rounds[-1]['eddyline']['median_ms']:.0f} ms "
                   f"(p90 {rounds[-1]['eddyline']['p90_ms']:.0f}), Spark SS {rounds[-1]['spark']['median_ms']:.0f} ms "
-                  f"(p90 {rounds[-1]['spark']['p90_ms']:.0f}); stages {edd['breakdown_ms']} lanes {edd['lane_ms']}",
-                  flush=True)
+                  f"(p90 {rounds[-1]['spark']['p90_ms']:.0f}), bare job {rounds[-1]['bare']['median_ms']:.0f} ms; "
+                  f"stages {edd['breakdown_ms']} lanes {edd['lane_ms']}", flush=True)
         result["workloads"][name] = rounds
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"floor-{result['when'][:19].replace(':', '')}.json").write_text(json.dumps(result, indent=2))
