@@ -10,6 +10,12 @@ publish stage), and the CPU seconds each process used in each round (the driver,
 its Python workers, the NATS server, PostgreSQL): the servers run on the same two cores as Spark.
 Local NATS and PostgreSQL servers are started from the installed packages.
 
+A fourth path reads the same bids from a second stream into which they were produced
+``--records-per-message`` to a message, one JSON object a line (the source's ``records:
+lines``), and writes its windows that many to a message (the sink's ``records_per_message``):
+the server and the clients pay per message, so this is the broker path with its per-message
+costs divided by that number.
+
 The Parquet files hold the bids in the order they are in the stream (offset order, which is
 event-time order), ``--per-epoch`` rows per file, so both paths run the same epochs over the same
 rows: rows shuffled across files would let the windows close in the first epochs and make the
@@ -34,6 +40,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 STREAM = "BIDS"
+LINES = "BIDLINES"  # the same bids, --records-per-message to a message
+PATHS = ("files", "nats", "nats+postgres", "nats-lines")
 
 
 def window_step() -> dict[str, Any]:
@@ -111,7 +119,12 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=400_000, help="Nexmark events (bids are 46 of 50)")
     ap.add_argument("--per-epoch", type=int, default=100_000, help="stream sequences / file rows per epoch")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--records-per-message", type=int, default=100,
+                    help="bids a message in the fourth path's stream (divides --per-epoch)")
     args = ap.parse_args()
+    per_message = args.records_per_message
+    if per_message < 1 or args.per_epoch % per_message:
+        ap.error(f"--records-per-message: expected a divisor of --per-epoch ({args.per_epoch:,}), got {per_message}")
 
     from eddyline.api.sources import SourceSpec
     from eddyline.io.jetstream import NatsSource
@@ -123,13 +136,15 @@ def main() -> None:
     spark = get_spark("local[2]", {"spark.sql.shuffle.partitions": "2"})
     tmp = Path(tempfile.mkdtemp(prefix="eddyline-broker-bench-"))
     bid_params = {"stream": "bid", "rate": 10_000, "unpaced": True}
-    out: dict[str, Any] = {"events": args.events, "per_epoch": args.per_epoch, "runs": []}
+    out: dict[str, Any] = {"events": args.events, "per_epoch": args.per_epoch, "records_per_message": per_message,
+                           "runs": []}
     with LocalNats() as nats, LocalPostgres() as pg:
+        feed = Feed(SourceSpec.model_validate({"name": "bid", "nexmark": bid_params}), "bids.bid")
         t0 = time.perf_counter()
-        produce(spark, nats.url, STREAM,
-                [Feed(SourceSpec.model_validate({"name": "bid", "nexmark": bid_params}), "bids.bid")],
-                end=args.events)
+        produce(spark, nats.url, STREAM, [feed], end=args.events)
         produced_s = time.perf_counter() - t0
+        produce(spark, nats.url, LINES, [Feed(feed.source, "lines.bid")], end=args.events,
+                records_per_message=per_message)
         bids = nexmark_frame(spark, Nexmark(**bid_params), 0, args.events, 2)
         rows = bids.count()
         out["produce_rows_per_s"] = rows / produced_s
@@ -138,6 +153,7 @@ def main() -> None:
         bids.coalesce(1).write.option("maxRecordsPerFile", args.per_epoch).parquet(str(files))
         servers = server_pids(nats, pg)
         nats_in = {"nats": {"url": nats.url, "stream": STREAM, "schema": nexmark_schema("bid")}}
+        lines_in = {"nats": {**nats_in["nats"], "stream": LINES, "records": "lines"}}
 
         # where the broker path's time goes: fetching only, then fetching and decoding
         src = NatsSource(SourceSpec.model_validate({"name": "bids", **nats_in}))
@@ -150,7 +166,7 @@ def main() -> None:
             out[f"{what}_rows_per_s"] = n / (time.perf_counter() - t0)
 
         for i in range(args.runs):
-            for path in ("files", "nats", "nats+postgres"):
+            for path in PATHS:
                 if path == "files":
                     raw = network({"files": {"path": str(files), "format": "parquet", "max_files_per_epoch": 1}},
                                   [{"name": "out", "input": "per_auction", "files": {"path": str(tmp / f"o{i}")}}],
@@ -159,10 +175,13 @@ def main() -> None:
                 else:
                     sinks = [{"name": "out", "input": "per_auction",
                               "nats": {"url": nats.url, "stream": f"OUT{i}{len(path)}", "subject": f"out{i}{len(path)}"}}]
+                    if path == "nats-lines":
+                        sinks[0]["nats"]["records_per_message"] = per_message
                     if path == "nats+postgres":
                         sinks.append({"name": "db", "input": "per_auction", "postgres": {
                             "url": pg.url, "table": f"hot_{i}", "mode": "upsert", "key": ["auction", "window_start"]}})
-                    raw = network(nats_in, sinks, args.per_epoch)
+                    raw = (network(lines_in, sinks, args.per_epoch // per_message) if path == "nats-lines"
+                           else network(nats_in, sinks, args.per_epoch))
                 r = timed_run(spark, raw, tmp / f"ckpt-{path.replace('+', '-')}-{i}", servers)
                 r |= {"path": path, "run": i}
                 out["runs"].append(r)
@@ -177,7 +196,7 @@ def main() -> None:
           f"records in Spark): {out['fetch_rows_per_s']:,.0f} rows/s; fetch + decode: "
           f"{out['fetch_and_decode_rows_per_s']:,.0f} rows/s")
     files_t = per_row("files")
-    for path in ("files", "nats", "nats+postgres"):
+    for path in PATHS:
         rates = [r["rows_per_s"] for r in out["runs"] if r["path"] == path]
         ratios = [t / f for t, f in zip(per_row(path), files_t, strict=True)]
         print(f"{path:>14}: rows/s median {statistics.median(rates):,.0f} (runs {', '.join(f'{x:,.0f}' for x in rates)}); "

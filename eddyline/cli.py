@@ -632,9 +632,12 @@ def produce(
     events: Annotated[int | None, typer.Option(help="how many offsets to publish; default: until Ctrl-C")] = None,
     start: Annotated[int, typer.Option(help="the first offset")] = 0,
     set_: Annotated[list[str] | None, typer.Option("--set", help="a generator parameter, key=value (e.g. seed=3)")] = None,
+    records_per_message: Annotated[int, typer.Option(
+        min=1, help="rows a message, one JSON object a line (a nats source reads them with records: lines)")] = 1,
     master: Master = None,
 ) -> None:
-    """Publish a built-in generator's rows to a NATS JetStream stream, one JSON object a message."""
+    """Publish a built-in generator's rows to a NATS JetStream stream, one JSON object a message
+    (or --records-per-message of them, one a line)."""
     from eddyline.io.produce import produce as run_producer
 
     stop = {"now": False}
@@ -646,7 +649,7 @@ def produce(
             err.print("[dim]no --events: publishing until Ctrl-C[/dim]")
         reached = run_producer(
             _spark(master), url, stream, feeds, start=start, end=None if events is None else start + events,
-            rate=rate, should_stop=lambda: stop["now"],
+            rate=rate, should_stop=lambda: stop["now"], records_per_message=records_per_message,
             on_chunk=lambda done, n: err.print(f"[dim]offset {done:,}: {n:,} messages[/dim]"),
         )
     except EddylineError as e:

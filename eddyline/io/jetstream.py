@@ -4,14 +4,18 @@ As a source, the offset is the stream sequence: an epoch's slice is a range of s
 in the plan like any other, so a replay reads the very same messages (a stream keeps them until
 its limits remove them). Spark's tasks read the range themselves, split into sub-ranges so every
 core reads (each through a short-lived pull consumer), and the records — one JSON
-object or CSV line per message — are decoded in Spark like a file's lines; one that does not fit
-becomes a dead letter whose ``file`` is the stream and ``line`` the sequence. The progress shows
+object or CSV line per message, or with ``records: lines`` one per line of a message — are
+decoded in Spark like a file's lines; one that does not fit becomes a dead letter whose ``file``
+is the stream and ``line`` the message's sequence (its ``raw`` text is the record itself).
+Packing records into messages is how a stream carries many small records cheaply: the server
+and the clients pay per message, not per byte (docs/perf-notes.md). The progress shows
 the lag (last sequence in the stream − the last one read) as ``backlog``. With ``subject`` the
 source reads only the matching messages; its offsets still count the stream's sequences.
 
 As a sink, the epoch's rows are published as JSON objects, each with the message id
 ``network/checkpoint id/sink/epoch/position`` (positions follow the rows' JSON text in byte order, so a replay
-of the epoch numbers them the same). The server drops a message whose id it saw within the
+of the epoch numbers them the same); with ``records_per_message`` a message holds that many rows,
+one per line, and the position numbers messages. The server drops a message whose id it saw within the
 stream's de-duplication window, so a replayed epoch's republish adds nothing: exactly once, as
 long as the replay comes within the window (``dedup_window``, 2 minutes by default; the sink
 creates the stream with it, or widens the window of an existing stream to it).
@@ -84,6 +88,8 @@ if TYPE_CHECKING:
 _STREAM = r"^[^\s.*>/\\]+$"
 #: a task reads at least this many sequences; fewer make one task (connecting costs ~1 ms)
 MIN_PER_TASK = 20_000
+#: the same for messages that hold records one per line, each expected to hold many
+MIN_PER_TASK_OF_LINES = 200
 
 
 def _nats_url(url: str) -> str:
@@ -102,13 +108,18 @@ NatsUrl = Annotated[str, AfterValidator(_nats_url)]
 
 
 class NatsIn(Model):
-    """A JetStream stream to read: one record per message, JSON (or CSV) with a declared schema."""
+    """A JetStream stream to read: JSON (or CSV) records with a declared schema, one per message or
+    one per line of a message."""
 
     url: NatsUrl = "nats://127.0.0.1:4222"
     stream: str = Field(pattern=_STREAM)
     subject: str | None = None  # read only the messages on these subjects (wildcards allowed)
     format: Literal["json", "csv"] = "json"
     schema_: str = Field(alias="schema", min_length=1)
+    #: ``message``: a message is one record; ``lines``: a message holds records one per line (as
+    #: ``eddyline produce --records-per-message`` writes them). Offsets still count messages,
+    #: so ``max_rows_per_epoch`` bounds an epoch's messages.
+    records: Literal["message", "lines"] = "message"
     wait: Duration = Field(default=30_000, gt=0)  # how long to retry an unreachable server
 
 
@@ -118,6 +129,8 @@ class NatsOut(Model):
     url: NatsUrl = "nats://127.0.0.1:4222"
     stream: str = Field(pattern=_STREAM)
     subject: str = Field(min_length=1)
+    #: rows a message, one JSON object a line (the last message of an epoch may hold fewer)
+    records_per_message: int = Field(default=1, ge=1)
     dedup_window: Duration = Field(default=DEDUP_WINDOW_MS, gt=0)
     wait: Duration = Field(default=30_000, gt=0)
 
@@ -162,8 +175,10 @@ class MessageRanges(Source):
     :attr:`min_per_task` records each), decoded like files. A subclass says how a task fetches
     a sub-range (:meth:`_fetcher`) and what names the messages' origin in dead letters."""
 
-    #: a task reads at least this many records; fewer make one task (tests lower it)
+    #: a task reads at least this many messages; fewer make one task (tests lower it)
     min_per_task = MIN_PER_TASK
+    #: a message holds records one per line
+    lines_per_message = False
 
     def _fetcher(self, ranges: SubRanges) -> Any:
         """In a task, ``fetch(batches)``: the records of the sub-ranges whose numbers arrive in
@@ -191,6 +206,8 @@ class MessageRanges(Source):
                 return None
         tasks = partitions if planned is None else len(ranges.bounds()) - 1
         fetch = self._fetcher(ranges)
+        if self.lines_per_message:
+            fetch = functools.partial(message_lines, fetch)
         return spark.range(0, tasks, 1, tasks).mapInArrow(functools.partial(reader, fetch, self.origin), ddl)
 
     def lines(self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int) -> DataFrame:
@@ -222,6 +239,8 @@ class NatsSource(MessageRanges):
         p: NatsIn = spec.params
         self.server = _Server(p.url, p.wait, f"source '{spec.name}'", SourceError)
         self._first_seq = 0  # the stream's first sequence held, as the last look found it
+        if p.records == "lines":
+            self.lines_per_message, self.min_per_task = True, MIN_PER_TASK_OF_LINES
 
     @property
     def params(self) -> NatsIn:
@@ -279,6 +298,21 @@ class SubRanges:
             for i in batch.column(0).to_pylist():
                 if i + 1 < len(bounds) and bounds[i] < bounds[i + 1]:
                     yield bounds[i], bounds[i + 1]
+
+
+def message_lines(fetch: Any, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[list[int], list[bytes]]]:
+    """In a Spark task: what ``fetch`` reads, as the records of messages that hold one per line,
+    each under its message's sequence (a line break may be CRLF; a blank line is no record)."""
+    for seqs, payloads in fetch(batches):
+        positions: list[int] = []
+        records: list[bytes] = []
+        for seq, payload in zip(seqs, payloads, strict=True):
+            for line in payload.split(b"\n"):
+                if line.strip():
+                    positions.append(seq)
+                    records.append(line.removesuffix(b"\r"))
+        if records:
+            yield positions, records
 
 
 def raw_batches(
@@ -360,11 +394,13 @@ class NatsSink(Sink):
         staged, restored, self._restored = self.collected.get(epoch), self._restored, []
         if staged is None and not restored:
             return
-        subject = self.spec.params.subject
+        p: NatsOut = self.spec.params
+        subject, per = p.subject, p.records_per_message
         prefix = f"{self.writer}/{self.name}/{epoch}/"
         rows = staged.column(0).to_pylist() if staged is not None else []
         messages = [(subject, f"{prefix}{pos}", payload) for pos, payload in restored]
-        messages += [(subject, f"{prefix}{i}", v.encode()) for i, v in enumerate(rows)]
+        messages += [(subject, f"{prefix}{n}", "\n".join(rows[i : i + per]).encode())
+                     for n, i in enumerate(range(0, len(rows), per))]
         headers = b"Eddyline-Tentative: true\r\nEddyline-Epoch: %d\r\n" % epoch if tentative else b""
         half = len(messages) // 2  # two calls, so that a crash test can cut between them
         self.server.call(lambda c: c.publish(messages[:half], headers=headers))

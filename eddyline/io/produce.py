@@ -2,23 +2,28 @@
 JetStream stream, paced at a number of offsets per second of wall time or as fast as possible.
 
 Rows are computed in Spark exactly as the source of the same settings computes them, and sent as
-JSON objects, one per message. Each message's id is ``source/first offset/n`` for the n-th row of
-that source since the first offset (rows come in offset order however they are cut into chunks),
-so producing from the same offset again (a restarted producer) adds nothing within the stream's
-de-duplication window.
+JSON objects, one per message or ``records_per_message`` per message, one per line (a ``nats``
+source reads those with ``records: lines``). Each message's id is ``source/first offset/n`` for
+the n-th message of that source since the first offset; message n holds that source's rows n·k
+to n·k + k − 1 (k rows a message), however the offsets are cut into chunks, since rows come in
+offset order and a chunk's rows that do not fill a message wait for the next chunk. So producing
+from the same offset again (a restarted producer) adds nothing within the stream's
+de-duplication window. The last message may be short; its id then ends in ``.rows``. A producer
+stopped in the middle (Ctrl-C) sends such a short message, and one started again from the same
+offset sends the full message with that number as well, so the rows of the short one arrive twice.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from eddyline.api.sources import SourceSpec
 from eddyline.io.natswire import DEDUP_WINDOW_MS, NatsConnection, ensure_stream
 from eddyline.io.records import to_json_column
-from eddyline.io.sources import Source, make_source
+from eddyline.io.sources import make_source
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -48,14 +53,17 @@ def produce(
     rate: float | None = None,
     should_stop: Callable[[], bool] | None = None,
     on_chunk: Callable[[int, int], None] | None = None,
+    records_per_message: int = 1,
 ) -> int:
     """Publish offsets [``start``, ``end``) of every feed (``end`` None: until ``should_stop``),
-    at ``rate`` offsets per second (None: as fast as possible). Creates the stream if missing.
-    ``on_chunk(offset reached, messages published so far)`` after each chunk. Returns the
-    offset reached."""
+    at ``rate`` offsets per second (None: as fast as possible), ``records_per_message`` rows a
+    message. Creates the stream if missing. ``on_chunk(offset reached, messages published so
+    far)`` after each chunk. Returns the offset reached."""
+    if records_per_message < 1:
+        raise ValueError(f"records_per_message: expected at least 1, got {records_per_message}")
     sources = [(make_source(f.source), f.subject) for f in feeds]
     published, done, t0 = 0, start, time.monotonic()
-    counts = [0] * len(sources)  # rows published per source, for the message ids
+    outs = [_Messages(subject, f"{source.name}/{start}/", records_per_message) for source, subject in sources]
     with NatsConnection(url) as conn:
         ensure_stream(conn, stream, sorted({s for _, s in sources}), duplicate_window_ms=DEDUP_WINDOW_MS)
         while (end is None or done < end) and not (should_stop is not None and should_stop()):
@@ -68,21 +76,43 @@ def produce(
                     continue
             if end is not None:
                 upto = min(upto, end)
-            for i, (source, subject) in enumerate(sources):
-                n = _publish(spark, conn, source, subject, done, upto, f"{source.name}/{start}/", counts[i])
-                counts[i] += n
-                published += n
+            for (source, _), out in zip(sources, outs, strict=True):
+                df = source.frames(spark, {"start": done, "end": upto}, spark.sparkContext.defaultParallelism).data
+                published += out.send(conn, to_json_column(df).toArrow().column(0).to_pylist())
             done = upto
             if on_chunk is not None:
                 on_chunk(done, published)
+        for out in outs:
+            published += out.send(conn, [], last=True)
     return done
 
 
-def _publish(
-    spark: SparkSession, conn: NatsConnection, source: Source, subject: str, start: int, end: int,
-    prefix: str, first: int,
-) -> int:
-    df = source.frames(spark, {"start": start, "end": end}, spark.sparkContext.defaultParallelism).data
-    rows = to_json_column(df).toArrow().column(0).to_pylist()
-    conn.publish([(subject, f"{prefix}{first + i}", row.encode()) for i, row in enumerate(rows)])
-    return len(rows)
+@dataclass
+class _Messages:
+    """One feed's rows as messages of ``per`` rows each, numbered from the producer's first offset."""
+
+    subject: str
+    prefix: str
+    per: int
+    sent: int = 0  # messages published
+    waiting: list[str] = field(default_factory=list)  # rows that do not fill a message yet
+
+    def send(self, conn: NatsConnection, rows: list[str], last: bool = False) -> int:
+        """Publish the full messages ``rows`` make after the waiting ones (``last``: the rest too,
+        however few); returns how many."""
+        rows = self.waiting + rows if self.waiting else rows
+        full = len(rows) if last else len(rows) - len(rows) % self.per
+        self.waiting = rows[full:]
+        messages = [
+            (self.subject, self._id(self.sent + n, min(self.per, full - i)), "\n".join(rows[i : i + self.per]).encode())
+            for n, i in enumerate(range(0, full, self.per))
+        ]
+        if messages:
+            conn.publish(messages)
+        self.sent += len(messages)
+        return len(messages)
+
+    def _id(self, n: int, rows: int) -> str:
+        # a short message (the last) says how many rows it holds: the full message a later
+        # producer sends under the same number is another message, not a duplicate of it
+        return f"{self.prefix}{n}" if rows == self.per else f"{self.prefix}{n}.{rows}"

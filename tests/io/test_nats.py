@@ -156,6 +156,18 @@ def test_the_sink_publishes_each_row_once_and_a_replayed_epoch_adds_nothing(spar
         ({"k": 3, "v": "c"}, "net/ckpt1/counts/7/2"), ({"k": 4, "v": "d"}, "net/ckpt1/counts/8/0"),
     ]
 
+    # rows packed two a message, one a line: the same ids number messages, a replay adds nothing
+    packed = SinkSpec.model_validate({"name": "counts", "input": "x", "nats": {
+        "url": nats_server.url, "stream": f"{out}P", "subject": f"{out}P.counts", "records_per_message": 2}})
+    for order in ("v", "k"):
+        sink = NatsSink(packed)
+        sink.open("net", "ckpt1", df.schema)
+        sink.stage(df.orderBy(order, ascending=False), 7)
+        sink.publish(7)
+    assert [([json.loads(x) for x in p.split(b"\n")], mid) for _, p, mid in read_stream(nats_server.url, f"{out}P")] == [
+        ([{"k": 1, "v": "a"}, {"k": 2, "v": "b"}], "net/ckpt1/counts/7/0"), ([{"k": 3, "v": "c"}], "net/ckpt1/counts/7/1"),
+    ]
+
 
 def test_a_url_that_is_not_nats_or_tls_is_refused_with_the_spec_and_names_the_field():
     from pydantic import ValidationError
@@ -212,3 +224,25 @@ def test_the_progress_says_how_many_sequences_were_gone_when_read(spark, nats_se
     Engine(net, spark, str(tmp_path / "ckpt"), reporter=Keep()).run(epochs=1)  # type: ignore[arg-type]
     (source,) = records[0]["sources"]
     assert (source["numInputRows"], source["discarded"]) == (10, 20)
+
+
+def test_messages_that_hold_records_one_per_line_are_read_record_by_record(spark, nats_server):
+    stream = _stream()
+    row = lambda i: json.dumps({"id": i, "name": f"n{i}", "price": i * 0.5})  # noqa: E731
+    payloads = [
+        "\n".join(row(i) for i in range(3)).encode(),
+        f"{row(3)}\r\nnot json\n\n{row(4)}\n".encode(),  # CRLF, a bad record, a blank line, a final newline
+        row(5).encode(),
+        b"",  # no record at all
+        "\n".join(row(i) for i in range(6, 500)).encode(),
+    ]
+    asyncio.run(_publish(nats_server.url, stream, payloads))
+    src = _source(nats_server.url, stream, records="lines")
+    assert src.available(0.0) == 5 and src.min_per_task < NatsSource.min_per_task
+    frames = src.frames(spark, src.plan(0, 0.0), 2)
+    assert sorted(tuple(r) for r in frames.data.collect()) == [(i, f"n{i}", i * 0.5) for i in range(500)]
+    dead = [(r.file, r.line, r.raw, r.reason) for r in frames.dead_letters.collect()]
+    assert dead == [(stream, 2, "not json", "not a valid JSON object")]
+    # the same stream read a message a record: only the single-record message fits
+    whole = _source(nats_server.url, stream).frames(spark, {"start": 0, "end": 5}, 2)
+    assert [tuple(r) for r in whole.data.collect()] == [(5, "n5", 2.5)]

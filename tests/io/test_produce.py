@@ -1,0 +1,73 @@
+"""``eddyline produce``: a generator's rows published to a real NATS JetStream stream, one a
+message or several a message, and read back by the ``nats`` source."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from eddyline.api.sources import SourceSpec
+from eddyline.io import produce as producing
+from eddyline.io.jetstream import NatsSource
+from eddyline.io.nexmark import Nexmark, nexmark_frame, nexmark_schema
+from eddyline.io.produce import Feed, produce
+
+from ..natsref import read_stream
+
+EVENTS = 600
+BID = {"stream": "bid", "rate": 1_000, "unpaced": True}
+
+
+def _bids(spark) -> list[dict]:
+    rows = nexmark_frame(spark, Nexmark(**BID), 0, EVENTS, 2).toArrow().to_pylist()
+    return sorted(rows, key=lambda r: (r["date_time"], r["auction"], r["bidder"], r["price"]))
+
+
+@pytest.mark.parametrize("per", [1, 7])
+def test_rows_cut_into_messages_the_same_way_however_the_offsets_are_chunked(spark, nats_server, monkeypatch, per):
+    stream = f"P{uuid.uuid4().hex[:8]}"
+    feeds = [Feed(SourceSpec.model_validate({"name": "bid", "nexmark": BID}), f"{stream}.bid")]
+    monkeypatch.setattr(producing, "UNPACED_CHUNK", 300)  # chunks of 276 bids: no multiple of 7
+    assert produce(spark, nats_server.url, stream, feeds, end=EVENTS, records_per_message=per) == EVENTS
+    first = read_stream(nats_server.url, stream)
+    monkeypatch.setattr(producing, "UNPACED_CHUNK", 1_000)
+    produce(spark, nats_server.url, stream, feeds, end=EVENTS, records_per_message=per)  # a restarted producer
+    messages = read_stream(nats_server.url, stream)
+    assert messages == first, "producing the same offsets again added messages"
+    bids = _bids(spark)
+    assert len(messages) == -(-len(bids) // per)
+    short = len(bids) % per
+    assert [mid for _, _, mid in messages] == [f"bid/0/{n}" for n in range(len(messages) - bool(short))] + (
+        [f"bid/0/{len(messages) - 1}.{short}"] if short else [])
+    assert all(len(p.split(b"\n")) == per for _, p, _ in messages[:-1])
+
+    source = NatsSource(SourceSpec.model_validate({"name": "bids", "nats": {
+        "url": nats_server.url, "stream": stream, "schema": nexmark_schema("bid"),
+        "records": "lines" if per > 1 else "message"}}))
+    got = source.frames(spark, source.plan(0, 0.0), 2).data.toArrow().to_pylist()
+    assert sorted(got, key=lambda r: (r["date_time"], r["auction"], r["bidder"], r["price"])) == bids
+
+
+def test_a_message_count_below_one_is_refused(spark, nats_server):
+    feeds = [Feed(SourceSpec.model_validate({"name": "bid", "nexmark": BID}), "X.bid")]
+    with pytest.raises(ValueError, match="records_per_message: expected at least 1, got 0"):
+        produce(spark, nats_server.url, "X", feeds, end=10, records_per_message=0)
+
+
+def test_a_stopped_producer_sends_its_short_last_message_and_a_restart_sends_those_rows_again(
+    spark, nats_server, monkeypatch
+):
+    stream = f"P{uuid.uuid4().hex[:8]}"
+    feeds = [Feed(SourceSpec.model_validate({"name": "bid", "nexmark": BID}), f"{stream}.bid")]
+    monkeypatch.setattr(producing, "UNPACED_CHUNK", 300)  # 276 bids: 39 messages of 7 and 3 bids left
+    chunks = []
+    reached = produce(spark, nats_server.url, stream, feeds, end=EVENTS, records_per_message=7,
+                      should_stop=lambda: bool(chunks), on_chunk=lambda done, n: chunks.append(n))
+    assert reached == 300 and chunks == [39]
+    stopped = read_stream(nats_server.url, stream)
+    assert len(stopped) == 40 and stopped[-1][2] == "bid/0/39.3" and len(stopped[-1][1].split(b"\n")) == 3
+    produce(spark, nats_server.url, stream, feeds, end=EVENTS, records_per_message=7)
+    rows = [line for _, p, _ in read_stream(nats_server.url, stream) for line in p.split(b"\n")]
+    bids = _bids(spark)
+    assert len(rows) == len(bids) + 3 and len(set(rows)) == len(bids)
