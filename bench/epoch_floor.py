@@ -53,23 +53,18 @@ def bare_job(spark: Any, rows: int, lanes: int, warmup: int, batches: int) -> di
     """The bare Spark job of a small epoch's shape (module docstring), ``warmup + batches`` times."""
     import time
 
+    from eddyline.runtime.epoch.execute import small_epoch
+
     def through(batches):  # noqa: ANN001, ANN202  (the Python steps do nothing)
         yield from batches
 
-    settings = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
-    before = {k: spark.conf.get(k) for k in settings}
-    for k, v in settings.items():
-        spark.conf.set(k, v)
-    try:
-        ms = []
+    ms = []
+    with small_epoch(spark, True):  # code generation off, as the engine runs a small epoch
         for _ in range(warmup + batches):
             t0 = time.perf_counter()
             (spark.range(0, rows, 1, lanes).mapInArrow(through, "id long").repartition(lanes, "id")
              .mapInArrow(through, "id long").toArrow())
             ms.append((time.perf_counter() - t0) * 1000)
-    finally:
-        for k, v in before.items():
-            spark.conf.set(k, v)
     return {"batch_ms": ms[warmup:]}
 
 
