@@ -76,7 +76,13 @@ from eddyline.io.records import decode, split_decoded, to_json_column
 from eddyline.io.retry import Health, with_retry
 from eddyline.io.sinks import Sink, SinkKind
 from eddyline.io.sources import BadCounter, EpochSlice, Frames, Source, SourceKind
-from eddyline.io.textrecords import TextSchema, arrow_schema, decoded_batch
+from eddyline.io.textrecords import (
+    TextSchema,
+    arrow_schema,
+    decoded_batch,
+    packed_batches,
+    packed_records,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -205,10 +211,8 @@ class MessageRanges(Source):
             if planned["end"] <= planned["start"]:
                 return None
         tasks = partitions if planned is None else len(ranges.bounds()) - 1
-        fetch = self._fetcher(ranges)
-        if self.lines_per_message:
-            fetch = functools.partial(message_lines, fetch)
-        return spark.range(0, tasks, 1, tasks).mapInArrow(functools.partial(reader, fetch, self.origin), ddl)
+        fetch = functools.partial(reader, self._fetcher(ranges), self.origin, self.lines_per_message)
+        return spark.range(0, tasks, 1, tasks).mapInArrow(fetch, ddl)
 
     def lines(self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int) -> DataFrame:
         """The slice's messages as ``(file, line, raw)``: origin, number, payload."""
@@ -300,38 +304,32 @@ class SubRanges:
                     yield bounds[i], bounds[i + 1]
 
 
-def message_lines(fetch: Any, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[list[int], list[bytes]]]:
-    """In a Spark task: what ``fetch`` reads, as the records of messages that hold one per line,
-    each under its message's sequence (a line break may be CRLF; a blank line is no record)."""
-    for seqs, payloads in fetch(batches):
-        positions: list[int] = []
-        records: list[bytes] = []
-        for seq, payload in zip(seqs, payloads, strict=True):
-            for line in payload.split(b"\n"):
-                if line.strip():
-                    positions.append(seq)
-                    records.append(line.removesuffix(b"\r"))
-        if records:
-            yield positions, records
-
-
 def raw_batches(
-    fetch: Any, stream: str, batches: Iterator[pa.RecordBatch]
+    fetch: Any, stream: str, packed: bool, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """In a Spark task: the messages as (stream, sequence, payload)."""
+    """In a Spark task: the messages as (stream, sequence, payload); ``packed``: their records,
+    one per line, as (stream, the message's sequence, record)."""
     for seqs, payloads in fetch(batches):
-        yield pa.RecordBatch.from_arrays(
-            [pa.array([stream] * len(seqs), pa.string()), pa.array(seqs, pa.int64()), pa.array(payloads, pa.binary())],
-            names=["file", "line", "raw"],
-        )
+        if packed:
+            seqs, payloads = packed_records(seqs, payloads)
+        if seqs:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([stream] * len(seqs), pa.string()), pa.array(seqs, pa.int64()), pa.array(payloads, pa.binary())],
+                names=["file", "line", "raw"],
+            )
 
 
 def text_batches(
-    fmt: Any, schema: TextSchema, ship: tuple[str, ...], fetch: Any, stream: str, batches: Iterator[pa.RecordBatch]
+    fmt: Any, schema: TextSchema, ship: tuple[str, ...], fetch: Any, stream: str, packed: bool,
+    batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """In a Spark task: the messages decoded as JSON or CSV records (see :func:`decoded_batch`)."""
+    """In a Spark task: the messages decoded as JSON or CSV records (see :func:`decoded_batch`);
+    ``packed``: messages of records one per line (see :func:`packed_batches`)."""
     for seqs, payloads in fetch(batches):
-        yield decoded_batch(fmt, stream, seqs, payloads, schema, ship)
+        if packed:
+            yield from packed_batches(fmt, stream, seqs, payloads, schema, ship)
+        else:
+            yield decoded_batch(fmt, stream, seqs, payloads, schema, ship)
 
 
 def fetch_ranges(

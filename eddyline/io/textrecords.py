@@ -5,8 +5,9 @@ out, no Spark.
 Arrow parses a whole block of newline-separated records in C++ straight into typed columns, which
 is faster than Spark's own JSON and CSV readers, and far faster than handing the text to the JVM.
 It cannot say which record of a block failed, so a block that fails is halved until the failing
-records are alone; only those are looked at in Python, to say why. A whole file is parsed at once
-and only split into lines when something in it does not fit. The reasons read like the JVM path's
+records are alone; only those are looked at in Python, to say why. A whole file, or a task's
+messages of many records each, is parsed at once and only split into lines when something in it
+does not fit. The reasons read like the JVM path's
 (:mod:`eddyline.io.records`): "not a valid JSON object", "missing field(s): …", "expected 4 CSV
 fields, got 3", "field 'x': expected bigint, got …".
 
@@ -269,6 +270,24 @@ def _batch(
     return pa.RecordBatch.from_arrays([*columns, *extra], names=[*(f.name for f in fields), *EXTRA])
 
 
+def _whole(fmt: Format, text: bytes, schema: TextSchema) -> pa.Table | None:
+    """``text`` (records one per line) parsed in one go, row i from line i + 1, when every line
+    is a record that fits; None when one does not, or a line is blank. (A JSON line holding two
+    objects could make up for a blank line; its two records are then both taken, the only
+    difference to decoding line by line.)"""
+    table = _parse(fmt, text, schema) if text else None
+    if table is None or table.num_rows != text.count(b"\n") + (not text.endswith(b"\n")):
+        return None  # the readers skip blank lines: fewer rows than lines
+    # the lines are looked at only for rows with a null (a JSON key may be missing)
+    nulls = fmt == "json" and any(c.null_count for c in table.columns)
+    return table if _complete(fmt, table, text.split(b"\n") if nulls else [], schema, 0, []) is None else None
+
+
+def _table_batches(table: pa.Table, schema: TextSchema, where: str, ship: tuple[str, ...] | None) -> Iterator[pa.RecordBatch]:
+    for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+        yield _batch(pa.Table.from_batches([batch]), schema, where, [], ship)
+
+
 def file_batches(
     fmt: Format, name: str, text: bytes, schema: TextSchema, *, header: bool = False,
     ship: tuple[str, ...] | None = None,
@@ -282,24 +301,44 @@ def file_batches(
     if header:
         cut = text.find(b"\n")
         text, first = (text[cut + 1 :] if cut >= 0 else b""), 2
-    if text:
-        table = _parse(fmt, text, schema)
-        # As many rows as lines: no line was blank (the readers skip those), so row i is line
-        # i + 1 (a JSON line holding two objects could make up for a blank line; its two records
-        # are then both taken, the only difference to decoding line by line).
-        if table is not None and table.num_rows == text.count(b"\n") + (not text.endswith(b"\n")):
-            bad: list[tuple[int, str]] = []
-            # the lines are looked at only for rows with a null (a JSON key may be missing)
-            nulls = fmt == "json" and any(c.null_count for c in table.columns)
-            keep = _complete(fmt, table, text.split(b"\n") if nulls else [], schema, 0, bad)
-            if keep is None:
-                for batch in table.to_batches(max_chunksize=BATCH_ROWS):
-                    yield _batch(pa.Table.from_batches([batch]), schema, name, [], ship)
-                return
+    table = _whole(fmt, text, schema)
+    if table is not None:
+        yield from _table_batches(table, schema, name, ship)
+        return
     numbered = [(n, line.rstrip(b"\r")) for n, line in enumerate(text.split(b"\n"), first) if line.strip()]
     for lo in range(0, len(numbered), BATCH_ROWS):
         chunk = numbered[lo : lo + BATCH_ROWS]
         yield decoded_batch(fmt, name, [n for n, _ in chunk], [line for _, line in chunk], schema, ship)
+
+
+def packed_batches(
+    fmt: Format, where: str, positions: list[int], payloads: list[bytes], schema: TextSchema,
+    ship: tuple[str, ...] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """``payloads`` that hold records one per line (messages of many records), decoded into
+    batches as :func:`decoded_batch` gives them, a bad record's ``_line`` being its payload's
+    position. Like a file, the payloads are parsed in one go, and split into records only when
+    something in them does not fit or a line is blank."""
+    table = _whole(fmt, b"\n".join(payloads), schema)
+    if table is not None:
+        yield from _table_batches(table, schema, where, ship)
+        return
+    lines, records = packed_records(positions, payloads)
+    for lo in range(0, len(records), BATCH_ROWS):
+        yield decoded_batch(fmt, where, lines[lo : lo + BATCH_ROWS], records[lo : lo + BATCH_ROWS], schema, ship)
+
+
+def packed_records(positions: list[int], payloads: list[bytes]) -> tuple[list[int], list[bytes]]:
+    """The records of ``payloads`` that hold one per line, each under its payload's position (a
+    line break may be CRLF; a blank line is no record)."""
+    lines: list[int] = []
+    records: list[bytes] = []
+    for position, payload in zip(positions, payloads, strict=True):
+        for line in payload.split(b"\n"):
+            if line.strip():
+                lines.append(position)
+                records.append(line.removesuffix(b"\r"))
+    return lines, records
 
 
 #: the columns :func:`decoded_batch` adds, and their Spark DDL

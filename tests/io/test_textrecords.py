@@ -14,7 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eddyline.io.textrecords import BLOCK, arrow_schema, decode, file_batches
+from eddyline.io.textrecords import (
+    BLOCK,
+    arrow_schema,
+    decode,
+    decoded_batch,
+    file_batches,
+    packed_batches,
+    packed_records,
+)
 
 SCHEMA = arrow_schema("id long, name string, price double, at timestamp")
 
@@ -211,3 +219,34 @@ def test_only_the_columns_read_are_shipped_but_every_column_is_checked():
     # the bad value is in a column nobody reads, and the record is a dead letter all the same
     assert batch.column("_reason").to_pylist() == [None, None, "field 'at': expected timestamp, got yesterday"]
     assert batch.column("_line").to_pylist() == [None, None, 2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.one_of(record, st.sampled_from(["", "  "])), max_size=6), max_size=8), st.booleans())
+def test_messages_of_many_records_decode_alike_in_one_go_or_record_by_record(messages, crlf):
+    """Packed messages (records one per line) are parsed all at once when everything fits; any
+    bad or blank line sends them record by record. Either way the rows, and the dead letters
+    under their message's sequence, are those of decoding the records one by one."""
+    schema = arrow_schema("id long, name string, price double")
+    eol = b"\r\n" if crlf else b"\n"
+    payloads = [eol.join((r if isinstance(r, str) else json.dumps(r)).encode() for r in m) for m in messages]
+    seqs = list(range(101, 101 + len(payloads)))
+    got = list(packed_batches("json", "s", seqs, payloads, schema))
+    lines, records = packed_records(seqs, payloads)
+    want = decoded_batch("json", "s", lines, records, schema).to_pylist()
+    assert [row for batch in got for row in batch.to_pylist()] == want
+
+
+def test_a_bad_line_in_a_packed_message_is_a_dead_letter_under_the_message_s_sequence():
+    schema = arrow_schema("id long, name string")
+    clean = [b'{"id": 1, "name": "a"}\n{"id": 2, "name": "b"}', b'{"id": 3, "name": "c"}']
+    (batch,) = packed_batches("json", "bids", [7, 8], clean, schema)
+    assert batch.column("id").to_pylist() == [1, 2, 3] and batch.column("_reason").null_count == 3
+    messy = [clean[0], b'{"id": 3, "name": "c"}\r\n\r\n{"id": "x", "name": "d"}\n']
+    (batch,) = packed_batches("json", "bids", [7, 8], messy, schema)
+    assert batch.column("id").to_pylist() == [1, 2, 3, None]
+    assert _lines([batch])[3] == (8, "field 'id': expected bigint, got x")
+    assert batch.column("_file").to_pylist()[3] == "bids"
+    # a key left out is a dead letter, an explicit null a value, even where everything parses
+    (batch,) = packed_batches("json", "bids", [7, 8], [b'{"id": 1}', b'{"id": 2, "name": null}'], schema)
+    assert batch.column("id").to_pylist() == [2, None] and _lines([batch])[1] == (7, "missing field(s): name")
