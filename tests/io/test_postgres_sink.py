@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 from pydantic import ValidationError
 
@@ -213,6 +214,45 @@ def test_types_round_trip_with_nulls(spark, postgres, sinks) -> None:
     ]
     # the table it created fits it the next run
     sinks("typed").open("net_types", "ckpt1", df.schema)
+
+
+def test_copy_as_csv_gives_the_values_copy_in_binary_gives(spark, postgres, sinks) -> None:
+    """Without a binary column the rows go as CSV that Arrow writes; with one, row by row in
+    COPY's binary format. Both tables must hold the same values, awkward ones included."""
+    schema = "k int, d double, f float, s string, ts timestamp, ntz timestamp_ntz, dt date, n decimal(10,2), b boolean"
+    ts = datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+    rows = [
+        (1, float("nan"), 0.1, "", ts, datetime(2024, 1, 2, 3, 4, 5), date(1999, 12, 31), Decimal("-0.01"), False),
+        (2, float("inf"), float("-inf"), "\\.", datetime(1970, 1, 1, tzinfo=UTC), datetime(2024, 1, 2),
+         date(2024, 2, 29), Decimal("99999999.99"), True),
+        (3, -0.0, 3.4e38, 'a,"b"\nc\\N\r\n', ts, None, None, None, None),
+        (4, 5e-324, 1e-45, "NULL", None, datetime(2024, 1, 2, 3, 4, 5, 1), date(1, 1, 1), Decimal("0"), True),
+        (5, 1.7976931348623157e308, None, None, datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), None,
+         None, None, None),
+        (6, 0.1 + 0.2, 16777217.0, "héllo\t\u2603", ts, None, None, None, None),
+    ]
+    df = spark.createDataFrame(rows, schema)
+    as_csv = sinks("copied_csv")
+    as_csv.open("net_csv", "ckpt1", df.schema)
+    _epoch(as_csv, df, 1)
+    with_bin = df.selectExpr("*", "CAST(s AS BINARY) AS bin")
+    as_binary = sinks("copied_binary")
+    as_binary.open("net_binary", "ckpt1", with_bin.schema)
+    _epoch(as_binary, with_bin, 1)
+    columns = "k, d::text, f::text, s, ts, ntz, dt, n, b"
+    got = _query(postgres.url, f"SELECT {columns} FROM copied_csv ORDER BY k")
+    assert got == _query(postgres.url, f"SELECT {columns} FROM copied_binary ORDER BY k")
+    assert [r[3] for r in got] == [r[3] for r in rows]  # the texts exactly, NULL apart from ''
+    assert [r[4] for r in got] == [r[4] for r in rows]
+
+
+def test_timestamps_with_a_zone_go_as_csv_in_utc() -> None:
+    from eddyline.io.postgres import copy_csv
+
+    instant = datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+    table = pa.table({"t": pa.array([instant, None], pa.timestamp("us", tz="America/New_York")),
+                      "s": pa.array(["x", None])})
+    assert copy_csv(table) == b'"2024-05-06 07:08:09.123456Z","x"\n,\n'
 
 
 def test_the_spec_is_checked_before_anything_runs(postgres) -> None:
