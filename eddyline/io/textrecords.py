@@ -318,8 +318,9 @@ def packed_batches(
     """``payloads`` that hold records one per line (messages of many records), decoded into
     batches as :func:`decoded_batch` gives them, a bad record's ``_line`` being its payload's
     position. Like a file, the payloads are parsed in one go, and split into records only when
-    something in them does not fit or a line is blank."""
-    table = _whole(fmt, b"\n".join(payloads), schema)
+    something in them does not fit or a line is blank (a line break that ends a payload makes
+    none)."""
+    table = _whole(fmt, b"\n".join(p.removesuffix(b"\n") for p in payloads), schema)
     if table is not None:
         yield from _table_batches(table, schema, where, ship)
         return

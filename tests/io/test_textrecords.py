@@ -222,14 +222,16 @@ def test_only_the_columns_read_are_shipped_but_every_column_is_checked():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.one_of(record, st.sampled_from(["", "  "])), max_size=6), max_size=8), st.booleans())
-def test_messages_of_many_records_decode_alike_in_one_go_or_record_by_record(messages, crlf):
+@given(st.lists(st.lists(st.one_of(record, st.sampled_from(["", "  "])), max_size=6), max_size=8), st.booleans(),
+       st.booleans())
+def test_messages_of_many_records_decode_alike_in_one_go_or_record_by_record(messages, crlf, ended):
     """Packed messages (records one per line) are parsed all at once when everything fits; any
     bad or blank line sends them record by record. Either way the rows, and the dead letters
     under their message's sequence, are those of decoding the records one by one."""
     schema = arrow_schema("id long, name string, price double")
     eol = b"\r\n" if crlf else b"\n"
-    payloads = [eol.join((r if isinstance(r, str) else json.dumps(r)).encode() for r in m) for m in messages]
+    payloads = [eol.join((r if isinstance(r, str) else json.dumps(r)).encode() for r in m) + (eol if ended else b"")
+                for m in messages]
     seqs = list(range(101, 101 + len(payloads)))
     got = list(packed_batches("json", "s", seqs, payloads, schema))
     lines, records = packed_records(seqs, payloads)
@@ -250,3 +252,20 @@ def test_a_bad_line_in_a_packed_message_is_a_dead_letter_under_the_message_s_seq
     # a key left out is a dead letter, an explicit null a value, even where everything parses
     (batch,) = packed_batches("json", "bids", [7, 8], [b'{"id": 1}', b'{"id": 2, "name": null}'], schema)
     assert batch.column("id").to_pylist() == [2, None] and _lines([batch])[1] == (7, "missing field(s): name")
+
+
+def test_clean_packed_messages_are_never_split_into_records(monkeypatch):
+    """The fast path: messages whose every line fits, each ending in a line break or not, are
+    parsed as one text without being split into their records."""
+    import eddyline.io.textrecords as textrecords
+
+    def split(*_):
+        raise AssertionError("split into records")
+
+    monkeypatch.setattr(textrecords, "packed_records", split)
+    schema = arrow_schema("id long, name string")
+    messages = [b'{"id": 1, "name": "a"}\n{"id": 2, "name": "b"}\n', b'{"id": 3, "name": "c"}\r\n', b'{"id": 4, "name": "d"}']
+    (batch,) = packed_batches("json", "bids", [1, 2, 3], messages, schema)
+    assert batch.column("id").to_pylist() == [1, 2, 3, 4]
+    with pytest.raises(AssertionError, match="split"):
+        list(packed_batches("json", "bids", [1, 2], [messages[0], b'{"id": 5, "name": "e"}\n\n{"id": 6, "name": "f"}'], schema))
