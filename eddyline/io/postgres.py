@@ -944,7 +944,8 @@ def copy_csv(rows: pa.Table) -> bytes:
     values: every value quoted, so that an unquoted empty field is NULL and a quoted one the
     empty string (and a text value ``\\.`` is no end-of-data mark); timestamps with a zone
     written in UTC with a ``Z``. (Arrow formats those through the zone's rules, value by value,
-    about 30 times slower than the same instants without a zone.)"""
+    far slower than the same instants without a zone: docs/perf-notes.md, "The PostgreSQL
+    sink's rows as CSV".)"""
     import io
 
     import pyarrow.csv as pacsv
