@@ -81,6 +81,7 @@ from eddyline.io.textrecords import (
     arrow_schema,
     decoded_batch,
     packed_batches,
+    packed_payloads,
     packed_records,
 )
 
@@ -397,8 +398,7 @@ class NatsSink(Sink):
         prefix = f"{self.writer}/{self.name}/{epoch}/"
         rows = staged.column(0).to_pylist() if staged is not None else []
         messages = [(subject, f"{prefix}{pos}", payload) for pos, payload in restored]
-        messages += [(subject, f"{prefix}{n}", "\n".join(rows[i : i + per]).encode())
-                     for n, i in enumerate(range(0, len(rows), per))]
+        messages += [(subject, f"{prefix}{n}", payload) for n, payload in enumerate(packed_payloads(rows, per))]
         headers = b"Eddyline-Tentative: true\r\nEddyline-Epoch: %d\r\n" % epoch if tentative else b""
         half = len(messages) // 2  # two calls, so that a crash test can cut between them
         self.server.call(lambda c: c.publish(messages[:half], headers=headers))

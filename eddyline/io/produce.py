@@ -24,6 +24,7 @@ from eddyline.api.sources import SourceSpec
 from eddyline.io.natswire import DEDUP_WINDOW_MS, NatsConnection, ensure_stream
 from eddyline.io.records import to_json_column
 from eddyline.io.sources import make_source
+from eddyline.io.textrecords import packed_payloads
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -104,8 +105,8 @@ class _Messages:
         full = len(rows) if last else len(rows) - len(rows) % self.per
         self.waiting = rows[full:]
         messages = [
-            (self.subject, self._id(self.sent + n, min(self.per, full - i)), "\n".join(rows[i : i + self.per]).encode())
-            for n, i in enumerate(range(0, full, self.per))
+            (self.subject, self._id(self.sent + n, min(self.per, full - n * self.per)), payload)
+            for n, payload in enumerate(packed_payloads(rows[:full], self.per))
         ]
         if messages:
             conn.publish(messages)

@@ -329,6 +329,12 @@ def packed_batches(
         yield decoded_batch(fmt, where, lines[lo : lo + BATCH_ROWS], records[lo : lo + BATCH_ROWS], schema, ship)
 
 
+def packed_payloads(rows: list[str], per: int) -> list[bytes]:
+    """``rows`` (text records) as payloads of ``per`` records each, one per line, the last
+    possibly fewer: what :func:`packed_records` takes apart."""
+    return ["\n".join(rows[i : i + per]).encode() for i in range(0, len(rows), per)]
+
+
 def packed_records(positions: list[int], payloads: list[bytes]) -> tuple[list[int], list[bytes]]:
     """The records of ``payloads`` that hold one per line, each under its payload's position (a
     line break may be CRLF; a blank line is no record)."""
