@@ -55,6 +55,8 @@ class StepRun:
     state_budget: int | None = None
     #: in-memory bytes of a state row as measured last epoch
     bytes_per_row: float = 0.0
+    #: the watermark the lanes move to after the epoch's rows (``EpochPlan.advance``), if any
+    advance_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -349,8 +351,11 @@ class EpochCompiler:
     def _lane_run(self, epoch: int, step: str, run: StepRun) -> str:
         """The epoch's part of a stateful step's lane task, as its lanes read it when they run
         (:meth:`eddyline.runtime.lanes.LaneTask.for_epoch`): inline, or the path of a file."""
-        text = json.dumps({"epoch": epoch, "index": {str(kg): chain for kg, chain in run.index.items()},
-                           "watermark_ms": run.watermark_ms, "bytes_per_row": run.bytes_per_row})
+        part = {"epoch": epoch, "index": {str(kg): chain for kg, chain in run.index.items()},
+                "watermark_ms": run.watermark_ms, "bytes_per_row": run.bytes_per_row}
+        if run.advance_ms is not None:
+            part["advance_ms"] = run.advance_ms
+        text = json.dumps(part)
         if len(text) <= LANE_RUN_INLINE:
             return text
         fs, _ = filesystem(self.checkpoint)

@@ -24,10 +24,16 @@ import pyarrow as pa
 
 from eddyline.columns import KG, PROBE
 from eddyline.errors import TASK_MARK as MARK
-from eddyline.operators.base import Kernel, deferred_counts
+from eddyline.operators.base import Kernel, KernelResult, deferred_counts
 from eddyline.runtime.checkpoint import manifest_path
 from eddyline.runtime.faults import FaultPoint, Faults, NoFaults
-from eddyline.state.store import DEFAULT_CACHE_BYTES, KeyGroupStore, process_cache, with_chains
+from eddyline.state.store import (
+    DEFAULT_CACHE_BYTES,
+    KeyGroupStore,
+    merged_changes,
+    process_cache,
+    with_chains,
+)
 from eddyline.storage import filesystem, read_json, write_atomic
 
 #: the Spark local property (this prefix + the step's name) carrying the epoch's part of a
@@ -46,6 +52,8 @@ class LaneTask:
     epoch: int = 0
     index: dict[int, list] = field(default_factory=dict)  # key group -> chain, as of the previous commit
     watermark_ms: int = 0
+    #: the watermark the lane moves to once it has taken in the epoch's rows (None: it stays)
+    advance_ms: int | None = None
     snapshot_every: int = 8
     #: memory budget for this lane's state (None: load all of it at once)
     state_budget: int | None = None
@@ -72,7 +80,8 @@ class LaneTask:
             fs, _ = filesystem(self.checkpoint)
             run = read_json(fs, run["path"])
         return replace(self, epoch=run["epoch"], index={int(kg): chain for kg, chain in run["index"].items()},
-                       watermark_ms=run["watermark_ms"], bytes_per_row=run["bytes_per_row"])
+                       watermark_ms=run["watermark_ms"], advance_ms=run.get("advance_ms"),
+                       bytes_per_row=run["bytes_per_row"])
 
 
 class _GcClock:
@@ -112,6 +121,39 @@ def gc_clock() -> _GcClock:
         _gc_clock = _GcClock()
         gc.callbacks.append(_gc_clock)
     return _gc_clock
+
+
+def process(kernel: Kernel, batch: pa.Table, state: pa.Table, watermark_ms: int, advance_ms: int | None) -> KernelResult:
+    """The kernel on the epoch's rows at the watermark in force; then, if the plan advances the
+    step's watermark (:attr:`~eddyline.runtime.epoch.records.EpochPlan.advance`), once more
+    without rows at the new one, the two results told as one: the same as the next epoch
+    running without rows for this step, one epoch sooner."""
+    first = kernel.process(batch, state, watermark_ms)
+    if advance_ms is None or advance_ms <= watermark_ms:
+        return first
+    then = kernel.process(batch.schema.empty_table(), first.state, advance_ms)
+    if not (then.upserts.num_rows or then.deletes.num_rows):
+        upserts, deletes = first.upserts, first.deletes
+    elif not (first.upserts.num_rows or first.deletes.num_rows):
+        upserts, deletes = then.upserts, then.deletes
+    else:
+        upserts, deletes = merged_changes((first.upserts, first.deletes), (then.upserts, then.deletes),
+                                          kernel.state_schema, kernel.primary_key)
+    metrics = dict(first.metrics)
+    for k, v in then.metrics.items():
+        metrics[k] = metrics.get(k, 0) + v
+    kg_cost = dict(first.kg_cost)
+    for g, c in then.kg_cost.items():
+        kg_cost[g] = kg_cost.get(g, 0) + c
+    return KernelResult(
+        pa.concat_tables([first.output, then.output]),
+        then.state,
+        upserts,
+        deletes,
+        sorted({*first.changed_key_groups, *then.changed_key_groups}),
+        metrics,
+        kg_cost,
+    )
 
 
 def state_file_id(lane: int, part: int) -> int:
@@ -345,7 +387,7 @@ def _run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.
             chunk = partials.slice(lo, hi - lo)
         state = store.load(task.index, [kg for kg in group if kg in task.index])
         t_b, c_b = time.perf_counter(), time.thread_time()
-        result = kernel.process(chunk, state, task.watermark_ms)
+        result = process(kernel, chunk, state, task.watermark_ms, task.advance_ms)
         t_c = time.perf_counter()
         kernel_cpu += time.thread_time() - c_b
         if defers:  # key groups of every part lie in the routing table (checked on arrival)

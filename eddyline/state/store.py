@@ -409,6 +409,23 @@ def _with_null_surrogates(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Tabl
     return out, join_keys
 
 
+def merged_changes(
+    first: tuple[pa.Table, pa.Table], then: tuple[pa.Table, pa.Table], schema: pa.Schema, primary_key: Sequence[str]
+) -> tuple[pa.Table, pa.Table]:
+    """Two successive changes of one state, each ``(upserts, deletes)``, as one: the first's
+    upserts as the second left them, plus the second's, and every deleted key. A delta's deletes
+    and upserts apply together (:func:`apply_delta`), so a key deleted and then upserted again may
+    be named by both, and a key upserted and then deleted is a delete."""
+    keys = list(primary_key)
+    file_schema = schema.append(pa.field(OP, pa.int8()))
+    (ups1, dels1), (ups2, dels2) = first, then
+    second = pa.concat_tables([_with_op(ups2, 0, file_schema), _with_op(dels2.select(keys), 1, file_schema)])
+    upserts = apply_delta(ups1.select(schema.names).cast(schema), second, keys)
+    key_schema = pa.schema([schema.field(k) for k in keys])
+    deletes = pa.concat_tables([dels1.select(keys).cast(key_schema), dels2.select(keys).cast(key_schema)])
+    return upserts, deletes
+
+
 def apply_delta(current: pa.Table, delta: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     """``current`` without the keys ``delta`` names, plus the delta's upserted rows."""
     if delta.num_rows == 0:

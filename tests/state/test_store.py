@@ -118,3 +118,43 @@ def test_uri_root_and_cleanup(tmp_path: Path) -> None:
     removed = s.cleanup([index], below_epoch=3)
     assert removed == 2 - sum(seg[0] < 3 for seg in index[0])
     assert as_dict(store(tmp_path).load(index, [0])) == {(0, 1): 3}
+
+
+def _changes(before: dict, batch: list) -> tuple[dict, dict, dict]:
+    """``batch`` (as :data:`ops`) applied to ``before``: the state after, its upserts, its deletes."""
+    after, ups, dels = dict(before), {}, {}
+    for kg, key, v in batch:
+        if v is None:
+            if (kg, key) in after:
+                del after[(kg, key)]
+                dels[(kg, key)] = 0
+            ups.pop((kg, key), None)
+        else:
+            after[(kg, key)] = v
+            ups[(kg, key)] = v
+    return after, ups, dels
+
+
+@settings(max_examples=60, deadline=None)
+@given(start=ops, first=ops, then=ops)
+def test_two_changes_merged_rebuild_the_state(start, first, then) -> None:
+    """A kernel called twice in one epoch (a watermark advanced after the rows): the two
+    changes told as one rebuild, from the state before, the state after both, null keys too."""
+    from eddyline.columns import OP
+    from eddyline.state.store import apply_delta, merged_changes
+
+    s0, _, _ = _changes({}, start)
+    s1, ups1, dels1 = _changes(s0, first)
+    s2, ups2, dels2 = _changes(s1, then)
+    keys = list(PK)
+    upserts, deletes = merged_changes(
+        (table(ups1), table(dels1).select(keys)), (table(ups2), table(dels2).select(keys)), SCHEMA, PK
+    )
+    delta = pa.concat_tables([
+        upserts.append_column(OP, pa.array([0] * upserts.num_rows, pa.int8())),
+        pa.table({"_kg": deletes.column("_kg"), "key": deletes.column("key"), "v": pa.nulls(deletes.num_rows, pa.int64()),
+                  OP: pa.array([1] * deletes.num_rows, pa.int8())}, schema=SCHEMA.append(pa.field(OP, pa.int8()))),
+    ])
+    assert as_dict(apply_delta(table(s0), delta, keys)) == s2
+    named = list(zip(upserts.column("_kg").to_pylist(), upserts.column("key").to_pylist(), strict=True))
+    assert len(named) == len(set(named)), "a key upserted twice in one delta"

@@ -73,6 +73,7 @@ class Executor:
                 dict(last.steps[s.name].index) if last and s.name in last.steps else {},
                 state_budget=self.spec.control.state_budget,
                 bytes_per_row=self.bytes_per_row.get(s.name, 0.0),
+                advance_ms=plan.advance.get(s.name),
             )
             for s in self.stateful
         }

@@ -49,5 +49,6 @@ def fold(
         late_rows[s.name] = late + sum(int(m.metrics.get("late_rows", 0)) for m in manifests[s.name])
         loads[s.name] = step_load(plan.epoch, lanes, raw, wall_s, spec.control.load)
         output_rows[s.name] = sum(m.output_rows for m in manifests[s.name])
-        steps[s.name] = StepCommit(index, input_max, plan.watermarks[s.name], plan.routing[s.name])
+        watermark = plan.advance.get(s.name, plan.watermarks[s.name])
+        steps[s.name] = StepCommit(index, input_max, watermark, plan.routing[s.name])
     return Folded(steps, manifests, loads, output_rows, late_rows)

@@ -3,15 +3,17 @@ are routed — decided from the last commit and the controller, before anything 
 
 Watermarks: a step fed by sources follows the newest event time its inputs committed, minus its
 delay (Spark's rule: from earlier epochs, so it is part of the plan). A step fed by stateful steps
-inherits the smallest of their watermarks *of the previous epoch*: everything such an ancestor
-emits in this epoch is at or after its current watermark, so it is never late downstream, and a
-downstream window or top-k closes exactly when its ancestors can no longer add to it.
+judges its rows against the smallest of their watermarks *of the previous epoch*: everything
+such an ancestor emits in this epoch is at or after its previous watermark, so it is never late
+downstream. Once the step has taken in the epoch's rows, it *advances* to the smallest of their
+watermarks at the end of this epoch (:attr:`EpochPlan.advance`): its ancestors cannot add to
+anything before that any more, so a downstream window or top-k closes in the same epoch as the
+windows feeding it, not one epoch later per stateful step in between.
 
 An epoch with no new input still runs when a watermark moved and state exists (windows may fire),
-like Spark's no-data batches. With ``until_idle`` the run ends, once the input is exhausted, with
-an end-of-stream epoch whose watermark passes every window (as Flink does for bounded input); the
-end-of-stream watermark reaches the steps further down one epoch at a time, so every step first
-receives what its ancestors flush.
+like Spark's no-data batches. With ``until_idle`` the first epoch that finds no new input ends the
+run instead: an end-of-stream epoch whose watermark passes every window (as Flink does for
+bounded input), in which every step first takes in what its ancestors flush, then flushes itself.
 """
 
 from __future__ import annotations
@@ -114,15 +116,17 @@ class Planner:
         if self.controller.overload is not None and not ended:
             slices, shed, overload = self._admit(epoch, last, elapsed_s, slices, down)
         new_rows = any(s["end"] > s["start"] for s in slices.values())
-        watermarks = self._watermarks(last, flush=ended)
-        moved = any(wm != _watermark(last, name) for name, wm in watermarks.items())
+        watermarks, advance = self._watermarks(last, flush=ended)
+        moved = any(wm != _watermark(last, name) for name, wm in watermarks.items()) or bool(advance)
         has_state = last is not None and any(c.index for c in last.steps.values())
         end_of_stream = ended
-        if not new_rows and not (moved and has_state) and not retracts:
-            if ended or not (until_idle and has_state) or tentative:
+        if not new_rows and not retracts:
+            if until_idle and has_state and not ended and not tentative:
+                # idle: the end-of-stream watermark passes whatever the moved one would fire
+                end_of_stream = True
+                watermarks, advance = self._watermarks(last, flush=True)
+            elif not (moved and has_state):
                 return None
-            end_of_stream = True
-            watermarks = self._watermarks(last, flush=True)
         routing, decisions = self._route(epoch, last, slices, end_of_stream)
         if overload is not None:
             decisions.append(overload)
@@ -140,6 +144,7 @@ class Planner:
             tentative=tentative,
             base=base,
             retracts=retracts,
+            advance=advance,
         )
 
     def _commit(self, epoch: int) -> EpochCommit | None:
@@ -201,8 +206,11 @@ class Planner:
         return slices, verdict.shed, decision
 
     # ------------------------------------------------------------------ watermarks
-    def _watermarks(self, last: EpochCommit | None, *, flush: bool) -> dict[str, int]:
+    def _watermarks(self, last: EpochCommit | None, *, flush: bool) -> tuple[dict[str, int], dict[str, int]]:
+        """Every stateful step's watermark in force while it takes in the epoch's rows, and the
+        steps that advance past it once they have (with the watermark they reach)."""
         out: dict[str, int] = {}
+        reached: dict[str, int] = {}  # every step's watermark at the end of the epoch
         for step in self.stateful:
             prev = last.steps.get(step.name) if last else None
             prev_wm = prev.watermark if prev else NO_WATERMARK
@@ -212,13 +220,15 @@ class Planner:
             else:
                 observed = prev_wm if max_t <= NO_WATERMARK else max(prev_wm, max_t - step.watermark_delay)
             ancestors, from_sources = self.upstream[step.name]
-            inherited = [_watermark(last, a) for a in ancestors]
-            wm = min([*inherited, *([observed] if from_sources or not ancestors else [])])
+            own = [observed] if from_sources or not ancestors else []
+            wm = min([*(_watermark(last, a) for a in ancestors), *own])
+            then = min([*(reached[a] for a in ancestors), *own])
             follows = step.info.watermark_follows(step)
             if follows is not None:
-                wm = out[follows]
+                wm, then = out[follows], reached[follows]
             out[step.name] = max(wm, prev_wm)
-        return out
+            reached[step.name] = max(then, out[step.name])
+        return out, {name: wm for name, wm in reached.items() if wm > out[name]}
 
     # ------------------------------------------------------------------ routing
     def _route(

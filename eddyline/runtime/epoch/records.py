@@ -56,6 +56,9 @@ class EpochPlan:
     network: str | None = None
     #: epochs whose retracted outputs this epoch puts back first (undoing a replay)
     restores: list[int] = field(default_factory=list)
+    #: stateful step -> the watermark it moves to once it has taken in the epoch's rows (a step
+    #: fed by stateful steps: theirs at the end of the epoch); the step commits it
+    advance: dict[str, int] = field(default_factory=dict)
     planned_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
@@ -72,7 +75,7 @@ class StepCommit:
 
     index: dict[int, list]  # key group -> chain of state versions
     input_max: list[int]  # per input, the newest event time seen so far (ms)
-    watermark: int  # in force during the epoch
+    watermark: int  # reached in the epoch (:attr:`EpochPlan.advance`, else the one in force)
     routing: dict[str, Any]
 
     @property

@@ -16,6 +16,7 @@ import yaml
 from eddyline.api.validate import load_spec
 from eddyline.io.memory import MemorySink
 from eddyline.io.nexmark import Nexmark, nexmark_frame
+from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.engine import Engine
 
 SPECS = Path(__file__).resolve().parents[3] / "examples" / "nexmark"
@@ -139,3 +140,24 @@ def test_query_matches_duckdb(spark, events, tmp_path: Path, query: str) -> None
     have = canonical(con, f"({got_sql})")
     assert len(want) > 0
     assert have == want
+
+
+@pytest.mark.parametrize("query", ["q5", "q9"])
+def test_a_chain_of_stateful_steps_keeps_up_within_the_epoch(spark, tmp_path: Path, query: str) -> None:
+    """A step fed by stateful steps reaches their watermark in the epoch they do
+    (``EpochPlan.advance``), not one epoch later per step in between; and a run that goes idle
+    ends with one end-of-stream epoch for the whole chain. (Its results: the test above.)"""
+    run_query(spark, query, tmp_path)
+    spec = load_spec(yaml.safe_load((SPECS / f"{query}.yaml").read_text()))
+    chained = {s.name: ups for s in spec.stateful_steps() if (ups := spec.stateful_upstream(s)[0])}
+    commits = Checkpoint(str(tmp_path / "ckpt")).commits()
+    assert chained and len(commits) >= 4
+    moved = 0
+    for before, commit in zip(commits, commits[1:], strict=False):
+        for step, ups in chained.items():
+            reached = min(commit.steps[a].watermark for a in ups)
+            assert commit.steps[step].watermark == reached, f"epoch {commit.epoch}: {step} behind {ups}"
+            moved += reached > min(before.steps[a].watermark for a in ups)
+    assert moved >= 3  # the ancestors' watermarks moved while the chain kept up
+    idle = [c for a, c in zip(commits, commits[1:], strict=False) if c.source_ends == a.source_ends]
+    assert [c.epoch for c in idle] == [commits[-1].epoch] and commits[-1].end_of_stream
