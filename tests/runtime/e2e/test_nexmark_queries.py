@@ -123,14 +123,28 @@ def run_query(spark, name: str, tmp: Path) -> pa.Table:
     return table
 
 
+@pytest.fixture(scope="module")
+def ran(spark, tmp_path_factory: pytest.TempPathFactory):
+    """Each query run once for the module's tests: its output and its checkpoint."""
+    done: dict[str, tuple[pa.Table, Path]] = {}
+
+    def get(query: str) -> tuple[pa.Table, Path]:
+        if query not in done:
+            tmp = tmp_path_factory.mktemp(query)
+            done[query] = (run_query(spark, query, tmp), tmp / "ckpt")
+        return done[query]
+
+    return get
+
+
 def canonical(con: duckdb.DuckDBPyConnection, relation: str) -> list[tuple]:
     rows = con.execute(f"SELECT * FROM {relation}").fetchall()
     return sorted(rows, key=lambda r: tuple((x is None, str(x)) for x in r))
 
 
 @pytest.mark.parametrize("query", sorted(AVAILABLE, key=lambda q: int(q[1:])))
-def test_query_matches_duckdb(spark, events, tmp_path: Path, query: str) -> None:
-    got = run_query(spark, query, tmp_path)
+def test_query_matches_duckdb(ran, events, query: str) -> None:
+    got, _ = ran(query)
     con = duckdb.connect()
     for name, table in events.items():
         con.register(name, table)
@@ -143,14 +157,14 @@ def test_query_matches_duckdb(spark, events, tmp_path: Path, query: str) -> None
 
 
 @pytest.mark.parametrize("query", ["q5", "q9"])
-def test_a_chain_of_stateful_steps_keeps_up_within_the_epoch(spark, tmp_path: Path, query: str) -> None:
+def test_a_chain_of_stateful_steps_keeps_up_within_the_epoch(ran, query: str) -> None:
     """A step fed by stateful steps reaches their watermark in the epoch they do
     (``EpochPlan.advance``), not one epoch later per step in between; and a run that goes idle
     ends with one end-of-stream epoch for the whole chain. (Its results: the test above.)"""
-    run_query(spark, query, tmp_path)
+    _, ckpt = ran(query)
     spec = load_spec(yaml.safe_load((SPECS / f"{query}.yaml").read_text()))
     chained = {s.name: ups for s in spec.stateful_steps() if (ups := spec.stateful_upstream(s)[0])}
-    commits = Checkpoint(str(tmp_path / "ckpt")).commits()
+    commits = Checkpoint(str(ckpt)).commits()
     assert chained and len(commits) >= 4
     moved = 0
     for before, commit in zip(commits, commits[1:], strict=False):
