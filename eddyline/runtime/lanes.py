@@ -132,28 +132,22 @@ def process(kernel: Kernel, batch: pa.Table, state: pa.Table, watermark_ms: int,
     if advance_ms is None or advance_ms <= watermark_ms:
         return first
     then = kernel.process(batch.schema.empty_table(), first.state, advance_ms)
-    if not (then.upserts.num_rows or then.deletes.num_rows):
-        upserts, deletes = first.upserts, first.deletes
-    elif not (first.upserts.num_rows or first.deletes.num_rows):
-        upserts, deletes = then.upserts, then.deletes
-    else:
-        upserts, deletes = merged_changes((first.upserts, first.deletes), (then.upserts, then.deletes),
-                                          kernel.state_schema, kernel.primary_key)
-    metrics = dict(first.metrics)
-    for k, v in then.metrics.items():
-        metrics[k] = metrics.get(k, 0) + v
-    kg_cost = dict(first.kg_cost)
-    for g, c in then.kg_cost.items():
-        kg_cost[g] = kg_cost.get(g, 0) + c
+    upserts, deletes = merged_changes((first.upserts, first.deletes), (then.upserts, then.deletes),
+                                      kernel.state_schema, kernel.primary_key)
     return KernelResult(
         pa.concat_tables([first.output, then.output]),
         then.state,
         upserts,
         deletes,
         sorted({*first.changed_key_groups, *then.changed_key_groups}),
-        metrics,
-        kg_cost,
+        _summed(first.metrics, then.metrics),
+        _summed(first.kg_cost, then.kg_cost),
     )
+
+
+def _summed(a: dict, b: dict) -> dict:
+    """Two counters of the same things, added up key by key (keys of either kept, zeros too)."""
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
 
 
 def state_file_id(lane: int, part: int) -> int:

@@ -416,9 +416,13 @@ def merged_changes(
     upserts as the second left them, plus the second's, and every deleted key. A delta's deletes
     and upserts apply together (:func:`apply_delta`), so a key deleted and then upserted again may
     be named by both, and a key upserted and then deleted is a delete."""
+    (ups1, dels1), (ups2, dels2) = first, then
+    if not (ups2.num_rows or dels2.num_rows):
+        return first
+    if not (ups1.num_rows or dels1.num_rows):
+        return then
     keys = list(primary_key)
     file_schema = schema.append(pa.field(OP, pa.int8()))
-    (ups1, dels1), (ups2, dels2) = first, then
     second = pa.concat_tables([_with_op(ups2, 0, file_schema), _with_op(dels2.select(keys), 1, file_schema)])
     upserts = apply_delta(ups1.select(schema.names).cast(schema), second, keys)
     key_schema = pa.schema([schema.field(k) for k in keys])
