@@ -5,7 +5,10 @@ so files added later never change an epoch that was already planned. A malformed
 becomes a dead letter (raw text, reason, file, line) instead of failing the epoch. Files of a flat
 schema are decoded by Arrow's JSON and CSV readers in the Python workers (:mod:`.textrecords`,
 faster than Spark's own readers); JSON of nested schemas, and CSV with a type Arrow's reader does
-not take, are read raw and parsed in Spark (:mod:`.records`).
+not take, are read raw and parsed in Spark (:mod:`.records`). Parquet files are read with pyarrow
+in the tasks too, by a frame kept while the files' footer schema stays (Spark's reader would
+need a new frame, and new frames behind it, every epoch); a slice of mixed footers, or of a type
+whose values pyarrow and Spark read differently, goes to Spark's reader.
 
 As a sink, writing is two steps so that an epoch's output appears all at once and a replay never
 duplicates: :meth:`FilesTarget.staging` receives the rows where no reader looks
@@ -32,7 +35,7 @@ import functools
 import os
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +50,8 @@ from eddyline.columns import DIFF
 from eddyline.errors import SinkError, SourceError
 from eddyline.io.records import ddl_struct, decode, split_decoded
 from eddyline.io.sinks import Sink, SinkKind
-from eddyline.io.sources import BadCounter, EpochSlice, Frames, Source, SourceKind
-from eddyline.io.textrecords import TextSchema, arrow_schema, file_batches
+from eddyline.io.sources import BadCounter, EpochSlice, Frames, Source, SourceKind, footer_facts
+from eddyline.io.textrecords import TextSchema, arrow_schema, file_batches, shipped
 from eddyline.storage import filesystem
 
 if TYPE_CHECKING:
@@ -60,6 +63,11 @@ if TYPE_CHECKING:
 
 class FilesSource(Source):
     _schemas: tuple[Any, Any] | None = None  # (footer schema, the Spark schema inferred from it)
+    #: the last Parquet slice's files and their footers (None: not all readable here)
+    _slice: tuple[tuple[str, ...], list[Any] | None] = ((), [])
+    #: the footer schema of the frame whose tasks read Parquet slices when they run, and a file
+    #: that has it (Spark infers the frame's schema from it)
+    _run_time: tuple[pa.Schema, str] | None = None
 
     @property
     def params(self) -> Files:
@@ -81,24 +89,64 @@ class FilesSource(Source):
     def available(self, elapsed_s: float) -> int:
         return len(self._listing())
 
-    def _read_parquet(self, spark: SparkSession, fs: pafs.FileSystem, paths: list[str]) -> tuple[DataFrame, list[Any] | None]:
-        """``spark.read.parquet`` infers the schema from the files' footers, a JVM round of 60-120
-        ms per epoch. The schema Spark inferred for the first read is kept with the footer schema
-        it came from; a later read whose files all have that footer schema (read here with
-        pyarrow, well under a millisecond per file) passes it to the reader instead. Returns the
-        frame and the footers (None if pyarrow could not read them all)."""
-        try:
-            footers = [_footer(fs, x) for x in paths]
-            schemas = [f.schema.to_arrow_schema() for f in footers]
-            same = all(f.equals(schemas[0]) for f in schemas[1:])
-        except (OSError, ValueError, pa.ArrowException):  # unreadable here: let Spark read and report it
-            footers, schemas, same = None, [], False
-        if self._schemas is not None and same and schemas[0].equals(self._schemas[0]):
-            return spark.read.schema(self._schemas[1]).parquet(*paths), footers
-        df = spark.read.parquet(*paths)
-        if same:
-            self._schemas = (schemas[0], df.schema)
-        return df, footers
+    def _footers(self, names: list[str]) -> list[Any] | None:
+        """The Parquet footers of ``names`` (read with pyarrow, well under a millisecond a file),
+        None if any cannot be read here (Spark then reads the files and reports what is wrong)."""
+        if self._slice[0] != tuple(names):
+            fs, base = filesystem(self.params.path)
+            try:
+                footers: list[Any] | None = [_footer(fs, f"{base}/{n}") for n in names]
+            except (OSError, ValueError, pa.ArrowException):
+                footers = None
+            self._slice = (tuple(names), footers)
+        return self._slice[1]
+
+    def _spark_schema(self, spark: SparkSession, schema: pa.Schema, path: str) -> Any:
+        """The schema Spark reads Parquet files of footer schema ``schema`` with, inferred from
+        ``path`` (a JVM round of 60-120 ms) and kept while the footers stay the same."""
+        if self._schemas is None or not self._schemas[0].equals(schema):
+            self._schemas = (schema, spark.read.parquet(path).schema)
+        return self._schemas[1]
+
+    def _read_parquet(self, spark: SparkSession, names: list[str]) -> DataFrame:
+        """The files ``names`` read by Spark's reader, in a frame built for them (slices of mixed
+        footers, or of types :func:`_plain` does not take). Spark infers their schema unless all
+        have the footer schema it was last inferred for."""
+        fs, base = filesystem(self.params.path)
+        paths = [f"{base}/{n}" for n in names]
+        footers = self._footers(names)
+        schemas = [_schema(f) for f in footers] if footers is not None else []
+        if schemas and all(x.equals(schemas[0]) for x in schemas[1:]):
+            return spark.read.schema(self._spark_schema(spark, schemas[0], paths[0])).parquet(*paths)
+        return spark.read.parquet(*paths)
+
+    def run_time_key(self, planned: dict[str, Any]) -> Hashable | None:
+        """Text: always. Parquet: while the slice's files all have one footer schema of types
+        :func:`_plain` takes (the key), read with pyarrow in the tasks. A frame built for the
+        files (Spark's reader) would be a new frame every epoch, and so would every frame
+        behind it, planned again at 100-250 ms an epoch (docs/perf-notes.md)."""
+        p = self.params
+        if p.format != "parquet":  # text: Arrow's readers in the tasks, where they take the schema
+            return () if p.schema_ is not None and arrow_schema(p.schema_) is not None else None
+        names = planned.get("files") or []
+        if not names:  # tasks that read nothing: the frame in use does
+            return self._run_time[0] if self._run_time is not None else None
+        footers = self._footers(names)
+        if footers is None:
+            return None
+        schema = _schema(footers[0])
+        if not all(_plain(t) for t in schema.types) or not all(_schema(f).equals(schema) for f in footers[1:]):
+            return None
+        self._run_time = (schema, names[0])
+        return schema
+
+    def known(self, planned: dict[str, Any], time_columns: list[str]) -> dict[str, Any] | None:
+        """A Parquet slice read as it is (no declared schema): its rows and newest times are in
+        its footers."""
+        if self.params.format != "parquet" or self.params.schema_:
+            return None
+        footers = self._footers(planned.get("files") or [])
+        return None if footers is None else footer_facts(footers, time_columns)
 
     def batch_limit(self) -> int:
         return self.spec.max_rows_per_epoch or self.params.max_files_per_epoch or 2**62
@@ -154,19 +202,17 @@ class FilesSource(Source):
         from pyspark.sql import functions as F
 
         p = self.params
-        if planned is None:  # tasks take the slice when they run (slices_at_run_time)
+        if planned is None and p.format != "parquet":  # tasks take the slice when they run
             return self._text_frames(spark, None, partitions, count_bad, columns)
-        fs, base = filesystem(p.path)
-        paths = [f"{base}/{n}" for n in planned.get("files", [])]
         if p.format == "parquet":
-            if paths:
-                df, footers = self._read_parquet(spark, fs, paths)
+            if planned is None:
+                return self._parquet_in_tasks(spark, partitions, columns)
+            names = planned.get("files", [])
+            if names:
+                df = self._read_parquet(spark, names)
                 if p.schema_:
-                    df = df.select(
-                        *[F.col(f.name).cast(f.dataType) for f in ddl_struct(spark, p.schema_)]
-                    )
-                    footers = None  # the footers describe the files, not the cast columns
-                return Frames(df, footers=footers)
+                    df = df.select(*[F.col(f.name).cast(f.dataType) for f in ddl_struct(spark, p.schema_)])
+                return Frames(df)
             if not p.schema_:
                 known = self._listing()
                 if not known:
@@ -174,8 +220,11 @@ class FilesSource(Source):
                         f"source '{self.name}': parquet directory {p.path!r} is empty; give 'schema' "
                         "so the network can be planned before files arrive"
                     )
+                _, base = filesystem(p.path)
                 return Frames(spark.read.parquet(f"{base}/{known[0]}").limit(0))
             return Frames(spark.createDataFrame([], ddl_struct(spark, p.schema_)))
+        fs, base = filesystem(p.path)
+        paths = [f"{base}/{n}" for n in planned.get("files", [])]
         assert p.schema_ is not None
         if arrow_schema(p.schema_) is not None:
             return self._text_frames(spark, planned, partitions, count_bad, columns)
@@ -184,9 +233,28 @@ class FilesSource(Source):
             lines = lines.where("line > 1")
         return decode(spark, lines, p.format, p.schema_, self.name, count_bad)
 
-    def slices_at_run_time(self) -> bool:
+    def _parquet_in_tasks(self, spark: SparkSession, partitions: int, columns: frozenset[str] | None) -> Frames:
+        """The frame whose tasks read the Parquet files of the slice they are given when they run
+        (task i every ``partitions``-th file) with pyarrow: only the columns the network reads
+        (:func:`~eddyline.io.textrecords.shipped`), cast to the types Spark's reader gives them.
+        A declared schema casts them further, in Spark, as it does the files Spark reads."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import StructType
+
+        assert self._run_time is not None, "run_time_key gave no key"
         p = self.params
-        return p.format != "parquet" and p.schema_ is not None and arrow_schema(p.schema_) is not None
+        schema, first = self._run_time
+        inferred = self._spark_schema(spark, schema, f"{filesystem(p.path)[1]}/{first}")
+        declared = ddl_struct(spark, p.schema_) if p.schema_ else None
+        wanted = {n.lower() for n in shipped(tuple((declared or inferred).names), columns)}
+        ship = StructType([f for f in inferred.fields if f.name.lower() in wanted] or inferred.fields[:1])
+        target = to_arrow_schema(ship, timezone="UTC")
+        read = functools.partial(_parquet_files, p.path, EpochSlice(self.name), partitions, target)
+        df = spark.range(0, partitions, 1, partitions).mapInArrow(read, ship)
+        if declared is not None:
+            df = df.select(*[F.col(f.name).cast(f.dataType) for f in declared if f.name.lower() in wanted])
+        return Frames(df)
 
     def _text_frames(
         self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int, count_bad: BadCounter,
@@ -218,20 +286,59 @@ def _footer(fs: pafs.FileSystem, path: str) -> Any:
         return pq.read_metadata(f)
 
 
+def _schema(footer: Any) -> pa.Schema:
+    return footer.schema.to_arrow_schema().remove_metadata()
+
+
+def _plain(t: pa.DataType) -> bool:
+    """Whether pyarrow reads a Parquet column of type ``t`` into values that cast exactly to
+    what Spark's reader gives (others, e.g. nanosecond or INT96 timestamps, unsigned integers,
+    go to Spark's reader)."""
+    if pa.types.is_struct(t):
+        return all(_plain(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _plain(t.value_type)
+    if pa.types.is_map(t):
+        return _plain(t.key_type) and _plain(t.item_type)
+    if pa.types.is_timestamp(t):
+        return t.unit in ("ms", "us")
+    return (pa.types.is_signed_integer(t) or pa.types.is_float32(t) or pa.types.is_float64(t)
+            or pa.types.is_boolean(t) or pa.types.is_date32(t) or pa.types.is_decimal128(t)
+            or pa.types.is_string(t) or pa.types.is_large_string(t)
+            or pa.types.is_binary(t) or pa.types.is_large_binary(t))
+
+
+def _task_files(slice_: EpochSlice, tasks: int, batches: Iterator[pa.RecordBatch]) -> Iterator[str]:
+    """In a Spark task: the names of task i's share of the slice's files (every ``tasks``-th),
+    for each task number i that arrives in ``batches``."""
+    names = slice_.get().get("files", [])
+    for batch in batches:
+        for task in batch.column(0).to_pylist():
+            yield from names[task::tasks]
+
+
+def _parquet_files(
+    directory: str, slice_: EpochSlice, tasks: int, target: pa.Schema, batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """In a Spark task: its share of the slice's Parquet files, the ``target`` columns cast to
+    its types."""
+    fs, base = filesystem(directory)
+    for name in _task_files(slice_, tasks, batches):
+        with fs.open_input_file(f"{base}/{name}") as f:
+            for b in pq.ParquetFile(f).iter_batches(columns=target.names, use_threads=False):
+                yield b if b.schema.equals(target) else b.cast(target)
+
+
 def _text_files(
     fmt: Any, header: bool, directory: str, slice_: EpochSlice, tasks: int, schema: TextSchema,
     ship: tuple[str, ...], batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """In a Spark task: task i's share of the slice's files (every ``tasks``-th), decoded (the
-    ``ship`` columns handed on)."""
+    """In a Spark task: its share of the slice's files, decoded (the ``ship`` columns handed on)."""
     fs, base = filesystem(directory)
-    names = slice_.get().get("files", [])
-    for batch in batches:
-        for task in batch.column(0).to_pylist():
-            for name in names[task::tasks]:
-                with fs.open_input_stream(f"{base}/{name}") as f:
-                    text = f.read()
-                yield from file_batches(fmt, name, text, schema, header=header, ship=ship)
+    for name in _task_files(slice_, tasks, batches):
+        with fs.open_input_stream(f"{base}/{name}") as f:
+            text = f.read()
+        yield from file_batches(fmt, name, text, schema, header=header, ship=ship)
 
 
 def _spark_path(directory: str, full: str) -> str:

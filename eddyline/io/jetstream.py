@@ -52,7 +52,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -192,8 +192,8 @@ class MessageRanges(Source):
         ``batches`` (see :class:`SubRanges`), as chunks of (numbers, payloads)."""
         raise NotImplementedError
 
-    def slices_at_run_time(self) -> bool:
-        return True
+    def run_time_key(self, planned: dict[str, Any]) -> Hashable | None:
+        return ()
 
     @property
     def origin(self) -> str:

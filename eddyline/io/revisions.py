@@ -67,7 +67,7 @@ def weighted(frames: Frames, source: str, observe: Callable[[DataFrame], DataFra
         f"{reason} AS reason",
     )
     letters = dead if frames.dead_letters is None else _union(frames.dead_letters, dead)
-    return Frames(data, letters, frames.footers)
+    return Frames(data, letters)
 
 
 def _union(a: DataFrame, b: DataFrame) -> DataFrame:

@@ -4,20 +4,21 @@ The driver asks a source how far it has got (:meth:`Source.available`), picks th
 (admission control may take less), logs it in the epoch plan, and only then asks for the frame.
 A replay of the plan therefore reads exactly the same rows. Most sources can also build a frame
 that takes its slice only when its tasks run (:class:`EpochSlice`), so that one frame serves every
-epoch.
+epoch (:meth:`Source.run_time_key`).
 
 * ``generator`` / ``nexmark``: offsets are row (event) numbers; rows are computed in Spark.
 * ``files``: offsets are positions in the name-sorted file list; the plan records the file names,
   so files added later never change an epoch that was already planned. JSON and CSV records are
   decoded in the Python workers (:mod:`eddyline.io.textrecords`), so a malformed line becomes a
-  dead letter (raw text, reason, file, line) instead of failing the epoch.
+  dead letter (raw text, reason, file, line) instead of failing the epoch; Parquet files are read
+  there too, and their footers tell the slice's rows and newest event times before it runs.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -75,29 +76,25 @@ def slice_properties(slices: dict[str, dict[str, Any]]) -> dict[str, str]:
 class Frames:
     data: DataFrame
     dead_letters: DataFrame | None = None
-    #: the Parquet footers of the files ``data`` reads as they are (no declared schema), if any
-    footers: list[Any] | None = None
 
-    def facts(self, time_columns: list[str]) -> dict[str, Any] | None:
-        """What observing ``data`` would find, read from the footers before anything runs: its
-        rows (``rows``) and the newest value of each of ``time_columns`` in epoch ms
-        (``max_t:<column>``; None when all are null). None unless every value is exact there:
-        the files' row counts, and INT64 timestamps in milli- or microseconds adjusted to UTC
-        (what Spark reads as TIMESTAMP) with min/max statistics in every row group that has a
-        non-null value."""
-        if self.footers is None:
-            return None
-        out: dict[str, Any] = {"rows": sum(m.num_rows for m in self.footers)}
-        for col in time_columns:
-            newest = None
-            for meta in self.footers:
-                found = _newest_ms(meta, col)
-                if found is False:
-                    return None
-                if found is not None:
-                    newest = found if newest is None else max(newest, found)
-            out[f"max_t:{col}"] = newest
-        return out
+
+def footer_facts(footers: list[Any], time_columns: list[str]) -> dict[str, Any] | None:
+    """What observing the rows of Parquet files would find, read from their ``footers`` before
+    anything runs: the rows (``rows``) and the newest value of each of ``time_columns`` in epoch
+    ms (``max_t:<column>``; None when all are null). None unless every value is exact there: the
+    files' row counts, and INT64 timestamps in milli- or microseconds adjusted to UTC (what Spark
+    reads as TIMESTAMP) with min/max statistics in every row group that has a non-null value."""
+    out: dict[str, Any] = {"rows": sum(m.num_rows for m in footers)}
+    for col in time_columns:
+        newest = None
+        for meta in footers:
+            found = _newest_ms(meta, col)
+            if found is False:
+                return None
+            if found is not None:
+                newest = found if newest is None else max(newest, found)
+        out[f"max_t:{col}"] = newest
+    return out
 
 
 @dataclass
@@ -157,10 +154,18 @@ class Source:
         :meth:`peek` can read them (so the look-ahead can count them early); else none."""
         return []
 
-    def slices_at_run_time(self) -> bool:
-        """Whether :meth:`frames` can build a frame with no plan, whose tasks take the slice when
-        they run (:class:`EpochSlice`), so that one frame serves every epoch."""
-        return False
+    def run_time_key(self, planned: dict[str, Any]) -> Hashable | None:
+        """Whether the ``planned`` slice can be read by a frame built with no plan, whose tasks take
+        the slice when they run (:class:`EpochSlice`): a key, the same for every slice that one
+        such frame reads, so that the frame serves every epoch planned with that key; None when
+        the slice needs a frame built for it. :meth:`frames` with no plan builds the frame for the
+        key this method returned last."""
+        return None
+
+    def known(self, planned: dict[str, Any], time_columns: list[str]) -> dict[str, Any] | None:
+        """What observing the slice's rows would find, known from its plan before anything runs
+        (see :func:`footer_facts`), or None where only running the rows can tell."""
+        return None
 
     def frames(
         self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int, count_bad: BadCounter = None,
@@ -170,7 +175,7 @@ class Source:
         records, which has a boolean ``_bad`` column, before it splits into data and dead letters.
         ``columns``: the (lower-case) columns the network reads of it, None for all; a source
         that decodes records may leave the others out of what it hands to Spark. ``planned``
-        None (only where :meth:`slices_at_run_time`): the slice is given when the frame runs."""
+        None (only where :meth:`run_time_key` gave a key): the slice is given when the frame runs."""
         raise NotImplementedError
 
 
@@ -203,8 +208,8 @@ class SyntheticSource(Source):
             return self.spec.max_rows_per_epoch
         return DEFAULT_UNPACED_BATCH if self.unpaced else 2**62
 
-    def slices_at_run_time(self) -> bool:
-        return True
+    def run_time_key(self, planned: dict[str, Any]) -> Hashable | None:
+        return ()
 
     def frames(
         self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int, count_bad: BadCounter = None,
@@ -249,7 +254,7 @@ _TO_MS = {"milliseconds": 1, "microseconds": 1000}
 
 def _newest_ms(meta: Any, col: str) -> int | None | bool:
     """The largest value of top-level column ``col`` in one Parquet file, in epoch ms (None: no
-    non-null value), or False when the footer cannot say exactly (see :meth:`Frames.facts`)."""
+    non-null value), or False when the footer cannot say exactly (see :func:`footer_facts`)."""
     schema = meta.schema
     i = next((j for j in range(len(schema)) if schema.column(j).path == col), None)
     if i is None or schema.column(i).physical_type != "INT64":

@@ -54,23 +54,28 @@ _TYPES: dict[str, tuple[pa.DataType, str]] = {
 _FIELD = re.compile(r"^\s*`?([A-Za-z_][A-Za-z0-9_]*)`?\s+([A-Za-z_]+)\s*$")
 
 
+def shipped(names: tuple[str, ...], wanted: frozenset[str] | None) -> tuple[str, ...]:
+    """Of a source's fields ``names``, those that cross into the JVM when the network reads only
+    ``wanted`` (lower-case names; None: all): the wanted ones, those the engine reads itself
+    (``_op``, ``_diff``: names that start with ``_``) and at least one, so that a batch keeps its
+    row count. A wanted name that is no field (a typo in a step, a name SQL binds itself) keeps
+    every field, so that what the step says about it lists them all."""
+    if wanted is None or not wanted <= {n.lower() for n in names}:
+        return names
+    kept = tuple(n for n in names if n.lower() in wanted or n.startswith("_"))
+    return kept or names[:1]
+
+
 @dataclass(frozen=True)
 class TextSchema:
     arrow: pa.Schema
     spark_names: tuple[str, ...]  # per field, the type as Spark prints it
 
     def shipped(self, wanted: frozenset[str] | None) -> tuple[str, ...]:
-        """The fields handed on to Spark when the network reads only ``wanted`` (lower-case
-        names; None: all). Every field is still parsed and checked, so a bad value in a column
-        nobody reads is still a dead letter; only the columns read cross into the JVM (at least
-        one, so that a batch keeps its row count). A wanted name that is no field (a typo in a
-        step, a name SQL binds itself) keeps every field, so that what the step says about it
-        lists them all."""
-        names = tuple(self.arrow.names)
-        if wanted is None or not wanted <= {n.lower() for n in names}:
-            return names
-        kept = tuple(n for n in names if n.lower() in wanted or n.startswith("_"))
-        return kept or names[:1]
+        """The fields handed on to Spark when the network reads only ``wanted`` (see
+        :func:`shipped`). Every field is still parsed and checked, so a bad value in a column
+        nobody reads is still a dead letter."""
+        return shipped(tuple(self.arrow.names), wanted)
 
     def ddl(self, fields: tuple[str, ...]) -> str:
         """Spark DDL of ``fields``, with the columns :func:`decoded_batch` adds."""

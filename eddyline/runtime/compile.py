@@ -15,6 +15,7 @@ those are built once and run every epoch (:meth:`EpochCompiler.build`).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,9 +60,10 @@ class StepRun:
     advance_ms: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class Known:
-    """What an observation would find, known before the epoch runs (see ``Frames.facts``)."""
+    """What an observation would find, known before the epoch runs (see ``Source.known``); a
+    node kept across epochs is given each epoch's values."""
 
     values: dict[str, Any]
 
@@ -292,12 +294,18 @@ class EpochCompiler:
         fixed: set[str] = set()  # nodes that may be kept
         restored: set[str] = set()  # nodes kept from an earlier epoch
         for src in self.spec.sources:
-            if self.sources[src.name].slices_at_run_time():
-                fixed.add(src.name)
-                if self._node(src.name, None, lambda n=src.name: self._source(n, None, lanes)):
-                    restored.add(src.name)
-            else:
-                self._source(src.name, source_slices[src.name], lanes)
+            source, planned = self.sources[src.name], source_slices[src.name]
+            known = source.known(planned, self._direct_times.get(src.name, [])) if observe else None
+            at_run_time = source.run_time_key(planned)
+            if at_run_time is None:
+                self._source(src.name, planned, lanes, known)
+                continue
+            fixed.add(src.name)
+            make = functools.partial(self._source, src.name, None, lanes, known)
+            if self._node(src.name, (at_run_time, known is not None), make):
+                restored.add(src.name)
+                if known is not None:  # the kept node's facts, which kept steps share, are this epoch's
+                    self._shared[src.name][1].values = known
         overload = self.spec.control.overload
         for step in self.spec.topological():
             kind = step_kind(step)
@@ -368,7 +376,10 @@ class EpochCompiler:
         """Build every node anew next epoch (an epoch failed: its observations may still wait)."""
         self._nodes = {}
 
-    def _source(self, name: str, planned: dict[str, Any] | None, lanes: int) -> None:
+    def _source(self, name: str, planned: dict[str, Any] | None, lanes: int, known: dict[str, Any] | None) -> None:
+        """Source ``name``'s node: its frame (``planned`` None: the one whose tasks take the slice
+        when they run), dead letters and observation, which is ``known`` (the facts the plan
+        already tells) where there are such facts."""
         from pyspark.sql import functions as F
 
         out = self._out
@@ -382,9 +393,7 @@ class EpochCompiler:
         frames = weighted(frames, name, (lambda df: self.observe(df, f"bad-weights:{name}", f"count_if({BAD}) AS bad")))
         df = frames.data
         times = self._direct_times.get(name, [])
-        known = frames.facts(times) if self.observing else None
-        if known is not None:
-            # a Parquet slice's footers have its rows and newest times: nothing to observe
+        if known is not None:  # e.g. a Parquet slice's footers have its rows and newest times
             facts = Known(known)
             out.observations[f"source:{name}"] = facts
             self._shared[name] = (df, facts, {c: f"max_t:{c}" for c in times})

@@ -54,3 +54,98 @@ def test_peek_reads_the_key_columns_of_the_planned_parquet_files_only(tmp_path):
     csv = FilesSource(SourceSpec.model_validate(
         {"name": "e", "files": {"path": str(tmp_path), "format": "csv", "schema": "k BIGINT, v BIGINT"}}))
     assert csv.peek({"files": ["001.parquet"]}, ("k",)) is None
+
+
+# ------------------------------------------------------------------ Parquet read in the tasks
+def _typed(n: int, offset: int) -> pa.Table:
+    """One row per i of a column of every type the tasks read themselves."""
+    import datetime as dt
+    import decimal
+
+    ids = list(range(offset, offset + n))
+    return pa.table({
+        "Id": pa.array(ids, pa.int64()),
+        "small": pa.array([i % 100 for i in ids], pa.int8()),
+        "price": pa.array([decimal.Decimal(i) / 100 for i in ids], pa.decimal128(12, 2)),
+        "at_ms": pa.array([1_767_225_600_000 + i for i in ids], pa.timestamp("ms", tz="UTC")),
+        "at_us": pa.array([1_767_225_600_000_000 + i for i in ids], pa.timestamp("us", tz="UTC")),
+        "local": pa.array([1_767_225_600_000_000 + i for i in ids], pa.timestamp("us")),
+        "day": pa.array([dt.date(2026, 1, 1 + i % 28) for i in ids], pa.date32()),
+        "name": pa.array([None if i % 3 == 0 else f"n{i}" for i in ids], pa.string()),
+        "blob": pa.array([bytes([i % 256]) for i in ids], pa.binary()),
+        "tags": pa.array([[i, i + 1] for i in ids], pa.list_(pa.int32())),
+        "attrs": pa.array([[("k", float(i))] for i in ids], pa.map_(pa.string(), pa.float64())),
+        "person": pa.array([{"city": f"c{i % 5}", "age": i % 90} for i in ids]),
+    })
+
+
+def _in_tasks(spark, src: FilesSource, planned: dict, columns=None):
+    """The schema and rows of the frame that reads its slice in the tasks, given ``planned``."""
+    from eddyline.io.sources import slice_properties
+
+    for key, value in slice_properties({src.name: planned}).items():
+        spark.sparkContext.setLocalProperty(key, value)
+    try:
+        df = src.frames(spark, None, 2, columns=columns).data
+        return df.schema, df.collect()
+    finally:
+        for key in slice_properties({src.name: planned}):
+            spark.sparkContext.setLocalProperty(key, None)
+
+
+def test_parquet_read_in_the_tasks_gives_what_spark_reads(spark, tmp_path):
+    for k in range(3):
+        _write(tmp_path, f"{k:03d}.parquet", _typed(7 + k, 100 * k))
+    src = _source(str(tmp_path))
+    planned = {"files": ["000.parquet", "001.parquet", "002.parquet"]}
+    key = src.run_time_key(planned)
+    assert key is not None
+    schema, rows = _in_tasks(spark, src, planned)
+    want = spark.read.parquet(*[str(tmp_path / n) for n in planned["files"]])
+    assert schema == want.schema
+    assert sorted(rows) == sorted(want.collect())
+    # only the columns the network reads (lower-case, as the spec's columns are)
+    schema, rows = _in_tasks(spark, src, planned, columns=frozenset({"id", "at_us"}))
+    assert schema.names == ["Id", "at_us"]
+    assert sorted(rows) == sorted(want.select("Id", "at_us").collect())
+
+
+def test_one_frame_reads_every_slice_of_the_same_footers(spark, tmp_path):
+    _write(tmp_path, "001.parquet", pa.table({"k": [1, 2], "v": [10, 20]}))
+    _write(tmp_path, "002.parquet", pa.table({"k": [3], "v": [30]}))
+    _write(tmp_path, "003.parquet", pa.table({"k": [4], "v": [40], "note": ["new column"]}))
+    src = _source(str(tmp_path))
+    first = src.run_time_key({"files": ["001.parquet"]})
+    from eddyline.io.sources import slice_properties
+
+    df = src.frames(spark, None, 2).data  # built once
+    for names, rows in ((["001.parquet"], [(1, 10), (2, 20)]), (["002.parquet"], [(3, 30)]), ([], [])):
+        assert src.run_time_key({"files": names}) == first  # an empty slice keeps the frame in use
+        for key, value in slice_properties({src.name: {"files": names}}).items():
+            spark.sparkContext.setLocalProperty(key, value)
+        assert sorted(df.collect()) == rows
+    # another footer is another key (its frame has the new column); mixed footers have none
+    assert src.run_time_key({"files": ["003.parquet"]}) not in (None, first)
+    assert src.run_time_key({"files": ["002.parquet", "003.parquet"]}) is None
+    assert src.known({"files": ["001.parquet", "002.parquet"]}, []) == {"rows": 3}
+
+
+def test_types_the_tasks_do_not_read_go_to_spark(spark, tmp_path):
+    _write(tmp_path, "001.parquet", pa.table({"t": pa.array([1, 2], pa.timestamp("ns", tz="UTC"))}))
+    _write(tmp_path, "002.parquet", pa.table({"u": pa.array([1, 2], pa.uint32())}))
+    src = _source(str(tmp_path))
+    for name in ("001.parquet", "002.parquet"):
+        assert src.run_time_key({"files": [name]}) is None
+    assert src.frames(spark, {"files": ["002.parquet"]}, 2).data.collect() == [(1,), (2,)]
+
+
+def test_a_declared_schema_casts_what_the_tasks_read(spark, tmp_path):
+    _write(tmp_path, "001.parquet", pa.table({"k": pa.array([1, 2], pa.int32()), "v": ["1.5", "-2"], "extra": [0, 0]}))
+    src = FilesSource(SourceSpec.model_validate(
+        {"name": "events", "files": {"path": str(tmp_path), "format": "parquet", "schema": "k BIGINT, v DOUBLE"}}))
+    planned = {"files": ["001.parquet"]}
+    assert src.run_time_key(planned) is not None and src.known(planned, []) is None  # the footers describe the files
+    schema, rows = _in_tasks(spark, src, planned)
+    assert schema.simpleString() == "struct<k:bigint,v:double>"
+    assert sorted(rows, key=str) == sorted(src.frames(spark, planned, 2).data.collect(), key=str)
+    assert sorted(rows, key=str) == [(1, 1.5), (2, -2.0)]

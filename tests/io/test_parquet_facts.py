@@ -8,7 +8,7 @@ import io
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eddyline.io.sources import Frames
+from eddyline.io.sources import footer_facts
 
 T0 = 1_767_225_600_000  # 2026-01-01 in ms
 
@@ -29,13 +29,13 @@ def test_rows_and_newest_time_over_files_and_row_groups() -> None:
     b = footer(pa.table({"t": ts([T0 + 7, T0 + 3], unit="ms")}))
     assert a.num_row_groups == 3
     # microseconds are floored to ms, as the observation's floor(unix_micros / 1000) does
-    assert Frames(None, footers=[a, b]).facts(["t"]) == {"rows": 7, "max_t:t": T0 + 9}  # type: ignore[arg-type]
-    assert Frames(None, footers=[a, b]).facts([]) == {"rows": 7}  # type: ignore[arg-type]
+    assert footer_facts([a, b], ["t"]) == {"rows": 7, "max_t:t": T0 + 9}
+    assert footer_facts([a, b], []) == {"rows": 7}
 
 
 def test_a_column_of_nulls_has_no_newest_time() -> None:
     nulls = footer(pa.table({"t": ts([None, None])}))
-    assert Frames(None, footers=[nulls]).facts(["t"]) == {"rows": 2, "max_t:t": None}  # type: ignore[arg-type]
+    assert footer_facts([nulls], ["t"]) == {"rows": 2, "max_t:t": None}
 
 
 def test_unknown_when_the_footers_cannot_say_exactly() -> None:
@@ -43,8 +43,8 @@ def test_unknown_when_the_footers_cannot_say_exactly() -> None:
                       "n": pa.array([1, 2], pa.int64())})
     meta = footer(table)
     for col in ("naive", "nanos", "n", "missing"):  # not what Spark reads as a UTC TIMESTAMP
-        assert Frames(None, footers=[meta]).facts(["t", col]) is None, col  # type: ignore[arg-type]
+        assert footer_facts([meta], ["t", col]) is None, col
     no_stats = footer(table, write_statistics=False)
-    assert Frames(None, footers=[meta, no_stats]).facts(["t"]) is None  # type: ignore[arg-type]
-    assert Frames(None, footers=[meta, no_stats]).facts([]) == {"rows": 4}  # type: ignore[arg-type]
-    assert Frames(None).facts([]) is None  # type: ignore[arg-type]  # no footers: nothing known
+    assert footer_facts([meta, no_stats], ["t"]) is None
+    assert footer_facts([meta, no_stats], []) == {"rows": 4}
+    assert footer_facts([], ["t"]) == {"rows": 0, "max_t:t": None}  # no files: no rows

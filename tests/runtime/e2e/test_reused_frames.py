@@ -149,3 +149,57 @@ def test_a_kept_stateful_step_runs_its_lanes_on_each_epochs_rows(spark, tmp_path
             live[1] += 1
             live[2] += p
     assert final == want
+
+
+def test_parquet_slices_of_one_footer_schema_share_a_frame_and_each_epoch_knows_its_own_facts(
+    spark, tmp_path: Path, monkeypatch
+) -> None:
+    """Parquet files read in the tasks: the source and the steps behind it are built once while
+    the files' footers agree, and again for a file with another column. What the footers tell
+    (rows, newest event time) is each epoch's own: the sinks' counts, and the newest time the
+    window's commit records, move with every file (a kept node with the first epoch's facts
+    would hold them still)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "in"
+    src.mkdir()
+    t0 = 1_767_225_600_000  # 2026-01-01 in ms
+    newest, rows = {}, {}
+    for f in range(FILES):
+        n = 30 + 11 * f
+        times = [t0 + 1000 * (10 * f + i % 10) for i in range(n)]
+        table = pa.table({"auction": pa.array([f * 1000 + i for i in range(n)], pa.int64()),
+                          "price": pa.array([(i * 37) % 500 for i in range(n)], pa.int64()),
+                          "ts": pa.array(times, pa.timestamp("ms", tz="UTC"))})
+        if f == FILES - 1:
+            table = table.append_column("note", pa.array(["late column"] * n))
+        pq.write_table(table, src / f"bids-{f}.parquet")
+        newest[f + 1], rows[f + 1] = max(times), n
+    ckpt = str(tmp_path / "ckpt")
+    built: list[tuple[int, str]] = []
+    source = EpochCompiler._source
+
+    def counted(self, name, *args, **kwargs):
+        if self.checkpoint == ckpt:
+            built.append((self.epoch, name))
+        return source(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(EpochCompiler, "_source", counted)
+    net = load_spec({
+        "name": "parquet-kept", "trigger": 0, "lanes": 2,
+        "sources": [{"name": "bids", "files": {"path": str(src), "format": "parquet", "max_files_per_epoch": 1}}],
+        "steps": [{"name": "per_window", "input": "bids", "window_aggregate": {
+            "key": "auction", "time": "ts", "window": {"size": "5s"}, "aggregates": {"n": "count(*)"}}}],
+        "sinks": [{"name": "all", "input": "bids", "files": {"path": str(tmp_path / "out"), "format": "parquet"}},
+                  {"name": "windows", "input": "per_window", "discard": {}}],
+    })
+    summary = Engine(net, spark, ckpt).run(until_idle=True)
+    assert built[:2] == [(1, "bids"), (FILES, "bids")]  # kept for epochs 1..3, built again for the new column
+    assert summary.input_rows == sum(rows.values())
+    commits = {c.epoch: c for c in Checkpoint(ckpt).commits()}
+    for e in range(1, FILES + 1):
+        assert commits[e].sinks["all"] == rows[e]
+        assert commits[e].steps["per_window"].input_max == [newest[e]]
+    got = _per_epoch(tmp_path / "out", "auction")
+    assert {e: len(v) for e, v in got.items()} == rows
