@@ -7,7 +7,9 @@ first offset); removed ones stop there. A changed stateless step (a filter, a se
 function, another ``module:function``) simply runs its new form from the boundary. A changed stateful step keeps
 its state when only its live parameters changed (:mod:`eddyline.api.live`); otherwise its state
 would not fit the new step, and the change is refused unless the step is named in ``reset``
-(it then starts with no state). What cannot change in place is refused with the reason: the
+(it then starts with no state); so is a change that reads more of a join's output than it
+stores (a join keeps only the columns read after it). What cannot change in place is refused
+with the reason: the
 network's name and key groups (every key-group state is cut by them), a source's kind or
 parameters (its offsets mean something else), a changed stateful step that is not reset.
 
@@ -73,6 +75,7 @@ def network_diff(
                 d.problems.append(f"source '{name}': its offsets would mean something else; remove it and add one with another name")
             elif what == "step" and before[name].stateful and name not in fits:
                 _check_state(d, before[name], after[name], reset)
+    _check_read_columns(d, old, new, reset, fits)
     unknown = [r for r in reset if not any(s.name == r and s.stateful for s in old.steps)]
     if unknown:
         d.problems.append(f"reset: {', '.join(unknown)}: not a stateful step of the running network")
@@ -99,6 +102,26 @@ def _check_state(d: NetworkDiff, before: Any, after: Any, reset: tuple[str, ...]
         d.problems.append(
             f"step '{before.name}': its state would not fit the changed step; give --reset {before.name} "
             "to start it with no state"
+        )
+
+
+def _check_read_columns(d: NetworkDiff, old: NetworkSpec, new: NetworkSpec, reset: tuple[str, ...],
+                        fits: tuple[str, ...]) -> None:
+    """A step that stores only the columns read after it (a join) cannot give the rows it already
+    stores columns it left out: a change that reads more of its output needs it reset."""
+    before, after = old.columns_read(), new.columns_read()
+    for step in old.steps:
+        if not step.info.stores_read_columns or step.name in (*reset, *fits, *d.incompatible):
+            continue
+        had, wants = before.get(step.name), after.get(step.name, frozenset())
+        if step.name not in after or had is None or (wants is not None and wants <= had):
+            continue
+        more = "every column" if wants is None else ", ".join(sorted(wants - had))
+        d.incompatible.append(step.name)
+        d.problems.append(
+            f"step '{step.name}': it stores only the columns read after it ({', '.join(sorted(had)) or 'none'} besides "
+            f"its keys and times), and the change reads more ({more}); give --reset {step.name} to start it with "
+            "no state"
         )
 
 

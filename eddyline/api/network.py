@@ -136,10 +136,12 @@ class NetworkSpec(Model):
         return sorted(ancestors), from_sources
 
     def columns_read(self) -> dict[str, frozenset[str] | None]:
-        """Per source, the columns (lower case) that some step reads, None when all may be: a
-        sink writes every column it gets, a kind that does not say (:meth:`StepKind.reads`)
-        reads all, and so does everything behind a shed point (shed rows may be written out).
-        Walked from the sinks back, each node wanting what its readers want of it."""
+        """Per source and step, the columns (lower case) of its output that its readers read, None
+        when all may be: a sink writes every column it gets, a kind that does not say
+        (:meth:`StepKind.reads`) reads all, and so does everything behind a shed point (shed rows
+        may be written out). Walked from the sinks back, each node wanting what its readers want
+        of it. A source hands on only these (:meth:`Source.frames`); a join stores and emits only
+        these of its inputs' columns, besides its keys and times."""
         wanted: dict[str, frozenset[str] | None] = {}
 
         def want(name: str, columns: frozenset[str] | None) -> None:
@@ -158,5 +160,5 @@ class NetworkSpec(Model):
             reads = (None,) * len(step.inputs) if everything else step.info.reads(step, wanted[step.name])
             for name, columns in zip(step.inputs, reads, strict=True):
                 want(name, columns)
-        return {s.name: wanted.get(s.name, frozenset()) for s in self.sources}
+        return {**wanted, **{s.name: wanted.get(s.name, frozenset()) for s in self.sources}}
 

@@ -100,6 +100,9 @@ class StepKind(Kind):
     #: observes its own input's event times (otherwise the runtime does, sharing a source's
     #: observation where the step reads the source's rows as they are)
     observes_own_time: ClassVar[bool] = False
+    #: stores only the columns of its inputs that are read after it (``NetworkSpec.columns_read``),
+    #: so a change that reads more of its output needs its state to start again
+    stores_read_columns: ClassVar[bool] = False
     #: parameters a running network may change between two epochs (control lines,
     #: :mod:`eddyline.api.live`); the kind's own key for a kind whose parameters are one value
     live_params: ClassVar[tuple[str, ...]] = ()

@@ -79,6 +79,11 @@ class CompileContext(Protocol):
         """Rows too late for ``step``, to be written to its late target."""
         ...
 
+    def wanted(self, step: StepSpec) -> frozenset[str] | None:
+        """The columns (lower case) of ``step``'s output that the steps and sinks after it read,
+        None for all (see :meth:`NetworkSpec.columns_read`)."""
+        ...
+
     def table(self, step: StepSpec) -> DataFrame:
         """The lookup table version the epoch's plan pinned for ``step``."""
         ...

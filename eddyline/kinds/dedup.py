@@ -8,11 +8,12 @@ from pydantic import Field
 
 from eddyline.api.registry import STEPS
 from eddyline.api.units import Columns, Duration, Model, names
-from eddyline.kinds.base import KeyedStepKind
+from eddyline.kinds.base import KeyedStepKind, columns_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from eddyline.api.steps import StepSpec
     from eddyline.operators.base import Kernel
 
 
@@ -30,6 +31,10 @@ class DedupKind(KeyedStepKind):
     key = "dedup"
     live_params = ("watermark_delay",)
     params = Dedup
+
+    def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
+        # the first row per key passes through as it is
+        return (columns_of(wanted, frozenset(c.lower() for c in (*names(step.params.key), step.params.time))),)
 
     def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:
         from eddyline.operators.dedup import DedupKernel

@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from eddyline.api.registry import STEPS
 from eddyline.api.units import Columns, Duration, Model, Name, names
-from eddyline.columns import KG
+from eddyline.columns import KG, join_right_names
 from eddyline.errors import SpecError
 from eddyline.kinds.base import CompileContext, StepKind, arrow_schema, build_kernel
 
@@ -71,6 +71,7 @@ class JoinKind(StepKind):
     params = Join
     stateful = True
     names_inputs = True
+    stores_read_columns = True
 
     def inputs(self, step: StepSpec) -> tuple[str, ...]:
         return (step.params.left, step.params.right)
@@ -133,6 +134,11 @@ class JoinKind(StepKind):
                     f"step '{step.name}': join.right_key: '{rk}' is {rtypes[rk].simpleString()} but left key '{lk}' is "
                     f"{ltypes[lk].simpleString()}; cast one side in a select first"
                 )
+        cut = join_columns(left.columns, right.columns, j, ctx.wanted(step))
+        if cut is not None:  # the state and the output hold only what is read after the join
+            left, right = (df.select(*[f"`{c}`" for c in keep]) for df, keep in zip((left, right), cut, strict=True))
+            ltypes = {f.name: f.dataType for f in left.schema}
+            rtypes = {f.name: f.dataType for f in right.schema}
         nulls_l = [f"CAST(NULL AS {t.simpleString()}) AS `l__{n}`" for n, t in ltypes.items()]
         nulls_r = [f"CAST(NULL AS {t.simpleString()}) AS `r__{n}`" for n, t in rtypes.items()]
         lpart = left.selectExpr(f"{ctx.key_group(lkeys)} AS {KG}", "CAST(0 AS TINYINT) AS _side", *[f"`{n}` AS `l__{n}`" for n in ltypes], *nulls_r)
@@ -140,3 +146,26 @@ class JoinKind(StepKind):
         kernel = build_kernel(step, arrow_schema(left.schema), arrow_schema(right.schema))
         # the lane input columns naming a row's key: the first key column of either side
         return ctx.to_lanes(step, lpart.unionByName(rpart), kernel, (f"l__{lkeys[0]}", f"r__{rkeys[0]}"))
+
+
+def join_columns(
+    left: list[str], right: list[str], j: Join, wanted: frozenset[str] | None
+) -> tuple[list[str], list[str]] | None:
+    """The columns of each input a join needs when what follows it reads only ``wanted`` (lower
+    case) of its output: its keys and times, weights (names that start with ``_``) and the
+    columns behind the wanted output names. A left column that shares its name with a kept right
+    one is kept, so that the right one keeps its output name (``<name>_right``). None: keep all
+    (everything is read, nothing can be left out, or leaving it out would rename a column)."""
+    if wanted is None:
+        return None
+    out_right = join_right_names(left, right)
+    own_left = {*names(j.left_key), j.left_time, j.left_end}
+    own_right = {*names(j.right_key), j.right_time}
+    keep_right = [n for n, out in zip(right, out_right, strict=True)
+                  if n in own_right or out.lower() in wanted or n.startswith("_")]
+    keep_left = [n for n in left if n in own_left or n.lower() in wanted or n.startswith("_") or n in keep_right]
+    if len(keep_left) == len(left) and len(keep_right) == len(right):
+        return None
+    if join_right_names(keep_left, keep_right) != [o for n, o in zip(right, out_right, strict=True) if n in keep_right]:
+        return None
+    return keep_left, keep_right

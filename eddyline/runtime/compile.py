@@ -288,7 +288,7 @@ class EpochCompiler:
         self.epoch, self.observing, self.small, self._runs = epoch, observe, small, steps
         self._tables = tables or {}
         self._out, self._shared = EpochFrames(slices=source_slices), {}
-        if self._read_by[0] is not self.spec:  # what the steps in force read of each source
+        if self._read_by[0] is not self.spec:  # what the steps in force read of each node
             self._read_by = (self.spec, self.spec.columns_read())
         out = self._out
         fixed: set[str] = set()  # nodes that may be kept
@@ -466,6 +466,9 @@ class EpochCompiler:
 
     def late_rows(self, step: StepSpec, df: DataFrame) -> None:
         self._out.late[step.name] = df
+
+    def wanted(self, step: StepSpec) -> frozenset[str] | None:
+        return self._read_by[1].get(step.name)  # (for the network in force: see build)
 
     def table(self, step: StepSpec) -> DataFrame:
         return self.tables.frame(self.spark, step.name, self._tables.get(step.name))

@@ -71,3 +71,27 @@ def test_what_cannot_start_from_a_kept_epoch_is_refused() -> None:
     taken["sinks"].append({"name": "o", "input": "bids__from_2", "console": {}})
     with pytest.raises(SpecError, match="the name 'bids__from_2' for the copy of source 'bids' is taken"):
         catch_ups(old, load_spec(taken), 2)
+
+
+def test_a_change_that_reads_more_of_a_join_than_it_stores_needs_the_join_reset():
+    """A join keeps only the columns read after it: reading fewer of them is a change like any
+    other, reading one it left out would find its stored rows without it."""
+    from eddyline.api.change import network_diff
+
+    def net(select: list[str]) -> Any:
+        raw = copy.deepcopy(running())
+        raw["steps"] += [{"name": "j", "join": {"left": "bids", "right": "people", "left_key": "auction",
+                                                "right_key": "auction"}},
+                         {"name": "s", "input": "j", "select": select}]
+        raw["sinks"].append({"name": "out", "input": "s", "console": {}})
+        return load_spec(raw)
+
+    old = net(["auction", "price"])
+    assert not network_diff(old, net(["price"])).problems
+    wider = network_diff(old, net(["price", "ts_right"]))
+    assert wider.incompatible == ["j"]
+    assert wider.problems == [
+        "step 'j': it stores only the columns read after it (auction, price besides its keys and times), and the "
+        "change reads more (ts_right); give --reset j to start it with no state"]
+    assert not network_diff(old, net(["price", "ts_right"]), reset=("j",)).problems
+    assert network_diff(old, net(["*"])).incompatible == ["j"]  # a star reads every column

@@ -43,9 +43,9 @@ def test_names_are_matched_as_spark_does_without_case_and_a_struct_counts_its_co
 def test_a_star_or_an_unknown_kind_reads_everything():
     assert _read([{"name": "s", "input": "bids", "select": ["*", "price + 1 AS p"]}], "s") is None
     assert _read([{"name": "s", "input": "bids", "select": ["t.*"]}], "s") is None
-    steps = [{"name": "d", "input": "bids", "dedup": {"key": "auction", "time": "ts", "ttl": "1m"}},
-             {"name": "s", "input": "d", "select": ["price"]}]
-    assert _read(steps, "s") is None  # dedup does not say what it reads
+    steps = [{"name": "j", "join": {"left": "bids", "right": "more", "left_key": "auction", "right_key": "auction"}},
+             {"name": "s", "input": "j", "select": ["price"]}]
+    assert _read(steps, "s") is None  # a join does not say what it reads of its inputs
 
 
 def test_windows_and_aggregates_read_keys_time_and_aggregated_columns_only():
@@ -75,3 +75,15 @@ def test_behind_a_shed_point_every_column_is_read():
     steps = [{"name": "w", "input": "bids", "window_aggregate": window}]
     assert _read(steps, "w") == {"auction", "ts"}
     assert _read(steps, "w", control={"overload": {"shedding": "uniform"}}) is None
+
+
+def test_a_top_k_and_a_dedup_pass_rows_through_and_read_their_own_columns_too():
+    steps = [{"name": "first", "input": "bids", "dedup": {"key": "bidder", "time": "ts", "ttl": "10s"}},
+             {"name": "top", "input": "first", "top_k": {"partition_by": "auction", "order_by": ["price DESC"],
+                                                         "k": 1, "time": "ts"}},
+             {"name": "s", "input": "top", "select": ["channel"]}]
+    wanted = _spec(steps, {"s": ""}).columns_read()
+    assert wanted["top"] == {"channel"}
+    assert wanted["first"] == {"channel", "auction", "price", "ts"}
+    assert wanted["bids"] == {"channel", "auction", "price", "ts", "bidder"}
+    assert _spec(steps[:2], {"top": ""}).columns_read()["bids"] is None  # a sink writes the top rows whole

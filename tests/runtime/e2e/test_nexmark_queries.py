@@ -175,3 +175,22 @@ def test_a_chain_of_stateful_steps_keeps_up_within_the_epoch(ran, query: str) ->
     assert moved >= 3  # the ancestors' watermarks moved while the chain kept up
     idle = [c for a, c in zip(commits, commits[1:], strict=False) if c.source_ends == a.source_ends]
     assert [c.epoch for c in idle] == [commits[-1].epoch] and commits[-1].end_of_stream
+
+
+@pytest.mark.parametrize(("query", "left", "right"), [
+    ("q3", {"seller", "id"}, {"id", "name", "city", "state"}),
+    ("q8", {"id", "name", "date_time"}, {"seller", "date_time"}),
+    ("q9", {"id", "item_name", "description", "initial_bid", "reserve", "date_time", "expires", "seller",
+            "category"}, {"auction", "bidder", "price", "date_time"}),
+])
+def test_a_join_keeps_only_the_columns_read_after_it(ran, query: str, left: set[str], right: set[str]) -> None:
+    """The join's state holds its keys and times and what the steps after it read, nothing else
+    of its inputs (e.g. not the bids' ``url`` and ``extra``); the query's results are checked
+    against DuckDB above."""
+    _, ckpt = ran(query)
+    files = sorted((ckpt / "state" / "joined" if query != "q9" else ckpt / "state" / "in_lifetime").glob("*.arrow"))
+    assert files
+    with pa.ipc.open_file(str(files[-1])) as f:
+        stored = set(f.schema.names)
+    assert {n[3:] for n in stored if n.startswith("l__")} == left
+    assert {n[3:] for n in stored if n.startswith("r__")} == right
