@@ -14,6 +14,7 @@ from eddyline.kinds.base import Aggregating, KeyedStepKind
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from eddyline.api.steps import StepSpec
     from eddyline.operators.base import Kernel
 
 
@@ -30,6 +31,14 @@ class SessionWindowKind(KeyedStepKind):
     key = "session_window"
     live_params = ("watermark_delay",)
     params = SessionWindow
+
+    def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
+        sw: SessionWindow = step.params
+        used = [*names(sw.key), sw.time, *(col for _, _, col in sw.parsed_aggregates if col is not None)]
+        return (frozenset(c.lower() for c in used),)
+
+    def lane_columns(self, step: StepSpec) -> frozenset[str] | None:
+        return self.reads(step, None)[0]  # a session's rows are its keys, bounds and aggregates
 
     def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:
         from eddyline.operators.session import SessionWindowKernel

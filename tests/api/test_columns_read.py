@@ -87,3 +87,12 @@ def test_a_top_k_and_a_dedup_pass_rows_through_and_read_their_own_columns_too():
     assert wanted["first"] == {"channel", "auction", "price", "ts"}
     assert wanted["bids"] == {"channel", "auction", "price", "ts", "bidder"}
     assert _spec(steps[:2], {"top": ""}).columns_read()["bids"] is None  # a sink writes the top rows whole
+
+
+def test_a_session_window_reads_its_keys_time_and_aggregated_columns_and_its_lanes_need_no_other():
+    steps = [{"name": "w", "input": "bids", "session_window": {
+        "key": "bidder", "time": "ts", "gap": "10s", "aggregates": {"n": "count(*)", "top": "max(price)"}}}]
+    assert _read(steps, "w") == {"bidder", "ts", "price"}
+    spec = _spec(steps, {"w": ""})
+    step = spec.steps[0]
+    assert step.info.lane_columns(step) == {"bidder", "ts", "price"}
