@@ -112,7 +112,7 @@ class FilesSource(Source):
         """The files ``names`` read by Spark's reader, in a frame built for them (slices of mixed
         footers, or of types :func:`_plain` does not take). Spark infers their schema unless all
         have the footer schema it was last inferred for."""
-        fs, base = filesystem(self.params.path)
+        _, base = filesystem(self.params.path)
         paths = [f"{base}/{n}" for n in names]
         footers = self._footers(names)
         schemas = [_schema(f) for f in footers] if footers is not None else []

@@ -195,6 +195,10 @@ class Aggregating:
     def parsed_aggregates(self) -> tuple[tuple[str, str, str | None], ...]:
         return tuple((n, *parse_aggregate(t)) for n, t in self.aggregates.items())
 
+    def read_columns(self, *own: str) -> frozenset[str]:
+        """``own`` (keys, time) and the columns the aggregates read, lower case."""
+        return frozenset(c.lower() for c in (*own, *(col for _, _, col in self.parsed_aggregates if col is not None)))
+
 
 # --------------------------------------------------------------------------- Spark ↔ Arrow
 def ddl(text: str) -> Any:

@@ -34,8 +34,7 @@ class SessionWindowKind(KeyedStepKind):
 
     def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
         sw: SessionWindow = step.params
-        used = [*names(sw.key), sw.time, *(col for _, _, col in sw.parsed_aggregates if col is not None)]
-        return (frozenset(c.lower() for c in used),)
+        return (sw.read_columns(*names(sw.key), sw.time),)
 
     def lane_columns(self, step: StepSpec) -> frozenset[str] | None:
         return self.reads(step, None)[0]  # a session's rows are its keys, bounds and aggregates

@@ -135,8 +135,7 @@ class WindowAggregateKind(StepKind):
         wa: WindowAggregate = step.params
         if wa.late is not None:  # late rows are written out whole
             return (None,)
-        used = [*wa.keys, wa.time, *(col for _, _, col in wa.parsed_aggregates if col is not None)]
-        return (frozenset(c.lower() for c in used),)
+        return (wa.read_columns(*wa.keys, wa.time),)
 
     def kernel(self, params: Any, *schemas: pa.Schema) -> WindowKernel:
         (schema,) = schemas
