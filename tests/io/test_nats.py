@@ -74,6 +74,23 @@ def test_the_wire_client_reads_ranges_as_nats_py_wrote_them_and_publishes_with_d
         NatsConnection("nats://127.0.0.1:1", timeout_s=1)
 
 
+def test_a_read_leaves_no_consumer_behind_though_it_does_not_wait_for_the_delete(nats_server):
+    import time
+
+    stream = _stream()
+    asyncio.run(_publish(nats_server.url, stream, [b"{}"] * 30))
+    for start in (1, 11, 21):  # each read on its own connection, closed right after, as a task does
+        with NatsConnection(nats_server.url) as c:
+            assert [s for seqs, _ in c.read_range(stream, start, start + 10) for s in seqs] == list(range(start, start + 10))
+    with NatsConnection(nats_server.url) as c:
+        for _ in range(3):
+            assert sum(len(seqs) for seqs, _ in c.read_range(stream, 1, 31)) == 30
+        deadline = time.monotonic() + 5  # the server drops idle consumers only after a minute
+        while c.stream_info(stream)["state"]["consumer_count"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.stream_info(stream)["state"]["consumer_count"] == 0
+
+
 def test_the_source_reads_its_planned_range_in_sub_ranges_and_keeps_bad_records_with_the_reason(spark, nats_server):
     stream = _stream()
     good = [json.dumps({"id": i, "name": f"n{i}", "price": i * 1.5}).encode() for i in range(40)]
