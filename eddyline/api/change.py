@@ -113,8 +113,10 @@ def _check_read_columns(d: NetworkDiff, old: NetworkSpec, new: NetworkSpec, rese
     for step in old.steps:
         if not step.info.stores_read_columns or step.name in (*reset, *fits, *d.incompatible):
             continue
-        had, wants = before.get(step.name), after.get(step.name, frozenset())
-        if step.name not in after or had is None or (wants is not None and wants <= had):
+        if step.name not in after:
+            continue
+        had, wants = before.get(step.name), after[step.name]
+        if had is None or (wants is not None and wants <= had):
             continue
         more = "every column" if wants is None else ", ".join(sorted(wants - had))
         d.incompatible.append(step.name)

@@ -121,6 +121,11 @@ class KeyedStepKind(StepKind):
     def key_columns(self, params: Any) -> tuple[str, ...]:
         return names(getattr(params, self.key_field))
 
+    def passing_through(self, wanted: frozenset[str] | None, *own: str) -> tuple[frozenset[str] | None]:
+        """What a step reads whose rows pass through as they are (a dedup's first rows, a
+        top-k's top rows): ``wanted`` of its output and ``own`` (its keys, times, order)."""
+        return (columns_of(wanted, frozenset(c.lower() for c in own)),)
+
     def lane_columns(self, step: StepSpec) -> frozenset[str] | None:
         """The input columns (lower case) its lanes need whatever is read after it, None for all;
         the others (but weights, ``_``…) are left out before the shuffle."""
@@ -129,9 +134,10 @@ class KeyedStepKind(StepKind):
     def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
         (df,) = ctx.observe_event_times(step, inputs)
         need = self.lane_columns(step)
-        if need is not None and all(k in df.columns for k in self.key_columns(step.params)):
-            kept = [c for c in df.columns if c.lower() in need or c.startswith("_")]
-            df = df.select(*[f"`{c}`" for c in kept]) if len(kept) < len(df.columns) else df
+        have = df.columns if need is not None else []  # (one call into the JVM)
+        if need is not None and all(k in have for k in self.key_columns(step.params)):
+            kept = [c for c in have if c.lower() in need or c.startswith("_")]
+            df = df.select(*[f"`{c}`" for c in kept]) if len(kept) < len(have) else df
         keyed, kernel = self.keyed(ctx, step, df)
         return ctx.to_lanes(step, keyed, kernel, self.key_columns(step.params)[:1])
 

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from eddyline.api.registry import STEPS
 from eddyline.api.units import Columns, Duration, Model, names
-from eddyline.kinds.base import KeyedStepKind, columns_of
+from eddyline.kinds.base import KeyedStepKind
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -33,8 +33,7 @@ class DedupKind(KeyedStepKind):
     params = Dedup
 
     def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
-        # the first row per key passes through as it is
-        return (columns_of(wanted, frozenset(c.lower() for c in (*names(step.params.key), step.params.time))),)
+        return self.passing_through(wanted, *names(step.params.key), step.params.time)
 
     def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:
         from eddyline.operators.dedup import DedupKernel

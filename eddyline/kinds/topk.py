@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from eddyline.api.registry import STEPS
 from eddyline.api.units import Columns, Duration, Model, names
-from eddyline.kinds.base import KeyedStepKind, columns_of
+from eddyline.kinds.base import KeyedStepKind
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -57,10 +57,8 @@ class TopKKind(KeyedStepKind):
         return None  # a revised input's groups are ranked over their summed rows when complete
 
     def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
-        # the top rows pass through as they are
         t: TopK = step.params
-        own = (*names(t.partition_by), *(c for c, _ in t.ordering), t.time)
-        return (columns_of(wanted, frozenset(c.lower() for c in own)),)
+        return self.passing_through(wanted, *names(t.partition_by), *(c for c, _ in t.ordering), t.time)
 
     def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:
         from eddyline.columns import DIFF
