@@ -68,6 +68,8 @@ class FilesSource(Source):
     #: the footer schema of the frame whose tasks read Parquet slices when they run, and a file
     #: that has it (Spark infers the frame's schema from it)
     _run_time: tuple[pa.Schema, str] | None = None
+    #: the slice :meth:`run_time_key` saw last has one file: a frame built with no plan has one task
+    _one_task = False
 
     @property
     def params(self) -> Files:
@@ -124,7 +126,14 @@ class FilesSource(Source):
         """Text: always. Parquet: while the slice's files all have one footer schema of types
         :func:`_plain` takes (the key), read with pyarrow in the tasks. A frame built for the
         files (Spark's reader) would be a new frame every epoch, and so would every frame
-        behind it, planned again at 100-250 ms an epoch (docs/perf-notes.md)."""
+        behind it, planned again at 100-250 ms an epoch (docs/perf-notes.md). A slice of one
+        file has a key of its own: its frame has one task (the others would read nothing)."""
+        if planned.get("files"):  # an empty slice: the frame in use reads nothing
+            self._one_task = len(planned["files"]) == 1
+        key = self._frame_key(planned)
+        return None if key is None else (key, self._one_task)
+
+    def _frame_key(self, planned: dict[str, Any]) -> Hashable | None:
         p = self.params
         if p.format != "parquet":  # text: Arrow's readers in the tasks, where they take the schema
             return () if p.schema_ is not None and arrow_schema(p.schema_) is not None else None
@@ -202,11 +211,12 @@ class FilesSource(Source):
         from pyspark.sql import functions as F
 
         p = self.params
-        if planned is None and p.format != "parquet":  # tasks take the slice when they run
-            return self._text_frames(spark, None, partitions, count_bad, columns)
+        if planned is None:  # tasks take the slice when they run
+            partitions = 1 if self._one_task else partitions
+            if p.format != "parquet":
+                return self._text_frames(spark, None, partitions, count_bad, columns)
+            return self._parquet_in_tasks(spark, partitions, columns)
         if p.format == "parquet":
-            if planned is None:
-                return self._parquet_in_tasks(spark, partitions, columns)
             names = planned.get("files", [])
             if names:
                 df = self._read_parquet(spark, names)

@@ -186,6 +186,8 @@ class MessageRanges(Source):
     min_per_task = MIN_PER_TASK
     #: a message holds records one per line
     lines_per_message = False
+    #: what :meth:`run_time_key` said last: a frame built with no plan has one task
+    _one_task = False
 
     def _fetcher(self, ranges: SubRanges) -> Any:
         """In a task, ``fetch(batches)``: the records of the sub-ranges whose numbers arrive in
@@ -193,7 +195,10 @@ class MessageRanges(Source):
         raise NotImplementedError
 
     def run_time_key(self, planned: dict[str, Any]) -> Hashable | None:
-        return ()
+        # A slice that one task reads whole gets a frame of one task: a frame of more would run
+        # a Python task for nothing (~25 ms of a core an epoch), once per step reading it.
+        self._one_task = planned["end"] - planned["start"] <= self.min_per_task
+        return ("one task",) if self._one_task else ()
 
     @property
     def origin(self) -> str:
@@ -204,8 +209,10 @@ class MessageRanges(Source):
         self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int, reader: Any, ddl: str
     ) -> DataFrame | None:
         """``reader`` run over the slice's sub-ranges, one per task; None for an empty slice.
-        ``planned`` None: every partition is a task, and the tasks take the slice when they run."""
+        ``planned`` None: the tasks take the slice when they run; a task per partition, or one
+        where :meth:`run_time_key` last found the slice small enough for one."""
         if planned is None:
+            partitions = 1 if self._one_task else partitions
             ranges = SubRanges(EpochSlice(self.name), partitions, self.min_per_task)
         else:
             ranges = SubRanges(EpochSlice(self.name, planned), partitions, self.min_per_task)

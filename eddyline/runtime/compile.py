@@ -16,6 +16,7 @@ those are built once and run every epoch (:meth:`EpochCompiler.build`).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -160,6 +161,8 @@ class EpochFrames:
 
 
 _NOT_KEPT = object()
+#: how many keys' frames a node keeps (see ``EpochCompiler._node``)
+KEPT_VARIANTS = 2
 
 
 @dataclass
@@ -167,6 +170,7 @@ class _Added:
     """What building one node added to the epoch's frames, to add again when it is kept."""
 
     key: Any
+    serial: int  # unique to the frame built: the nodes built on it name it in their keys
     node: dict[str, DataFrame]
     observations: dict[str, Any]
     dead_letters: dict[str, DataFrame]
@@ -175,13 +179,14 @@ class _Added:
 
     @staticmethod
     def snapshot(out: EpochFrames, shared: dict[str, Any]) -> _Added:
-        return _Added(None, dict(out.nodes), dict(out.observations), dict(out.dead_letters), dict(out.late), dict(shared))
+        return _Added(None, -1, dict(out.nodes), dict(out.observations), dict(out.dead_letters), dict(out.late),
+                      dict(shared))
 
-    def added(self, name: str, key: Any, out: EpochFrames, shared: dict[str, Any]) -> _Added:
+    def added(self, name: str, key: Any, serial: int, out: EpochFrames, shared: dict[str, Any]) -> _Added:
         def new(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
             return {k: v for k, v in now.items() if k not in before}
 
-        return _Added(key, {name: out.nodes[name]}, new(out.observations, self.observations),
+        return _Added(key, serial, {name: out.nodes[name]}, new(out.observations, self.observations),
                       new(out.dead_letters, self.dead_letters), new(out.late, self.late), new(shared, self.shared))
 
     def restore(self, out: EpochFrames, shared: dict[str, Any]) -> None:
@@ -246,7 +251,8 @@ class EpochCompiler:
         self._read_by: tuple[NetworkSpec | None, dict[str, frozenset[str] | None]] = (None, {})
         #: the nodes kept across epochs (see :meth:`build`), and the network, lanes and
         #: observing they were built for
-        self._nodes: dict[str, _Added] = {}
+        self._nodes: dict[str, list[_Added]] = {}
+        self._serials = itertools.count()
         self._kept_for: tuple[NetworkSpec | None, int, bool] = (None, 0, False)
         # per epoch
         self.epoch = 0
@@ -292,20 +298,19 @@ class EpochCompiler:
             self._read_by = (self.spec, self.spec.columns_read())
         out = self._out
         fixed: set[str] = set()  # nodes that may be kept
-        restored: set[str] = set()  # nodes kept from an earlier epoch
+        self._built: dict[str, int] = {}  # node -> the serial of the frame it has this epoch
         for src in self.spec.sources:
             source, planned = self.sources[src.name], source_slices[src.name]
             known = source.known(planned, self._direct_times.get(src.name, [])) if observe else None
             at_run_time = source.run_time_key(planned)
             if at_run_time is None:
                 self._source(src.name, planned, lanes, known)
+                self._built[src.name] = next(self._serials)
                 continue
             fixed.add(src.name)
             make = functools.partial(self._source, src.name, None, lanes, known)
-            if self._node(src.name, (at_run_time, known is not None), make):
-                restored.add(src.name)
-                if known is not None:  # the kept node's facts, which kept steps share, are this epoch's
-                    self._shared[src.name][1].values = known
+            if self._node(src.name, (at_run_time, known is not None), make) and known is not None:
+                self._shared[src.name][1].values = known  # the kept node's facts, which kept steps share
         overload = self.spec.control.overload
         for step in self.spec.topological():
             kind = step_kind(step)
@@ -316,9 +321,7 @@ class EpochCompiler:
                 fixed.add(step.name)
                 key = (self.run(step).routing.to_json() if step.stateful else None,
                        small and kind.plans_small_epochs(step.params))
-            anew = not all(i in restored for i in step.inputs)  # on an input built anew
-            if self._node(step.name, key, lambda s=step: self._step(s, shed), anew):
-                restored.add(step.name)
+            self._node(step.name, key, lambda s=step: self._step(s, shed), step.inputs)
         out.lanes = {name: self._lane_run(epoch, name, run) for name, run in steps.items()}
         out.reused = bool(fixed)
         out.arm()
@@ -339,21 +342,28 @@ class EpochCompiler:
         except Exception as e:  # analysis errors name the step
             raise SpecError(f"step '{step.name}': {step.kind}: {first_line(e)}") from e
 
-    def _node(self, name: str, key: Any, make: Callable[[], None], anew: bool = False) -> bool:
+    def _node(self, name: str, key: Any, make: Callable[[], None], inputs: tuple[str, ...] = ()) -> bool:
         """Node ``name`` of this epoch: kept from an earlier epoch (returns True) if it was built
-        for the same ``key`` and not ``anew``, else made by ``make()``, which adds its frame and
-        whatever else it builds (observations, dead letters, late rows) to the epoch's frames,
-        and kept for later epochs unless ``key`` is ``_NOT_KEPT``."""
-        out, kept = self._out, self._nodes.get(name)
-        if key is not _NOT_KEPT and not anew and kept is not None and kept.key == key:
+        for the same ``key`` on the same frames of its ``inputs``, else made by ``make()``, which
+        adds its frame and whatever else it builds (observations, dead letters, late rows) to the
+        epoch's frames, and kept for later epochs unless ``key`` is ``_NOT_KEPT``. A node keeps
+        the frames of its last few keys (:data:`KEPT_VARIANTS`), so that epochs alternating
+        between two keys (a source's slice small or not) each find theirs."""
+        out, variants = self._out, self._nodes.setdefault(name, [])
+        full = (key, tuple(self._built[i] for i in inputs))  # an input built anew: a new serial
+        kept = next((v for v in variants if v.key == full), None) if key is not _NOT_KEPT else None
+        if kept is not None:
             kept.restore(out, self._shared)
+            variants.remove(kept)
+            variants.append(kept)  # the most recently used last
+            self._built[name] = kept.serial
             return True
         before = _Added.snapshot(out, self._shared)
         make()
-        if key is _NOT_KEPT:
-            self._nodes.pop(name, None)
-        else:
-            self._nodes[name] = before.added(name, key, out, self._shared)
+        self._built[name] = serial = next(self._serials)
+        if key is not _NOT_KEPT:
+            variants.append(before.added(name, full, serial, out, self._shared))
+            del variants[:-KEPT_VARIANTS]
         return False
 
     def _lane_run(self, epoch: int, step: str, run: StepRun) -> str:

@@ -124,6 +124,13 @@ def test_one_frame_reads_every_slice_of_the_same_footers(spark, tmp_path):
         for key, value in slice_properties({src.name: {"files": names}}).items():
             spark.sparkContext.setLocalProperty(key, value)
         assert sorted(df.collect()) == rows
+    assert df.rdd.getNumPartitions() == 1  # a slice of one file: one task
+    both = {"files": ["001.parquet", "002.parquet"]}
+    assert src.run_time_key(both) not in (None, first)  # more files: a task per partition
+    df = src.frames(spark, None, 2).data
+    for key, value in slice_properties({src.name: both}).items():
+        spark.sparkContext.setLocalProperty(key, value)
+    assert df.rdd.getNumPartitions() == 2 and sorted(df.collect()) == [(1, 10), (2, 20), (3, 30)]
     # another footer is another key (its frame has the new column); mixed footers have none
     assert src.run_time_key({"files": ["003.parquet"]}) not in (None, first)
     assert src.run_time_key({"files": ["002.parquet", "003.parquet"]}) is None

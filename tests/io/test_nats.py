@@ -263,3 +263,29 @@ def test_messages_that_hold_records_one_per_line_are_read_record_by_record(spark
     # the same stream read a message a record: only the single-record message fits
     whole = _source(nats_server.url, stream).frames(spark, {"start": 0, "end": 5}, 2)
     assert [tuple(r) for r in whole.data.collect()] == [(5, "n5", 2.5)]
+
+
+def test_a_frame_built_once_reads_a_small_slice_in_one_task_and_a_large_one_in_several(spark, nats_server):
+    """A frame whose tasks take the slice when they run has one task for a slice one task reads
+    whole (so no Python task runs for nothing) and one per partition for a larger one: a
+    different key, so that the engine keeps one frame of each. Both read exactly the slice."""
+    from eddyline.io.sources import slice_properties
+
+    stream = _stream()
+    asyncio.run(_publish(nats_server.url, stream, [
+        json.dumps({"id": i, "name": f"n{i}", "price": 1.0}).encode() for i in range(30)]))
+    src = _source(nats_server.url, stream)
+    src.min_per_task = 5
+    small, large, empty = {"start": 0, "end": 5}, {"start": 5, "end": 30}, {"start": 30, "end": 30}
+    assert src.run_time_key(small) == src.run_time_key(empty) != src.run_time_key(large)
+    try:
+        for planned, tasks in ((small, 1), (large, 3), (empty, 1)):
+            src.run_time_key(planned)
+            df = src.frames(spark, None, 3).data
+            for key, value in slice_properties({src.name: planned}).items():
+                spark.sparkContext.setLocalProperty(key, value)
+            assert df.rdd.getNumPartitions() == tasks
+            assert sorted(r.id for r in df.collect()) == list(range(planned["start"], planned["end"]))
+    finally:
+        for key in slice_properties({src.name: small}):
+            spark.sparkContext.setLocalProperty(key, None)

@@ -6,6 +6,7 @@ network builds them again at the epoch the change takes effect."""
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import duckdb
@@ -203,3 +204,59 @@ def test_parquet_slices_of_one_footer_schema_share_a_frame_and_each_epoch_knows_
         assert commits[e].steps["per_window"].input_max == [newest[e]]
     got = _per_epoch(tmp_path / "out", "auction")
     assert {e: len(v) for e, v in got.items()} == rows
+
+
+def test_epochs_alternating_between_small_and_large_slices_keep_a_frame_of_each(
+    spark, nats_server, tmp_path: Path, monkeypatch
+) -> None:
+    """A NATS slice that one task reads whole gets a frame of one task, a larger one a frame of
+    a task per lane: two keys. Epochs that alternate between them build each frame (and the
+    steps on it) once and then find it kept, and every epoch still reads its own slice."""
+    import asyncio
+
+    import nats
+
+    from eddyline.io.jetstream import NatsSource
+
+    stream = f"S{uuid.uuid4().hex[:10]}"
+
+    async def publish() -> None:
+        nc = await nats.connect(nats_server.url)
+        js = nc.jetstream()
+        await js.add_stream(name=stream, subjects=[f"{stream}.x"])
+        for i in range(40):
+            await js.publish(f"{stream}.x", json.dumps(
+                {"auction": i, "price": i * 7 % 50, "ts": f"2026-01-01T00:00:{i:02d}Z"}).encode())
+        await nc.close()
+
+    asyncio.run(publish())
+    monkeypatch.setattr(NatsSource, "min_per_task", 5)
+    plan = NatsSource.plan
+
+    def alternating(self, start, elapsed_s, cursor=None, cap=None):  # 7 (large), 3 (small), 7, ...
+        return plan(self, start, elapsed_s, cursor, 7 if start % 10 == 0 else 3)
+
+    monkeypatch.setattr(NatsSource, "plan", alternating)
+    ckpt = str(tmp_path / "ckpt")
+    built: list[tuple[int, str]] = []
+    source, step = EpochCompiler._source, EpochCompiler._step
+
+    def counted(method, name_of):
+        def call(self, *args, **kwargs):
+            if self.checkpoint == ckpt:
+                built.append((self.epoch, name_of(args)))
+            return method(self, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(EpochCompiler, "_source", counted(source, lambda a: a[0]))
+    monkeypatch.setattr(EpochCompiler, "_step", counted(step, lambda a: a[0].name))
+    raw = _spec(tmp_path / "in", tmp_path / "out")
+    raw["sources"] = [{"name": "bids", "nats": {"url": nats_server.url, "stream": stream, "schema": DDL}}]
+    Engine(load_spec(raw), spark, ckpt).run(until_idle=True)
+    assert built == [(1, "bids"), (1, "some"), (1, "cols"), (2, "bids"), (2, "some"), (2, "cols")]
+    ends = [(c.epoch, c.source_ends["bids"]) for c in sorted(Checkpoint(ckpt).commits(), key=lambda c: c.epoch)]
+    assert [end for _, end in ends][:8] == [7, 10, 17, 20, 27, 30, 37, 40]
+    every, picked = _per_epoch(tmp_path / "out" / "all", "auction"), _per_epoch(tmp_path / "out" / "picked", "auction")
+    for (epoch, end), (_, start) in zip(ends, [(0, 0), *ends], strict=False):
+        assert every.get(epoch, []) == [(i,) for i in range(start, end)]
+        assert picked.get(epoch, []) == [(i,) for i in range(start, end) if i % 3 == 0]
