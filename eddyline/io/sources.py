@@ -179,6 +179,10 @@ class Source:
         raise NotImplementedError
 
 
+#: a synthetic slice of at most this many rows is computed by one task
+ONE_TASK_ROWS = 20_000
+
+
 class SyntheticSource(Source):
     """Rows computed in Spark from their offsets (``generator`` and ``nexmark``): offsets become
     available at the source's rate of event time, or all at once when ``unpaced``.
@@ -199,6 +203,7 @@ class SyntheticSource(Source):
     ) -> None:
         super().__init__(spec)
         self._available, self._columns, self._ids, self.unpaced = available, columns, ids, unpaced
+        self._one_task = False  # what run_time_key said last
 
     def available(self, elapsed_s: float) -> int:
         return self._available(self.spec.params, elapsed_s)
@@ -209,12 +214,16 @@ class SyntheticSource(Source):
         return DEFAULT_UNPACED_BATCH if self.unpaced else 2**62
 
     def run_time_key(self, planned: dict[str, Any]) -> Hashable | None:
-        return ()
+        # a small slice gets a frame of one task: the rows of a second would not pay for its start
+        self._one_task = planned["end"] - planned["start"] <= ONE_TASK_ROWS
+        return ("one task",) if self._one_task else ()
 
     def frames(
         self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int, count_bad: BadCounter = None,
         columns: frozenset[str] | None = None,
     ) -> Frames:
+        if planned is None and self._one_task:
+            partitions = 1
         shares = functools.partial(_id_shares, EpochSlice(self.name, planned), partitions, self._ids, self.spec.params)
         ranges = spark.range(0, partitions, 1, partitions).mapInArrow(shares, "lo long, hi long")
         ids = ranges.selectExpr("explode(sequence(lo, hi - 1)) AS id")

@@ -199,3 +199,30 @@ def test_hot_shift_chooses_the_hottest_key(spark):
     # The next hottest keys are scattered, not neighbours of the hottest.
     runner_up = second.most_common(2)[1][0]
     assert abs(runner_up - 7) > 1
+
+
+def test_a_frame_built_once_computes_a_small_slice_in_one_task_and_a_large_one_in_several(spark, monkeypatch):
+    """The frame whose tasks take the slice when they run has one task for a small slice (a
+    second would cost more to start than its rows) and one per partition for a larger one; the
+    two are different keys, so the engine keeps a frame of each. Both compute exactly the slice."""
+    from eddyline.api.sources import SourceSpec
+    from eddyline.io import sources
+    from eddyline.io.sources import make_source, slice_properties
+
+    monkeypatch.setattr(sources, "ONE_TASK_ROWS", 100)
+    gen = {"rate": 1000, "keys": 10, "seed": 3}
+    src = make_source(SourceSpec.model_validate({"name": "g", "generator": gen}))
+    small, large = {"start": 0, "end": 100}, {"start": 100, "end": 1000}
+    assert src.run_time_key(small) != src.run_time_key(large)
+    try:
+        for planned, tasks in ((small, 1), (large, 3)):
+            src.run_time_key(planned)
+            df = src.frames(spark, None, 3).data
+            for key, value in slice_properties({"g": planned}).items():
+                spark.sparkContext.setLocalProperty(key, value)
+            assert df.rdd.getNumPartitions() == tasks
+            want = generator_frame(spark, Generator(**gen), planned["start"], planned["end"], 1)
+            assert _rows(df.select(*want.columns)) == _rows(want)
+    finally:
+        for key in slice_properties({"g": small}):
+            spark.sparkContext.setLocalProperty(key, None)
