@@ -261,6 +261,7 @@ class EpochCompiler:
         self._runs: dict[str, StepRun] = {}
         self._tables: dict[str, dict[str, Any]] = {}
         self._out = EpochFrames()
+        self._built: dict[str, int] = {}  # node -> the serial of the frame it has this epoch
         #: per source, this epoch: its frame, its observation and, per time column observed
         #: there, the observation's field holding its newest value
         self._shared: dict[str, tuple[DataFrame, RunObservation | Known, dict[str, str]]] = {}
@@ -287,8 +288,8 @@ class EpochCompiler:
         (docs/perf-notes.md, "The epoch floor"). The nodes after one that must be built anew
         (a Parquet source's files, a window's watermark in its SQL when it writes late rows out,
         a lookup's table version, shedding) are built anew too. A step that plans small epochs
-        differently (``CompileContext.small``) is built anew when the epochs turn small or
-        large."""
+        differently (``CompileContext.small``), or a source that reads small slices with fewer
+        tasks, has a frame for each; a node keeps those of its last two keys."""
         if self._kept_for != (self.spec, lanes, observe):
             self._kept_for, self._nodes = (self.spec, lanes, observe), {}
         self.epoch, self.observing, self.small, self._runs = epoch, observe, small, steps
@@ -298,7 +299,7 @@ class EpochCompiler:
             self._read_by = (self.spec, self.spec.columns_read())
         out = self._out
         fixed: set[str] = set()  # nodes that may be kept
-        self._built: dict[str, int] = {}  # node -> the serial of the frame it has this epoch
+        self._built = {}
         for src in self.spec.sources:
             source, planned = self.sources[src.name], source_slices[src.name]
             known = source.known(planned, self._direct_times.get(src.name, [])) if observe else None
