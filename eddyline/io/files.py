@@ -68,8 +68,6 @@ class FilesSource(Source):
     #: the footer schema of the frame whose tasks read Parquet slices when they run, and a file
     #: that has it (Spark infers the frame's schema from it)
     _run_time: tuple[pa.Schema, str] | None = None
-    #: the slice :meth:`run_time_key` saw last has one file: a frame built with no plan has one task
-    _one_task = False
 
     @property
     def params(self) -> Files:
@@ -212,7 +210,7 @@ class FilesSource(Source):
 
         p = self.params
         if planned is None:  # tasks take the slice when they run
-            partitions = 1 if self._one_task else partitions
+            partitions = self._run_time_tasks(partitions)
             if p.format != "parquet":
                 return self._text_frames(spark, None, partitions, count_bad, columns)
             return self._parquet_in_tasks(spark, partitions, columns)

@@ -186,8 +186,6 @@ class MessageRanges(Source):
     min_per_task = MIN_PER_TASK
     #: a message holds records one per line
     lines_per_message = False
-    #: what :meth:`run_time_key` said last: a frame built with no plan has one task
-    _one_task = False
 
     def _fetcher(self, ranges: SubRanges) -> Any:
         """In a task, ``fetch(batches)``: the records of the sub-ranges whose numbers arrive in
@@ -195,10 +193,8 @@ class MessageRanges(Source):
         raise NotImplementedError
 
     def run_time_key(self, planned: dict[str, Any]) -> Hashable | None:
-        # A slice that one task reads whole gets a frame of one task: a frame of more would run
-        # a Python task for nothing (~25 ms of a core an epoch), once per step reading it.
-        self._one_task = planned["end"] - planned["start"] <= self.min_per_task
-        return ("one task",) if self._one_task else ()
+        # a slice that one task reads whole gets a frame of one task
+        return self._one_task_key(planned["end"] - planned["start"] <= self.min_per_task)
 
     @property
     def origin(self) -> str:
@@ -212,7 +208,7 @@ class MessageRanges(Source):
         ``planned`` None: the tasks take the slice when they run; a task per partition, or one
         where :meth:`run_time_key` last found the slice small enough for one."""
         if planned is None:
-            partitions = 1 if self._one_task else partitions
+            partitions = self._run_time_tasks(partitions)
             ranges = SubRanges(EpochSlice(self.name), partitions, self.min_per_task)
         else:
             ranges = SubRanges(EpochSlice(self.name, planned), partitions, self.min_per_task)

@@ -105,10 +105,23 @@ class Source:
     #: A network with ``max_delay`` probes once per plan: it waits by planning again, so that it
     #: can go on without the source once ``max_delay`` has passed.
     patience_s: float | None = None
+    #: whether the slice :meth:`run_time_key` saw last is small enough for one task: then the
+    #: frame built with no plan has one task, not one per partition (the others would read
+    #: nothing, and each still costs a Python task)
+    _one_task = False
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def _one_task_key(self, one: bool) -> tuple[str, ...]:
+        """Note whether the slice is one task's, and return the part of the run-time key saying so."""
+        self._one_task = one
+        return ("one task",) if one else ()
+
+    def _run_time_tasks(self, partitions: int) -> int:
+        """How many tasks the frame built with no plan has (see :attr:`_one_task`)."""
+        return 1 if self._one_task else partitions
 
     def available(self, elapsed_s: float) -> int:
         """How many offsets exist now (the end of the readable range). A source whose server
@@ -203,7 +216,6 @@ class SyntheticSource(Source):
     ) -> None:
         super().__init__(spec)
         self._available, self._columns, self._ids, self.unpaced = available, columns, ids, unpaced
-        self._one_task = False  # what run_time_key said last
 
     def available(self, elapsed_s: float) -> int:
         return self._available(self.spec.params, elapsed_s)
@@ -215,15 +227,14 @@ class SyntheticSource(Source):
 
     def run_time_key(self, planned: dict[str, Any]) -> Hashable | None:
         # a small slice gets a frame of one task: the rows of a second would not pay for its start
-        self._one_task = planned["end"] - planned["start"] <= ONE_TASK_ROWS
-        return ("one task",) if self._one_task else ()
+        return self._one_task_key(planned["end"] - planned["start"] <= ONE_TASK_ROWS)
 
     def frames(
         self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int, count_bad: BadCounter = None,
         columns: frozenset[str] | None = None,
     ) -> Frames:
-        if planned is None and self._one_task:
-            partitions = 1
+        if planned is None:
+            partitions = self._run_time_tasks(partitions)
         shares = functools.partial(_id_shares, EpochSlice(self.name, planned), partitions, self._ids, self.spec.params)
         ranges = spark.range(0, partitions, 1, partitions).mapInArrow(shares, "lo long, hi long")
         ids = ranges.selectExpr("explode(sequence(lo, hi - 1)) AS id")

@@ -304,9 +304,8 @@ class EpochCompiler:
             source, planned = self.sources[src.name], source_slices[src.name]
             known = source.known(planned, self._direct_times.get(src.name, [])) if observe else None
             at_run_time = source.run_time_key(planned)
-            if at_run_time is None:
-                self._source(src.name, planned, lanes, known)
-                self._built[src.name] = next(self._serials)
+            if at_run_time is None:  # a frame for this slice
+                self._node(src.name, _NOT_KEPT, functools.partial(self._source, src.name, planned, lanes, known))
                 continue
             fixed.add(src.name)
             make = functools.partial(self._source, src.name, None, lanes, known)
