@@ -73,18 +73,19 @@ class FilesSource(Source):
     def params(self) -> Files:
         return self.spec.params
 
-    def _listing(self) -> list[str]:
+    def _listing(self) -> dict[str, int]:
+        """The directory's files in name order, with their sizes."""
         fs, base = filesystem(self.params.path)
         try:
             infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=False))
         except (FileNotFoundError, OSError) as e:
             raise SourceError(f"source '{self.name}': cannot list {self.params.path!r}: {e}") from e
-        names = [
-            i.base_name
+        files = {
+            i.base_name: i.size
             for i in infos
             if i.type == pafs.FileType.File and not i.base_name.startswith((".", "_"))
-        ]
-        return sorted(names)
+        }
+        return dict(sorted(files.items()))
 
     def available(self, elapsed_s: float) -> int:
         return len(self._listing())
@@ -189,7 +190,11 @@ class FilesSource(Source):
             return []
 
     def plan(self, start: int, elapsed_s: float, cursor: str | None = None, cap: int | None = None) -> dict[str, Any]:
-        names = self._listing()
+        """The next files in name order. Their sizes go into the plan too: a text slice's tasks
+        share its bytes by them (:func:`_task_pieces`), and every task, and a replay, must split
+        the same way."""
+        listing = self._listing()
+        names = list(listing)
         pending = [n for n in names if cursor is None or n > cursor]
         if len(names) - len(pending) != start:
             early = len(names) - len(pending) - start
@@ -199,8 +204,8 @@ class FilesSource(Source):
                 "(e.g. names that start with a timestamp or a sequence number)"
             )
         take = pending[: self.batch_limit()]  # files: admission control does not cut inside files
-        return {"start": start, "end": start + len(take), "files": take, "cursor": take[-1] if take else cursor,
-                "backlog": len(pending) - len(take)}
+        return {"start": start, "end": start + len(take), "files": take, "sizes": [listing[n] for n in take],
+                "cursor": take[-1] if take else cursor, "backlog": len(pending) - len(take)}
 
     def frames(
         self, spark: SparkSession, planned: dict[str, Any], partitions: int, count_bad: BadCounter = None,
@@ -229,7 +234,7 @@ class FilesSource(Source):
                         "so the network can be planned before files arrive"
                     )
                 _, base = filesystem(p.path)
-                return Frames(spark.read.parquet(f"{base}/{known[0]}").limit(0))
+                return Frames(spark.read.parquet(f"{base}/{next(iter(known))}").limit(0))
             return Frames(spark.createDataFrame([], ddl_struct(spark, p.schema_)))
         fs, base = filesystem(p.path)
         paths = [f"{base}/{n}" for n in planned.get("files", [])]
@@ -268,8 +273,8 @@ class FilesSource(Source):
         self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int, count_bad: BadCounter,
         columns: frozenset[str] | None,
     ) -> Frames:
-        """Arrow's readers in the Python workers (io/textrecords.py), task i decoding every
-        ``tasks``-th file of the slice."""
+        """Arrow's readers in the Python workers (io/textrecords.py), the tasks sharing the
+        slice's bytes (:func:`_task_pieces`)."""
         p = self.params
         schema = arrow_schema(p.schema_ or "")
         assert schema is not None
@@ -281,7 +286,8 @@ class FilesSource(Source):
             names = planned.get("files", [])
             if not names:
                 return split_decoded(spark.createDataFrame([], ddl), list(ship), self.name, count_bad)
-            tasks, slice_ = min(len(names), partitions), EpochSlice(self.name, {"files": names})
+            fixed = {"files": names, **({"sizes": planned["sizes"]} if "sizes" in planned else {})}
+            tasks, slice_ = min(len(names), partitions), EpochSlice(self.name, fixed)
         read = functools.partial(_text_files, p.format, bool(p.header), p.path, slice_, tasks, schema, ship)
         df = spark.range(0, tasks, 1, tasks).mapInArrow(read, ddl)
         return split_decoded(df, list(ship), self.name, count_bad)
@@ -341,12 +347,83 @@ def _text_files(
     fmt: Any, header: bool, directory: str, slice_: EpochSlice, tasks: int, schema: TextSchema,
     ship: tuple[str, ...], batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """In a Spark task: its share of the slice's files, decoded (the ``ship`` columns handed on)."""
+    """In a Spark task: its share of the slice's bytes (:func:`_task_pieces`), decoded (the
+    ``ship`` columns handed on)."""
     fs, base = filesystem(directory)
-    for name in _task_files(slice_, tasks, batches):
-        with fs.open_input_stream(f"{base}/{name}") as f:
-            text = f.read()
-        yield from file_batches(fmt, name, text, schema, header=header, ship=ship)
+    planned = slice_.get()
+    for batch in batches:
+        for task in batch.column(0).to_pylist():
+            for name, lo, hi in _task_pieces(planned, tasks, task):
+                with fs.open_input_file(f"{base}/{name}") as f:
+                    begin, text = _records_between(f, lo, hi)
+                yield from file_batches(
+                    fmt, name, text, schema, header=header and begin == 0, ship=ship,
+                    first_line=functools.partial(_line_at, fs, f"{base}/{name}", begin),
+                )
+
+
+def _task_pieces(planned: dict[str, Any], tasks: int, task: int) -> list[tuple[str, int, int | None]]:
+    """Task ``task``'s pieces of a text slice, ``(file, lo, hi)``: the slice's files laid end to
+    end and cut into ``tasks`` runs of about as many bytes, so that five files on two tasks take
+    two and a half files' time rather than three. A piece holds the records that start in bytes
+    ``[lo, hi)`` of its file (``hi`` None: to its end). A plan without sizes (logged before they
+    were) gives every ``tasks``-th file whole."""
+    names: list[str] = planned.get("files", [])
+    sizes: list[int] | None = planned.get("sizes")
+    if sizes is None or len(sizes) != len(names):
+        return [(n, 0, None) for n in names[task::tasks]]
+    total = sum(sizes)
+    first, last = total * task // tasks, total * (task + 1) // tasks
+    pieces: list[tuple[str, int, int | None]] = []
+    at = 0
+    for name, size in zip(names, sizes, strict=True):
+        lo, hi = max(first, at), min(last, at + size)
+        if lo < hi:
+            pieces.append((name, lo - at, None if hi == at + size else hi - at))
+        at += size
+    return pieces
+
+
+def _records_between(f: Any, lo: int, hi: int | None) -> tuple[int, bytes]:
+    """The lines of the open file ``f`` that start in bytes ``[lo, hi)`` (``hi`` None: to the
+    end), and where the first of them starts. A line starts at 0 or after a line break, so a
+    piece starts after the first break at or after ``lo - 1`` and ends after the first at or
+    after ``hi - 1``: pieces that meet at a byte share no line and miss none."""
+    begin: int | None = 0
+    if lo > 0:
+        begin = _break_at_or_after(f, lo - 1)
+        if begin is None or (hi is not None and begin >= hi):  # no line starts in the piece
+            return lo, b""
+    assert begin is not None
+    if hi is None:
+        f.seek(begin)
+        return begin, f.read()
+    end = _break_at_or_after(f, hi - 1)
+    f.seek(begin)
+    return begin, f.read((f.size() if end is None else end) - begin)
+
+
+def _break_at_or_after(f: Any, at: int) -> int | None:
+    """The position just after the first line break at or after byte ``at`` of ``f``, None if
+    there is none."""
+    step = 1 << 16
+    while True:
+        chunk = f.read_at(step, at)
+        if not chunk:
+            return None
+        i = chunk.find(b"\n")
+        if i >= 0:
+            return at + i + 1
+        at += len(chunk)
+
+
+def _line_at(fs: pafs.FileSystem, path: str, begin: int) -> int:
+    """The line number (from 1) of the line that starts at byte ``begin`` of ``path``: asked for
+    only when a piece has a dead letter or a blank line, so the bytes before it are read then."""
+    if begin == 0:
+        return 1
+    with fs.open_input_file(path) as f:
+        return f.read_at(begin, 0).count(b"\n") + 1
 
 
 def _spark_path(directory: str, full: str) -> str:

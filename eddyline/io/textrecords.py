@@ -28,7 +28,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -295,21 +295,23 @@ def _table_batches(table: pa.Table, schema: TextSchema, where: str, ship: tuple[
 
 def file_batches(
     fmt: Format, name: str, text: bytes, schema: TextSchema, *, header: bool = False,
-    ship: tuple[str, ...] | None = None,
+    ship: tuple[str, ...] | None = None, first_line: Callable[[], int] = lambda: 1,
 ) -> Iterator[pa.RecordBatch]:
-    """A whole file of records (one per line; blank lines skipped, line numbers counted from 1
-    including them; with ``header`` the first line is not a record) decoded into batches as
-    :func:`decoded_batch` gives them. The file is parsed in one go; only a file in which
-    something does not fit, or that has blank lines, is split into lines and decoded record by
-    record."""
-    first = 1
+    """A whole file of records, or a piece of one that starts at a line (one record per line;
+    blank lines skipped, line numbers counted including them, the first being ``first_line()``,
+    asked for only when a line number is needed; with ``header`` the first line is not a
+    record) decoded into batches as :func:`decoded_batch` gives them. The text is parsed in one
+    go; only one in which something does not fit, or that has blank lines, is split into lines
+    and decoded record by record."""
+    skipped = 0
     if header:
         cut = text.find(b"\n")
-        text, first = (text[cut + 1 :] if cut >= 0 else b""), 2
+        text, skipped = (text[cut + 1 :] if cut >= 0 else b""), 1
     table = _whole(fmt, text, schema)
     if table is not None:
         yield from _table_batches(table, schema, name, ship)
         return
+    first = first_line() + skipped
     numbered = [(n, line.rstrip(b"\r")) for n, line in enumerate(text.split(b"\n"), first) if line.strip()]
     for lo in range(0, len(numbered), BATCH_ROWS):
         chunk = numbered[lo : lo + BATCH_ROWS]

@@ -1,12 +1,19 @@
-"""The files source reuses the Parquet schema Spark inferred, only while the files' footers match."""
+"""The files source: the Parquet schema Spark inferred is reused only while the files' footers match;
+tasks share a text slice's bytes."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eddyline.api.sources import SourceSpec
-from eddyline.io.files import FilesSource
+from eddyline.io.files import FilesSource, _line_at, _records_between, _task_pieces
 
 
 def _source(path: str) -> FilesSource:
@@ -156,3 +163,63 @@ def test_a_declared_schema_casts_what_the_tasks_read(spark, tmp_path):
     assert schema.simpleString() == "struct<k:bigint,v:double>"
     assert sorted(rows, key=str) == sorted(src.frames(spark, planned, 2).data.collect(), key=str)
     assert sorted(rows, key=str) == [(1, 1.5), (2, -2.0)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(st.one_of(st.text("ab", min_size=1, max_size=40), st.just(""), st.just("x" * 70_000)), max_size=12),
+             min_size=1, max_size=5),
+    st.integers(1, 4), st.booleans(), st.booleans(),
+)
+def test_tasks_share_a_text_slice_s_bytes_and_every_line_is_read_once_with_its_number(files, tasks, ended, crlf):
+    """Pieces of a slice's bytes, whatever the cut (inside a line, at a line break, in a blank
+    line, in a line longer than a read): each file's pieces, task after task, are the file's
+    bytes exactly, each starting at a line, with that line's number; no task takes more than
+    its share and a line."""
+    import tempfile
+
+    fs = pafs.LocalFileSystem()
+    eol = "\r\n" if crlf else "\n"
+    with tempfile.TemporaryDirectory() as d:
+        texts = {f"{i:03d}.txt": (eol.join(lines) + (eol if ended and lines else "")).encode()
+                 for i, lines in enumerate(files)}
+        for name, text in texts.items():
+            (Path(d) / name).write_bytes(text)
+        planned = {"files": list(texts), "sizes": [len(t) for t in texts.values()]}
+        read: dict[str, list[bytes]] = {n: [] for n in texts}
+        for task in range(tasks):
+            took = 0
+            for name, lo, hi in _task_pieces(planned, tasks, task):
+                with fs.open_input_file(f"{d}/{name}") as f:
+                    begin, text = _records_between(f, lo, hi)
+                if not text:
+                    continue
+                before = b"".join(read[name])
+                assert begin == len(before)  # where the file's last piece ended
+                assert _line_at(fs, f"{d}/{name}", begin) == before.count(b"\n") + 1
+                read[name].append(text)
+                took += len(text)
+            longest = max((len(x) + 2 for t in texts.values() for x in t.split(b"\n")), default=0)
+            assert took <= sum(planned["sizes"]) // tasks + longest
+        assert {n: b"".join(parts) for n, parts in read.items()} == texts
+        # a plan logged without sizes: every tasks-th file, whole
+        assert _task_pieces({"files": list(texts)}, tasks, 0) == [(n, 0, None) for n in list(texts)[::tasks]]
+
+
+def test_a_text_slice_split_between_tasks_keeps_every_row_and_dead_letter_line(spark, tmp_path):
+    """Two JSON files on two tasks: each task takes half the bytes, so one file is cut in two;
+    the rows are all there once, and a bad record after the cut keeps its line in the file."""
+    rows = [{"k": i, "v": f"r{i}"} for i in range(300)]
+    lines = [json.dumps(r) for r in rows]
+    lines[250] = '{"k": "oops", "v": "x"}'
+    (tmp_path / "001.json").write_text("\n".join(lines[:100]) + "\n")
+    (tmp_path / "002.json").write_text("\n".join(lines[100:]) + "\n")
+    src = FilesSource(SourceSpec.model_validate(
+        {"name": "events", "files": {"path": str(tmp_path), "format": "json", "schema": "k long, v string"}}))
+    planned = src.plan(0, 0.0)
+    assert planned["files"] == ["001.json", "002.json"] and len(planned["sizes"]) == 2
+    assert any(hi is not None for t in range(2) for _, _, hi in _task_pieces(planned, 2, t))  # a file is cut
+    frames = src.frames(spark, planned, 2)
+    assert sorted(frames.data.collect()) == sorted((r["k"], r["v"]) for i, r in enumerate(rows) if i != 250)
+    assert [(d.file, d.line, d.reason) for d in frames.dead_letters.collect()] == [
+        ("002.json", 151, "field 'k': expected bigint, got oops")]
