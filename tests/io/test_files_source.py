@@ -223,3 +223,29 @@ def test_a_text_slice_split_between_tasks_keeps_every_row_and_dead_letter_line(s
     assert sorted(frames.data.collect()) == sorted((r["k"], r["v"]) for i, r in enumerate(rows) if i != 250)
     assert [(d.file, d.line, d.reason) for d in frames.dead_letters.collect()] == [
         ("002.json", 151, "field 'k': expected bigint, got oops")]
+
+
+def test_csv_files_with_a_header_shared_by_any_number_of_tasks_give_the_same_rows_and_dead_letters(tmp_path):
+    """Each file's header is skipped by the task whose piece starts the file, and only there;
+    a bad line keeps its line number in its file, however the files are cut."""
+    from eddyline.io.files import _text_files
+    from eddyline.io.sources import EpochSlice
+    from eddyline.io.textrecords import arrow_schema
+
+    schema = arrow_schema("k long, v string")
+    lines = [f"{i},r{i}" for i in range(120)]
+    lines[77] = "x,bad"
+    (tmp_path / "a.csv").write_text("k,v\n" + "\n".join(lines[:50]) + "\n")
+    (tmp_path / "b.csv").write_text("k,v\n" + "\n".join(lines[50:]) + "\n")
+    sizes = [(tmp_path / n).stat().st_size for n in ("a.csv", "b.csv")]
+    for tasks in range(1, 5):
+        slice_ = EpochSlice("s", {"files": ["a.csv", "b.csv"], "sizes": sizes})
+        task_numbers = iter([pa.record_batch([pa.array(list(range(tasks)))], names=["id"])])
+        rows = pa.Table.from_batches(list(_text_files("csv", True, str(tmp_path), slice_, tasks, schema, ("k", "v"),
+                                                      task_numbers)))
+        good = [(k, v) for k, v, r in zip(*(rows.column(c).to_pylist() for c in ("k", "v", "_reason")), strict=True)
+                if r is None]
+        assert good == [(i, f"r{i}") for i in range(120) if i != 77]
+        bad = [(f, n) for f, n, r in zip(*(rows.column(c).to_pylist() for c in ("_file", "_line", "_reason")),
+                                         strict=True) if r is not None]
+        assert bad == [("b.csv", 29)]  # the header, then lines 50..76 of the data: line 29 of b.csv
