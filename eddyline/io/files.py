@@ -419,11 +419,17 @@ def _break_at_or_after(f: Any, at: int) -> int | None:
 
 def _line_at(fs: pafs.FileSystem, path: str, begin: int) -> int:
     """The line number (from 1) of the line that starts at byte ``begin`` of ``path``: asked for
-    only when a piece has a dead letter or a blank line, so the bytes before it are read then."""
-    if begin == 0:
-        return 1
+    only when a piece has a dead letter or a blank line, so the bytes before it are read then (in
+    blocks, so that a late piece of a large file needs no copy of all that comes before it)."""
+    line, at = 1, 0
     with fs.open_input_file(path) as f:
-        return f.read_at(begin, 0).count(b"\n") + 1
+        while at < begin:
+            block = f.read_at(min(1 << 24, begin - at), at)
+            if not block:
+                break
+            line += block.count(b"\n")
+            at += len(block)
+    return line
 
 
 def _spark_path(directory: str, full: str) -> str:
