@@ -286,8 +286,7 @@ class FilesSource(Source):
             names = planned.get("files", [])
             if not names:
                 return split_decoded(spark.createDataFrame([], ddl), list(ship), self.name, count_bad)
-            fixed = {"files": names, **({"sizes": planned["sizes"]} if "sizes" in planned else {})}
-            tasks, slice_ = min(len(names), partitions), EpochSlice(self.name, fixed)
+            tasks, slice_ = min(len(names), partitions), EpochSlice(self.name, planned)
         read = functools.partial(_text_files, p.format, bool(p.header), p.path, slice_, tasks, schema, ship)
         df = spark.range(0, tasks, 1, tasks).mapInArrow(read, ddl)
         return split_decoded(df, list(ship), self.name, count_bad)
@@ -322,13 +321,18 @@ def _plain(t: pa.DataType) -> bool:
             or pa.types.is_binary(t) or pa.types.is_large_binary(t))
 
 
+def _task_numbers(batches: Iterator[pa.RecordBatch]) -> Iterator[int]:
+    """In a Spark task: the task numbers that arrive in ``batches`` (a frame's ``range`` rows)."""
+    for batch in batches:
+        yield from batch.column(0).to_pylist()
+
+
 def _task_files(slice_: EpochSlice, tasks: int, batches: Iterator[pa.RecordBatch]) -> Iterator[str]:
     """In a Spark task: the names of task i's share of the slice's files (every ``tasks``-th),
     for each task number i that arrives in ``batches``."""
     names = slice_.get().get("files", [])
-    for batch in batches:
-        for task in batch.column(0).to_pylist():
-            yield from names[task::tasks]
+    for task in _task_numbers(batches):
+        yield from names[task::tasks]
 
 
 def _parquet_files(
@@ -351,15 +355,14 @@ def _text_files(
     ``ship`` columns handed on)."""
     fs, base = filesystem(directory)
     planned = slice_.get()
-    for batch in batches:
-        for task in batch.column(0).to_pylist():
-            for name, lo, hi in _task_pieces(planned, tasks, task):
-                with fs.open_input_file(f"{base}/{name}") as f:
-                    begin, text = _records_between(f, lo, hi)
-                yield from file_batches(
-                    fmt, name, text, schema, header=header and begin == 0, ship=ship,
-                    first_line=functools.partial(_line_at, fs, f"{base}/{name}", begin),
-                )
+    for task in _task_numbers(batches):
+        for name, lo, hi in _task_pieces(planned, tasks, task):
+            with fs.open_input_file(f"{base}/{name}") as f:
+                begin, text = _records_between(f, lo, hi)
+            yield from file_batches(
+                fmt, name, text, schema, header=header and begin == 0, ship=ship,
+                first_line=functools.partial(_line_at, fs, f"{base}/{name}", begin),
+            )
 
 
 def _task_pieces(planned: dict[str, Any], tasks: int, task: int) -> list[tuple[str, int, int | None]]:
@@ -389,12 +392,9 @@ def _records_between(f: Any, lo: int, hi: int | None) -> tuple[int, bytes]:
     end), and where the first of them starts. A line starts at 0 or after a line break, so a
     piece starts after the first break at or after ``lo - 1`` and ends after the first at or
     after ``hi - 1``: pieces that meet at a byte share no line and miss none."""
-    begin: int | None = 0
-    if lo > 0:
-        begin = _break_at_or_after(f, lo - 1)
-        if begin is None or (hi is not None and begin >= hi):  # no line starts in the piece
-            return lo, b""
-    assert begin is not None
+    begin = 0 if lo == 0 else _break_at_or_after(f, lo - 1)
+    if begin is None or (hi is not None and begin >= hi):  # no line starts in the piece
+        return lo, b""
     if hi is None:
         f.seek(begin)
         return begin, f.read()
