@@ -68,6 +68,14 @@ class CompileContext(Protocol):
         follows it), as ``step:<name>:<input>``."""
         ...
 
+    def union_of(self, step: StepSpec, parts: list[tuple[DataFrame, list[tuple[str, str]]]]) -> DataFrame:
+        """The union of one projection per input of ``step`` (``parts``: the input and its output
+        columns, each a name and SQL over the input's columns), with the inputs' newest event
+        times observed as :meth:`observe_event_times` does. When every input reaches one node
+        through filters and selects only, it is made from one read of that node
+        (:mod:`eddyline.plan.branches`)."""
+        ...
+
     def to_lanes(self, step: StepSpec, keyed: DataFrame, kernel: Kernel, key_columns: tuple[str, ...]) -> DataFrame:
         """The shared back half of every stateful step: ``keyed`` (with ``_kg`` and the
         kernel's input columns) shuffled so that lane i is partition i, each lane running

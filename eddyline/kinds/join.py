@@ -17,6 +17,7 @@ from eddyline.api.units import Columns, Duration, Model, Name, names
 from eddyline.columns import KG, join_right_names
 from eddyline.errors import SpecError
 from eddyline.kinds.base import CompileContext, StepKind, arrow_schema, build_kernel
+from eddyline.plan.branches import quoted
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -119,7 +120,9 @@ class JoinKind(StepKind):
         ]
 
     def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
-        left, right = ctx.observe_event_times(step, inputs)
+        from pyspark.sql.types import StructType
+
+        left, right = inputs
         j = step.params
         lkeys, rkeys = names(j.left_key), names(j.right_key)
         ltypes = {f.name: f.dataType for f in left.schema}
@@ -134,18 +137,21 @@ class JoinKind(StepKind):
                     f"step '{step.name}': join.right_key: '{rk}' is {rtypes[rk].simpleString()} but left key '{lk}' is "
                     f"{ltypes[lk].simpleString()}; cast one side in a select first"
                 )
+        lschema, rschema = left.schema, right.schema
         cut = join_columns(left.columns, right.columns, j, ctx.wanted(step))
         if cut is not None:  # the state and the output hold only what is read after the join
-            left, right = (df.select(*[f"`{c}`" for c in keep]) for df, keep in zip((left, right), cut, strict=True))
-            ltypes = {f.name: f.dataType for f in left.schema}
-            rtypes = {f.name: f.dataType for f in right.schema}
-        nulls_l = [f"CAST(NULL AS {t.simpleString()}) AS `l__{n}`" for n, t in ltypes.items()]
-        nulls_r = [f"CAST(NULL AS {t.simpleString()}) AS `r__{n}`" for n, t in rtypes.items()]
-        lpart = left.selectExpr(f"{ctx.key_group(lkeys)} AS {KG}", "CAST(0 AS TINYINT) AS _side", *[f"`{n}` AS `l__{n}`" for n in ltypes], *nulls_r)
-        rpart = right.selectExpr(f"{ctx.key_group(rkeys)} AS {KG}", "CAST(1 AS TINYINT) AS _side", *nulls_l, *[f"`{n}` AS `r__{n}`" for n in rtypes])
-        kernel = build_kernel(step, arrow_schema(left.schema), arrow_schema(right.schema))
+            lschema, rschema = (StructType([f for f in schema if f.name in keep])
+                                for schema, keep in zip((lschema, rschema), cut, strict=True))
+            ltypes = {f.name: f.dataType for f in lschema}
+            rtypes = {f.name: f.dataType for f in rschema}
+        nulls_l = [(f"l__{n}", f"CAST(NULL AS {t.simpleString()})") for n, t in ltypes.items()]
+        nulls_r = [(f"r__{n}", f"CAST(NULL AS {t.simpleString()})") for n, t in rtypes.items()]
+        lpart = [(KG, ctx.key_group(lkeys)), ("_side", "CAST(0 AS TINYINT)"), *[(f"l__{n}", quoted(n)) for n in ltypes], *nulls_r]
+        rpart = [(KG, ctx.key_group(rkeys)), ("_side", "CAST(1 AS TINYINT)"), *nulls_l, *[(f"r__{n}", quoted(n)) for n in rtypes]]
+        kernel = build_kernel(step, arrow_schema(lschema), arrow_schema(rschema))
         # the lane input columns naming a row's key: the first key column of either side
-        return ctx.to_lanes(step, lpart.unionByName(rpart), kernel, (f"l__{lkeys[0]}", f"r__{rkeys[0]}"))
+        keyed = ctx.union_of(step, [(left, lpart), (right, rpart)])
+        return ctx.to_lanes(step, keyed, kernel, (f"l__{lkeys[0]}", f"r__{rkeys[0]}"))
 
 
 def join_columns(

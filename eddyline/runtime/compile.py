@@ -32,6 +32,7 @@ from eddyline.io.sources import Source, make_source, slice_properties
 from eddyline.io.tables import LookupTables
 from eddyline.kinds import step_kind
 from eddyline.kinds.base import first_line
+from eddyline.plan.branches import fold, quoted, shared_node, substitute
 from eddyline.plan.keygroups import RoutingTable, key_group_sql
 from eddyline.runtime.checkpoint import lane_run_path
 from eddyline.runtime.faults import Faults, NoFaults
@@ -460,6 +461,62 @@ class EpochCompiler:
                 raise SpecError(f"step '{step.name}': time: unknown column '{col}'; input has {', '.join(df.columns)}")
             observed.append(self.observe(df, key, f"{max_event_ms(col)} AS max_t"))
         return observed
+
+    def union_of(self, step: StepSpec, parts: list[tuple[DataFrame, list[tuple[str, str]]]]) -> DataFrame:
+        def project(df: DataFrame, columns: list[tuple[str, str]]) -> DataFrame:
+            return df.selectExpr(*[f"{sql} AS {quoted(name)}" for name, sql in columns])
+
+        one = self._one_read(step, parts, project)
+        if one is not None:
+            return one
+        observed = self.observe_event_times(step, [df for df, _ in parts])
+        return functools.reduce(
+            lambda a, b: a.unionByName(b), [project(df, columns) for df, (_, columns) in zip(observed, parts, strict=True)]
+        )
+
+    def _one_read(
+        self, step: StepSpec, parts: list[tuple[DataFrame, list[tuple[str, str]]]], project: Callable[..., DataFrame]
+    ) -> DataFrame | None:
+        """:meth:`union_of` from one read of the node all of ``step``'s inputs branch off, or None
+        (see :mod:`eddyline.plan.branches`). Each row of that node becomes a struct per input
+        whose condition it meets, exploded into rows, with the input's event time in a hidden
+        column to observe; the result must have the columns and types of the plain union."""
+        if self.spec.control.overload is not None or any(DIFF in df.columns for df, _ in parts):
+            return None  # shedding thins each input on its own; a revision's weight is not folded
+        shared = shared_node(self.spec, step)
+        node = self._out.nodes.get(shared[0]) if shared is not None else None
+        if shared is None or node is None:
+            return None
+        times = step.time_columns()
+        hidden = [(f"__time{i}", df.schema[t].dataType.simpleString()) for i, ((df, _), t) in enumerate(zip(parts, times, strict=True))
+                  if t is not None and t in df.columns]
+        if len(hidden) != sum(t is not None for t in times):
+            return None  # an unknown time column: the plain union says so
+        items, conditions = [], []
+        for i, ((_, columns), chain) in enumerate(zip(parts, shared[1], strict=True)):
+            branch = fold(node.columns, chain)
+            if branch is None:
+                return None
+            scope = branch.lookup()
+            fields = [(name, substitute(sql, scope)) for name, sql in columns]
+            fields += [(h, substitute(quoted(times[i]), scope) if h == f"__time{i}" else f"CAST(NULL AS {t})") for h, t in hidden]
+            if any(sql is None or "'" in name or "\\" in name for name, sql in fields):
+                return None
+            struct = "named_struct(" + ", ".join(f"'{name}', {sql}" for name, sql in fields) + ")"
+            items.append(struct if branch.condition is None else f"IF({branch.condition}, {struct}, NULL)")
+            conditions.append(branch.condition)
+        rows = node if None in conditions else node.where(" OR ".join(f"({c})" for c in conditions))
+        try:
+            keyed = (rows.selectExpr(f"explode(array({', '.join(items)})) AS _branch")
+                     .where("_branch IS NOT NULL").select("_branch.*"))
+            plain = functools.reduce(lambda a, b: a.unionByName(b), [project(df, columns) for df, columns in parts])
+        except Exception:  # Spark refuses the folded SQL: the inputs are read as they are
+            return None
+        if [(f.name, f.dataType) for f in keyed.schema][: len(plain.columns)] != [(f.name, f.dataType) for f in plain.schema]:
+            return None
+        for h, _ in hidden:
+            keyed = self.observe(keyed, f"step:{step.name}:{h.removeprefix('__time')}", f"{max_event_ms(h)} AS max_t")
+        return keyed.drop(*[h for h, _ in hidden])
 
     def to_lanes(self, step: StepSpec, keyed: DataFrame, kernel: Kernel, key_columns: tuple[str, ...]) -> DataFrame:
         run = self.run(step)
