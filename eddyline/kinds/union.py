@@ -11,6 +11,7 @@ from eddyline.api.units import Name
 from eddyline.columns import DIFF
 from eddyline.errors import SpecError
 from eddyline.kinds.base import CompileContext, StepKind
+from eddyline.plan.branches import quoted
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -52,5 +53,5 @@ class Union(StepKind):
                     f"step '{step.name}': union: inputs must have the same columns; "
                     f"'{step.params[0]}' has {first.columns}, another has {other.columns}"
                 )
-            first = first.unionByName(other)
-        return first
+        # inputs that branch off one node are made from one read of it
+        return ctx.union_of(step, [(df, [(c, quoted(c)) for c in first.columns]) for df in inputs])

@@ -464,6 +464,8 @@ class EpochCompiler:
 
     def union_of(self, step: StepSpec, parts: list[tuple[DataFrame, list[tuple[str, str]]]]) -> DataFrame:
         def project(df: DataFrame, columns: list[tuple[str, str]]) -> DataFrame:
+            if columns == [(c, quoted(c)) for c in df.columns]:
+                return df  # as it is: a projection more is an analysis round more
             return df.selectExpr(*[f"{sql} AS {quoted(name)}" for name, sql in columns])
 
         one = self._one_read(step, parts, project)

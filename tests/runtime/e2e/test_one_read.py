@@ -100,3 +100,31 @@ def test_a_join_of_two_branches_of_one_source_reads_it_once_and_gives_what_two_r
     # the join's watermark moved epoch by epoch as it does when each input is read on its own
     assert one_marks == two_marks and len({m for m in one_marks if m}) >= 3, one_marks
     assert one_bad == bad and two_bad == 2 * bad  # the second copy's bad lines are its own
+
+
+def test_a_union_of_two_branches_of_one_source_reads_it_once(spark, tmp_path: Path) -> None:
+    _write(tmp_path / "in")
+    raw = {
+        "name": "one-read-union", "trigger": 0, "lanes": 2,
+        "sources": [{"name": "events", "files": {"path": str(tmp_path / "in"), "format": "json", "schema": DDL,
+                                                 "max_files_per_epoch": 1}}],
+        "steps": [
+            {"name": "cheap", "input": "events", "filter": "kind = 'b' AND price < 10"},
+            {"name": "c", "input": "cheap", "select": ["auction", "price", "'cheap' AS why"]},
+            {"name": "dear", "input": "events", "filter": "kind = 'b' AND price >= 40"},
+            {"name": "d", "input": "dear", "select": ["auction", "price", "'dear' AS why"]},
+            {"name": "both", "union": ["c", "d"]},
+        ],
+        "sinks": [{"name": "out", "input": "both", "files": {"path": str(tmp_path / "out"), "format": "parquet"}}],
+    }
+    spec = load_spec(raw)
+    plan = physical_plans(spec, spark, 2)["out"]
+    assert "Generate explode" in plan and plan.count("MapInArrow") == 1, plan
+    Engine(spec, spark, str(tmp_path / "ckpt")).run(until_idle=True)
+    got = duckdb.connect().execute(
+        f"SELECT auction, price, why FROM read_parquet('{tmp_path}/out/**/*.parquet') ORDER BY ALL").fetchall()
+    expected = duckdb.connect().execute(f"""
+        SELECT CAST(auction AS BIGINT), price, CASE WHEN price < 10 THEN 'cheap' ELSE 'dear' END
+        FROM read_json('{tmp_path}/in/*.json', columns={{kind: 'VARCHAR', auction: 'VARCHAR', price: 'BIGINT', ts: 'VARCHAR'}})
+        WHERE TRY_CAST(auction AS BIGINT) IS NOT NULL AND kind = 'b' AND (price < 10 OR price >= 40) ORDER BY ALL""").fetchall()
+    assert len(expected) > 50 and got == expected
