@@ -909,7 +909,10 @@ def main() -> None:
     ap.add_argument("--file-ms", type=int, default=100, help="file-reading engines: one file per this long")
     ap.add_argument("--rtm-batch", type=int, default=5, help="Real-Time Mode's batch (checkpoint) seconds")
     ap.add_argument("--drain", type=float, default=30, help="at most this long after the producer ended")
-    ap.add_argument("--prewarm", type=float, default=4, help="seconds of an unmeasured first run of each engine "
+    # A continuous query runs for hours: its latency is measured once the JVM has compiled its
+    # hot code, which takes a few dozen epochs (docs/perf-notes.md, "A join of two branches of
+    # one source reads it once"), not in the first seconds after a JVM starts.
+    ap.add_argument("--prewarm", type=float, default=30, help="seconds of an unmeasured first run of each engine "
                     "and query (0: none)")
     ap.add_argument("--keep", action="store_true", help="keep the working files (for debugging)")
     ap.add_argument("--no-md", action="store_true", help="do not write bench/RESULTS.md")
