@@ -492,8 +492,8 @@ class EpochCompiler:
         times = step.time_columns()
         hidden = [(f"__time{i}", df.schema[t].dataType.simpleString()) for i, ((df, _), t) in enumerate(zip(parts, times, strict=True))
                   if t is not None and t in df.columns]
-        if len(hidden) != sum(t is not None for t in times):
-            return None  # an unknown time column: the plain union says so
+        if len(hidden) != sum(t is not None for t in times) or any(n.startswith("__time") for _, cs in parts for n, _ in cs):
+            return None  # an unknown time column (the plain union says so), or a name the hidden ones take
         items, conditions = [], []
         for i, ((_, columns), chain) in enumerate(zip(parts, shared[1], strict=True)):
             branch = fold(node.columns, chain)
