@@ -47,7 +47,12 @@ class Branch:
     columns: tuple[tuple[str, str], ...]
 
     def lookup(self) -> dict[str, str]:
-        return {name.lower(): sql for name, sql in self.columns}
+        return _scope(self.columns)
+
+
+def _scope(columns: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """Columns by their name in lower case, as Spark resolves them."""
+    return {name.lower(): sql for name, sql in columns}
 
 
 def shared_node(spec: NetworkSpec, step: StepSpec) -> tuple[str, list[list[StepSpec]]] | None:
@@ -80,7 +85,7 @@ def fold(columns: list[str], chain: list[StepSpec]) -> Branch | None:
     current: tuple[tuple[str, str], ...] = tuple((c, quoted(c)) for c in columns)
     conditions: list[str] = []
     for s in chain:
-        scope = Branch(None, current).lookup()
+        scope = _scope(current)
         if len(scope) != len(current):  # two columns one name apart only in case
             return None
         if s.kind == "filter":

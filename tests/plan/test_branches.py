@@ -26,15 +26,15 @@ def _duck(sql: str) -> str:
     return sql.replace("`", '"')  # DuckDB quotes names the standard way
 
 
-def _stepwise(chain: list[_Step]) -> list[tuple]:
-    """The chain run one step after the other, each over the one before."""
+def _chain_query(chain: list[_Step]) -> str:
+    """The chain as one query whose steps run one after the other, each over the one before."""
     query = "SELECT * FROM t"
     for s in chain:
         if s.kind == "filter":
             query = f"SELECT * FROM ({query}) WHERE {_duck(s.params)}"
         else:
             query = f"SELECT {', '.join(_duck(e) for e in s.params)} FROM ({query})"
-    return _run(query)
+    return query
 
 
 def _folded(branch) -> list[tuple]:
@@ -48,6 +48,12 @@ def _run(query: str) -> list[tuple]:
     con.execute("CREATE TABLE t (a BIGINT, b BIGINT, c BIGINT)")
     con.executemany("INSERT INTO t VALUES (?, ?, ?)", ROWS)
     return sorted(con.execute(query).fetchall(), key=repr)
+
+
+def _names(query: str) -> list[str]:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (a BIGINT, b BIGINT, c BIGINT)")
+    return [d[0] for d in con.execute(query).description]
 
 
 @st.composite
@@ -89,18 +95,8 @@ def chains(draw) -> list[_Step]:
 def test_a_folded_chain_gives_the_rows_and_columns_of_the_chain_run_step_by_step(chain) -> None:
     branch = fold(BASE, chain)
     assert branch is not None, [s.params for s in chain]
-    assert [name.lower() for name, _ in branch.columns] == [d[0].lower() for d in _describe(chain)]
-    assert _folded(branch) == _stepwise(chain)
-
-
-def _describe(chain: list[_Step]) -> list:
-    query = "SELECT * FROM t"
-    for s in chain:
-        query = (f"SELECT * FROM ({query}) WHERE {_duck(s.params)}" if s.kind == "filter"
-                 else f"SELECT {', '.join(_duck(e) for e in s.params)} FROM ({query})")
-    con = duckdb.connect()
-    con.execute("CREATE TABLE t (a BIGINT, b BIGINT, c BIGINT)")
-    return con.execute(query).description
+    assert [name.lower() for name, _ in branch.columns] == [n.lower() for n in _names(_chain_query(chain))]
+    assert _folded(branch) == _run(_chain_query(chain))
 
 
 def test_a_column_is_replaced_where_it_is_read_and_nowhere_else() -> None:
