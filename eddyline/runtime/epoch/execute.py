@@ -80,7 +80,7 @@ class Executor:
         try:
             frames = self.compiler.build(plan.epoch, plan.sources, runs, plan.lanes, small=small, tables=plan.tables,
                                          shed=plan.shed)
-            with local_properties(self.compiler.spark, frames.properties()):
+            with local_properties(self.compiler.spark, {**frames.properties(), **job_labels(self.spec.name, plan.epoch)}):
                 return self._run(plan, frames, before_jobs, small, t0)
         except BaseException:
             self.compiler.forget()  # observations of the failed run may still be waiting
@@ -193,6 +193,13 @@ class Executor:
 
 def _same(df: DataFrame) -> DataFrame:
     return df
+
+
+def job_labels(network: str, epoch: int) -> dict[str, str]:
+    """Spark's job group and description for an epoch's jobs: Spark's UI, its event log and its
+    history server then tell which network and epoch a job ran for (``cancelJobGroup`` stops a
+    network's jobs), as they do for a Structured Streaming micro-batch."""
+    return {"spark.jobGroup.id": f"eddyline:{network}", "spark.job.description": f"eddyline {network} epoch {epoch}"}
 
 
 @contextmanager
