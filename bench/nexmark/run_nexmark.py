@@ -351,6 +351,9 @@ def run_eddyline(spark: Any, raw: dict[str, Any], tmp: Path) -> dict[str, Any]:
     data_epochs = [r for r in records if r["numInputRows"] > 0]
     return {
         "engine": "eddyline",
+        # (start, end) of each data epoch in epoch seconds, for --profile
+        "data_epoch_windows": [(_ts(r["timestamp"]) - r["durationMs"]["triggerExecution"] / 1000, _ts(r["timestamp"]))
+                               for r in data_epochs],
         "wall_s": wall,
         "outer_s": outer,
         "engine_input_rows": summary.input_rows,
@@ -732,6 +735,8 @@ def run_native(
         )
         return {
             "engine": "spark-structured-streaming",
+            "data_epoch_windows": [(_ts(p["timestamp"]), _ts(p["timestamp"]) + p["durationMs"]["triggerExecution"] / 1000)
+                                   for p in data_batches],
             "attempt": i,
             "formulation": form,
             "mode": mode,
@@ -1247,6 +1252,51 @@ def write_results_md(result: dict[str, Any]) -> None:
     )
 
 
+PROFILE_START, PROFILE_END = "<!-- nexmark-profile:start -->", "<!-- nexmark-profile:end -->"
+PROFILE_TABLE_START, PROFILE_TABLE_END = "<!-- nexmark-profile-table:start -->", "<!-- nexmark-profile-table:end -->"
+
+
+def profile_md(result: dict[str, Any]) -> str:
+    """Where a data epoch goes, per query, format and engine, from a ``--profile`` run."""
+    lines = [
+        f"Run {result['when'][:16]} · Eddyline `{result['eddyline']['commit']}` · "
+        f"{result['files_per_epoch']} files per stream per epoch · the fastest of "
+        f"{result['repeat']} runs per engine · medians over the data epochs, ms",
+        "",
+        "| query | format | engine | epoch | before its first job | Spark jobs | between and after them "
+        "| the jobs' stages: wall ms (tasks' run time ms, tasks) | of which the lanes' own work |",
+        "|---|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    by_format = {"parquet": result.get("queries", {}), **result.get("by_format", {})}
+    for query in sorted({q for v in by_format.values() for q in v}, key=lambda q: int(q[1:])):
+        for fmt, entries in by_format.items():
+            for engine in ("eddyline", "native"):
+                r = entries.get(query, {}).get(engine, {})
+                p = r.get("profile")
+                if not p:
+                    continue
+                stages = "; ".join(f"`{label}` {d['wall']:.0f} ({d['task_ms']:.0f}, {d['tasks']:g})"
+                                   + (f" in {d['epochs']} of {p['epochs']}" if d["epochs"] < p["epochs"] else "")
+                                   for label, d in p["stages"].items())
+                lanes = r.get("lane_ms") or {}
+                own = (" / ".join(f"{k} {v:.0f}" for k, v in lanes.items()) + " (a lane)") if lanes else "–"
+                lines.append(
+                    f"| {query} | {FORMAT_NAMES[fmt]} | {ENGINE_NAMES[engine]} | {p['wall']:.0f} | "
+                    f"{p['before_jobs']:.0f} | {p['jobs']:.0f} | {p['between_jobs'] + p['after_jobs']:.0f} | "
+                    f"{stages} | {own} |"
+                )
+    return "\n".join(lines)
+
+
+def write_profile_md(result: dict[str, Any]) -> None:
+    write_section(
+        (PROFILE_START, PROFILE_END),
+        (PROFILE_TABLE_START, PROFILE_TABLE_END),
+        profile_md(result),
+        "### Where an epoch goes (`run_nexmark.py --profile`)\n\n",
+    )
+
+
 def check_flink_schemas() -> None:
     """The Flink tables' columns (``flink_runner.STREAM_COLUMNS``) must be Eddyline's streams'."""
     from eddyline.io.nexmark import nexmark_schema
@@ -1309,6 +1359,12 @@ def main() -> None:
     ap.add_argument(
         "--flink-timeout", type=float, default=3600, help="seconds one Flink job may take"
     )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="record Spark's event log and split each Eddyline and Spark run's epochs into driver "
+        "time and Spark stages (bench/sparklog.py; its cost is in the times: time without it)",
+    )
     ap.add_argument("--no-md", action="store_true", help="do not touch bench/RESULTS.md")
     ap.add_argument(
         "--md-from", default=None, help="only rewrite bench/RESULTS.md from this results JSON"
@@ -1346,7 +1402,16 @@ def main() -> None:
         f"eddyline from {version['root']} at {version['commit']} (local changes: {version['local_changes']})",
         flush=True,
     )
-    spark = get_spark(args.master, {"spark.sql.shuffle.partitions": str(args.lanes)})
+    conf = {"spark.sql.shuffle.partitions": str(args.lanes)}
+    args.event_log = None
+    if args.profile:
+        import sparklog
+
+        log_dir = Path(tempfile.mkdtemp(prefix="eddyline-nexmark-events-"))
+        conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(log_dir),
+                 "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
+        args.event_log = sparklog.EventLog(log_dir)
+    spark = get_spark(args.master, conf)
     workers = worker_eddyline(spark)
     if workers != {version["root"]}:
         raise SystemExit(
@@ -1442,7 +1507,11 @@ def main() -> None:
     path = RESULTS / f"nexmark-{when[:19].replace(':', '')}.json"
     path.write_text(json.dumps(result, indent=2))
     print(f"wrote {path} · whole run {result['total_s'] / 60:.1f} min")
-    if not args.no_md:
+    if args.no_md:
+        return
+    if args.profile:  # a profiled run's times include the event log's cost: only its profile is shown
+        write_profile_md(result)
+    else:
         write_results_md(result)
 
 
@@ -1513,6 +1582,11 @@ def run_query(
                 out = tmp / "out" if args.sink == "files" else None
             if out is not None and "wall_s" in res:
                 res |= output_digest(query, out)
+            if args.event_log is not None and "wall_s" in res:
+                import sparklog
+
+                spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()  # the run's events written
+                res["profile"] = sparklog.profile(args.event_log.read(), res["data_epoch_windows"])
             return res
         finally:
             if keep is None:
