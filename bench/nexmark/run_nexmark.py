@@ -1259,7 +1259,7 @@ PROFILE_TABLE_START, PROFILE_TABLE_END = "<!-- nexmark-profile-table:start -->",
 def profile_md(result: dict[str, Any]) -> str:
     """Where a data epoch goes, per query, format and engine, from a ``--profile`` run."""
     lines = [
-        f"Run {result['when'][:16]} · Eddyline `{result['eddyline']['commit']}` · "
+        f"Run {result['when'][:16]} · Eddyline `{(result['eddyline'].get('commit') or '?')[:7]}` · "
         f"{result['files_per_epoch']} files per stream per epoch · the fastest of "
         f"{result['repeat']} runs per engine · medians over the data epochs, ms",
         "",
@@ -1267,7 +1267,7 @@ def profile_md(result: dict[str, Any]) -> str:
         "| the jobs' stages: wall ms (tasks' run time ms, tasks) | of which the lanes' own work |",
         "|---|---|---|---:|---:|---:|---:|---|---|",
     ]
-    by_format = {"parquet": result.get("queries", {}), **result.get("by_format", {})}
+    by_format = format_entries(result)
     for query in sorted({q for v in by_format.values() for q in v}, key=lambda q: int(q[1:])):
         for fmt, entries in by_format.items():
             for engine in ("eddyline", "native"):
@@ -1371,7 +1371,10 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.md_from:
-        write_results_md(json.loads(Path(args.md_from).read_text()))
+        saved = json.loads(Path(args.md_from).read_text())
+        profiled = any("profile" in r for v in format_entries(saved).values() for e in v.values()
+                       for r in e.values() if isinstance(r, dict))
+        (write_profile_md if profiled else write_results_md)(saved)
         return
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     if not formats or any(f not in FORMATS for f in formats) or len(set(formats)) < len(formats):
