@@ -126,7 +126,14 @@ class FilesSource(Source):
         :func:`_plain` takes (the key), read with pyarrow in the tasks. A frame built for the
         files (Spark's reader) would be a new frame every epoch, and so would every frame
         behind it, planned again at 100-250 ms an epoch (docs/perf-notes.md). A slice of one
-        file has a key of its own: its frame has one task (the others would read nothing)."""
+        file has a key of its own: its frame has one task (the others would read nothing).
+
+        Parquet that feeds no stateful step (:attr:`feeds_state`) is read by Spark's reader,
+        planned every epoch: only stateless steps are planned again behind it, and Spark's
+        vectorised reader keeps the rows in the JVM, where pyarrow in a Python worker hands
+        them over (docs/perf-notes.md, "Parquet without state behind it")."""
+        if self.params.format == "parquet" and not self.feeds_state:
+            return None
         if planned.get("files"):  # an empty slice: the frame in use reads nothing
             self._one_task = len(planned["files"]) == 1
         key = self._frame_key(planned)

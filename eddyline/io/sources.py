@@ -109,6 +109,10 @@ class Source:
     #: frame built with no plan has one task, not one per partition (the others would read
     #: nothing, and each still costs a Python task)
     _one_task = False
+    #: whether a stateful step reads this source's rows (the compiler says so). The frames behind
+    #: such a source include lanes, costly to plan anew; behind one that feeds only stateless
+    #: steps there is little to plan, so a reader faster per row may be worth a new frame an epoch.
+    feeds_state = True
 
     @property
     def name(self) -> str:

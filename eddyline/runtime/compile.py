@@ -234,6 +234,9 @@ class EpochCompiler:
         self.spark = spark
         self.spec = spec
         self.sources = sources
+        fed = set().union(*(spec.upstream(s.name) for s in spec.stateful_steps()))
+        for name, source in sources.items():
+            source.feeds_state = name in fed
         self.checkpoint = checkpoint
         self.faults = faults or NoFaults()
         self.tables = LookupTables(spec, checkpoint)

@@ -249,3 +249,35 @@ def test_csv_files_with_a_header_shared_by_any_number_of_tasks_give_the_same_row
         bad = [(f, n) for f, n, r in zip(*(rows.column(c).to_pylist() for c in ("_file", "_line", "_reason")),
                                          strict=True) if r is not None]
         assert bad == [("b.csv", 29)]  # the header, then lines 50..76 of the data: line 29 of b.csv
+
+
+def test_parquet_that_feeds_no_stateful_step_is_read_by_sparks_reader(spark, tmp_path):
+    """Without lanes behind it, a Parquet slice is planned with Spark's reader each epoch; with
+    a stateful step behind it, it is read in the tasks by a frame kept across epochs. The
+    compiler says which from the network."""
+    from eddyline.api.validate import load_spec
+    from eddyline.io.sources import make_source
+    from eddyline.runtime.compile import EpochCompiler
+
+    for k in range(2):
+        _write(tmp_path, f"{k:03d}.parquet", pa.table({"k": [k, k + 10], "v": [1.5, 2.5]}))
+    planned = {"files": ["000.parquet", "001.parquet"]}
+    spec = load_spec({
+        "name": "readers", "trigger": 0, "lanes": 2,
+        "sources": [{"name": "counted", "files": {"path": str(tmp_path), "format": "parquet"}},
+                    {"name": "copied", "files": {"path": str(tmp_path), "format": "parquet"}},
+                    {"name": "text", "files": {"path": str(tmp_path / "text"), "format": "json", "schema": "k bigint"}}],
+        "steps": [{"name": "n", "input": "counted", "aggregate": {"key": "k", "aggregates": {"c": "count(*)"}}},
+                  {"name": "picked", "input": "copied", "select": ["k", "v * 2 AS w"]}],
+        "sinks": [{"name": "a", "input": "n", "console": {}}, {"name": "b", "input": "picked", "console": {}},
+                  {"name": "c", "input": "text", "console": {}}],
+    })
+    sources = {s.name: make_source(s) for s in spec.sources}
+    EpochCompiler(spark, spec, sources, str(tmp_path / "ckpt"))
+    assert [sources[n].feeds_state for n in ("counted", "copied", "text")] == [True, False, False]
+    assert sources["counted"].run_time_key(planned) is not None
+    assert sources["copied"].run_time_key(planned) is None
+    assert sources["text"].run_time_key({"files": ["x.json"]}) is not None  # Arrow's reader either way
+    df = sources["copied"].frames(spark, planned, 2).data
+    assert "FileScan parquet" in df._jdf.queryExecution().executedPlan().toString()
+    assert sorted(df.collect()) == [(0, 1.5), (1, 1.5), (10, 2.5), (11, 2.5)]
