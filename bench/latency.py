@@ -437,6 +437,9 @@ def run_eddyline(ctx: Context, query: str, rate: int, tmp: Path, files: bool) ->
             tables.append(_with_emit(_plain(t), commit_us[epoch]))
     return {"summary": summary, "log": log, "rows": _concat(tables), "drained_s": until.drained_s,
             "inputs": [(commit_us[r["batchId"]], int(r["numInputRows"])) for r in epochs],
+            # (start, end) µs of each epoch that read rows, for --profile
+            "windows": [(commit_us[r["batchId"]] - int(r["durationMs"]["triggerExecution"] * 1000), commit_us[r["batchId"]])
+                        for r in epochs if r["numInputRows"]],
             "batches": len(epochs),
             "batch_ms_median": float(np.median([r["durationMs"]["triggerExecution"] for r in epochs])) if epochs else None,
             "source": f"JSON files, one per {ctx.args.file_ms} ms" if files else "NATS JetStream",
@@ -517,6 +520,7 @@ def run_spark(ctx: Context, query: str, rate: int, tmp: Path) -> dict[str, Any]:
                 tables.append(_with_emit(_plain(t), commit_us[batch]))
     return {"summary": summary, "log": log, "rows": _concat(tables), "drained_s": until.drained_s,
             "inputs": [(commit_us[b], int(p["numInputRows"])) for b, p in progress.items()],
+            "windows": [(_iso_us(p["timestamp"]), commit_us[b]) for b, p in progress.items() if p["numInputRows"]],
             "batches": len(progress),
             "batch_ms_median": float(np.median([p["durationMs"]["triggerExecution"] for p in progress.values()]))
             if progress else None,
@@ -820,6 +824,12 @@ def summarise(engine: str, query: str, rate: int, run: dict[str, Any], args: arg
     for k in ("file_wait_ms", "epoch_ms"):
         if k in run:
             r[k] = run[k]
+    if getattr(args, "event_log", None) is not None and run.get("windows") is not None:
+        import sparklog
+
+        # the epochs that began in the measured interval
+        windows = [(a_us / 1e6, b_us / 1e6) for a_us, b_us in run["windows"] if m0 <= a_us < m1]
+        r["profile"] = sparklog.profile(args.event_log.read(), windows)
     return r
 
 
@@ -864,6 +874,8 @@ def run_case(ctx: Context, engine: str, query: str, rate: int) -> dict[str, Any]
             import latency_flink
 
             run = latency_flink.run(ctx, query, rate, tmp)
+        if getattr(ctx.args, "event_log", None) is not None:
+            ctx.spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()  # the run's events written
         r = summarise(engine, query, rate, run, ctx.args)
     except Exception as e:  # one engine failing (or refusing the query) does not stop the others
         r = {"engine": engine, "query": query, "rate": rate, "error": f"{type(e).__name__}: {_first_lines(str(e))}",
@@ -914,6 +926,9 @@ def main() -> None:
     # one source reads it once"), not in the first seconds after a JVM starts.
     ap.add_argument("--prewarm", type=float, default=30, help="seconds of an unmeasured first run of each engine "
                     "and query (0: none)")
+    ap.add_argument("--profile", action="store_true", help="record Spark's event log and split the measured "
+                    "epochs of Eddyline and Structured Streaming around their Spark jobs (bench/sparklog.py; "
+                    "it costs time of its own)")
     ap.add_argument("--keep", action="store_true", help="keep the working files (for debugging)")
     ap.add_argument("--no-md", action="store_true", help="do not write bench/RESULTS.md")
     ap.add_argument("--md-from", nargs="+", metavar="JSON", help="run nothing: write the RESULTS.md section from "
@@ -946,6 +961,14 @@ def main() -> None:
         print(f"flink: {why}", flush=True)
     try:
         conf = {"spark.sql.shuffle.partitions": ctx.shuffle_partitions}
+        args.event_log = None
+        if args.profile:
+            import sparklog
+
+            (workdir / "events").mkdir()
+            conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(workdir / "events"),
+                     "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
+            args.event_log = sparklog.EventLog(workdir / "events")
         if "spark-rtm" in engines:
             try:
                 ctx.rtm_classes = compile_rtm_writer(workdir)
@@ -1023,7 +1046,14 @@ def _line(r: dict[str, Any]) -> str:
     extra = f" (per event p50 {_ms(r['per_event_ms']['p50'])} p99 {_ms(r['per_event_ms']['p99'])})" if "per_event_ms" in r else ""
     return (f"{head} p50 {_ms(lat['p50'])} p99 {_ms(lat['p99'])} max {_ms(lat['max'])} ms{extra}; produced "
             f"{r['produced_eps']:,.0f}/s consumed {_eps(r['consumed_eps'])}/s; kept up: {'yes' if r['kept_up'] else 'no'}; "
-            f"missing {r['missing']} of {r['measured']}; {r['batches']} batches; check {r['check']}")
+            f"missing {r['missing']} of {r['measured']}; {r['batches']} batches; check {r['check']}"
+            + (_profile_line(r["profile"]) if r.get("profile") else ""))
+
+
+def _profile_line(p: dict[str, Any]) -> str:
+    stages = "; ".join(f"{label} {d['wall']:.0f} ms" for label, d in p["stages"].items())
+    return (f"\n{'':>24}epoch {p['wall']:.0f} ms: before its jobs {p['before_jobs']:.0f}, jobs {p['jobs']:.0f} "
+            f"({stages}), between and after {p['between_jobs'] + p['after_jobs']:.0f}")
 
 
 # ----------------------------------------------------------------------------- the plot
