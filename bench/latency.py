@@ -965,10 +965,11 @@ def main() -> None:
         if args.profile:
             import sparklog
 
-            (workdir / "events").mkdir()
-            conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(workdir / "events"),
+            events = Path(tempfile.mkdtemp(prefix="eddyline-latency-events-"))  # kept: Spark renames it at exit
+            print(f"Spark's event log: {events}", flush=True)
+            conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(events),
                      "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
-            args.event_log = sparklog.EventLog(workdir / "events")
+            args.event_log = sparklog.EventLog(events)
         if "spark-rtm" in engines:
             try:
                 ctx.rtm_classes = compile_rtm_writer(workdir)
