@@ -41,7 +41,6 @@ class Stage:
     submitted: int | None = None  # ms
     completed: int | None = None
     task_ms: float = 0.0  # the tasks' executor run time, summed
-    parents: tuple[int, ...] = ()
 
     @property
     def wall_ms(self) -> float:
@@ -53,7 +52,6 @@ class Job:
     id: int
     submitted: int  # ms
     stage_ids: tuple[int, ...]
-    properties: dict[str, str]
     completed: int | None = None
 
 
@@ -67,8 +65,7 @@ class Events:
         if kind == "SparkListenerJobStart":
             for info in e.get("Stage Infos", []):
                 self._stage(info)
-            self.jobs[e["Job ID"]] = Job(e["Job ID"], e["Submission Time"], tuple(e.get("Stage IDs", [])),
-                                         {k: str(v) for k, v in (e.get("Properties") or {}).items()})
+            self.jobs[e["Job ID"]] = Job(e["Job ID"], e["Submission Time"], tuple(e.get("Stage IDs", [])))
         elif kind == "SparkListenerJobEnd" and e["Job ID"] in self.jobs:
             self.jobs[e["Job ID"]].completed = e["Completion Time"]
         elif kind == "SparkListenerStageCompleted":
@@ -83,8 +80,7 @@ class Events:
     def _stage(self, info: dict[str, Any]) -> Stage:
         sid = info["Stage ID"]
         if sid not in self.stages:
-            self.stages[sid] = Stage(sid, stage_label(info.get("RDD Info", [])), info.get("Number of Tasks", 0),
-                                     parents=tuple(info.get("Parent IDs", [])))
+            self.stages[sid] = Stage(sid, stage_label(info.get("RDD Info", [])), info.get("Number of Tasks", 0))
         return self.stages[sid]
 
 
