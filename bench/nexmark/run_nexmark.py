@@ -1293,7 +1293,7 @@ def write_profile_md(result: dict[str, Any]) -> None:
         (PROFILE_START, PROFILE_END),
         (PROFILE_TABLE_START, PROFILE_TABLE_END),
         profile_md(result),
-        "### Where an epoch goes (`run_nexmark.py --profile`)\n\n",
+        "### Where a Nexmark epoch goes (`run_nexmark.py --profile`)\n\n",
     )
 
 
