@@ -875,7 +875,7 @@ def run_case(ctx: Context, engine: str, query: str, rate: int) -> dict[str, Any]
 
             run = latency_flink.run(ctx, query, rate, tmp)
         if getattr(ctx.args, "event_log", None) is not None:
-            ctx.spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()  # the run's events written
+            ctx.args.event_log.read(ctx.spark)  # the run's events, all written
         r = summarise(engine, query, rate, run, ctx.args)
     except Exception as e:  # one engine failing (or refusing the query) does not stop the others
         r = {"engine": engine, "query": query, "rate": rate, "error": f"{type(e).__name__}: {_first_lines(str(e))}",
@@ -967,9 +967,8 @@ def main() -> None:
 
             events = Path(tempfile.mkdtemp(prefix="eddyline-latency-events-"))  # kept: Spark renames it at exit
             print(f"Spark's event log: {events}", flush=True)
-            conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(events),
-                     "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
             args.event_log = sparklog.EventLog(events)
+            conf |= args.event_log.spark_conf
         if "spark-rtm" in engines:
             try:
                 ctx.rtm_classes = compile_rtm_writer(workdir)

@@ -106,8 +106,19 @@ class EventLog:
         self._offset = 0
         self._path: Path | None = None
 
-    def read(self) -> Events:
-        """Take in the events written since the last call (whole lines only)."""
+    @property
+    def spark_conf(self) -> dict[str, str]:
+        """The settings that make a new SparkSession write this log: one uncompressed file,
+        readable as it grows."""
+        return {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(self.directory),
+                "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
+
+    def read(self, spark: Any = None) -> Events:
+        """Take in the events written since the last call (whole lines only). ``spark``: the
+        session writing the log, whose listener bus is drained first, so that the events of the
+        jobs it has run are written."""
+        if spark is not None:
+            spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
         if self._path is None:
             found = sorted(p for p in self.directory.iterdir() if p.is_file())
             if not found:

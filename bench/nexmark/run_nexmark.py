@@ -1410,10 +1410,8 @@ def main() -> None:
     if args.profile:
         import sparklog
 
-        log_dir = Path(tempfile.mkdtemp(prefix="eddyline-nexmark-events-"))
-        conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(log_dir),
-                 "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
-        args.event_log = sparklog.EventLog(log_dir)
+        args.event_log = sparklog.EventLog(tempfile.mkdtemp(prefix="eddyline-nexmark-events-"))
+        conf |= args.event_log.spark_conf
     spark = get_spark(args.master, conf)
     workers = worker_eddyline(spark)
     if workers != {version["root"]}:
@@ -1588,8 +1586,7 @@ def run_query(
             if args.event_log is not None and "wall_s" in res:
                 import sparklog
 
-                spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()  # the run's events written
-                res["profile"] = sparklog.profile(args.event_log.read(), res["data_epoch_windows"])
+                res["profile"] = sparklog.profile(args.event_log.read(spark), res["data_epoch_windows"])
             return res
         finally:
             if keep is None:
