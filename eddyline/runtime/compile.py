@@ -232,11 +232,8 @@ class EpochCompiler:
         faults: Faults | None = None,
     ):
         self.spark = spark
-        self.spec = spec
         self.sources = sources
-        fed = set().union(*(spec.upstream(s.name) for s in spec.stateful_steps()))
-        for name, source in sources.items():
-            source.feeds_state = name in fed
+        self.spec = spec
         self.checkpoint = checkpoint
         self.faults = faults or NoFaults()
         self.tables = LookupTables(spec, checkpoint)
@@ -270,6 +267,19 @@ class EpochCompiler:
         #: there, the observation's field holding its newest value
         self._shared: dict[str, tuple[DataFrame, RunObservation | Known, dict[str, str]]] = {}
 
+
+    @property
+    def spec(self) -> NetworkSpec:
+        return self._spec
+
+    @spec.setter
+    def spec(self, spec: NetworkSpec) -> None:
+        # each source is told whether a stateful step reads it, for the network in use (the
+        # engine swaps the network when its settings or catch-ups change)
+        self._spec = spec
+        fed = set().union(*(spec.upstream(s.name) for s in spec.stateful_steps()))
+        for name, source in self.sources.items():
+            source.feeds_state = name in fed
     def build(
         self,
         epoch: int,
