@@ -199,10 +199,16 @@ def run(
     rehearse: Annotated[bool, typer.Option(
         hidden=True, help="a standby rehearses the next epoch while it waits (off: measure a cold takeover)")] = True,
     ui: Annotated[bool, typer.Option(help="serve the web dashboard, /metrics and the control API while it runs")] = False,
-    ui_host: Annotated[str, typer.Option(help="the dashboard's address (other than loopback: needs --ui-token)")] = "127.0.0.1",
+    ui_host: Annotated[str, typer.Option(help="the dashboard's address")] = "127.0.0.1",
     ui_port: Annotated[int, typer.Option(help="the dashboard's port (0: any free one)")] = 8080,
     ui_token: Annotated[str | None, typer.Option(
-        envvar="EDDYLINE_UI_TOKEN", show_envvar=True, help="a token every dashboard request must carry")] = None,
+        envvar="EDDYLINE_UI_TOKEN", show_envvar=True,
+        help="the token every dashboard request must carry (default: a random one, printed in the URL at start)")] = None,
+    ui_no_token: Annotated[bool, typer.Option(
+        "--ui-no-token", help="serve the dashboard without a token (loopback only; cross-site calls are still refused)")] = False,
+    ui_allow_host: Annotated[list[str] | None, typer.Option(
+        help="another name the dashboard may be reached by (the Host header; loopback names and the "
+             "address it listens on are always allowed)")] = None,
 ) -> None:
     """Run a network in epochs until --epochs / --duration / --until-idle (or Ctrl-C).
 
@@ -211,7 +217,8 @@ def run(
     (it stops before its next visible step). With --standby it waits for the lease to expire,
     having rehearsed the next epoch (writing only to a scratch directory) so that it leads warm."""
     _run(spec, checkpoint, epochs, duration, until_idle, lanes, progress_json, live, master, crash_at,
-         standby, lease_timeout, freeze_at, rehearse, hot=hot, ui=UiOptions(ui_host, ui_port, ui_token) if ui else None)
+         standby, lease_timeout, freeze_at, rehearse, hot=hot,
+         ui=UiOptions(ui_host, ui_port, ui_token, ui_no_token, tuple(ui_allow_host or ())) if ui else None)
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,24 @@ class UiOptions:
     host: str
     port: int
     token: str | None
+    no_token: bool = False
+    allow_hosts: tuple[str, ...] = ()
+
+    def access(self, options: tuple[str, str, str] = ("--ui-host", "--ui-token", "--ui-no-token")):  # noqa: ANN201
+        """The server's rules; a SpecError naming the option for a choice that cannot be served."""
+        from eddyline.observe.dashboard.access import Access
+
+        return Access.bind(self.host, self.token, no_token=self.no_token, allow_hosts=self.allow_hosts,
+                           options=options)
+
+    def serve(self, feed, access):  # noqa: ANN001, ANN201
+        """``feed``'s dashboard, started; prints the URL to open (with the token when it was made here)."""
+        from eddyline.observe.dashboard.server import DashboardServer
+
+        server = DashboardServer(feed, access, self.host, self.port).start()
+        # soft_wrap: the URL stays on one line, whatever the terminal's width, so it can be copied
+        err.print(f"dashboard: {server.login_url} · metrics: {server.url}metrics", highlight=False, soft_wrap=True)
+        return server
 
 
 def _run(
@@ -241,6 +266,7 @@ def _run(
 ) -> None:
     from eddyline.facade import validate as analyze
     from eddyline.observe.progress import ProgressReporter
+    from eddyline.operate import live_feed
     from eddyline.runtime.engine import Engine
     from eddyline.runtime.faults import KillDriver
 
@@ -252,10 +278,7 @@ def _run(
         stop["now"] = True  # finish the current epoch, then stop cleanly
 
     try:
-        if ui is not None:  # refused before anything starts
-            from eddyline.observe.dashboard.server import check_binding
-
-            check_binding(ui.host, ui.token)
+        access = ui.access() if ui is not None else None  # refused before anything starts
         faults = (KillDriver.parse(crash_at) if crash_at
                   else KillDriver.parse(freeze_at, signal.SIGSTOP, "--freeze-at") if freeze_at else None)
         net = _load(spec)
@@ -270,7 +293,7 @@ def _run(
             # standby can rehearse with it while it waits
             engine = Engine(net, session, checkpoint, lanes=lanes, reporter=reporter, faults=faults, lease=lease,
                             pair=pair)
-            server = _serve(ui, engine, reporter) if ui is not None else None
+            server = ui.serve(live_feed(engine, reporter), access) if ui is not None else None
             try:
                 if pair is None and lease is not None and not _take(lease, engine, standby, rehearse, lambda: stop["now"]):
                     return  # a standby stopped before it could take over
@@ -288,17 +311,6 @@ def _run(
         f"{summary.input_rows} input rows, output rows {outputs or '-'}, "
         f"{summary.late_rows} late, {summary.dead_letters} dead letters"
     )
-
-
-def _serve(ui: UiOptions, engine, reporter):  # noqa: ANN001, ANN202
-    """The dashboard of the running ``engine``, served until the run ends."""
-    from eddyline.observe.dashboard.app import create_app
-    from eddyline.observe.dashboard.server import DashboardServer
-    from eddyline.operate import live_feed
-
-    server = DashboardServer(create_app(live_feed(engine, reporter), ui.token), ui.host, ui.port, ui.token).start()
-    err.print(f"dashboard: {server.url} · metrics: {server.url}metrics", highlight=False)
-    return server
 
 
 def _lease(checkpoint: str, standby: bool, timeout_s: float):  # noqa: ANN202
@@ -660,25 +672,28 @@ def produce(
 @app.command()
 def ui(
     checkpoint: Annotated[str, typer.Argument(help="the network's checkpoint")],
-    host: Annotated[str, typer.Option(help="address (other than loopback: needs --token)")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port (0: any free one)")] = 8080,
-    token: Annotated[str | None, typer.Option(envvar="EDDYLINE_UI_TOKEN", show_envvar=True,
-                                              help="a token every request must carry")] = None,
+    token: Annotated[str | None, typer.Option(
+        envvar="EDDYLINE_UI_TOKEN", show_envvar=True,
+        help="the token every request must carry (default: a random one, printed in the URL at start)")] = None,
+    no_token: Annotated[bool, typer.Option("--no-token", help="serve without a token (loopback only)")] = False,
+    allow_host: Annotated[list[str] | None, typer.Option(
+        help="another name the dashboard may be reached by (the Host header)")] = None,
 ) -> None:
     """Browse a checkpoint in the web dashboard: the epochs, routing, decisions and control calls
     it recorded (read-only; a running network's own dashboard is `eddyline run --ui`)."""
     import threading
 
-    from eddyline.observe.dashboard.app import create_app
-    from eddyline.observe.dashboard.server import DashboardServer
     from eddyline.operate import checkpoint_feed
 
+    options = UiOptions(host, port, token, no_token, tuple(allow_host or ()))
     try:
-        server = DashboardServer(create_app(checkpoint_feed(checkpoint), token), host, port, token,
-                                 ("--host", "--token")).start()
+        access = options.access(("--host", "--token", "--no-token"))  # refused before anything is read
+        server = options.serve(checkpoint_feed(checkpoint), access)
     except EddylineError as e:
         raise _fail(e) from None
-    err.print(f"dashboard of {checkpoint}: {server.url} (Ctrl-C to stop)", highlight=False)
+    err.print(f"browsing {checkpoint} (Ctrl-C to stop)", highlight=False)
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     signal.signal(signal.SIGINT, lambda *_: stopped.set())

@@ -15,12 +15,14 @@ control API.
     POST /api/control/pause     {}                                    no epoch until resume
     POST /api/control/resume    {}
 
+(every POST: ``Content-Type: application/json``)
+
 A control call is checked (400 naming the problem, nothing queued), then queued for the next
 epoch boundary like ``eddyline control set``: the engine checks it again, logs it in the epoch's
-plan or refuses it, and the page's "control calls" section shows the outcome. With a token every
-request needs it (``Authorization: Bearer TOKEN``; the page also takes ``?token=`` once and keeps
-it in a cookie for reads); control calls without it get 401 and change nothing. A stopped run
-(``eddyline ui CHECKPOINT``) has no control API: 409.
+plan or refuses it, and the page's "control calls" section shows the outcome. Who may call what,
+and from where, is :mod:`.access` (a token by default, the Host checked, control calls JSON from
+the same origin only), enforced before any route. A stopped run (``eddyline ui CHECKPOINT``) has
+no control API: 409.
 """
 
 from __future__ import annotations
@@ -33,14 +35,19 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from eddyline.api.network import NetworkSpec
 from eddyline.errors import EddylineError
 from eddyline.observe.dashboard import views
+from eddyline.observe.dashboard.access import Access, Guard
 from eddyline.observe.metrics import Metrics
 
-COOKIE = "eddyline_token"
+
+def cookie_name(request: Request) -> str:
+    """The page's token cookie, one per port: a browser sends a host's cookies to all its ports,
+    and two dashboards on one machine have different tokens."""
+    return f"eddyline_token_{request.url.port or 80}"
 
 
 @dataclass
@@ -77,18 +84,27 @@ class Move(Step):
     move: dict[int, int] = Field(min_length=1, description="key group -> lane")
 
 
-def create_app(feed: Feed, token: str | None = None) -> FastAPI:
+class Nothing(BaseModel):
+    """The body of pause and resume: ``{}``, sent as JSON like every other control call."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def create_app(feed: Feed, access: Access) -> FastAPI:
     app = FastAPI(title="Eddyline", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(Guard, access=access)
+    token = access.token
 
     def given(request: Request) -> str | None:
         auth = request.headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
             return auth[7:].strip()
-        return request.query_params.get("token") or request.cookies.get(COOKIE)
+        return request.query_params.get("token") or request.cookies.get(cookie_name(request))
 
     def may_read(request: Request) -> None:
         if token is not None and not hmac.compare_digest((given(request) or "").encode(), token.encode()):
-            raise HTTPException(401, "this dashboard needs its token (Authorization: Bearer TOKEN, or ?token=)")
+            raise HTTPException(401, "this dashboard needs its token: open the URL with ?token= that the command printed "
+                                     "when it started, or send Authorization: Bearer TOKEN")
 
     def may_control(request: Request) -> None:
         auth = request.headers.get("authorization", "")  # a header only: a cookie would let other sites call
@@ -113,7 +129,7 @@ def create_app(feed: Feed, token: str | None = None) -> FastAPI:
         name = feed.network.name if feed.network is not None else "eddyline"
         response = HTMLResponse(html.replace("{{name}}", views._e(name)))
         if token is not None and request.query_params.get("token"):
-            response.set_cookie(COOKIE, request.query_params["token"], httponly=True, samesite="strict")
+            response.set_cookie(cookie_name(request), request.query_params["token"], httponly=True, samesite="strict")
         return response
 
     @app.get("/static/{name}", dependencies=[Depends(may_read)])
@@ -161,11 +177,11 @@ def create_app(feed: Feed, token: str | None = None) -> FastAPI:
                       "from": "dashboard"})
 
     @app.post("/api/control/pause", dependencies=[Depends(may_control)])
-    def pause() -> JSONResponse:
+    def pause(body: Nothing) -> JSONResponse:
         return queue({"pause": True, "from": "dashboard"})
 
     @app.post("/api/control/resume", dependencies=[Depends(may_control)])
-    def resume() -> JSONResponse:
+    def resume(body: Nothing) -> JSONResponse:
         return queue({"resume": True, "from": "dashboard"})
 
     return app

@@ -3,41 +3,23 @@ installs no signal handlers, so Ctrl-C still stops the run after its epoch)."""
 
 from __future__ import annotations
 
-import ipaddress
+import socket
 import threading
 import time
 
 import uvicorn
-from fastapi import FastAPI
 
-from eddyline.errors import SpecError
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
-
-
-def check_binding(host: str, token: str | None, options: tuple[str, str] = ("--ui-host", "--ui-token")) -> None:
-    """Refuse to serve the control API beyond this machine without a token (``options``: how the
-    command names the address and the token)."""
-    if not is_loopback(host) and not token:
-        raise SpecError(f"{options[0]} {host}: the dashboard controls the network; binding to an address other "
-                        f"than 127.0.0.1 / ::1 / localhost needs {options[1]} (or $EDDYLINE_UI_TOKEN)")
+from eddyline.observe.dashboard.access import Access, is_wildcard
+from eddyline.observe.dashboard.app import Feed, create_app
 
 
 class DashboardServer:
-    """``app`` on ``host:port`` (port 0: any free port; see :attr:`port`) until :meth:`stop`."""
+    """The dashboard of ``feed`` on ``host:port`` (port 0: any free port; see :attr:`port`) under
+    the rules of ``access``, until :meth:`stop`."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 8080, token: str | None = None,
-                 options: tuple[str, str] = ("--ui-host", "--ui-token")):
-        check_binding(host, token, options)
-        self.host = host
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+    def __init__(self, feed: Feed, access: Access, host: str = "127.0.0.1", port: int = 8080):
+        self.host, self.access = host, access
+        self.server = uvicorn.Server(uvicorn.Config(create_app(feed, access), host=host, port=port, log_level="warning",
                                                     access_log=False, lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, name="eddyline-ui", daemon=True)
 
@@ -56,8 +38,14 @@ class DashboardServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = socket.gethostname() if is_wildcard(self.host) else self.host  # a name its Host check accepts
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}/"
+
+    @property
+    def login_url(self) -> str:
+        """The URL to open: with the token when this server made it (printed once, as Jupyter does)."""
+        return f"{self.url}?token={self.access.token}" if self.access.generated else self.url
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -1,7 +1,9 @@
 """The dashboard of a running network, in a real headless Chromium (Debian's, driven by
 Playwright), on local Spark: it loads without console errors, draws the graph and the lane heat
 map, follows the epochs, shows the move a forced rebalance made, and its control calls change the
-routing, rescale, pause and resume the network; calls without the token change nothing;
+routing, rescale, pause and resume the network, with the token it took from the URL the server
+printed; calls without the token, and a cross-site form from another page in the same browser,
+change nothing;
 ``/metrics`` parses and matches the progress records; every call is in the epoch plans."""
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typer.testing import CliRunner
 from eddyline.api.validate import load_spec
 from eddyline.cli import app
 from eddyline.eventtime import iso_ms
+from eddyline.observe.dashboard.access import Access
 from eddyline.observe.dashboard.app import create_app
 from eddyline.observe.dashboard.server import DashboardServer
 from eddyline.observe.progress import ProgressReporter
@@ -33,8 +36,6 @@ from eddyline.runtime.inbox import Inbox
 
 pytestmark = pytest.mark.spark
 
-TOKEN = "t0ken-for-the-test"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 #: as root in a sandbox, with no network: no sandbox, and none of Chromium's own connections
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
@@ -76,7 +77,9 @@ def test_the_dashboard_in_a_browser(spark, tmp_path: Path) -> None:
     engine = Engine(spec, spark, ckpt, reporter=reporter)
     got: list[dict] = []
     reporter.listeners.append(got.append)
-    server = DashboardServer(create_app(live_feed(engine, reporter), TOKEN), "127.0.0.1", 0, TOKEN).start()
+    access = Access.bind("127.0.0.1")  # a token made at start, as `eddyline run --ui` does
+    server = DashboardServer(live_feed(engine, reporter), access, "127.0.0.1", 0).start()
+    auth = {"Authorization": f"Bearer {access.token}"}
     stop = threading.Event()
     runner = threading.Thread(target=lambda: engine.run(duration_s=300, should_stop=stop.is_set), daemon=True)
     runner.start()
@@ -84,11 +87,12 @@ def test_the_dashboard_in_a_browser(spark, tmp_path: Path) -> None:
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=browser_path, args=FLAGS)
-            page = browser.new_page(viewport={"width": 1280, "height": 1500})
+            context = browser.new_context(viewport={"width": 1280, "height": 1500})
+            page = context.new_page()
             errors: list[str] = []
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{server.url}?token={TOKEN}")
+            page.goto(server.login_url)
             page.wait_for_selector("svg.graph g.node[data-node=counts]", timeout=90_000)
             page.wait_for_selector("svg.heatmap[data-step=counts] rect", timeout=90_000)
             first = int(page.inner_text("#last-epoch"))
@@ -96,41 +100,55 @@ def test_the_dashboard_in_a_browser(spark, tmp_path: Path) -> None:
                                    timeout=30_000)  # it follows the epochs by itself
 
             # a forced rebalance from the page's own form: a decision, marked on the heat map
+            # (its token came with the URL: the token field stays empty, the address bar has none)
+            assert "token" not in page.url
             page.fill("#c-step", "counts")
-            page.fill("#c-token", TOKEN)
             page.click("#b-rebalance")
             page.wait_for_selector("#control-result:has-text('queued')", timeout=10_000)
             page.wait_for_selector("tr.decision[data-kind=balance]:has-text('reason=operator')", timeout=30_000)
             page.wait_for_selector("svg.heatmap[data-step=counts] text.mark:has-text('M')", timeout=10_000)
 
+            # a page on another site, open in the same browser (which holds the dashboard's cookie),
+            # posts a form to the control API: refused by the server, nothing queued
+            calls = len(engine.inbox.pending()) + len(engine.inbox.done())
+            evil = context.new_page()
+            evil.route("http://localhost:9/**", lambda route: route.fulfill(content_type="text/html", body=(
+                f'<form id=f method=post enctype=text/plain action="{server.url}api/control/pause">'
+                '<input name=\'{"a":"\' value=\'1"}\'></form><script>f.submit()</script>')))
+            with evil.expect_response(f"{server.url}api/control/pause") as answer:
+                evil.goto("http://localhost:9/")
+            assert answer.value.status == 403 and "another site" in answer.value.text()
+            evil.close()
+            assert len(engine.inbox.pending()) + len(engine.inbox.done()) == calls
+
             # without the token: 401, and nothing is queued
             calls = len(engine.inbox.pending()) + len(engine.inbox.done())
             assert api.post("api/control/move", json={"step": "counts", "move": {"0": 0}}).status_code == 401
-            assert api.post("api/control/pause", headers={"Authorization": "Bearer guess"}).status_code == 401
+            assert api.post("api/control/pause", json={}, headers={"Authorization": "Bearer guess"}).status_code == 401
             assert len(engine.inbox.pending()) + len(engine.inbox.done()) == calls
 
             # a move: key group 0 to the other lane, from the next epoch on, also in the page
             seen = len(got)
             lane = 1 - got[-1]["routing"]["counts"]["assignment"][0]
-            assert api.post("api/control/move", json={"step": "counts", "move": {"0": lane}}, headers=AUTH).status_code == 200
+            assert api.post("api/control/move", json={"step": "counts", "move": {"0": lane}}, headers=auth).status_code == 200
             wait("the move", lambda: any(r["routing"]["counts"]["assignment"][0] == lane for r in got[seen:]))
             version = next(r for r in got[seen:] if r["routing"]["counts"]["assignment"][0] == lane)["routing"]["counts"]["version"]
             page.wait_for_selector(f"svg.routing[data-step=counts][data-version='{version}'], "
                                    f"svg.routing[data-step=counts][data-version='{version + 1}']", timeout=10_000)
 
             # a rescale to one lane
-            assert api.post("api/control/rescale", json={"step": "counts", "lanes": 1}, headers=AUTH).status_code == 200
+            assert api.post("api/control/rescale", json={"step": "counts", "lanes": 1}, headers=auth).status_code == 200
             wait("the rescale", lambda: got[-1]["routing"]["counts"]["lanes"] == 1)
             page.wait_for_selector("#step-counts h3:has-text('1 lane')", timeout=10_000)
 
             # paused: no epoch runs; meanwhile /metrics equals the progress records
-            assert api.post("api/control/pause", headers=AUTH).status_code == 200
+            assert api.post("api/control/pause", json={}, headers=auth).status_code == 200
             page.wait_for_selector("#run-state:has-text('paused')", timeout=30_000)
             held = len(got)
             time.sleep(2.0)
             assert len(got) == held
             samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-                       for f in text_string_to_metric_families(api.get("metrics", headers=AUTH).text) for s in f.samples}
+                       for f in text_string_to_metric_families(api.get("metrics", headers=auth).text) for s in f.samples}
             assert samples[("eddyline_epochs_total", ())] == len(got)
             assert samples[("eddyline_input_rows_total", ())] == sum(r["numInputRows"] for r in got)
             assert samples[("eddyline_output_rows_total", (("sink", "out"),))] == sum(
@@ -142,7 +160,7 @@ def test_the_dashboard_in_a_browser(spark, tmp_path: Path) -> None:
             assert samples[("eddyline_paused", ())] == 1
             page.screenshot(path=str(shots / "dashboard.png"), full_page=True)  # (the README shows it)
 
-            assert api.post("api/control/resume", headers=AUTH).status_code == 200
+            assert api.post("api/control/resume", json={}, headers=auth).status_code == 200
             wait("an epoch after the resume", lambda: len(got) > held)
             page.wait_for_selector("#run-state:has-text('running')", timeout=10_000)
             browser.close()
@@ -173,7 +191,7 @@ def test_the_dashboard_in_a_browser(spark, tmp_path: Path) -> None:
     assert status["lastEpoch"] == last["batchId"] and status["routing"]["counts"]["lanes"] == 1
     Inbox(ckpt).set_paused({"id": "by-hand", "since": 0.0})
     assert Engine(spec, spark, ckpt).paused  # a pause outlives its driver
-    browse = TestClient(create_app(checkpoint_feed(ckpt)))
+    browse = TestClient(create_app(checkpoint_feed(ckpt), Access.open_loopback()), base_url="http://127.0.0.1")
     view = browse.get("/api/view").json()
     assert view["epoch"] == last["batchId"] and "paused" in view["sections"]["status"]
-    assert browse.post("/api/control/resume").status_code == 409
+    assert browse.post("/api/control/resume", json={}).status_code == 409

@@ -48,7 +48,9 @@ on("b-set", () => {
 });
 on("b-pause", () => control("pause"));
 on("b-resume", () => control("resume"));
+// the URL the server printed carries the token: kept for this tab (control calls send it as a
+// header; reads use the cookie the server set) and taken out of the address bar and history
 const given = new URLSearchParams(location.search).get("token");
-if (given) sessionStorage.setItem("eddyline-token", given);
+if (given) { sessionStorage.setItem("eddyline-token", given); history.replaceState(null, "", location.pathname); }
 refresh();
 setInterval(refresh, 1000);
