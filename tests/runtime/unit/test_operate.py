@@ -68,8 +68,8 @@ def test_status_of_a_checkpoint_without_epochs(ckpt: str, tmp_path: Path) -> Non
     assert missing.exit_code == 3 and "no run has started there" in missing.output
 
 
-def test_browsing_beyond_loopback_needs_a_token(ckpt: str, tmp_path: Path) -> None:
-    r = run("ui", ckpt, "--host", "0.0.0.0", "--port", "0")
-    assert r.exit_code == 2 and "--host 0.0.0.0" in r.output and "needs --token" in r.output
+def test_browsing_beyond_loopback_without_a_token_is_refused(ckpt: str, tmp_path: Path) -> None:
+    r = run("ui", ckpt, "--host", "0.0.0.0", "--port", "0", "--no-token")
+    assert r.exit_code == 2 and "--host 0.0.0.0" in r.output and "--no-token is only allowed on 127.0.0.1" in r.output
     r = run("ui", str(tmp_path / "nowhere"), "--port", "0")
     assert r.exit_code == 3 and "no run has started there" in r.output
