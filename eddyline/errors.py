@@ -51,6 +51,12 @@ class SinkError(EddylineError):
     retryable = True
 
 
+class Fenced(EddylineError):
+    """A newer lease generation took over: this driver must stop without writing anything more.
+    Raised by the lease when the driver looks (:mod:`eddyline.ha.lease`), and by a store that
+    refused the write of an older generation (:class:`eddyline.storage.Gate`, the sinks)."""
+
+
 class EngineError(EddylineError):
     """Something inside Eddyline or Spark failed unexpectedly."""
 

@@ -6,11 +6,17 @@ these few functions, so that a cluster can put them on any filesystem pyarrow su
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
+import shutil
 from collections.abc import Callable
+from urllib.parse import quote, unquote
 
 import pyarrow.fs as pafs
+
+from eddyline.errors import Fenced
 
 
 def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
@@ -59,3 +65,305 @@ def read_json(fs: pafs.FileSystem, path: str) -> object:
 
 def exists(fs: pafs.FileSystem, path: str) -> bool:
     return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+# ---------------------------------------------------------------------------------------------
+# Writes under a lease generation
+
+#: the directory of a store that holds its writers' gates (and a files sink's staged epochs)
+GATES = "_staging"
+#: what a gate holds between the two renames of a move, named for where it came from
+PARKED = ".moving-"
+
+
+def gate_name(generation: int) -> str:
+    return f"g={generation}"
+
+
+class Gate:
+    """The way a driver of lease generation ``generation`` writes into one store (a directory on
+    a local or mounted file system: a checkpoint, a files sink), such that the *store* refuses
+    the writes of a generation older than the newest that opened a gate there.
+
+    ::
+
+        <store>/_staging/g=G/            generation G's gate: every write passes through it
+        <store>/_staging/g=G/<writer>/   one driver's part of it (the two drivers of a hot pair)
+        <store>/_staging/g=F             an empty file: generation F < G was revoked
+
+    Every write others can see is a ``rename`` or ``link`` out of the gate (a new file: written
+    inside, then moved into place) or through it (a directory moved elsewhere is parked in the
+    gate first, as ``.moving-<where it came from>``, then moved on), so it names a path inside
+    the gate. Opening
+    generation G's gate revokes every older one: moves it aside and leaves an empty file under
+    its name, which no ``mkdir`` can pass. From then on no path through an older gate resolves,
+    so a driver that was frozen past its lease and wakes has every write refused by the file
+    system itself, whatever it checked before.
+
+    The order that makes it safe: a gate is created (``mkdir``) and *then* the store is listed
+    for newer ones; a newer generation creates its own and *then* lists and revokes the older.
+    Whichever lists second sees the other, so once :meth:`open` returned, no older gate can be
+    in use, nor made again. What a revoked driver had parked (a publish or
+    retraction cut between its two renames) goes back where it came from, unless something
+    already took its place (:meth:`_recover`). The newest generation's gate is never removed:
+    it is how the store remembers the newest generation it has seen.
+
+    Generation 0 is a driver without a lease: it fences nobody, checks for nobody, and is revoked
+    (without a tombstone) by any leased generation.
+    """
+
+    def __init__(self, root: str, generation: int = 0, writer: str = ""):
+        self.root = root
+        self.fs, self.base = filesystem(root)
+        self.gates = f"{self.base}/{GATES}"
+        self._local = isinstance(self.fs, pafs.LocalFileSystem)
+        self._at(generation, writer)
+
+    def _at(self, generation: int, writer: str) -> None:
+        self.generation, self.writer = generation, writer
+        self.dir = f"{self.gates}/{gate_name(generation)}"
+        #: this driver's part of the gate: what it stages and parks
+        self.own = f"{self.dir}/{writer}" if writer else self.dir
+        self.opened = False
+
+    # ------------------------------------------------------------------ opening and revoking
+    def open(self, generation: int | None = None, writer: str | None = None) -> Gate:
+        """Make this generation's gate (again) and revoke every older one; raise
+        :class:`~eddyline.errors.Fenced` if a newer generation opened one here. ``generation``
+        / ``writer``: write under these from now on (a driver that took the lease over)."""
+        if generation is not None or writer is not None:
+            self._at(self.generation if generation is None else generation, self.writer if writer is None else writer)
+        if not self._local:  # an object store: conditional writes are a later step (no lease there yet)
+            self.opened = True
+            return self
+        os.makedirs(self.gates, exist_ok=True)
+        if self.generation == 0:  # no lease: nobody to fence, nothing that fences it
+            os.makedirs(self.own, exist_ok=True)
+            self._recover(self.own)
+            self.opened = True
+            return self
+        try:
+            os.mkdir(self.dir)
+        except FileExistsError:
+            if not os.path.isdir(self.dir):
+                raise self._fenced(self._newest()) from None
+        newest = self._newest()
+        if newest > self.generation:
+            self._revoke(self.generation)
+            raise self._fenced(newest)
+        for name in os.listdir(self.gates):
+            if name.startswith("g=") and name[2:].isdigit() and int(name[2:]) < self.generation:
+                self._revoke(int(name[2:]))
+        self._mkdirs(self.own)
+        self._recover(self.own)  # this driver's own half-done moves (an exception cut them)
+        self.opened = True
+        return self
+
+    def _newest(self) -> int:
+        try:
+            names = os.listdir(self.gates)
+        except FileNotFoundError:
+            return 0
+        return max((int(n[2:]) for n in names if n.startswith("g=") and n[2:].isdigit()), default=0)
+
+    def _fenced(self, newest: int) -> Fenced:
+        return Fenced(f"lease generation {self.generation} was taken over by generation {newest}: {self.root} "
+                      "refuses its writes; stopping without writing anything more")
+
+    def _revoke(self, generation: int) -> None:
+        """Take generation ``generation``'s gate away and leave its tombstone (none for 0)."""
+        path = f"{self.gates}/{gate_name(generation)}"
+        aside: list[str] = []
+        while True:
+            if os.path.isdir(path):
+                moved = f"{self.gates}/.revoked-{gate_name(generation)}-{os.urandom(4).hex()}"
+                try:
+                    os.rename(path, moved)
+                    aside.append(moved)
+                except FileNotFoundError:
+                    pass
+            if generation == 0:
+                break
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                os.close(fd)
+                break
+            except FileExistsError:
+                if not os.path.isdir(path):
+                    break  # revoked meanwhile by another
+                # the revoked driver made it again between the two steps (a Spark task's mkdirs):
+                # take that away too
+        for moved in aside:
+            self._recover(moved)
+            shutil.rmtree(moved, ignore_errors=True)
+
+    def _recover(self, gate: str) -> None:
+        """Put back what a gate parked (its own part, or each writer's) where it came from."""
+        for parked in glob.glob(f"{glob.escape(gate)}/{PARKED}*") + glob.glob(f"{glob.escape(gate)}/*/{PARKED}*"):
+            origin = f"{self.base}/{unquote(os.path.basename(parked)[len(PARKED):])}"
+            if not os.path.lexists(origin):
+                os.makedirs(os.path.dirname(origin), exist_ok=True)
+                with contextlib.suppress(OSError):
+                    os.rename(parked, origin)
+            if os.path.lexists(parked):  # something took its place meanwhile: it is stale
+                shutil.rmtree(parked, ignore_errors=True) if os.path.isdir(parked) else os.unlink(parked)
+
+    # ------------------------------------------------------------------ writing through it
+    def _check(self, error: OSError) -> OSError | Fenced:
+        """The error to raise for an ``error`` met writing through the gate: :class:`Fenced` if
+        the gate was revoked (that is why the path no longer resolved), else ``error``."""
+        if self._local and self.generation and not os.path.isdir(self.own):
+            return self._fenced(self._newest())
+        return error
+
+    def check(self) -> None:
+        """Raise :class:`~eddyline.errors.Fenced` if this gate was revoked (for a write that
+        found nothing to move: the revocation took it away)."""
+        error = self._check(FileNotFoundError(self.own))
+        if isinstance(error, Fenced):
+            raise error
+
+    def _mkdirs(self, path: str) -> None:
+        """``path`` and its parents up to (not including) the gate: a revoked gate is not made again."""
+        if not self._local:
+            self.fs.create_dir(path, recursive=True)
+            return
+        rel = os.path.relpath(path, self.dir)
+        at = self.dir
+        for part in ([] if rel == "." else rel.split(os.sep)):
+            at = f"{at}/{part}"
+            try:
+                os.mkdir(at)
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise self._check(e) from None
+
+    def ready(self) -> Gate:
+        """The gate, opened once (a driver without a lease opens it when it first writes)."""
+        return self if self.opened else self.open()
+
+    def staging(self, *parts: str) -> str:
+        """A path inside this driver's part of the gate (for what is written there first)."""
+        return "/".join([self.own, *parts])
+
+    def makedirs(self, path: str) -> None:
+        """Make ``path`` inside the gate (and what leads to it from the gate)."""
+        self._mkdirs(path)
+
+    def put(self, path: str, data: bytes, *, exclusive: bool = False,
+            before: Callable[[], None] | None = None) -> bool:
+        """Write ``path`` whole: written inside the gate, then renamed (or, ``exclusive``, linked:
+        False if ``path`` exists) into place. ``before`` runs in between (a fault test's hook)."""
+        if not self._local:
+            if exclusive:
+                raise OSError(f"{path}: creating a file exclusively needs a local or mounted file system")
+            write_atomic(self.fs, path, data, before)
+            return True
+        tmp = f"{self.own}/{os.path.basename(path)}.{os.getpid()}-{os.urandom(3).hex()}.tmp"
+        try:
+            try:
+                out = open(tmp, "wb")  # noqa: SIM115
+            except FileNotFoundError:
+                if self.generation:
+                    raise
+                os.makedirs(self.own, exist_ok=True)  # no lease: the gate is made where it is first used
+                out = open(tmp, "wb")  # noqa: SIM115
+            with out:
+                out.write(data)
+            if before is not None:
+                before()
+            if exclusive:
+                try:
+                    os.link(tmp, path)
+                    return True
+                except FileExistsError:
+                    return False
+                finally:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+            os.rename(tmp, path)
+            return True
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise self._check(e) from None
+
+    def link(self, src: str, dst: str) -> None:
+        """Make ``dst`` the same file as ``src`` (a hard link, replacing ``dst``), through the gate."""
+        tmp = f"{self.own}/{os.path.basename(dst)}.{os.getpid()}-{os.urandom(3).hex()}.tmp"
+        try:
+            os.link(src, tmp)
+            os.rename(tmp, dst)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise self._check(e) from None
+
+    def _park(self, path: str) -> str | None:
+        """Move ``path`` into the gate (named for where it came from); None if there is nothing
+        at ``path``."""
+        parked = f"{self.own}/{PARKED}{quote(os.path.relpath(path, self.base), safe='')}"
+        try:
+            os.rename(path, parked)
+        except FileNotFoundError:
+            if not os.path.isdir(self.own):
+                raise self._check(FileNotFoundError(path)) from None
+            return None
+        except NotADirectoryError as e:
+            raise self._check(e) from None
+        return parked
+
+    def move(self, src: str, dst: str) -> bool:
+        """Move ``src`` (a file or directory) to ``dst``, which must not exist, through the gate;
+        False if there is nothing at ``src``."""
+        if not self._local:
+            if not exists(self.fs, src):
+                return False
+            self.fs.create_dir(dst.rpartition("/")[0], recursive=True)
+            self.fs.move(src, dst)
+            return True
+        parked = self._park(src)
+        if parked is None:
+            return False
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        try:
+            os.rename(parked, dst)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise self._check(e) from None
+        return True
+
+    def publish(self, staged: str, dst: str) -> None:
+        """Put the directory ``staged`` (inside the gate) in place of ``dst``, replacing what an
+        earlier attempt put there."""
+        if not self._local:
+            if exists(self.fs, dst):
+                self.fs.delete_dir(dst)
+            self.fs.create_dir(dst.rpartition("/")[0], recursive=True)
+            self.fs.move(staged, dst)
+            return
+        old = self._park(dst)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        try:
+            os.rename(staged, dst)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise self._check(e) from None
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else os.unlink(old)
+
+    def remove(self, path: str) -> bool:
+        """Delete ``path`` (a file or directory) through the gate; False if it was not there."""
+        if not self._local:
+            info = self.fs.get_file_info(path)
+            if info.type == pafs.FileType.NotFound:
+                return False
+            self.fs.delete_dir(path) if info.type == pafs.FileType.Directory else self.fs.delete_file(path)
+            return True
+        parked = self._park(path)
+        if parked is None:
+            return False
+        shutil.rmtree(parked, ignore_errors=True) if os.path.isdir(parked) else os.unlink(parked)
+        return True
+
+    def clear(self, path: str) -> None:
+        """Delete ``path`` inside the gate (an earlier attempt's staging), if it is there."""
+        if self._local:
+            shutil.rmtree(path, ignore_errors=True)
+        elif exists(self.fs, path):
+            self.fs.delete_dir(path)

@@ -30,14 +30,13 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from eddyline.errors import CheckpointError, EddylineError
+from eddyline.errors import CheckpointError, Fenced
 from eddyline.storage import create_exclusive
 
 _LOCAL = pafs.LocalFileSystem()
 
 
-class Fenced(EddylineError):
-    """A newer driver holds the lease: this one must stop without writing anything more."""
+__all__ = ["Fenced", "Holding", "Lease", "holder_name"]
 
 
 @dataclass(frozen=True)

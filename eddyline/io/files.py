@@ -12,7 +12,7 @@ whose values pyarrow and Spark read differently, goes to Spark's reader.
 
 As a sink, writing is two steps so that an epoch's output appears all at once and a replay never
 duplicates: :meth:`FilesTarget.staging` receives the rows where no reader looks
-(``path/_staging/…``), and :meth:`FilesTarget.publish` renames them to ``path/epoch=NNNNNNNNNN``,
+(``path/_staging/g=G/…``), and :meth:`FilesTarget.publish` renames them to ``path/epoch=NNNNNNNNNN``,
 replacing whatever an earlier, crashed attempt published. The runtime publishes before it
 commits the epoch; a crash in between replays the epoch, which stages and publishes the same rows
 again.
@@ -23,17 +23,16 @@ names that start with ``_``) and readers who want them read on purpose. The epoc
 them moves them to ``path/_corrections/epoch=M/retracted/epoch=N`` and publishes the stable rows
 in ``path/epoch=M`` as usual.
 
-A driver under a lease (:mod:`eddyline.ha.lease`) writes its generation to ``path/_leader``
-when it first publishes, and refuses to publish once a newer generation is there: a driver that
-was frozen past its lease cannot move an epoch into place after the driver that took over has
-published.
+Under a lease (:mod:`eddyline.ha.lease`) the staging is the driver's generation's gate
+(``path/_staging/g=G/epoch=N``, :class:`~eddyline.storage.Gate`), and every move into place,
+aside or back starts or passes there. The driver that takes the lease over opens its own gate
+before it writes anything, which revokes the older one's: a driver that was frozen past its lease
+finds, when it wakes, that the file system refuses its publish.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import shutil
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
@@ -47,12 +46,12 @@ import pyarrow.parquet as pq
 from eddyline.api.registry import SINKS, SOURCES
 from eddyline.api.units import Files
 from eddyline.columns import DIFF
-from eddyline.errors import SinkError, SourceError
+from eddyline.errors import Fenced, SinkError, SourceError
 from eddyline.io.records import ddl_struct, decode, split_decoded
 from eddyline.io.sinks import Sink, SinkKind
 from eddyline.io.sources import BadCounter, EpochSlice, Frames, Source, SourceKind, footer_facts
 from eddyline.io.textrecords import TextSchema, arrow_schema, file_batches, shipped
-from eddyline.storage import filesystem
+from eddyline.storage import Gate, filesystem
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -469,26 +468,48 @@ def epoch_dir(epoch: int) -> str:
     return f"epoch={epoch:010d}"
 
 
+#: in each epoch's directory a driver under a lease publishes: its lease generation
+GENERATION_FILE = "_generation"
+
+
 class FilesTarget:
-    """A directory that receives one sub-directory per epoch."""
+    """A directory that receives one sub-directory per epoch, written through a
+    :class:`~eddyline.storage.Gate`: staged in ``path/_staging/g=G[/writer]/epoch=N``, moved into
+    place from there, so that once a newer lease generation opened its gate here the file system
+    refuses an older one's publish, retraction or restore."""
 
     def __init__(self, files: Files, generation: int = 0):
         """``generation``: the lease generation of the driver that writes (0: no lease)."""
         self.files = files
         self.fs, self.base = filesystem(files.path)
-        self.generation = generation
-        #: names this driver's staging area when two drivers write the same path (a hot pair)
-        self.writer = ""
+        self.gate = Gate(files.path, generation)
 
-    def _staging_root(self) -> str:
-        return f"{self.base}/_staging" + (f"/{self.writer}" if self.writer else "")
+    @property
+    def generation(self) -> int:
+        return self.gate.generation
+
+    @property
+    def writer(self) -> str:
+        """Names this driver's part of the staging when two drivers write the same path (a hot pair)."""
+        return self.gate.writer
+
+    @writer.setter
+    def writer(self, writer: str) -> None:
+        if writer != self.gate.writer:
+            self.gate = Gate(self.files.path, self.gate.generation, writer)
+
+    def fence(self, generation: int) -> None:
+        """Write under lease generation ``generation`` from now on, revoking the older ones'
+        (:class:`~eddyline.errors.Fenced` if a newer one took over)."""
+        self.fs.create_dir(self.base, recursive=True)
+        self.gate.open(generation)
 
     def staging(self, epoch: int) -> str:
-        return f"{self._staging_root()}/{epoch_dir(epoch)}"
+        return self.gate.staging(epoch_dir(epoch))
 
     def discard(self, epoch: int) -> None:
         """Drop what was staged for ``epoch`` (the other driver of a hot pair published it)."""
-        self._remove(self.staging(epoch))
+        self.gate.clear(self.staging(epoch))
 
     def final(self, epoch: int, tentative: bool = False) -> str:
         return f"{self.base}/{'_tentative/' if tentative else ''}{epoch_dir(epoch)}"
@@ -499,72 +520,48 @@ class FilesTarget:
     def publish(self, epoch: int, tentative: bool = False) -> None:
         src, dst = self.staging(epoch), self.final(epoch, tentative)
         if self.fs.get_file_info(src).type == pafs.FileType.NotFound:
+            self.gate.check()  # gone with a revoked gate, not merely nothing staged
             return
-        self._fence(epoch)
-        if self.fs.get_file_info(dst).type != pafs.FileType.NotFound:
-            self.fs.delete_dir(dst)
-        self.fs.create_dir(dst.rpartition("/")[0], recursive=True)
         try:
-            self.fs.move(src, dst)
+            if self.generation:  # which lease generation published it: readers skip names with '_'
+                self.gate.put(f"{src}/{GENERATION_FILE}", str(self.generation).encode())
+            self.gate.ready().publish(src, dst)
+        except Fenced:
+            raise
         except OSError as e:
             raise SinkError(f"cannot publish epoch {epoch} to {dst}: {e}") from e
 
     def retract(self, epochs: list[int], at_epoch: int) -> None:
         """Move the ``epochs``' output (tentative or not: a replay takes stable epochs back)
         aside, into ``_corrections/epoch=<at_epoch>/retracted``."""
+        gate = self.gate.ready()
         for epoch in epochs:
             dst = f"{self._aside(at_epoch)}/{epoch_dir(epoch)}"
             for src in (self.final(epoch, tentative=True), self.final(epoch)):
-                if self.fs.get_file_info(src).type == pafs.FileType.NotFound:
-                    continue  # nothing published, or retracted by an earlier attempt
-                self.fs.create_dir(dst.rpartition("/")[0], recursive=True)
-                try:
-                    self.fs.move(src, dst)
+                try:  # nothing there: nothing published, or retracted by an earlier attempt
+                    gate.move(src, dst)
+                except Fenced:
+                    raise
                 except OSError as e:
                     raise SinkError(f"cannot retract epoch {epoch} from {src}: {e}") from e
 
     def restore(self, at_epoch: int) -> None:
         """Put back what epoch ``at_epoch`` retracted (undoing a replay), as stable epochs."""
+        gate = self.gate.ready()
         aside = self._aside(at_epoch)
         for info in self.fs.get_file_info(pafs.FileSelector(aside, allow_not_found=True)):
             dst = f"{self.base}/{info.base_name}"
             if self.fs.get_file_info(dst).type != pafs.FileType.NotFound:
                 continue  # put back by an earlier attempt
             try:
-                self.fs.move(info.path, dst)
+                gate.move(info.path, dst)
+            except Fenced:
+                raise
             except OSError as e:
                 raise SinkError(f"cannot put epoch output {info.path} back: {e}") from e
 
     def _aside(self, at_epoch: int) -> str:
         return f"{self.base}/_corrections/{epoch_dir(at_epoch)}/retracted"
-
-    def _fence(self, epoch: int) -> None:
-        """Refuse to publish under an older lease generation than the newest that published."""
-        if not self.generation:
-            return
-        marker = f"{self.base}/_leader"
-        try:
-            with self.fs.open_input_stream(marker) as f:
-                newest = int(f.read().decode() or 0)
-        except (FileNotFoundError, ValueError):
-            newest = 0
-        if newest > self.generation:
-            raise SinkError(
-                f"{self.files.path}: not publishing epoch {epoch}: a driver with lease generation "
-                f"{newest} publishes here now (this one has {self.generation}; it was fenced)"
-            )
-        if newest < self.generation:
-            self.fs.create_dir(self.base, recursive=True)
-            tmp = f"{marker}.{os.getpid()}.tmp"
-            with self.fs.open_output_stream(tmp) as f:
-                f.write(str(self.generation).encode())
-            self.fs.move(tmp, marker)
-
-    def _remove(self, path: str) -> None:
-        if isinstance(self.fs, pafs.LocalFileSystem):
-            shutil.rmtree(path, ignore_errors=True)
-        elif self.fs.get_file_info(path).type != pafs.FileType.NotFound:
-            self.fs.delete_dir(path)
 
 
 class FilesSink(Sink):
@@ -581,8 +578,12 @@ class FilesSink(Sink):
             df = df.selectExpr("*", f"CAST(1 AS BIGINT) AS {DIFF}")
         write_frame(df, self.target, epoch, in_driver=self.small_epoch)
 
+    def fence(self, generation: int) -> None:
+        super().fence(generation)
+        self.target.writer = self.writer
+        self.target.fence(generation)
+
     def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
-        self.target.generation = self.generation
         if self.revisions is not None:
             self.revisions.write(epoch)
         self.target.publish(epoch, tentative)
@@ -642,7 +643,7 @@ class Revisions:
                     continue
                 if prefix == self.RETRACT:
                     rows = rows.set_column(rows.schema.get_field_index(DIFF), DIFF, pc.negate(rows[DIFF]))
-                fs.create_dir(staged, recursive=True)
+                self.target.gate.makedirs(staged)
                 pq.write_table(rows, f"{staged}/{prefix}{e:010d}.parquet", filesystem=fs, compression="snappy",
                                store_decimal_as_integer=True)
 
@@ -686,11 +687,12 @@ def write_frame(df: DataFrame, target: FilesTarget, epoch: int, in_driver: bool 
     task, the commit protocol's directories and renames); a few thousand rows collect and write
     in a fraction of that. Both write the same Parquet types (see :func:`_parquet_options`)."""
     fmt = target.files.format
+    gate = target.gate.ready()
     path = target.staging(epoch)
     if in_driver and fmt == "parquet":
         table = df.toArrow()
-        target._remove(path)
-        target.fs.create_dir(path, recursive=True)
+        gate.clear(path)
+        gate.makedirs(path)
         pq.write_table(table, f"{path}/part-00000-driver.snappy.parquet", filesystem=target.fs,
                        compression="snappy", store_decimal_as_integer=True)
         return
@@ -704,8 +706,8 @@ def write_frame(df: DataFrame, target: FilesTarget, epoch: int, in_driver: bool 
         # here they cost next to nothing and Hadoop finds them present. The job's
         # commit removes `_temporary` with everything in it. Overwriting would delete them
         # again, so the earlier attempt's output is removed here and the job appends.
-        shutil.rmtree(path, ignore_errors=True)
-        os.makedirs(f"{path}/_temporary/0/_temporary")
+        gate.clear(path)
+        gate.makedirs(f"{path}/_temporary/0/_temporary")
         writer = writer.mode("append")
     else:
         writer = writer.mode("overwrite")

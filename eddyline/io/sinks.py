@@ -29,8 +29,7 @@ if TYPE_CHECKING:
 class Sink:
     spec: SinkSpec
     collected: dict[int, pa.Table] = field(default_factory=dict)
-    #: the lease generation of the driver that writes (0: no lease); a sink that can tell
-    #: refuses to publish once a newer generation published (see :mod:`eddyline.ha.lease`)
+    #: the lease generation of the driver that writes (0: no lease): see :meth:`fence`
     generation: int = 0
     #: names this driver's staging area, where two drivers write the same place (a hot pair)
     writer: str = ""
@@ -66,6 +65,15 @@ class Sink:
         writes prepares for that here, before the first epoch, when a tentative one can no longer
         wait (the ``postgres`` sink's table gets its ``tentative`` column); the others ignore
         it."""
+
+    def fence(self, generation: int) -> None:
+        """Write under lease generation ``generation`` from now on. A sink whose store can refuse
+        an older generation's writes tells the store here (files: the generation's gate; a
+        database: a fencing row; a broker: a fencing message its publishes are conditional on),
+        before this driver writes anything, and raises :class:`~eddyline.errors.Fenced` if a
+        newer generation told it first. Called before :meth:`open` (and again when the driver
+        takes a lease over); a sink that needs its connection for it does it in :meth:`open`."""
+        self.generation = generation
 
     def stage(self, df: DataFrame, epoch: int) -> None:
         raise NotImplementedError

@@ -18,7 +18,7 @@ import pyarrow.fs as pafs
 from eddyline.api.network import NetworkSpec
 from eddyline.api.units import Files
 from eddyline.errors import SourceError
-from eddyline.storage import filesystem
+from eddyline.storage import Gate, filesystem
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -40,13 +40,15 @@ def _fingerprint(files: Files) -> tuple[str, list[pafs.FileInfo]]:
 
 
 class LookupTables:
-    def __init__(self, spec: NetworkSpec, checkpoint: str):
+    def __init__(self, spec: NetworkSpec, checkpoint: str, gate: Gate | None = None):
+        """``gate``: the checkpoint's, through which the copies are written (None: no lease)."""
         #: per step that reads a table whole, the table (its version pinned per epoch)
         self.steps: dict[str, Files] = {
             s.name: table for s in spec.steps if (table := s.info.pinned_table(s.params)) is not None
         }
         self.fs, self.base = filesystem(checkpoint)
         self.checkpoint = checkpoint
+        self.gate = gate if gate is not None else Gate(checkpoint)
 
     def plan(self, previous: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Per lookup step: the version this epoch uses, copying a new one in if it changed."""
@@ -60,14 +62,15 @@ class LookupTables:
             target = f"{self.base}/tables/{step}/{fp}"
             if self.fs.get_file_info(target).type == pafs.FileType.NotFound:
                 src_fs, src_base = filesystem(table.path)
-                tmp = f"{target}.tmp"
-                self.fs.create_dir(tmp, recursive=True)
+                gate = self.gate.ready()
+                tmp = gate.staging(f"table-{step}-{fp}")
+                gate.clear(tmp)
                 for info in infos:
                     rel = info.path[len(src_base) :].lstrip("/")
                     dst = f"{tmp}/{rel}"
-                    self.fs.create_dir(dst.rsplit("/", 1)[0], recursive=True)
+                    gate.makedirs(dst.rsplit("/", 1)[0])
                     pafs.copy_files(info.path, dst, source_filesystem=src_fs, destination_filesystem=self.fs)
-                self.fs.move(tmp, target)
+                gate.publish(tmp, target)
             out[step] = {"fingerprint": fp, "path": target}
         return out
 

@@ -14,6 +14,10 @@
 An epoch is committed iff its commit file exists. The commit is the single atomic step that
 moves the source offsets, the state versions (the state index) and the sink bookkeeping
 forward together. Recovery: the newest plan without a commit is replayed exactly.
+
+Every file a driver (or its lanes) writes or deletes here goes through the checkpoint's
+:class:`~eddyline.storage.Gate` for the driver's lease generation (``<checkpoint>/_staging/g=G``):
+once a newer generation opened its gate, the file system refuses an older one's writes.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import pyarrow.fs as pafs
 from eddyline.errors import CheckpointError
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan
 from eddyline.state.store import referenced_files, state_file
-from eddyline.storage import create_exclusive, filesystem, read_json, write_atomic
+from eddyline.storage import Gate, filesystem, read_json
 
 FORMAT_VERSION = 1
 #: progress records kept in the checkpoint (they are small; the dashboard shows the recent ones)
@@ -62,6 +66,22 @@ class Checkpoint:
     def __init__(self, location: str):
         self.location = location
         self.fs, self.base = filesystem(location)
+        #: how this driver writes here (generation 0, no lease, until :meth:`fence`)
+        self.gate = Gate(location)
+
+    def fence(self, generation: int) -> None:
+        """Write under lease generation ``generation`` from now on; revokes every older
+        generation's writes (:class:`~eddyline.errors.Fenced` if a newer one took over)."""
+        self.fs.create_dir(self.base, recursive=True)
+        self.gate.open(generation)
+
+    def _put(self, path: str, data: bytes, *, exclusive: bool = False,
+             before: Callable[[], None] | None = None) -> bool:
+        self.fs.create_dir(path.rpartition("/")[0], recursive=True)
+        return self.gate.ready().put(path, data, exclusive=exclusive, before=before)
+
+    def _delete(self, path: str) -> None:
+        self.gate.ready().remove(path)
 
     # ---------------------------------------------------------------- metadata
     def open(self, fingerprint: dict[str, Any], created: str | None = None) -> dict[str, Any]:
@@ -71,8 +91,7 @@ class Checkpoint:
         if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
             meta = {"format": FORMAT_VERSION, "network": fingerprint, "started_at": time.time(),
                     "id": uuid.uuid4().hex[:12], **({"created": created} if created else {})}
-            self.fs.create_dir(self.base, recursive=True)
-            write_atomic(self.fs, path, json.dumps(meta, indent=2).encode())
+            self._put(path, json.dumps(meta, indent=2).encode())
             return meta
         meta = read_json(self.fs, path)
         assert isinstance(meta, dict)
@@ -98,10 +117,9 @@ class Checkpoint:
     def store_network(self, raw: dict[str, Any]) -> str:
         """Keep a network (its spec as a dict) under ``networks/<hash>.json``; returns the hash."""
         digest = network_hash(raw)
-        self.fs.create_dir(f"{self.base}/networks", recursive=True)
         # in the spec's own order: a step's aggregates or columns in that order make the order of
         # its state's and output's columns (the hash is of the sorted form)
-        write_atomic(self.fs, f"{self.base}/networks/{digest}.json", json.dumps(raw).encode())
+        self._put(f"{self.base}/networks/{digest}.json", json.dumps(raw).encode())
         return digest
 
     def read_network(self, digest: str) -> dict[str, Any]:
@@ -121,7 +139,7 @@ class Checkpoint:
         meta.update(network=fingerprint, applied={"hash": digest, **change})
         if rewrite is not None:
             meta["rewrites"] = [*(r for r in meta.get("rewrites", []) if r.get("epoch") != epoch), {**rewrite, "epoch": epoch}]
-        write_atomic(self.fs, f"{self.base}/metadata.json", json.dumps(meta, indent=2).encode())
+        self._put(f"{self.base}/metadata.json", json.dumps(meta, indent=2).encode())
 
     def record_caught_up(self, catch_up: dict[str, Any], copies: list[str], epoch: int) -> None:
         """From ``epoch`` on, the steps that caught up on ``copies`` read their sources
@@ -130,7 +148,7 @@ class Checkpoint:
         assert meta is not None and "applied" in meta
         meta["applied"]["catch_up"] = catch_up
         meta["caught_up"] = [*meta.get("caught_up", []), *({"copy": c, "epoch": epoch} for c in copies)]
-        write_atomic(self.fs, f"{self.base}/metadata.json", json.dumps(meta, indent=2).encode())
+        self._put(f"{self.base}/metadata.json", json.dumps(meta, indent=2).encode())
 
     # ---------------------------------------------------------------- plans and commits
     def _path(self, kind: str, epoch: int) -> str:
@@ -143,12 +161,7 @@ class Checkpoint:
     def write_plan(self, plan: EpochPlan, *, exclusive: bool = False) -> bool:
         """Log ``plan``; with ``exclusive`` only if no plan of its epoch is logged (False then:
         another driver logged one first)."""
-        self.fs.create_dir(f"{self.base}/plans", recursive=True)
-        data = json.dumps(plan.to_json()).encode()
-        if exclusive:
-            return create_exclusive(self.fs, self._path("plans", plan.epoch), data)
-        write_atomic(self.fs, self._path("plans", plan.epoch), data)
-        return True
+        return self._put(self._path("plans", plan.epoch), json.dumps(plan.to_json()).encode(), exclusive=exclusive)
 
     def read_plan(self, epoch: int) -> EpochPlan:
         data = read_json(self.fs, self._path("plans", epoch))
@@ -161,14 +174,8 @@ class Checkpoint:
         """``before_rename``: runs with the commit written to a temporary file only (or, with
         ``exclusive``, just before the commit is created, which fails if the epoch was
         committed already: False then)."""
-        self.fs.create_dir(f"{self.base}/commits", recursive=True)
-        data = json.dumps(commit.to_json()).encode()
-        if exclusive:
-            if before_rename is not None:
-                before_rename()
-            return create_exclusive(self.fs, self._path("commits", commit.epoch), data)
-        write_atomic(self.fs, self._path("commits", commit.epoch), data, before_rename)
-        return True
+        return self._put(self._path("commits", commit.epoch), json.dumps(commit.to_json()).encode(),
+                         exclusive=exclusive, before=before_rename)
 
     def read_commit(self, epoch: int) -> EpochCommit:
         data = read_json(self.fs, self._path("commits", epoch))
@@ -192,7 +199,7 @@ class Checkpoint:
         """Delete the plans logged after commit ``epoch`` (not run to their commit); their epochs."""
         later = [e for e in self._epochs("plans") if e > epoch]
         for e in later:
-            self.fs.delete_file(self._path("plans", e))
+            self._delete(self._path("plans", e))
         return later
 
     def adopt(self, other: Checkpoint, commit: EpochCommit) -> None:
@@ -201,15 +208,12 @@ class Checkpoint:
         file system. Raises FileNotFoundError if ``other`` deleted one of them meanwhile."""
         if not isinstance(self.fs, pafs.LocalFileSystem) or not isinstance(other.fs, pafs.LocalFileSystem):
             raise CheckpointError("copying another checkpoint's state needs local or mounted paths")
+        gate = self.gate.ready()
         for step, part in commit.steps.items():
             os.makedirs(f"{self.base}/state/{step}", exist_ok=True)
             for epoch, lane in sorted(referenced_files(part.index)):
                 theirs, ours = state_file(other.base, step, epoch, lane), state_file(self.base, step, epoch, lane)
-                tmp = f"{ours}.tmp-{os.getpid()}"
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                os.link(theirs, tmp)
-                os.replace(tmp, ours)  # a file of this name from our own past is not the leader's
+                gate.link(theirs, ours)  # a file of this name from our own past is not the leader's
         self.write_commit(commit)
 
     def pending_plan(self, last_committed: int) -> EpochPlan | None:
@@ -223,8 +227,7 @@ class Checkpoint:
 
     # ---------------------------------------------------------------- progress
     def write_progress(self, epoch: int, record: dict[str, Any]) -> None:
-        self.fs.create_dir(f"{self.base}/progress", recursive=True)
-        write_atomic(self.fs, self._path("progress", epoch), json.dumps(record, default=str).encode())
+        self._put(self._path("progress", epoch), json.dumps(record, default=str).encode())
 
     def progress(self, last: int = PROGRESS_KEPT) -> list[dict[str, Any]]:
         """The progress records of the last ``last`` epochs that wrote one, oldest first."""
@@ -240,8 +243,7 @@ class Checkpoint:
         """Delete all but the newest ``keep`` progress records."""
         epochs = self._epochs("progress")
         for e in epochs[: max(len(epochs) - keep, 0)]:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.delete_file(self._path("progress", e))
+            self._delete(self._path("progress", e))
 
     # ---------------------------------------------------------------- lane manifests
     def lane_manifests(self, epoch: int, step: str, lanes: int) -> list[dict[str, Any]]:
@@ -261,8 +263,8 @@ class Checkpoint:
         for kind in ("plans", "commits"):
             for e in self._epochs(kind):
                 if e < epoch:
-                    self.fs.delete_file(self._path(kind, e))
+                    self._delete(self._path(kind, e))
         infos = self.fs.get_file_info(pafs.FileSelector(f"{self.base}/epochs", allow_not_found=True))
         for info in infos:
             if info.base_name.isdigit() and int(info.base_name) < epoch:
-                self.fs.delete_dir(info.path)
+                self._delete(info.path)

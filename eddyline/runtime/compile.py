@@ -39,7 +39,7 @@ from eddyline.runtime.faults import Faults, NoFaults
 from eddyline.runtime.lanes import LANE_PROPERTY, LaneTask
 from eddyline.runtime.shedding import shed_inputs
 from eddyline.runtime.shuffle import Heartbeats, to_lanes
-from eddyline.storage import filesystem, write_atomic
+from eddyline.storage import Gate, filesystem
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -230,13 +230,17 @@ class EpochCompiler:
         sources: dict[str, Source],
         checkpoint: str,
         faults: Faults | None = None,
+        gate: Gate | None = None,
     ):
+        """``gate``: the checkpoint's (:attr:`eddyline.runtime.checkpoint.Checkpoint.gate`): what
+        the driver writes there goes through it, and the lanes write through its generation's."""
         self.spark = spark
         self.sources = sources
         self.spec = spec
         self.checkpoint = checkpoint
         self.faults = faults or NoFaults()
-        self.tables = LookupTables(spec, checkpoint)
+        self.gate = gate if gate is not None else Gate(checkpoint)
+        self.tables = LookupTables(spec, checkpoint, self.gate)
         self.heartbeats = Heartbeats(spark)
         # Event-time columns that stateful steps read straight from a source: the source's
         # observation also takes their newest value. Each observation is a node that every row
@@ -383,8 +387,10 @@ class EpochCompiler:
     def _lane_run(self, epoch: int, step: str, run: StepRun) -> str:
         """The epoch's part of a stateful step's lane task, as its lanes read it when they run
         (:meth:`eddyline.runtime.lanes.LaneTask.for_epoch`): inline, or the path of a file."""
+        self.gate.ready()  # the lanes write through it
         part = {"epoch": epoch, "index": {str(kg): chain for kg, chain in run.index.items()},
-                "watermark_ms": run.watermark_ms, "bytes_per_row": run.bytes_per_row}
+                "watermark_ms": run.watermark_ms, "bytes_per_row": run.bytes_per_row,
+                "generation": self.gate.generation}
         if run.advance_ms is not None:
             part["advance_ms"] = run.advance_ms
         text = json.dumps(part)
@@ -393,7 +399,7 @@ class EpochCompiler:
         fs, _ = filesystem(self.checkpoint)
         path = lane_run_path(self.checkpoint, epoch, step)
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        write_atomic(fs, path, text.encode())  # the same bytes again if the epoch is replayed
+        self.gate.ready().put(path, text.encode())  # the same bytes again if the epoch is replayed
         return json.dumps({"path": path})
 
     def forget(self) -> None:

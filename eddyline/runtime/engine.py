@@ -153,7 +153,7 @@ class Engine:
         self._retain = retain_epochs  # default: the network's history
         self.ckpt = Checkpoint(checkpoint)
         self.lanes = lanes or spec.lanes or spark.sparkContext.defaultParallelism
-        self.inbox = Inbox(checkpoint)
+        self.inbox = Inbox(checkpoint, self.ckpt.gate)
         self._refused: list[dict[str, Any]] = []  # commands refused since the last progress record
         self._given_sinks = sinks or {}
         self._attached = False  # the sources receive (upstream backup) while run() runs
@@ -204,7 +204,7 @@ class Engine:
         )
         self.controller = Controller(spec, max_lanes=spark.sparkContext.defaultParallelism)
         self.lookahead = LookAhead(spec.key_groups)
-        self.compiler = EpochCompiler(spark, spec, self.sources, checkpoint, self.faults)
+        self.compiler = EpochCompiler(spark, spec, self.sources, checkpoint, self.faults, gate=self.ckpt.gate)
         self._plans = Planner(
             spec, self.sources, self.lanes, self.controller, self.lookahead, self.compiler.tables, self.ckpt.read_commit
         )
@@ -230,6 +230,8 @@ class Engine:
         until_idle: bool = False,
         should_stop: Callable[[], bool] | None = None,
     ) -> RunSummary:
+        # before anything is read: from here on no older generation can write what we read
+        self._open_gates()
         self._adopt_applied_network()
         meta = self.ckpt.open(self.spec.fingerprint(), created=self.network_id)
         applied = meta.get("applied") or {}
@@ -252,7 +254,6 @@ class Engine:
         summary, thawed, t_start, prev_start = RunSummary(), False, time.monotonic(), None
         if self.lease is not None:
             self.lease.start_heartbeat()
-        self._fence_outputs()
         try:
             for name, source in self.sources.items():  # upstream backup: start receiving (Source.attach)
                 source.attach(self.ckpt.location, last.source_ends.get(name, 0) if last else 0)
@@ -643,7 +644,7 @@ class Engine:
         if attached:
             for name, source in self.sources.items():
                 source.attach(self.ckpt.location, last.source_ends.get(name, 0) if last else 0)
-        self._fence_outputs()
+        self._open_gates()
 
     def _view(self, commit: EpochCommit | None, epoch: int) -> EpochCommit | None:
         """``commit`` as the base of ``epoch``: when a live change starts at ``epoch``, without
@@ -685,22 +686,24 @@ class Engine:
                 before.close()
             self.outputs.sinks[sink.name] = self._make_sink(sink)
         if moved:
-            self._fence_outputs()
+            self._open_gates()
 
     def _make_sink(self, spec: SinkSpec) -> Sink:
         sink = make_sink(spec, self.reporter.console if self.reporter else None)
         sink.history = self.retain_epochs  # how far back a replay can go: what a rewinding sink keeps
         return sink
 
-    def _fence_outputs(self) -> None:
-        """Sinks that can tell refuse the output of a driver with an older lease generation: ours,
-        or a follower's, the leader's."""
+    def _open_gates(self) -> None:
+        """Write under our lease generation (a follower's: the leader's) from now on, in the
+        checkpoint and every sink: each store then refuses the writes of an older generation
+        (:class:`~eddyline.storage.Gate`, :meth:`eddyline.io.sinks.Sink.fence`)."""
         generation = self._generation
         if self.lease is None and self.pair is not None:
             cur = self.pair.leader()
             generation = cur.generation if cur is not None else 0
+        self.ckpt.fence(generation)
         for out in [*self.outputs.sinks.values(), *self.outputs.targets()]:
-            out.generation = generation
+            out.fence(generation)
 
     def _lead(self) -> None:
         """A follower of a hot pair took the lease over: from now on it leads under it."""
@@ -708,7 +711,7 @@ class Engine:
         self.lease = self.pair.lease
         self.boundaries = UnderLease(self.faults, self.lease)
         self.lease.start_heartbeat()
-        self._fence_outputs()
+        self._open_gates()
 
     @property
     def _generation(self) -> int:

@@ -17,11 +17,13 @@ and resume (``"resume": true``) the network.
 
 A command is closed only after the plan that applies it is logged: a driver that dies in
 between finds it in the inbox again and applies the same setting again, which changes nothing.
+What the driver writes here (closing a command, pausing) goes through the checkpoint's gate, so
+a driver that lost its lease cannot close or pause anything (:class:`~eddyline.storage.Gate`);
+commands are queued by operators, who hold no lease.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 import uuid
@@ -29,13 +31,15 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from eddyline.storage import filesystem, read_json, write_atomic
+from eddyline.storage import Gate, filesystem, read_json, write_atomic
 
 
 class Inbox:
-    def __init__(self, checkpoint: str):
+    def __init__(self, checkpoint: str, gate: Gate | None = None):
+        """``gate``: the driver's, for what it writes (None: an operator's or a reader's inbox)."""
         self.fs, base = filesystem(checkpoint)
         self.inbox, self.closed = f"{base}/control/inbox", f"{base}/control/done"
+        self.gate = gate if gate is not None else Gate(checkpoint)
 
     def submit(self, settings: dict[str, Any], origin: str = "cli") -> str:
         """Queue ``settings`` for the next epoch; returns the command's id."""
@@ -75,11 +79,11 @@ class Inbox:
         if reason is not None:
             record["reason"] = reason
         self.fs.create_dir(self.closed, recursive=True)
-        write_atomic(self.fs, f"{self.closed}/{record['id']}.json", json.dumps(record).encode())
+        gate = self.gate.ready()
+        gate.put(f"{self.closed}/{record['id']}.json", json.dumps(record).encode())
         path = command.get("_path")
         if path:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.delete_file(path)
+            gate.remove(path)
 
     def paused(self) -> dict[str, Any] | None:
         """The pause in force (who paused, since when), or None."""
@@ -91,11 +95,10 @@ class Inbox:
 
     def set_paused(self, pause: dict[str, Any] | None) -> None:
         if pause is None:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.delete_file(self._paused)
+            self.gate.ready().remove(self._paused)
             return
         self.fs.create_dir(self.inbox.rsplit("/", 1)[0], recursive=True)
-        write_atomic(self.fs, self._paused, json.dumps(pause).encode())
+        self.gate.ready().put(self._paused, json.dumps(pause).encode())
 
     @property
     def _paused(self) -> str:

@@ -34,7 +34,7 @@ from eddyline.state.store import (
     process_cache,
     with_chains,
 )
-from eddyline.storage import filesystem, read_json, write_atomic
+from eddyline.storage import Gate, filesystem, read_json
 
 #: the Spark local property (this prefix + the step's name) carrying the epoch's part of a
 #: stateful step's lane task (see :meth:`LaneTask.for_epoch`)
@@ -64,6 +64,12 @@ class LaneTask:
     key_columns: tuple[str, ...] = ()
     #: told when the first lane has written its state (:attr:`FaultPoint.IN_TASK`)
     faults: Faults = NoFaults()
+    #: the driver's lease generation: the lane writes through its gate (:class:`~eddyline.storage.Gate`)
+    generation: int = 0
+
+    @property
+    def gate(self) -> Gate:
+        return Gate(self.checkpoint, self.generation)
 
     def for_epoch(self) -> LaneTask:
         """In a Spark task: the task with the epoch's part the driver gave the job (the local
@@ -81,7 +87,7 @@ class LaneTask:
             run = read_json(fs, run["path"])
         return replace(self, epoch=run["epoch"], index={int(kg): chain for kg, chain in run["index"].items()},
                        watermark_ms=run["watermark_ms"], advance_ms=run.get("advance_ms"),
-                       bytes_per_row=run["bytes_per_row"])
+                       bytes_per_row=run["bytes_per_row"], generation=run.get("generation", 0))
 
 
 class _GcClock:
@@ -336,6 +342,7 @@ def _run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.
         kernel.state_schema,
         kernel.primary_key,
         snapshot_every=task.snapshot_every,
+        gate=task.gate,
     )
     cache = process_cache()
     # With a budget, resident state (the cache) and the slice being worked on share it.
@@ -469,7 +476,7 @@ def _run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.
     fs, _ = filesystem(task.checkpoint)
     path = manifest_path(task.checkpoint, task.epoch, task.step, lane)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    write_atomic(fs, path, json.dumps(manifest).encode())
+    task.gate.put(path, json.dumps(manifest).encode())
     if task.state_budget is None:
         threading.Thread(target=_warm_quietly, args=(task, store, lane), name=WARM_THREAD, daemon=True).start()
     if lane == 0:

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from eddyline.columns import KG, OP
-from eddyline.storage import filesystem, write_atomic
+from eddyline.storage import Gate, filesystem
 
 SNAPSHOT, DELTA = "s", "d"
 
@@ -196,7 +196,10 @@ class KeyGroupStore:
         *,
         snapshot_every: int = 8,
         cache: StateCache | None = None,
+        gate: Gate | None = None,
     ):
+        """``gate``: what the files are written through (the checkpoint's, for the driver's lease
+        generation: :class:`~eddyline.storage.Gate`); None: generation 0, no lease."""
         if KG not in schema.names or KG not in primary_key:
             raise ValueError(f"state of step {step!r} needs a {KG} column in its primary key")
         self.fs, self.base = filesystem(root)
@@ -208,6 +211,7 @@ class KeyGroupStore:
         self.snapshot_every = snapshot_every
         self.cache = cache if cache is not None else _CACHE
         self.file_schema = schema.append(pa.field(OP, pa.int8()))
+        self.gate = gate if gate is not None else Gate(root)
 
     # ------------------------------------------------------------------ reading
     def path(self, epoch: int, lane: int) -> str:
@@ -326,7 +330,7 @@ class KeyGroupStore:
                 writer.write_table(table)
             data = sink.getvalue().to_pybytes()
             self.fs.create_dir(self.dir, recursive=True)
-            write_atomic(self.fs, self.path(epoch, lane), data)
+            self.gate.put(self.path(epoch, lane), data)
             written = len(data)
         return WriteResult(chains, written, snapshots, deltas)
 

@@ -9,7 +9,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from eddyline.api.units import Files
-from eddyline.errors import SinkError
+from eddyline.errors import Fenced
 from eddyline.io.files import FilesTarget, write_frame
 
 
@@ -64,16 +64,26 @@ def test_tentative_epochs_publish_apart_and_a_retraction_moves_them_to_the_corre
     assert os.listdir(retracted / "epoch=0000000002") == ["part-0.json"]
 
 
-def test_a_driver_of_an_older_lease_generation_cannot_publish_after_a_newer_one(tmp_path) -> None:
+def test_a_driver_of_an_older_lease_generation_cannot_publish_after_a_newer_one_opened_its_gate(tmp_path) -> None:
     old = FilesTarget(Files(str(tmp_path / "out"), format="json"), generation=1)
-    new = FilesTarget(Files(str(tmp_path / "out"), format="json"), generation=2)
+    old.fence(1)
     _stage(old, 1)
     old.publish(1)
+    _stage(old, 2)  # staged, then frozen past its lease
+    new = FilesTarget(Files(str(tmp_path / "out"), format="json"))
+    new.fence(2)  # the driver that took over, before it writes anything
+    with pytest.raises(Fenced, match="lease generation 1 was taken over by generation 2: .* refuses its writes"):
+        old.publish(2)  # refused by the file system: the path it moves from no longer resolves
+    with pytest.raises(Fenced):
+        old.retract([1], 3)
+    with pytest.raises(OSError):
+        _stage(old, 3)  # its staging cannot be made again either
     _stage(new, 2)
     new.publish(2)
-    _stage(old, 3)
-    with pytest.raises(SinkError, match="lease generation 2 publishes here now .* it was fenced"):
-        old.publish(3)
-    assert sorted(p for p in os.listdir(tmp_path / "out") if p.startswith("epoch=")) == [
-        "epoch=0000000001", "epoch=0000000002"]
-    assert (tmp_path / "out" / "_leader").read_text() == "2"
+    out = tmp_path / "out"
+    assert sorted(p for p in os.listdir(out) if p.startswith("epoch=")) == ["epoch=0000000001", "epoch=0000000002"]
+    # each published epoch says which generation published it
+    assert [(out / e / "_generation").read_text() for e in ("epoch=0000000001", "epoch=0000000002")] == ["1", "2"]
+    # what the older generation had staged went with its gate: a tombstone is left, and the newer gate
+    assert sorted(os.listdir(out / "_staging")) == ["g=1", "g=2"] and (out / "_staging" / "g=1").is_file()
+    assert os.listdir(out / "_staging" / "g=2") == []

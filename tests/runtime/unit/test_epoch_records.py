@@ -23,8 +23,10 @@ def test_plans_and_commits_round_trip_through_the_checkpoint(tmp_path: Path) -> 
     assert step.max_event_time == 4_000  # the slowest input
     reached: list[str] = []
     done = EpochCommit(3, {"src": 10}, {"agg": step}, {"out": 4}, control={"manager": {}})
-    ckpt.write_commit(done, before_rename=lambda: reached.append(str(sorted(p.name for p in (tmp_path / "commits").iterdir()))))
-    assert reached and ".json.tmp" in reached[0] and "0000000003.json'" not in reached[0]  # only the temporary file
+    ckpt.write_commit(done, before_rename=lambda: reached.append(str(sorted(
+        [p.name for p in (tmp_path / "commits").iterdir()] + [p.name for p in (tmp_path / "_staging" / "g=0").iterdir()]))))
+    # only the temporary file, in the checkpoint's gate (storage.Gate)
+    assert reached and ".json." in reached[0] and ".tmp" in reached[0] and "'0000000003.json'" not in reached[0]
     again = ckpt.latest_commit()
     assert again is not None and again.steps["agg"].index == {7: [[3, 0, "s"]]}  # key groups are ints again
     assert again == EpochCommit(**{**done.__dict__, "committed_at": again.committed_at})
