@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
+#: the subjects of a ``nats`` sink's fence messages (eddyline.io.jetstream), which a reader of
+#: the sink's data leaves out
+FENCES = "_eddyline."
+
 
 def read_stream(url: str, stream: str) -> list[tuple[int, bytes, str | None]]:
-    """(sequence, payload, message id) of every message in ``stream``."""
+    """(sequence, payload, message id) of every message in ``stream`` but the sinks' fences."""
     return asyncio.run(_read(url, stream))
 
 
@@ -20,6 +24,7 @@ async def _read(url: str, stream: str) -> list[tuple[int, bytes, str | None]]:
     out = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         m = await js.get_msg(stream, seq)
-        out.append((m.seq, m.data, (m.headers or {}).get("Nats-Msg-Id")))
+        if not m.subject.startswith(FENCES):
+            out.append((m.seq, m.data, (m.headers or {}).get("Nats-Msg-Id")))
     await nc.close()
     return out

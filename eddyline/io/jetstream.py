@@ -42,6 +42,19 @@ back that were live until then, and republishes their rows as rows of the undoin
 with ids ``network/checkpoint id/sink/U/<epoch>.<position>`` (so a later correction of ``U`` takes
 them back too). That needs those messages still in the stream: its limits must keep them.
 
+Fencing. Under a lease (:mod:`eddyline.ha.lease`), every message the sink publishes is
+conditional on the stream: it carries ``Nats-Expected-Last-Subject-Sequence: S`` with
+``Nats-Expected-Last-Subject-Sequence-Subject: _eddyline.fence.<id>``, where ``S`` is the sequence
+of the last fence message this driver published there (``Eddyline-Fence: <generation>``, one when
+it opens the sink and one per epoch, each conditional on the one before, so that the fence stays
+among the stream's newest messages whatever its limits); ``Eddyline-Generation`` says which
+generation wrote a message. A driver that takes the lease over
+publishes its own fence message first; from then on the server refuses every message of the
+older generation, whose expected sequence is no longer the last. The sink adds the fence subject
+to an existing stream that does not take it. A ``nats`` source reading the stream skips the
+fence messages; another reader of the whole stream (no subject filter) sees them, as it sees the
+corrections: read the sink's subject.
+
 A server that cannot be reached is retried with back-off for up to ``wait``; meanwhile the
 progress shows the source's or sink's ``status``; after that the epoch fails with an error that
 names the source or sink and the server. A restart then replays it exactly.
@@ -62,9 +75,10 @@ from pydantic import AfterValidator, Field
 
 from eddyline.api.registry import SINKS, SOURCES
 from eddyline.api.units import Duration, Model, format_duration_ms
-from eddyline.errors import SinkError, SourceError, SourceUnreachable
+from eddyline.errors import Fenced, SinkError, SourceError, SourceUnreachable
 from eddyline.io.natswire import (
     DEDUP_WINDOW_MS,
+    EDDYLINE_SUBJECTS,
     NatsConnection,
     NatsError,
     NatsUnreachable,
@@ -367,9 +381,15 @@ def fetch_ranges(
         conn.close()
 
 
+#: the subjects of the fence messages (see the module's docstring; under EDDYLINE_SUBJECTS)
+FENCE_SUBJECTS = EDDYLINE_SUBJECTS.decode() + "fence."
+
+
 class NatsSink(Sink):
     counts_itself = True
     rewinds = True  # by corrections; an undo republishes what they took back, read from the stream
+    #: the sequence of this driver's last fence message (None: not fenced, no lease)
+    _fence_seq: int | None = None
 
     def __init__(self, spec: SinkSpec):
         super().__init__(spec)
@@ -386,7 +406,95 @@ class NatsSink(Sink):
     def open(self, network: str, checkpoint: str, schema: StructType, tentative: bool = False) -> None:
         p: NatsOut = self.spec.params
         self.writer = f"{network}/{checkpoint}"
-        self.server.call(lambda c: ensure_stream(c, p.stream, [p.subject], p.dedup_window))
+        fence = [self._fence_subject] if self.generation else None
+        self.server.call(lambda c: ensure_stream(c, p.stream, [p.subject], p.dedup_window, also=fence))
+        self._fence_seq = None
+        if self.generation:
+            self._fence()
+
+    def fence(self, generation: int) -> None:
+        super().fence(generation)
+        if self.writer and generation:  # opened already: a driver that took the lease over
+            self._fence()
+
+    @property
+    def _fence_subject(self) -> str:
+        import hashlib
+
+        # a subject belongs to one stream only: the stream is part of it
+        key = f"{self.spec.params.stream}/{self.writer}/{self.name}"
+        return FENCE_SUBJECTS + hashlib.sha1(key.encode()).hexdigest()[:16]
+
+    def _fenced(self, newer: int) -> Fenced:
+        return Fenced(f"sink '{self.name}': lease generation {self.generation} was taken over by generation "
+                      f"{newer}: NATS stream {self.spec.params.stream} refuses its writes; stopping without "
+                      "writing anything more")
+
+    def _fence(self, conn: NatsConnection | None = None) -> None:
+        """Make this generation the one the stream takes messages from: publish a fence
+        message, conditional on the last one (a newer generation's: :class:`Fenced`; this
+        generation's, the other driver of a hot pair's: taken as it is)."""
+        p: NatsOut = self.spec.params
+        subject = self._fence_subject
+
+        def attempt(c: NatsConnection) -> None:
+            while True:
+                last = c.last_on(p.stream, subject)
+                seq, newest = (last[0], int(last[1].get("Eddyline-Fence", 0))) if last else (0, 0)
+                if newest > self.generation:
+                    raise self._fenced(newest)
+                if newest == self.generation:
+                    self._fence_seq = seq
+                    return
+                try:
+                    self._fence_seq = c.publish_one(subject, b"", self._fence_headers(seq))
+                    return
+                except NatsError as e:
+                    if "wrong last sequence" not in str(e):
+                        raise
+                    # another fence came in between: look again
+
+        if conn is not None:
+            attempt(conn)
+        else:
+            self.server.call(attempt)
+
+    def _fence_headers(self, expected: int) -> bytes:
+        return b"Eddyline-Fence: %d\r\nNats-Expected-Last-Subject-Sequence: %d\r\n" % (self.generation, expected)
+
+    def _conditional(self) -> bytes:
+        """The headers that make a message conditional on this driver's fence (none: no lease)."""
+        if self._fence_seq is None:
+            return b""
+        return (b"Eddyline-Generation: %d\r\n" % self.generation
+                + b"Nats-Expected-Last-Subject-Sequence: %d\r\nNats-Expected-Last-Subject-Sequence-Subject: %s\r\n"
+                % (self._fence_seq, self._fence_subject.encode()))
+
+    def _publish_fenced(self, conn: NatsConnection, messages: list[tuple[str, str | None, bytes]], headers: bytes) -> None:
+        """``messages``, each conditional on this driver's fence. The server refuses them once a
+        newer generation fenced (:class:`Fenced`); when only this generation's own fence moved on
+        (the other driver of a hot pair refreshed it) they are sent again (their ids dedupe)."""
+        for _ in range(3):
+            try:
+                conn.publish(messages, headers=headers + self._conditional())
+                return
+            except NatsError as e:
+                if self._fence_seq is None or "wrong last sequence" not in str(e):
+                    raise
+                self._fence(conn)  # Fenced if a newer generation took over
+        raise SinkError(f"sink '{self.name}': the fence of stream {self.spec.params.stream} kept moving")
+
+    def _refresh_fence(self, conn: NatsConnection) -> None:
+        """Publish this epoch's fence message, conditional on the last one: it keeps the fence
+        among the stream's newest messages, out of reach of its limits."""
+        if self._fence_seq is None:
+            return
+        try:
+            self._fence_seq = conn.publish_one(self._fence_subject, b"", self._fence_headers(self._fence_seq))
+        except NatsError as e:
+            if "wrong last sequence" not in str(e):
+                raise
+            self._fence(conn)
 
     def stage(self, df: DataFrame, epoch: int) -> None:
         rows = to_json_column(df).toArrow()
@@ -404,9 +512,14 @@ class NatsSink(Sink):
         messages += [(subject, f"{prefix}{n}", payload) for n, payload in enumerate(packed_payloads(rows, per))]
         headers = b"Eddyline-Tentative: true\r\nEddyline-Epoch: %d\r\n" % epoch if tentative else b""
         half = len(messages) // 2  # two calls, so that a crash test can cut between them
-        self.server.call(lambda c: c.publish(messages[:half], headers=headers))
+
+        def first(c: NatsConnection) -> None:
+            self._refresh_fence(c)
+            self._publish_fenced(c, messages[:half], headers)
+
+        self.server.call(first)
         midway()
-        self.server.call(lambda c: c.publish(messages[half:], headers=headers))
+        self.server.call(lambda c: self._publish_fenced(c, messages[half:], headers))
         self.collected.pop(epoch, None)
 
     def restore(self, at_epoch: int) -> None:
@@ -454,7 +567,7 @@ class NatsSink(Sink):
 
         def send(conn: NatsConnection) -> None:  # all again after a lost connection: ids dedupe
             for message, headers in corrections:
-                conn.publish(message, headers=headers)
+                self._publish_fenced(conn, message, headers)
 
         self.server.call(send)
 

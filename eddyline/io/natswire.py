@@ -45,6 +45,10 @@ DEDUP_WINDOW_MS = 120_000
 TLS_OPTIONS = ("ca", "cert", "key")
 
 
+#: subjects Eddyline itself writes in a stream (a ``nats`` sink's fence messages); readers skip them
+EDDYLINE_SUBJECTS = b"_eddyline."
+
+
 def tls_context(url: str) -> ssl.SSLContext | None:
     """The TLS settings of a ``tls://`` URL (None for ``nats://``); a bad option or file is a
     :class:`NatsError` naming it."""
@@ -219,6 +223,36 @@ class NatsConnection:
             yield headers, base64.b64decode(found.get("data") or b"")
             seq = int(found["seq"]) + 1
 
+    def last_on(self, stream: str, subject: str) -> tuple[int, dict[str, str], bytes] | None:
+        """The last message on ``subject`` in ``stream``: (sequence, headers, payload), or None."""
+        try:
+            found = self.api(f"STREAM.MSG.GET.{stream}", {"last_by_subj": subject})["message"]
+        except NatsError as e:
+            if "no message found" in str(e):
+                return None
+            raise
+        raw = base64.b64decode(found.get("hdrs") or b"")
+        headers = dict(line.split(": ", 1) for line in raw.decode().split("\r\n")[1:] if ": " in line)
+        return int(found["seq"]), headers, base64.b64decode(found.get("data") or b"")
+
+    def publish_one(self, subject: str, payload: bytes, headers: bytes) -> int:
+        """Publish one message with ``headers`` (lines ``Name: value\\r\\n``) to JetStream and
+        return its sequence; a refusal (a failed expectation, say) raises :class:`NatsError`."""
+        reply = self._reply_subject()
+        hdr = b"NATS/1.0\r\n" + headers + b"\r\n"
+        self._send(b"HPUB %s %s %d %d\r\n%s%s\r\n" % (subject.encode(), reply.encode(), len(hdr),
+                                                        len(hdr) + len(payload), hdr, payload))
+        while True:
+            to, status, body = self._message()
+            if to.decode() != reply:
+                continue
+            if _status(status) == b"503":
+                raise NatsError(f"{redact(self.url)}: no stream takes subject {subject!r}")
+            ack = json.loads(body)
+            if "error" in ack:
+                raise NatsError(f"{redact(self.url)}: publish to {subject!r}: {ack['error'].get('description')}")
+            return int(ack["seq"])
+
     # ------------------------------------------------------------------ reading a range
     def read_range(
         self, stream: str, start: int, end: int, subject: str | None = None, batch: int = 10_000
@@ -310,8 +344,9 @@ class NatsConnection:
                 seq = int(tokens[5 if old else 7])
                 if seq >= end:
                     break
-                seqs.append(seq)
-                payloads.append(payload)
+                if not parts[1].startswith(EDDYLINE_SUBJECTS):  # a sink's fence (jetstream): not a record
+                    seqs.append(seq)
+                    payloads.append(payload)
                 if seq == end - 1:
                     break
                 due -= 1
@@ -513,21 +548,40 @@ class Subscription:
         self.close()
 
 
-def ensure_stream(conn: NatsConnection, stream: str, subjects: list[str], duplicate_window_ms: int | None = None) -> dict[str, Any]:
+def subject_matches(pattern: str, subject: str) -> bool:
+    """Whether the NATS subject ``subject`` is one ``pattern`` (with ``*`` and ``>``) takes."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(have) == len(want)
+
+
+def ensure_stream(conn: NatsConnection, stream: str, subjects: list[str], duplicate_window_ms: int | None = None,
+                  also: list[str] | None = None) -> dict[str, Any]:
     """Create ``stream`` (file storage; direct get allowed, for other readers) if it does not exist; widen its
-    de-duplication window to ``duplicate_window_ms`` if it is shorter. Returns its config."""
+    de-duplication window to ``duplicate_window_ms`` if it is shorter. ``also``: subjects an
+    existing stream is given if it does not take them yet (Eddyline's own). Returns its config."""
     try:
         config = conn.stream_info(stream)["config"]
     except NatsError as e:
         if "10059" not in str(e):  # stream not found
             raise
-        config = {"name": stream, "subjects": subjects, "storage": "file", "allow_direct": True,
+        config = {"name": stream, "subjects": [*subjects, *(also or [])], "storage": "file", "allow_direct": True,
                   "retention": "limits", "discard": "old", "num_replicas": 1}
         if duplicate_window_ms is not None:
             config["duplicate_window"] = duplicate_window_ms * 1_000_000
         return conn.api(f"STREAM.CREATE.{stream}", config)["config"]
+    update: dict[str, Any] = {}
     if duplicate_window_ms is not None and config.get("duplicate_window", 0) < duplicate_window_ms * 1_000_000:
-        config = conn.api(f"STREAM.UPDATE.{stream}", {**config, "duplicate_window": duplicate_window_ms * 1_000_000})["config"]
+        update["duplicate_window"] = duplicate_window_ms * 1_000_000
+    missing = [s for s in also or [] if not any(subject_matches(p, s) for p in config.get("subjects") or [])]
+    if missing:
+        update["subjects"] = [*(config.get("subjects") or []), *missing]
+    if update:
+        config = conn.api(f"STREAM.UPDATE.{stream}", {**config, **update})["config"]
     return config
 
 

@@ -19,6 +19,15 @@ of that attempt is. The epoch's row is inserted first (``ON CONFLICT DO NOTHING`
 writer of the same epoch blocks on the first one's row until it commits and then sees it: there is
 no window in which both write.
 
+Fencing. Under a lease (:mod:`eddyline.ha.lease`) the sink keeps a row per (network,
+checkpoint, sink) in ``eddyline_fence`` beside the target table: the newest lease generation
+that writes there (and ``eddyline_epochs.generation`` says which generation wrote each epoch). A driver that takes the lease over raises it before it writes anything, and
+every transaction of the sink (an epoch, a retraction, a put-back) first reads it ``FOR SHARE``
+and rolls back if it names a newer generation than the writer's: the generation is checked
+inside the transaction that writes, holding the row, so a driver that was frozen past its lease
+and wakes has its epoch refused by the database; one in flight when the new driver takes over
+commits before the new driver's fence (which waits for its lock) and is replayed by it.
+
 The sink collects each epoch's rows in the driver (:meth:`PostgresSink.stage`) and writes them
 from there: what goes into a database table is meant to be small (aggregates, alerts, top lists),
 not a stream of raw events; those belong in a ``files`` sink.
@@ -78,7 +87,7 @@ from pydantic import Field
 from eddyline.api.registry import SINKS
 from eddyline.api.units import Columns, Duration, Model, names
 from eddyline.columns import DIFF
-from eddyline.errors import SinkError
+from eddyline.errors import Fenced, SinkError
 from eddyline.io.retry import Health, with_retry
 from eddyline.io.sinks import Sink, SinkKind
 
@@ -95,6 +104,7 @@ T = TypeVar("T")
 _TABLE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$"
 EPOCHS = "eddyline_epochs"
 UNDO = "eddyline_undo"
+FENCE = "eddyline_fence"
 #: the column of the target table that marks the rows of tentative epochs
 TENTATIVE = "tentative"
 _STAGED = "eddyline_staged"
@@ -279,6 +289,44 @@ class PostgresSink(Sink):
         self._rewind = self.params.rewind and not tentative
         self.layout = layout_of(schema, self.params, self.name, tentative)
         self._run(self._prepare)
+        if self.generation:
+            self._run(self._fence)
+
+    def fence(self, generation: int) -> None:
+        super().fence(generation)
+        if self.layout is not None and generation:  # opened already: a driver that took the lease over
+            self._run(self._fence)
+
+    def _fence(self, conn: psycopg.Connection[Any]) -> None:
+        """Make this generation the newest that writes here (waiting for a transaction of an
+        older one in flight); :class:`Fenced` if a newer one did first."""
+        from psycopg import sql
+
+        (newest,) = conn.execute(sql.SQL(
+            "INSERT INTO {} AS f (network, checkpoint, sink, generation) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (network, checkpoint, sink) DO UPDATE SET generation = GREATEST(f.generation, "
+            "EXCLUDED.generation), fenced_at = now() RETURNING generation"
+        ).format(self._beside(FENCE)), (self.network, self.checkpoint, self.name, self.generation)).fetchone()
+        if newest > self.generation:
+            raise self._fenced(newest)
+
+    def _fenced(self, newer: int) -> Fenced:
+        return Fenced(f"sink '{self.name}': lease generation {self.generation} was taken over by generation "
+                      f"{newer}: table {self.params.table} at {self.server} refuses its writes; stopping without "
+                      "writing anything more")
+
+    def _hold_fence(self, conn: psycopg.Connection[Any]) -> None:
+        """Inside a transaction that writes: hold the fence row (a driver taking the lease over
+        waits until this transaction ends) and refuse if a newer generation holds it."""
+        if not self.generation:
+            return
+        from psycopg import sql
+
+        row = conn.execute(sql.SQL(
+            "SELECT generation FROM {} WHERE network = %s AND checkpoint = %s AND sink = %s FOR SHARE"
+        ).format(self._beside(FENCE)), (self.network, self.checkpoint, self.name)).fetchone()
+        if row is not None and row[0] > self.generation:
+            raise self._fenced(row[0])
 
     def stage(self, df: DataFrame, epoch: int) -> None:
         self.collected[epoch] = df.toArrow()
@@ -420,6 +468,14 @@ class PostgresSink(Sink):
                 "committed_at timestamptz DEFAULT now(), tentative boolean NOT NULL DEFAULT false, "
                 "PRIMARY KEY (network, checkpoint, sink, epoch))"
             ).format(self._epochs()))
+            if self.generation:
+                conn.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (network text, checkpoint text, sink text, generation bigint "
+                    "NOT NULL, fenced_at timestamptz DEFAULT now(), PRIMARY KEY (network, checkpoint, sink))"
+                ).format(self._beside(FENCE)))
+                if not self._has_column(conn, EPOCHS, "generation"):  # made before epochs said who wrote them
+                    conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS generation bigint")
+                                 .format(self._epochs()))
             self._marked = self._has_column(conn, EPOCHS, TENTATIVE)
             if self.tentative and not self._marked:  # made by a version that knew no tentative epochs
                 conn.execute(sql.SQL(
@@ -550,6 +606,7 @@ class PostgresSink(Sink):
     ) -> None:
         assert self.layout is not None
         with conn.transaction():
+            self._hold_fence(conn)
             if not self._claim(conn, epoch, tentative):
                 return  # a replay: this epoch committed before
             if tentative or self._rewind:
@@ -571,16 +628,19 @@ class PostgresSink(Sink):
         from psycopg import sql
 
         key = (self.network, self.checkpoint, self.name, epoch)
-        if not self._marked:
-            cur = conn.execute(
-                sql.SQL("INSERT INTO {} (network, checkpoint, sink, epoch) VALUES (%s, %s, %s, %s) "
-                        "ON CONFLICT DO NOTHING").format(self._epochs()), key)
-            return cur.rowcount == 1
+        columns, values = ["network", "checkpoint", "sink", "epoch"], list(key)
+        if self._marked:
+            columns.append("tentative")
+            values.append(tentative)
+        if self.generation:  # who wrote the epoch: the lease generation
+            columns.append("generation")
+            values.append(self.generation)
         cur = conn.execute(
-            sql.SQL("INSERT INTO {} (network, checkpoint, sink, epoch, tentative) "
-                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING").format(self._epochs()),
-            (*key, tentative),
-        )
+            sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT DO NOTHING").format(
+                self._epochs(), sql.SQL(", ").join(map(sql.Identifier, columns)),
+                sql.SQL(", ").join(sql.Placeholder() * len(values))), values)
+        if not self._marked:
+            return cur.rowcount == 1
         if cur.rowcount == 1:
             return True
         # a replay must publish the epoch as its first attempt did: a stable replay of a
@@ -739,6 +799,7 @@ class PostgresSink(Sink):
         sink = (self.network, self.checkpoint, self.name)
         of_sink = sql.SQL("network = %s AND checkpoint = %s AND sink = %s")
         with conn.transaction():
+            self._hold_fence(conn)
             # locked, so that a second driver retracting at the same time waits, then finds
             # nothing left to do
             published = [e for (e,) in conn.execute(
@@ -772,6 +833,7 @@ class PostgresSink(Sink):
         from psycopg import sql
 
         with conn.transaction():
+            self._hold_fence(conn)
             # locked, so that a second driver taking them back at the same time waits, then
             # finds nothing left to do
             conn.execute(sql.SQL(
@@ -804,6 +866,7 @@ class PostgresSink(Sink):
         assert self.layout is not None
         where, args = self._records(retracted_by=at_epoch)
         with conn.transaction():
+            self._hold_fence(conn)
             conn.execute(sql.SQL(
                 "SELECT e.epoch FROM {} AS e WHERE e.network = %s AND e.checkpoint = %s AND e.sink = %s "
                 "AND e.epoch IN (SELECT _u.epoch FROM {} AS _u WHERE {}) ORDER BY e.epoch FOR UPDATE"

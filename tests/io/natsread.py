@@ -9,8 +9,9 @@ import json
 from typing import Any
 
 
-def read_stream(url: str, stream: str) -> list[tuple[dict[str, str], bytes]]:
-    """(headers, payload) of every message in ``stream``, in order."""
+def read_stream(url: str, stream: str, fences: bool = False) -> list[tuple[dict[str, str], bytes]]:
+    """(headers, payload) of every message in ``stream``, in order; the sinks' fence messages
+    only with ``fences``."""
 
     async def read() -> list[tuple[dict[str, str], bytes]]:
         import nats
@@ -21,7 +22,8 @@ def read_stream(url: str, stream: str) -> list[tuple[dict[str, str], bytes]]:
         out = []
         for seq in range(info.state.first_seq, info.state.last_seq + 1) if info.state.messages else []:
             m = await js.get_msg(stream, seq)
-            out.append((dict(m.headers or {}), m.data))
+            if fences or not m.subject.startswith("_eddyline."):
+                out.append((dict(m.headers or {}), m.data))
         await nc.close()
         return out
 
