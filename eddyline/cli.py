@@ -282,6 +282,9 @@ def _run(
         faults = (KillDriver.parse(crash_at) if crash_at
                   else KillDriver.parse(freeze_at, signal.SIGSTOP, "--freeze-at") if freeze_at else None)
         net = _load(spec)
+        from eddyline.runtime.checkpoint import Checkpoint
+
+        Checkpoint(checkpoint).restart_change(net)  # a spec its state cannot follow: refused before the lease
         session = _spark(master)
         analyze(net, session)
         signal.signal(signal.SIGINT, _interrupt)
@@ -311,6 +314,21 @@ def _run(
         f"{summary.input_rows} input rows, output rows {outputs or '-'}, "
         f"{summary.late_rows} late, {summary.dead_letters} dead letters"
     )
+    if summary.epochs == 0:
+        err.print(_nothing_new(checkpoint), highlight=False, soft_wrap=True)
+
+
+def _nothing_new(checkpoint: str) -> str:
+    """Why a run ran no epoch: where the checkpoint's sources stand."""
+    from eddyline.runtime.checkpoint import Checkpoint
+
+    last = Checkpoint(checkpoint).latest_commit()
+    if last is None:
+        return "nothing to read yet: the sources have no input"
+    offsets = ", ".join(f"{name} at offset {end:,}" for name, end in sorted(last.source_ends.items()))
+    done = " (it reached the end of its input)" if last.end_of_stream else ""
+    return (f"nothing new to read: checkpoint {checkpoint} has run its input up to epoch {last.epoch}{done}; "
+            f"sources: {offsets or '-'}")
 
 
 def _lease(checkpoint: str, standby: bool, timeout_s: float):  # noqa: ANN202

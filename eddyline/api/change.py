@@ -91,17 +91,20 @@ def _detail(a: dict[str, Any], b: dict[str, Any], key: str) -> str:
 
 
 def _check_state(d: NetworkDiff, before: Any, after: Any, reset: tuple[str, ...]) -> None:
-    if before.kind != after.kind or before.inputs != after.inputs:
-        structural = True
+    if before.kind != after.kind:
+        fields = [f"its kind ({before.kind} -> {after.kind})"]
+    elif before.inputs != after.inputs:
+        fields = ["input"]
     else:
         a, b = _dump(before)[before.kind], _dump(after)[after.kind]
         a, b = (a, b) if isinstance(a, dict) else ({}, {})
-        structural = any(a.get(k) != b.get(k) for k in a.keys() | b.keys() if k not in before.info.live_params)
-    if structural and before.name not in reset:
+        fields = [f"{before.kind}.{_detail(a, b, k)}" for k in sorted(a.keys() | b.keys())
+                  if a.get(k) != b.get(k) and k not in before.info.live_params]
+    if fields and before.name not in reset:
         d.incompatible.append(before.name)
         d.problems.append(
-            f"step '{before.name}': its state would not fit the changed step; give --reset {before.name} "
-            "to start it with no state"
+            f"step '{before.name}': {', '.join(fields)} changed, and its state would not fit the changed step; "
+            f"give --reset {before.name} to start it with no state"
         )
 
 
@@ -225,4 +228,21 @@ def check_change(
     d = network_diff(old, new, reset, fits)
     if d.problems:
         raise SpecError([f"apply: {p}" for p in d.problems])
+    return d
+
+
+def check_restart(in_force: NetworkSpec, given: NetworkSpec, checkpoint: str) -> NetworkDiff:
+    """A run started with ``given`` on a checkpoint whose network in force is ``in_force``: the
+    change it makes, to be applied at the next epoch boundary as ``eddyline apply`` would, or a
+    :class:`SpecError` (before anything runs) naming each step and field whose state would not
+    fit, and what to do instead. The state is never read as another network's."""
+    d = network_diff(in_force, given)
+    if d.problems:
+        raise SpecError([
+            *(f"run: {p.replace('give --reset', 'apply with --reset')}" for p in d.problems),
+            f"run: checkpoint {checkpoint!r} holds network '{in_force.name}' as it ran until now, and this spec "
+            "changes it in a way its state cannot follow; nothing was run. Change it live with 'eddyline apply "
+            f"SPEC --checkpoint {checkpoint}' (with --reset STEP for a step that may start with no state), or "
+            "run this spec on a new checkpoint",
+        ])
     return d

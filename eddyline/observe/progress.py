@@ -56,6 +56,10 @@ class ProgressReporter:
             self._json.close()
             self._json = None
 
+    def note(self, text: str) -> None:
+        """A line for the operator beside the progress (a change the run made on its own)."""
+        self.console.print(f"[yellow]note:[/yellow] {text}", highlight=False, soft_wrap=True)
+
     def report(self, record: dict[str, Any]) -> None:
         self.rows.append(record)
         if self._json is not None:

@@ -32,6 +32,8 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from eddyline.api.change import NetworkDiff
+from eddyline.api.network import NetworkSpec
 from eddyline.errors import CheckpointError
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan
 from eddyline.state.store import referenced_files, state_file
@@ -126,6 +128,26 @@ class Checkpoint:
         raw = read_json(self.fs, f"{self.base}/networks/{digest}.json")
         assert isinstance(raw, dict)
         return raw
+
+    def in_force(self) -> str | None:
+        """The hash of the network the checkpoint runs now: the one a live change put in force,
+        else the one it was created with (None: no run started here, or made by an older Eddyline)."""
+        meta = self.metadata() or {}
+        return (meta.get("applied") or {}).get("hash") or meta.get("created")
+
+    def restart_change(self, spec: NetworkSpec) -> NetworkDiff | None:
+        """How ``spec``, given to a run on this checkpoint, differs from the network in force:
+        None when it is that network (or the one the checkpoint was created with, which goes on
+        with the network applied since); else the change to apply at the next epoch boundary, as
+        ``eddyline apply`` would. A :class:`~eddyline.errors.SpecError` (nothing written) when the
+        state cannot follow the change: never is the state read as another network's."""
+        from eddyline.api.change import check_restart
+        from eddyline.api.validate import spec_from_raw
+
+        digest, mine = self.in_force(), network_hash(spec.as_dict())
+        if digest is None or mine in (digest, (self.metadata() or {}).get("created")):
+            return None
+        return check_restart(spec_from_raw(self.read_network(digest)), spec, self.location)
 
     def record_change(
         self, fingerprint: dict[str, Any], digest: str, change: dict[str, Any], rewrite: dict[str, Any] | None = None

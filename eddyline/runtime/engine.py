@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from eddyline.api.change import (
+    NetworkDiff,
     catch_ups,
     check_change,
     history_starts,
@@ -230,9 +231,10 @@ class Engine:
         until_idle: bool = False,
         should_stop: Callable[[], bool] | None = None,
     ) -> RunSummary:
+        changed = self.ckpt.restart_change(self.base_spec)  # refused before anything is written
         # before anything is read: from here on no older generation can write what we read
         self._open_gates()
-        self._adopt_applied_network()
+        self._adopt_applied_network(changed)
         meta = self.ckpt.open(self.spec.fingerprint(), created=self.network_id)
         applied = meta.get("applied") or {}
         self._change = LiveChange.from_json(applied)
@@ -600,26 +602,38 @@ class Engine:
         self._rebuild(new, last)
         self._use_settings(carried(before, new, settings))  # (logged with the plan about to be made)
 
-    def _adopt_applied_network(self) -> None:
-        """A checkpoint whose network was changed live runs the network last applied: started
-        with the network it was created with (a supervisor's unchanged command line), it goes on
-        with the applied one; started with a third, it refuses."""
+    def _adopt_applied_network(self, changed: NetworkDiff | None) -> None:
+        """Run the network the checkpoint holds in force: the one a live change applied, even
+        when started with the network it was created with (a supervisor's unchanged command
+        line). Started with a spec that differs from it (``changed``, see
+        :meth:`Checkpoint.restart_change`), it runs the network in force and queues the spec's
+        change for the next epoch boundary, as ``eddyline apply`` would."""
         meta = self.ckpt.metadata() or {}
         applied = meta.get("applied")
-        mine = self.network_id
         if applied:
             self._change = LiveChange.from_json(applied)
-        if not applied or applied["hash"] == mine:
-            if self._change.catch_up:  # its added steps go on catching up on their copies
-                self._rebuild(self.base_spec, None)
-            return
-        if mine != meta.get("created"):
-            raise CheckpointError(
-                f"checkpoint {self.ckpt.location!r} runs the network applied at epoch {applied['epoch']} "
-                f"(networks/{applied['hash']}.json), not this one; run it with that network, or change it "
-                "with 'eddyline apply'"
-            )
-        self._rebuild(spec_from_raw(self.ckpt.read_network(applied["hash"])), None)
+        in_force = self.ckpt.in_force()
+        if in_force is not None and in_force != self.network_id:
+            given = self.base_spec
+            self._rebuild(spec_from_raw(self.ckpt.read_network(in_force)), None)
+            if changed is not None and not changed.empty:
+                self._queue_restart_change(given, changed)
+        elif self._change.catch_up:  # its added steps go on catching up on their copies
+            self._rebuild(self.base_spec, None)
+
+    def _queue_restart_change(self, given: NetworkSpec, changed: NetworkDiff) -> None:
+        """The change a restart's spec makes, queued (once) for the next epoch boundary."""
+        raw = given.as_dict()
+        digest = network_hash(raw)
+        if not any(isinstance(c.get("network"), dict) and network_hash(c["network"]) == digest
+                   for c in self.inbox.pending()):
+            self.inbox.submit_network(raw, [], origin="restart")
+        self._note(f"the spec differs from the network in checkpoint {self.ckpt.location}: applying the changed "
+                   f"network at the next epoch boundary ({'; '.join(changed.lines())})")
+
+    def _note(self, text: str) -> None:
+        if self.reporter is not None:
+            self.reporter.note(text)
 
     def _rebuild(self, spec: NetworkSpec, last: EpochCommit | None) -> None:
         """Another network in force: unchanged sinks stay open, everything else is made anew;

@@ -74,7 +74,7 @@ def test_a_network_change_names_what_cannot_change_in_place() -> None:
         "name: the running network is 'n'; a change keeps the name",
         "key_groups: the running network has 128; state is cut by them, so they stay",
         "source 'bids': its offsets would mean something else; remove it and add one with another name",
-        "step 'counts': its state would not fit the changed step; give --reset counts to start it with no state",
+        "step 'counts': window_aggregate.aggregates.s changed, and its state would not fit the changed step; give --reset counts to start it with no state",
         "reset: cheap: not a stateful step of the running network",
     ]
     ok = copy.deepcopy(NET)

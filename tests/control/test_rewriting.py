@@ -106,7 +106,7 @@ def test_the_pattern_split_rule_as_data() -> None:
     assert (s2.split.stage, s2.split.at, s2.seeds) == (2, "B", "found_stage1")
     assert done.inherit == {"found_stage1": "found"} and done.fits == ("found",)
     # as a hand-made change the state of 'found' would not fit; the rule vouches for it
-    with pytest.raises(SpecError, match="step 'found': its state would not fit"):
+    with pytest.raises(SpecError, match="step 'found': input changed, and its state would not fit"):
         check_change(spec, new)
     assert network_diff(spec, new, fits=done.fits).lines() == ["+ step 'found_stage1'", "~ step 'found': pattern.seeds, pattern.split"]
     # where it does not fit, the reason
@@ -163,7 +163,7 @@ def test_the_aggregate_split_rule_as_data() -> None:
     assert list(local.params.aggregates) == ["n", "top", "latest"]  # their order is the state's columns' order
     assert local.params.aggregates == totals.params.aggregates and local.params.time == "event_time"
     assert done.inherit == {} and done.fits == ("totals",)  # the step keeps the state it has
-    with pytest.raises(SpecError, match="step 'totals': its state would not fit"):
+    with pytest.raises(SpecError, match="step 'totals': input changed, and its state would not fit"):
         check_change(spec, new)
     assert network_diff(spec, new, fits=done.fits).lines() == [
         "+ step 'totals_local'", "~ step 'totals': aggregate.combined, input"]

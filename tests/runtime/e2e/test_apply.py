@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from eddyline.api.validate import load_spec
 from eddyline.cli import app
-from eddyline.errors import CheckpointError
+from eddyline.errors import SpecError
 from eddyline.runtime.checkpoint import Checkpoint, network_hash
 from eddyline.runtime.engine import Engine
 from eddyline.runtime.faults import FaultPoint
@@ -80,12 +80,20 @@ def test_a_query_added_then_one_removed_while_running_across_a_crash(spark, tmp_
     assert [a["id"] for a in ck.read_plan(3).applied] == [added] and [a["id"] for a in ck.read_plan(5).applied] == [removed]
     assert [(d["id"], d["outcome"], d["epoch"]) for d in Inbox(ckpt).done()] == [(added, "applied", 3), (removed, "applied", 5)]
     assert set(ck.latest_commit().steps) == {"counts"}
-    # started with the network it now runs, it simply goes on; with a third, it refuses, naming it
+    # started with the network it now runs, it simply goes on; with a third, the third is a
+    # change of the network in force, refused where the state cannot follow, else applied
     assert Engine(load_spec(c), spark, ckpt).run(until_idle=True).epochs == 0
-    third = copy.deepcopy(a)
-    third["steps"][0]["filter"] = "price >= 7"
-    with pytest.raises(CheckpointError, match=r"runs the network applied at epoch 5 \(networks/[0-9a-f]{16}\.json\), not this one"):
+    third = copy.deepcopy(c)
+    third["steps"][0]["window_aggregate"]["key"] = "price"
+    with pytest.raises(SpecError, match=r"run: step 'counts': window_aggregate.key changed, and its state would not fit"):
         Engine(load_spec(third), spark, ckpt).run(epochs=1)
+    assert Inbox(ckpt).pending() == [] and ck.in_force() == network_hash(load_spec(c).as_dict())
+    third = copy.deepcopy(c)
+    third["sinks"].append({"name": "seen", "input": "counts", "console": {}})
+    assert Engine(load_spec(third), spark, ckpt).run(until_idle=True).epochs == 0  # nothing new to read
+    assert ck.in_force() == network_hash(load_spec(third).as_dict())  # the change was applied all the same
+    # queued as `eddyline apply` queues it (closed with the first epoch that runs)
+    assert [c["from"] for c in Inbox(ckpt).pending()] == ["restart"]
 
 
 def test_apply_shows_the_change_and_refuses_what_the_state_cannot_follow(tmp_path: Path) -> None:
@@ -103,7 +111,8 @@ def test_apply_shows_the_change_and_refuses_what_the_state_cannot_follow(tmp_pat
     runner = CliRunner()
     refused = runner.invoke(app, ["apply", str(paths[0]), str(paths[1]), "--checkpoint", ckpt])
     assert refused.exit_code == 2
-    assert "apply: step 'counts': its state would not fit the changed step; give --reset counts" in refused.output
+    assert "apply: step 'counts': window_aggregate.aggregates." in refused.output
+    assert "changed, and its state would not fit the changed step; give --reset counts" in refused.output
     ok = runner.invoke(app, ["apply", str(paths[0]), str(paths[1]), "--checkpoint", ckpt, "--reset", "counts"])
     assert ok.exit_code == 0, ok.output
     assert "~ step 'counts': window_aggregate.aggregates" in ok.output and "~ step 'expensive': filter" in ok.output
