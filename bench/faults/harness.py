@@ -218,15 +218,17 @@ def read_stream(url: str, stream: str) -> list[dict[str, Any]]:
         nc = await nats.connect(url)
         try:
             js = nc.jetstream()
-            info = await js.stream_info(stream)
+            # the sink's subjects only: not its fence messages (eddyline.io.jetstream)
+            info = await js.stream_info(stream, subjects_filter=f"{stream}.>")
+            total = sum((info.state.subjects or {}).values())
             out: list[bytes] = []
-            if info.state.messages:
+            if total:
                 from nats.js.api import AckPolicy, ConsumerConfig
 
                 config = ConsumerConfig(ack_policy=AckPolicy.NONE, inactive_threshold=60.0)
                 sub = await js.pull_subscribe(f"{stream}.>", stream=stream, config=config)
-                while len(out) < info.state.messages:
-                    out.extend(m.data for m in await sub.fetch(min(5_000, info.state.messages - len(out)), timeout=10))
+                while len(out) < total:
+                    out.extend(m.data for m in await sub.fetch(min(5_000, total - len(out)), timeout=10))
                 await sub.unsubscribe()
             return out
         finally:
@@ -259,6 +261,75 @@ def read_outputs(setup: Setup, out: Outputs) -> SinkRows:
     raw = {k: sorted(_raw(r) for r in rows) for k, rows in each("raw").items()}
     win = {k: sorted(_window(r) for r in rows) for k, rows in each("win").items()}
     return SinkRows(raw, win)
+
+
+# ---------------------------------------------------------------------------- zombie writes
+
+
+def zombie_writes(setup: Setup, out: Outputs, ckpt: Path) -> int | None:
+    """What the drivers the lease was taken from wrote, visibly, after it was taken: files
+    epochs their generation published (the epoch's ``_generation``, the directory's change time),
+    rows of ``eddyline_epochs`` (its ``generation``, ``committed_at``), NATS messages (the
+    ``Eddyline-Generation`` header, the server's time). None: nobody took a lease over."""
+    leases = sorted((ckpt / "lease").glob("*.json")) if (ckpt / "lease").is_dir() else []
+    if len(leases) < 2:
+        return None
+    taken = json.loads(leases[1].read_text())["acquired_at"]  # generation 2 took it from 1 (the cells' case)
+    count = 0
+    for kind in ("raw", "win"):
+        for d in (out.directory / kind).glob("epoch=*"):
+            marker = d / "_generation"
+            if marker.exists() and marker.read_text() == "1" and d.stat().st_ctime > taken:
+                count += 1
+    import psycopg
+
+    checkpoint = json.loads((ckpt / "metadata.json").read_text())["id"]
+    with psycopg.connect(setup.pg_url, autocommit=True) as conn:
+        (has,) = conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass('eddyline_epochs') "
+                              "AND attname = 'generation'").fetchone()
+        if has:  # (no table, or none written under a lease: nothing to count)
+            (rows,) = conn.execute(
+                "SELECT count(*) FROM eddyline_epochs WHERE checkpoint = %s AND generation = 1 AND committed_at > "
+                "to_timestamp(%s)", (checkpoint, taken)).fetchone()
+            count += rows
+    for stream in out.streams.values():
+        count += sum(1 for headers, at in _headers(setup.nats_url, stream)
+                     if headers.get("Eddyline-Generation") == "1" and at > taken)
+    return count
+
+
+def _headers(url: str, stream: str) -> list[tuple[dict[str, str], float]]:
+    """(headers, time stored) of every message in ``stream``."""
+
+    async def read() -> list[tuple[dict[str, str], float]]:
+        import nats
+        from nats.js.errors import NotFoundError
+
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            try:
+                info = await js.stream_info(stream)
+            except NotFoundError:  # a sink that wrote nothing
+                return []
+            out = []
+            for seq in range(info.state.first_seq, info.state.last_seq + 1) if info.state.messages else []:
+                m = await js.get_msg(stream, seq)
+                out.append((dict(m.headers or {}), _seconds(m.time)))
+            return out
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def _seconds(when: Any) -> float:
+    """A message's stored time (nats-py gives a datetime, or its RFC 3339 text) as Unix seconds."""
+    if isinstance(when, datetime):
+        return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+    text = str(when).rstrip("Z")
+    head, _, frac = text.partition(".")
+    return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00" if frac else f"{head}+00:00").timestamp()
 
 
 # ---------------------------------------------------------------------------- the verifier

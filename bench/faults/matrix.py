@@ -82,8 +82,8 @@ def reference(setup: Setup, directory: Path, expected: list) -> tuple[SinkRows |
 
 
 def table(results: list[Result]) -> str:
-    lines = ["| fault | how | result | lost | dup | = reference | fault → next commit | of which outage | notes |",
-             "|---|---|---|---:|---:|---|---:|---:|---|"]
+    lines = ["| fault | how | result | lost | dup | zombie writes | = reference | fault → next commit | of which outage | notes |",
+             "|---|---|---|---:|---:|---:|---|---:|---:|---|"]
     for r in results:
         rec = f"{r.recovery_s:.1f} s (epoch {r.next_commit})" if r.recovery_s is not None else "–"
         status = r.status if r.status == "pass" else f"**{r.status}**"
@@ -91,10 +91,11 @@ def table(results: list[Result]) -> str:
                for c in r.checks if not c.ok]
         notes = "; ".join([*bad, *(n.splitlines()[0][:160] for n in r.notes)]).replace("|", "/")
         same = "yes" if r.identical else "**no**"
-        lines.append(f"| {r.target} × {r.mode} | {r.how} | {status} | {r.lost} | {r.duplicated} | {same} | {rec} | "
-                     f"{r.outage_s:.1f} s | {notes} |")
+        zombie = "–" if r.zombie_writes is None else str(r.zombie_writes)
+        lines.append(f"| {r.target} × {r.mode} | {r.how} | {status} | {r.lost} | {r.duplicated} | {zombie} | {same} | "
+                     f"{rec} | {r.outage_s:.1f} s | {notes} |")
     for target, why in NOT_RUN.items():
-        lines.append(f"| {target} | – | not run | | | | | | {why} |")
+        lines.append(f"| {target} | – | not run | | | | | | | {why} |")
     return "\n".join(lines)
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.faults.cells import Cell, point_crash, run_cell
+from bench.faults.cells import Cell, point_crash, point_freeze, run_cell
 from bench.faults.harness import (
     STEP_MS,
     T0_MS,
+    Outputs,
     Servers,
     Setup,
     SinkRows,
@@ -19,6 +20,7 @@ from bench.faults.harness import (
     key_of,
     publish_input,
     verify,
+    zombie_writes,
 )
 
 N = 6_000
@@ -72,3 +74,56 @@ def test_a_crash_inside_a_key_group_move_then_a_restart_loses_and_duplicates_not
     assert result.status == "pass", (result.notes, [c for c in result.checks if not c.ok])
     assert len(result.checks) == 6 and all(c.rows > 0 for c in result.checks)
     assert result.recovery_s is not None and result.next_commit == 3
+    assert result.zombie_writes == 0  # the restarted driver took the lease from one that was dead
+
+
+@pytest.mark.slow
+def test_a_leader_woken_after_the_standby_published_writes_nothing_anywhere(nats_server, postgres, tmp_path: Path) -> None:
+    """The matrix's publish × SIGSTOP cell on a short input: frozen with every output staged
+    (``--freeze-at 3:after_stage``), a standby takes over and publishes epoch 3, the old leader
+    wakes into its publish: refused by every store, so no sink shows a write of generation 1
+    made after the takeover, and every sink holds each record once."""
+    stream = f"SEQ{uuid.uuid4().hex[:8].upper()}"
+    setup = Setup(nats_server.url, postgres.url, stream, N)
+    publish_input(setup.nats_url, stream, N)
+    cell = Cell("publish", "SIGSTOP → SIGCONT (standby)", "", point_freeze(3, "after_stage"))
+    result = run_cell(cell, setup, Servers(nats_server, postgres),
+                      tmp_path / f"fm{uuid.uuid4().hex[:8]}", None, expected_windows(N))
+    assert result.status == "pass", (result.notes, [c for c in result.checks if not c.ok])
+    assert result.zombie_writes == 0 and result.lost == 0 and result.duplicated == 0
+
+
+def test_zombie_writes_are_counted_from_what_each_store_says_wrote_what(nats_server, postgres, tmp_path: Path) -> None:
+    """The counter the matrix fails a cell on, fed a write of each kind made by generation 1
+    after generation 2 took the lease: it must see all three (and none made before)."""
+    import json
+    import time
+
+    import psycopg
+
+    from eddyline.io.natswire import NatsConnection, ensure_stream
+
+    out = Outputs(tmp_path / "out", f"zw{uuid.uuid4().hex[:6]}")
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "lease").mkdir(parents=True)
+    before = time.time() - 60
+    for g, at in ((1, before - 60), (2, before)):
+        (ckpt / "lease" / f"{g:010d}.json").write_text(json.dumps({"generation": g, "acquired_at": at}))
+    (ckpt / "metadata.json").write_text(json.dumps({"id": out.name}))
+    setup = Setup(nats_server.url, postgres.url, "unused", N)
+    assert zombie_writes(setup, out, ckpt) == 0
+    epoch = out.directory / "raw" / "epoch=0000000004"
+    epoch.mkdir(parents=True)
+    (epoch / "_generation").write_text("1")
+    with psycopg.connect(postgres.url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS eddyline_epochs (network text, checkpoint text, sink text, "
+                     "epoch bigint, committed_at timestamptz DEFAULT now(), tentative boolean NOT NULL DEFAULT false, "
+                     "PRIMARY KEY (network, checkpoint, sink, epoch))")
+        conn.execute("ALTER TABLE eddyline_epochs ADD COLUMN IF NOT EXISTS generation bigint")
+        conn.execute("INSERT INTO eddyline_epochs (network, checkpoint, sink, epoch, generation) VALUES "
+                     "('n', %s, 'raw_pg', 4, 1), ('n', %s, 'raw_pg', 5, 2)", (out.name, out.name))
+    stream = out.streams["raw"]
+    with NatsConnection(nats_server.url) as conn:
+        ensure_stream(conn, stream, [f"{stream}.out"])
+        conn.publish([(f"{stream}.out", "x/1", b"{}"), (f"{stream}.out", "x/2", b"{}")], headers=b"Eddyline-Generation: 1\r\n")
+    assert zombie_writes(setup, out, ckpt) == 1 + 1 + 2
