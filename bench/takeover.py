@@ -18,8 +18,24 @@ remaining time at the kill varies as it would. ``--cold`` starts the standby wit
 ``--no-rehearse`` (it only waits, as before the rehearsal existed), for comparison. The machine's
 load average when the leader dies is kept with each run (other work on the machine slows Spark).
 Printed: each run, then min / median / max of every column. Usage:
-``python bench/takeover.py [--runs 5] [--lease 1.5] [--cold] [--keep DIR]``; writes
+``python bench/takeover.py [--runs 5] [--lease 1.5] [--cold] [--hot] [--keep DIR]``; writes
 ``bench/results/takeover.json`` (each invocation appends its series).
+
+``--hot`` measures a hot pair instead (``--hot GROUP``, a checkpoint each): the leader runs alone
+until its 12th commit (it keeps every plan since epoch 1), then a follower is started beside it:
+
+* ``join_s``: from the follower's start to its first commit (it copies the leader's latest
+  commit rather than run the plans before it);
+* ``join_pause_s``: the longest the sink's output stopped while the follower joined (between
+  two epochs' publishes, from its start to its first commit), against ``steady_s``, the median
+  between two epochs before it started;
+
+then, once it follows and the leader has committed twice more, the leader gets SIGKILL:
+
+* ``taken_s``: when the follower took the lease over (at once, as it sees the leader's process
+  gone, rather than when the lease expires: ``expiry_s``);
+* ``takeover_s``: its first commit as the leader;
+* ``handover_gap_s``: the longest the sink's output stopped around the kill.
 """
 
 from __future__ import annotations
@@ -176,12 +192,66 @@ def one_run(work: Path, lease: float, rng: random.Random, profile: bool = False,
     }
 
 
+def publishes(out: Path) -> list[float]:
+    """When each of a files sink's epochs was published (its directory's change time: the rename)."""
+    return sorted(p.stat().st_ctime for p in out.glob("epoch=*"))
+
+
+def longest_gap(times: list[float], after: float, until: float) -> float:
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > after and a < until]
+    return max(gaps, default=float("nan"))
+
+
+def one_hot_run(work: Path, lease: float, rng: random.Random) -> dict[str, Any]:
+    write_bids(work / "in")
+    spec, group, a, b = work / "net.yaml", work / "group", work / "a", work / "b"
+    write_spec(spec, work / "in", work / "out")
+    raw = spec.read_text()
+    spec.write_text(raw.replace("name: bids-windows", "name: bids-windows\nhistory: 40"))
+    leader = start(spec, a, lease, "leader", "--hot", str(group))
+    wait_for(lambda: latest(a / "commits") >= 12)
+    before = publishes(work / "out")
+    steady = statistics.median(y - x for x, y in zip(before, before[1:], strict=False))
+    t_join = time.time()
+    follower = start(spec, b, lease, "follower", "--hot", str(group))
+    wait_for(lambda: latest(b / "commits") >= 1 or follower.poll() is not None, 180)
+    first = min(int(p.name[:-5]) for p in (b / "commits").glob("*.json"))
+    joined = read_json(b / "commits" / f"{first:010d}.json")["committed_at"]
+    have = latest(a / "commits")
+    wait_for(lambda: latest(a / "commits") >= have + 2 or leader.poll() is not None)
+    time.sleep(rng.uniform(0.0, 0.9))
+    if leader.poll() is not None:
+        raise RuntimeError("the leader finished before it was killed")
+    leader.send_signal(signal.SIGKILL)
+    died = time.time()
+    leader.wait()
+    wait_for(lambda: (group / "lease" / f"{2:010d}.json").exists(), 120)
+    wait_for(lambda: any(read_json(p).get("generation") == 2 for p in (b / "commits").glob("*.json")), 120)
+    time.sleep(3)  # a few epochs more, for the output's gap
+    follower.send_signal(signal.SIGTERM)
+    if follower.wait(timeout=300) != 0:
+        raise RuntimeError(f"the follower failed:\n{(work / 'follower.err').read_text()[-3000:]}")
+    led = [read_json(p) for p in (b / "commits").glob("*.json")]
+    times = publishes(work / "out")
+    return {
+        "join_s": joined - t_join,
+        "join_pause_s": longest_gap(times, t_join, joined),
+        "steady_s": steady,
+        "copied_epoch": first - 1,
+        "expiry_s": read_json(group / "lease" / f"{1:010d}.beat")["expires_at"] - died,
+        "taken_s": read_json(group / "lease" / f"{2:010d}.json")["acquired_at"] - died,
+        "takeover_s": min(c["committed_at"] for c in led if c["generation"] == 2) - died,
+        "handover_gap_s": longest_gap(times, died - 0.5, died + 5),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--lease", type=float, default=1.5)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cold", action="store_true", help="the standby does not rehearse (--no-rehearse)")
+    ap.add_argument("--hot", action="store_true", help="a hot pair: a follower joins, then the leader is killed")
     ap.add_argument("--keep", type=Path, help="keep each run's directory (checkpoint, stderr) under DIR")
     ap.add_argument("--py-spy", action="store_true",
                     help="record the standby with py-spy from the kill on (raw stacks in each run's directory)")
@@ -194,7 +264,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
         try:
-            r = one_run(work, args.lease, rng, args.py_spy, args.cold)
+            r = one_hot_run(work, args.lease, rng) if args.hot else one_run(work, args.lease, rng, args.py_spy, args.cold)
         except (RuntimeError, TimeoutError) as e:  # reported and kept, not left out silently
             print(f"run {i + 1}: failed: {str(e)[:500]}", flush=True)
             failed.append({"run": i + 1, "error": str(e)[:2000]})
@@ -208,6 +278,9 @@ def main() -> None:
             if args.keep is None:
                 shutil.rmtree(work, ignore_errors=True)
         runs.append(r)
+        if args.hot:
+            print(f"run {i + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()), flush=True)
+            continue
         print(f"run {i + 1}: takeover {r['takeover_s']:.2f} s (lease free {r['expiry_s']:+.2f}, taken "
               f"{r['taken_s']:+.2f}, planned {r['planned_s']:+.2f}, committed {r['committed_s']:+.2f}; first "
               f"epoch {r['epoch_ms']:.0f} ms: planning {r['planning_ms']:.0f}, execution {r['execution_ms']:.0f}, "
@@ -226,7 +299,8 @@ def main() -> None:
     path = HERE / "results" / "takeover.json"
     series = json.loads(path.read_text()).get("series", []) if path.exists() else []
     series.append({"when": datetime.now(UTC).isoformat(timespec="seconds"), "lease_s": args.lease,
-                   "cores": os.cpu_count(), "rehearsal": not args.cold, "runs": runs, "failed": failed})
+                   "cores": os.cpu_count(), **({"mode": "hot"} if args.hot else {"rehearsal": not args.cold}),
+                   "runs": runs, "failed": failed})
     path.write_text(json.dumps({"series": series}, indent=2) + "\n")
 
 

@@ -193,7 +193,11 @@ def run(
         help="seconds without a renewal after which a driver's lease is free", min=0.5)] = 5.0,
     hot: Annotated[str | None, typer.Option(
         help="a hot pair's group directory: the first driver in it leads, the other runs every epoch too "
-             "(each with its own --checkpoint) and takes over at once when the leader dies")] = None,
+             "(each with its own --checkpoint) and takes the lease over once the leader's expires "
+             "(at once when the leader's process on this host has exited)")] = None,
+    hot_max_lag: Annotated[int, typer.Option(
+        help="with --hot: how many epochs a follower that has caught up may fall behind before the leader "
+             "waits for it (a follower that is joining or copying is never waited for)", min=0)] = 1,
     crash_at: Annotated[str | None, typer.Option(hidden=True, help="test hook: EPOCH:POINT")] = None,
     freeze_at: Annotated[str | None, typer.Option(hidden=True, help="test hook: SIGSTOP at EPOCH:POINT")] = None,
     rehearse: Annotated[bool, typer.Option(
@@ -217,7 +221,7 @@ def run(
     (it stops before its next visible step). With --standby it waits for the lease to expire,
     having rehearsed the next epoch (writing only to a scratch directory) so that it leads warm."""
     _run(spec, checkpoint, epochs, duration, until_idle, lanes, progress_json, live, master, crash_at,
-         standby, lease_timeout, freeze_at, rehearse, hot=hot,
+         standby, lease_timeout, freeze_at, rehearse, hot=hot, hot_max_lag=hot_max_lag,
          ui=UiOptions(ui_host, ui_port, ui_token, ui_no_token, tuple(ui_allow_host or ())) if ui else None)
 
 
@@ -263,6 +267,7 @@ def _run(
     rehearse: bool = True,
     hot: str | None = None,
     ui: UiOptions | None = None,
+    hot_max_lag: int = 1,
 ) -> None:
     from eddyline.facade import validate as analyze
     from eddyline.observe.progress import ProgressReporter
@@ -289,7 +294,7 @@ def _run(
         analyze(net, session)
         signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
-        pair = _pair(hot, checkpoint, standby, lease_timeout) if hot is not None else None
+        pair = _pair(hot, checkpoint, standby, lease_timeout, hot_max_lag) if hot is not None else None
         lease = _lease(checkpoint, standby, lease_timeout) if pair is None else pair.lease if pair.lease.generation else None
         with ProgressReporter(live=live and sys.stderr.isatty(), json_path=progress_json) as reporter:
             # built before the lease is ours (it reads the checkpoint only once it runs), so a
@@ -373,20 +378,21 @@ def _take(lease, engine, standby: bool, rehearse: bool, stopped: Callable[[], bo
     return True
 
 
-def _pair(group: str, checkpoint: str, standby: bool, timeout_s: float):  # noqa: ANN202
+def _pair(group: str, checkpoint: str, standby: bool, timeout_s: float, max_lag: int = 1):  # noqa: ANN202
     """This driver's side of a hot pair: leading if it could take the group's lease, else
     following its holder (see eddyline.runtime.replica)."""
     from eddyline.runtime.replica import HotPair
 
     if standby:
         raise SpecError("--hot and --standby: choose one (a hot follower is a standby that runs every epoch)")
-    pair = HotPair(group, checkpoint, timeout_s=timeout_s)
+    pair = HotPair(group, checkpoint, timeout_s=timeout_s, max_lag=max_lag)
     if pair.lease.try_acquire():
         err.print(f"leading as {pair.lease.holder} (hot group {group}, lease generation {pair.lease.generation})")
     else:
         cur = pair.leader()
-        err.print(f"following {cur.holder if cur else 'the leader'} (hot group {group}): running its epochs "
-                  f"with checkpoint {checkpoint}, ready to take over")
+        err.print(f"following {cur.holder if cur else 'the leader'} (hot group {group}): joining (it copies the "
+                  f"leader's latest commit if it is far behind), then running its epochs with checkpoint "
+                  f"{checkpoint}, ready to take over")
     return pair
 
 
@@ -746,6 +752,10 @@ def status(
            f"{', lease alive' if leader['alive'] else ', lease expired: not running'})")
     out.print(f"[bold]{s['network']}[/bold] · {checkpoint} · last committed epoch {s['lastEpoch']}{ago}"
               f"{' · end of stream' if s['endOfStream'] else ''}", highlight=False)
+    driver = s.get("driver") or {}
+    if leader is None and driver.get("role") in ("leader", "follower"):  # a hot pair: its lease is in the group
+        who = (f"a hot pair's {driver['role']} ({driver['holder']}, lease generation {driver.get('generation')}"
+               + (f", {driver['state']}" if driver.get("state") else "") + ") at the last epoch it ran")
     out.print(f"driver: {who}" + (" · [yellow]paused[/yellow]" if s["paused"] else ""), highlight=False)
     if s["tentative"]:
         out.print(f"[yellow]tentative: its state lacks input from {', '.join(s['tentative'])}[/yellow]")

@@ -120,6 +120,8 @@ def status(checkpoint: str) -> dict[str, Any]:
         "endOfStream": bool(last and last.end_of_stream),
         "paused": Inbox(checkpoint).paused(),
         "leader": _leader(checkpoint),
+        # as the last epoch's driver reported itself (a hot pair's lease is in its group, not here)
+        "driver": record.get("driver"),
         "sources": {
             s.name: {"offset": last.source_ends.get(s.name, 0) if last else 0,
                      "backlog": (record.get("backlog") or {}).get(s.name)}

@@ -80,6 +80,18 @@ def gate_name(generation: int) -> str:
     return f"g={generation}"
 
 
+def staging_leftovers(root: str | os.PathLike[str]) -> list[str]:
+    """Files left in a local store's gates (what a driver staged and neither published nor
+    cleared): anything but the empty tombstones of revoked generations. A run that ended
+    cleanly, and every store a newer generation opened since, has none."""
+    gates = os.path.join(filesystem(os.fspath(root))[1], GATES)
+    out = []
+    for at, _, files in os.walk(gates):
+        out += [os.path.join(at, f) for f in files
+                if at != gates or os.path.getsize(os.path.join(at, f))]
+    return sorted(out)
+
+
 class Gate:
     """The way a driver of lease generation ``generation`` writes into one store (a directory on
     a local or mounted file system: a checkpoint, a files sink), such that the *store* refuses

@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from eddyline.storage import staging_leftovers
+
 from .harness import (
     MOVE_EVERY,
     CellError,
@@ -426,6 +428,34 @@ def hot_follower_kill(ctx: Ctx) -> None:
     ctx.notes.append(f"the leader's longest wait to plan after the kill: {held(ctx.watch, ctx.fault_at)}")
 
 
+def hot_follower_join(ctx: Ctx) -> None:
+    """A hot leader alone; once it has committed, a follower is started beside it: it copies the
+    leader's latest commit (rather than run every plan since epoch 1) and the leader does not
+    wait for it while it joins: the longest time between two of the leader's commits from the
+    follower's start to its first commit, against the leader's commits before."""
+    group = ctx.directory / "group"
+    leader = ctx.driver("leader", "--hot", str(group))
+    wait_until(lambda: ctx.watch.last_commit >= 1, 180, "the leader's first commit", alive=lambda: leader.proc.poll() is None)
+    fw = ctx.watch_also(ctx.directory / "ckpt-b")
+    ctx.fault()  # (the "fault": the follower's start)
+    started = time.time()
+    follower = ctx.driver("follower", "--hot", str(group), ckpt=ctx.directory / "ckpt-b")
+    wait_until(lambda: fw.last_commit >= 1, 300, "the follower's first commit", alive=lambda: follower.proc.poll() is None)
+    if leader.proc.poll() is not None:
+        raise CellError("the leader ended before the follower joined")
+    first = min(fw.commits)
+    joined = fw.commits[first]["at"]
+    at = sorted(c["at"] for c in ctx.watch.commits.values())
+    steady = sorted(b - a for a, b in zip(at, at[1:], strict=False) if b < started)
+    pause = max((b - a for a, b in zip(at, at[1:], strict=False) if b > started and a < joined), default=0.0)
+    ctx.notes.append(f"the follower joined at epoch {first} ({joined - started:.1f} s after its start, from a copy of "
+                     f"commit {first - 1}); the leader's longest time between commits meanwhile {pause:.1f} s "
+                     f"(steady {steady[len(steady) // 2] if steady else float('nan'):.1f} s)")
+    ctx.finish()
+    ctx.expect(leader, *EXITED_0)
+    ctx.expect(follower, *EXITED_0)
+
+
 def hot_follower_freeze(ctx: Ctx) -> None:
     """SIGSTOP to the follower's process tree for ``DOWN_S`` (past the lease timeout), then
     SIGCONT: the leader goes on meanwhile; the follower catches up, by replaying the leader's
@@ -560,6 +590,9 @@ CELLS: list[Cell] = [
     Cell("hot follower (replica)", KILL, "a hot pair; once the follower has caught up, SIGKILL to its process "
          "tree; the leader must go on (timed to the leader's next commit); once it has committed again, the "
          "follower is started again and must follow to the end", hot_follower_kill),
+    Cell("hot follower (replica)", "joins mid-run", "a hot leader alone; after its first commit a follower is started "
+         "beside it: it must copy the leader's latest commit, not hold the leader while it joins, and follow to the "
+         "end", hot_follower_join),
     Cell("hot follower (replica)", STOP, f"a hot pair; once the follower has caught up, SIGSTOP to its process tree "
          f"for {DOWN_S:.0f} s (past the {LEASE_S:.0f} s lease), then SIGCONT; the leader must go on, the follower "
          "catch up (from the leader's plans, or from a copy of its state if it fell out of them)", hot_follower_freeze),
@@ -645,6 +678,9 @@ def run_cell(c: Cell, setup: Setup, servers: Servers, directory: Path, reference
         result.notes.append(f"zombie writes not counted: {type(e).__name__}: {e}")
     if result.zombie_writes:
         ctx.problems.append(f"{result.zombie_writes} writes by a driver after its lease was taken over")
+    left = [f for kind in ("raw", "win") for f in staging_leftovers(ctx.out.directory / kind)]
+    if left:  # a revoked driver's staging goes with its gate; the last driver's is cleared as it publishes
+        ctx.problems.append(f"{len(left)} staged files left behind in the files sinks, e.g. {left[0]}")
     if ctx.fault_at is not None:
         back = ctx.back_at or ctx.fault_at
         result.outage_s = back - ctx.fault_at

@@ -31,6 +31,8 @@ name                                    type         from the progress record
                                                      / estimate, labels ``step``, ``aggregate``
 ``eddyline_lease_generation``           gauge        ``driver.generation``
 ``eddyline_leading``                    gauge        1 while this driver leads (``driver``)
+``eddyline_follower_state``             gauge        1 for a hot follower's state; ``state``: joining,
+                                                     copying, following (``driver.state``)
 ``eddyline_tentative``                  gauge        1 while the last epoch was tentative (DPC)
 ``eddyline_paused``                     gauge        1 while an operator's pause is in force
 ======================================  ===========  ==============================================
@@ -78,6 +80,8 @@ class Metrics:
                                     ["step", "aggregate"], registry=r)
         self.generation = Gauge("eddyline_lease_generation", "The lease generation this driver runs under", registry=r)
         self.leading = Gauge("eddyline_leading", "1 while this driver leads", registry=r)
+        self.follower = Gauge("eddyline_follower_state", "1 for a hot follower's state (joining, copying, following)",
+                              ["state"], registry=r)
         self.tentative = Gauge("eddyline_tentative", "1 while the last epoch was tentative", registry=r)
         self.paused = Gauge("eddyline_paused", "1 while an operator's pause is in force", registry=r)
 
@@ -125,6 +129,8 @@ class Metrics:
         if driver:
             self.generation.set(driver.get("generation") or 0)
             self.leading.set(0 if driver.get("role") == "follower" else 1)
+            for state in ("joining", "copying", "following"):
+                self.follower.labels(state).set(int(driver.get("role") == "follower" and driver.get("state") == state))
         self.tentative.set(1 if record.get("tentative") else 0)
 
     def set_paused(self, paused: bool) -> None:

@@ -216,7 +216,7 @@ class Engine:
             for out in [*self.outputs.sinks.values(), *self.outputs.targets()]:
                 out.writer = pair.writer
             self.planner = (Leading(self._plans, pair) if lease is not None
-                            else Following(self._plans, pair, self.controller, self._lead))
+                            else Following(self._plans, pair, self.controller, self._lead, self.ckpt))
 
     @property
     def sinks(self) -> dict[str, Sink]:

@@ -7,13 +7,14 @@ stream selector's records (:mod:`eddyline.ha.selector`) and a heartbeat per foll
     <group>/group.json                      the group's id and network (one network per group)
     <group>/lease/...                       who leads
     <group>/selector/<epoch>/<sink>.json    who published which output, with its digest
-    <group>/followers/<holder>.json         the epoch a follower committed last, and when
+    <group>/followers/<writer>.json         the epoch a follower committed last, its state, and when
 
 The **leader** plans as a single driver does, and logs its plans in its own checkpoint. It plans
-epoch ``n`` only once every live follower has committed epoch ``n - 2``, so a follower is at most
-one epoch behind it; a follower that joins late holds the leader while it catches up from the
-leader's retained plans (it runs them as fast as it can, not paced by the trigger). A follower
-whose heartbeat is older than the lease's timeout is not waited for. The **follower** runs the leader's logged plans, in order, with its own state,
+epoch ``n`` only once every follower that has caught up (is *following*) has committed epoch
+``n - 1 - max_lag`` (``max_lag`` 1 by default: a follower is at most one epoch behind). A follower
+whose heartbeat is older than the lease's timeout is not waited for, nor one that is still
+*joining* or *copying*: a follower never holds the leader while it catches up.
+The **follower** runs the leader's logged plans, in order, with its own state,
 and commits them in its own checkpoint. Both stage every output; each sink's epoch is published
 by whichever finishes first, and the other compares its digest with the record (a difference
 stops it with :class:`~eddyline.ha.selector.Diverged`). Sinks know the pair by the group's id, so
@@ -22,16 +23,23 @@ a message id or an epoch row is the same whichever driver writes it.
 When the leader's lease expires (it died, or froze), the follower runs any plan the leader had
 logged and it had not run yet, takes the lease, and leads from its own checkpoint; a driver
 started later on the old leader's checkpoint (with the same ``--hot`` group) follows it. The old
-leader, if it was only frozen, is fenced by the lease like any driver.
+leader, if it was only frozen, is fenced like any driver: every store refuses its writes.
 
-A follower that starts further behind than the leader keeps plans (10 epochs) — a new replica,
-or a former leader started again — first copies the leader's latest commit and the state files
-it reads (hard links: the files never change once written), then follows from there; plans of
-its own that it never committed are dropped first (a former leader's: the epochs after its last
-commit are the new leader's). One that falls that far behind while it runs (it was frozen)
-copies the leader's state the same way: the first plan after the copy names the copied commit
-as its base, so the engine continues from it. A ``nats_core`` source is not replicated (its write-ahead log is
-the leader's own), nor is Delay-Process-Correct (``max_delay``) yet: both are refused.
+A follower goes through three states, in its heartbeat, its progress records' ``driver.state``,
+``eddyline status`` and ``/metrics``: **joining** when it starts; **copying** when it is more
+than ``COPY_BEYOND`` epochs behind the leader's latest commit (a new replica, a former leader
+started again, one that was frozen): it copies that commit and the state files it reads (hard
+links: the files never change once written) instead of running every plan since, and the first
+plan after the copy names the copied commit as its base; then **following** once it has run an
+epoch of its own (the first is slow: a cold JVM and Python workers; a follower that fell
+further behind meanwhile copies again) and is within ``max_lag`` epochs of the leader. Plans of its own that it never committed are dropped first (a
+former leader's: the epochs after its last commit are the new leader's).
+
+A follower takes the lease over when the leader's lease expires, or at once when it can tell the
+leader is gone: a leader on the same host whose process no longer exists. Taking it early is
+safe because every store refuses an older generation's writes (docs/fencing.md). A
+``nats_core`` source is not replicated (its write-ahead log is the leader's own), nor is
+Delay-Process-Correct (``max_delay``) yet: both are refused.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -59,12 +68,18 @@ from eddyline.storage import create_exclusive, filesystem
 
 #: how often a follower looks for the leader's next plan (and whether its lease expired)
 POLL_S = 0.05
+#: a follower further behind the leader's latest commit than this copies it instead of running
+#: the plans in between (each costs an epoch; a copy costs hard links)
+COPY_BEYOND = 3
+JOINING, COPYING, FOLLOWING = "joining", "copying", "following"
 
 
 class HotPair:
     """This driver's side of a hot pair: the group directory and its checkpoint."""
 
-    def __init__(self, group: str, checkpoint: str, *, timeout_s: float = 5.0):
+    def __init__(self, group: str, checkpoint: str, *, timeout_s: float = 5.0, max_lag: int = 1):
+        """``max_lag``: how many epochs a follower that has caught up may fall behind before the
+        leader waits for it."""
         for what, where in (("--hot group", group), ("checkpoint", checkpoint)):
             if "://" in where and not where.startswith("file://"):
                 raise CheckpointError(
@@ -77,7 +92,10 @@ class HotPair:
         self.selector = Selector(self.dir, self.lease.holder)
         #: names this driver's staging area in sinks both drivers write
         self.writer = "driver-" + hashlib.sha1(self.checkpoint.encode()).hexdigest()[:8]
+        self.max_lag = max_lag
         self._committed = 0
+        #: this driver as a follower: joining, copying, following (see the module's docstring)
+        self.state = JOINING
         #: set when this follower started from a copy of the leader's state: whose, which epoch
         self.adopted: dict[str, Any] | None = None
         self._beating: threading.Thread | None = None
@@ -111,10 +129,12 @@ class HotPair:
         return str(group["id"])
 
     # ------------------------------------------------------------------ followers' heartbeats
-    def beat(self, committed: int) -> None:
-        """Say which epoch this follower committed last, now and then every ``timeout / 3`` from
-        a thread (an epoch may take longer than the timeout), until :meth:`close`."""
+    def beat(self, committed: int, state: str | None = None) -> None:
+        """Say which epoch this follower committed last (and its state), now and then every
+        ``timeout / 3`` from a thread (an epoch may take longer than the timeout), until :meth:`close`."""
         self._committed = committed
+        if state is not None:
+            self.state = state
         self._write_beat()
         if self._beating is None:
             self._beating = threading.Thread(target=self._beat_loop, name="eddyline-follower", daemon=True)
@@ -125,7 +145,7 @@ class HotPair:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
         with open(tmp, "w") as f:
-            json.dump({"epoch": self._committed, "at": time.time(), "holder": self.lease.holder}, f)
+            json.dump({"epoch": self._committed, "at": time.time(), "holder": self.lease.holder, "state": self.state}, f)
         os.replace(tmp, path)
 
     def _beat_loop(self) -> None:
@@ -143,25 +163,32 @@ class HotPair:
                 os.unlink(os.path.join(self.dir, "followers", f"{self.writer}.json"))
 
     def behind(self, epoch: int) -> list[str]:
-        """Live followers that have not committed ``epoch - 2``: the leader waits for them
-        before it plans ``epoch``. (So a follower that joins late holds the leader while it
-        catches up; a follower that could not keep up otherwise would fall out of the plans the
-        leader keeps and stop being a replica at all.)"""
+        """Live followers that have caught up and not committed ``epoch - 1 - max_lag``: the
+        leader waits for them before it plans ``epoch``, so that a replica stays a warm one. One
+        still joining or copying is not waited for."""
+        late = []
+        for beat in self.followers():
+            if beat.get("state", FOLLOWING) == FOLLOWING and int(beat["epoch"]) < epoch - 1 - self.max_lag:
+                late.append(f"follower {beat['holder']}")
+        return late
+
+    def followers(self) -> list[dict[str, Any]]:
+        """The other drivers' live heartbeats as followers (newer than the lease's timeout)."""
         directory = os.path.join(self.dir, "followers")
         try:
             names = [n for n in os.listdir(directory) if n.endswith(".json") and n != f"{self.writer}.json"]
         except FileNotFoundError:
             return []
-        late, now = [], time.time()
+        out, now = [], time.time()
         for name in names:
             try:
                 with open(os.path.join(directory, name)) as f:
                     beat = json.load(f)
             except (OSError, ValueError):
                 continue  # being replaced
-            if now - float(beat["at"]) < self.lease.timeout_s and int(beat["epoch"]) < epoch - 2:
-                late.append(f"follower {beat['holder']}")
-        return late
+            if now - float(beat["at"]) < self.lease.timeout_s:
+                out.append(beat)
+        return out
 
     def leader(self) -> Holding | None:
         return self.lease.current()
@@ -170,8 +197,8 @@ class HotPair:
         if leading:
             return {**self.lease.describe(), "role": "leader"}
         cur = self.leader()
-        out = {"holder": self.lease.holder, "role": "follower", "following": cur.holder if cur else None,
-               "generation": cur.generation if cur else None}
+        out = {"holder": self.lease.holder, "role": "follower", "state": self.state,
+               "following": cur.holder if cur else None, "generation": cur.generation if cur else None}
         if self.adopted is not None:
             out["copied_state"] = self.adopted
         return out
@@ -202,18 +229,22 @@ class Following:
     leader's lease expires, it takes the lease (``lead()`` makes the engine a leader) and plans
     with the usual planner from then on."""
 
-    def __init__(self, planner: Planner, pair: HotPair, controller: Controller, lead: Callable[[], None]):
+    def __init__(self, planner: Planner, pair: HotPair, controller: Controller, lead: Callable[[], None],
+                 checkpoint: Checkpoint):
         self.planner, self.pair, self.controller, self.lead = planner, pair, controller, lead
         self.leading = False
         #: the leader's commit this driver copied and continues from, until it ran past it
         self.adopted: EpochCommit | None = None
-        own = Checkpoint(pair.checkpoint)
-        last = own.latest_commit()
+        #: this driver's own checkpoint (the engine's, whose gate it writes through)
+        self.checkpoint = checkpoint
+        last = checkpoint.latest_commit()
         done = last.epoch if last is not None else 0
         # plans of our own never committed are a former leader's: those epochs are the new leader's
-        own.drop_plans_after(done)
+        checkpoint.drop_plans_after(done)
+        #: the epoch this process started from (or last copied): it follows once it ran past it
+        self._ran_from = done
         # the leader sees this driver from now on, before it has even run an epoch
-        pair.beat(done)
+        pair.beat(done, JOINING)
 
     @property
     def poll_s(self) -> float | None:
@@ -229,21 +260,41 @@ class Following:
             return self._after_adopted(self.planner.next(self._from(last), elapsed_s, until_idle))
         start = self._from(last)
         done = start.epoch if start else 0
-        self.pair.beat(done)
         cur = self.pair.leader()
         theirs = (cur.info or {}).get("checkpoint") if cur is not None else None
         if theirs and theirs != self.pair.checkpoint:
-            plan = self._plan_of(theirs, done + 1)
+            leader = Checkpoint(theirs)
+            done = self._catch_up(leader, done)
+            plan = self._plan_of(leader, done + 1)
             if plan is not None:
                 if plan.control:  # decide on from where the leader's controller was
                     self.controller.restore(ControllerState.model_validate(plan.control))
                 return self._after_adopted(plan)
-        if (cur is None or cur.expires_at <= time.time()) and self.pair.lease.try_acquire():
+        else:
+            self.pair.beat(done)
+        dead = cur is not None and gone(cur)
+        if (cur is None or cur.expires_at <= time.time() or dead) and self.pair.lease.try_acquire(force=dead):
             self.leading = True
             self.pair.close()  # no longer a follower: the new leader waits for nobody
             self.lead()
             return self._after_adopted(self.planner.next(self._from(last), elapsed_s, until_idle))
         return None
+
+    def _catch_up(self, leader: Checkpoint, done: int) -> int:
+        """Copy the leader's latest commit if it is more than ``COPY_BEYOND`` epochs ahead (a
+        new follower, or one that was frozen), and be *following* once within ``max_lag`` of it
+        (the leader waits for it from then on). Returns the epoch this driver continues from."""
+        newest = leader.latest_commit()
+        ahead = newest.epoch if newest is not None else 0
+        if ahead - done > COPY_BEYOND and newest is not None:
+            self.pair.beat(done, COPYING)
+            if self._adopt(leader, newest):
+                done = self._ran_from = ahead
+        # following once it has run an epoch of its own since it started or copied: its first one
+        # is slow (a cold JVM and Python workers), and the leader would wait for it meanwhile
+        warm = done > self._ran_from or ahead == 0
+        self.pair.beat(done, FOLLOWING if warm and ahead - done <= self.pair.max_lag else None)
+        return done
 
     def _from(self, last: EpochCommit | None) -> EpochCommit | None:
         """The commit this driver continues from: its own last, or a newer one it copied."""
@@ -258,23 +309,41 @@ class Following:
             return dataclasses.replace(plan, base=self.adopted.epoch)
         return plan
 
-    def _adopt(self, leader: Checkpoint, newest: EpochCommit) -> None:
+    def _adopt(self, leader: Checkpoint, newest: EpochCommit) -> bool:
         """Copy the leader's commit ``newest`` and the state it reads into our checkpoint; if the
         leader deleted a file of it meanwhile (it moved on), the next poll copies a newer one."""
         try:
-            Checkpoint(self.pair.checkpoint).adopt(leader, newest)
+            self.checkpoint.adopt(leader, newest)
         except FileNotFoundError:
-            return
+            return False
         self.adopted = newest
         self.pair.adopted = {"checkpoint": leader.location, "epoch": newest.epoch}
+        return True
 
-    def _plan_of(self, checkpoint: str, epoch: int) -> EpochPlan | None:
-        leader = Checkpoint(checkpoint)
+    def _plan_of(self, leader: Checkpoint, epoch: int) -> EpochPlan | None:
         try:
             return leader.read_plan(epoch)
         except FileNotFoundError:
             pass
         newest = leader.latest_commit()
-        if newest is not None and newest.epoch > epoch:  # too far behind to replay: copy, then follow
+        if newest is not None and newest.epoch > epoch:  # fell out of the kept plans: copy, then follow
+            self.pair.beat(epoch - 1, COPYING)
             self._adopt(leader, newest)
         return None
+
+
+def gone(holder: Holding) -> bool:
+    """Whether the lease's holder is known to be gone: a process on this host that no longer
+    exists (a holder is named ``host:pid:random``). Anything else may be alive: only its lease's
+    expiry tells."""
+    host, _, rest = holder.holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # someone else's process: alive
+        return False
+    return False

@@ -69,3 +69,19 @@ def test_metrics_follow_the_records() -> None:
     assert s[("eddyline_estimate_relative_error", (("aggregate", "n"), ("step", "agg")))] == 0.03
     assert s[("eddyline_lease_generation", ())] == 4 and s[("eddyline_leading", ())] == 1
     assert s[("eddyline_paused", ())] == 1 and s[("eddyline_tentative", ())] == 0
+
+
+def test_a_hot_followers_state_is_a_gauge_per_state() -> None:
+    m = Metrics()
+    follower = record(1, 10, 100.0, [1.0])
+    follower["driver"] = {"holder": "h:2:cd", "generation": 4, "role": "follower", "state": "copying"}
+    m.observe(follower)
+    s = samples(m)
+    assert s[("eddyline_leading", ())] == 0
+    assert [s[("eddyline_follower_state", (("state", st),))] for st in ("joining", "copying", "following")] == [0, 1, 0]
+    follower["driver"] = {**follower["driver"], "state": "following"}
+    m.observe(follower)
+    assert samples(m)[("eddyline_follower_state", (("state", "following"),))] == 1
+    m.observe({**follower, "driver": {"holder": "h:2:cd", "generation": 5, "role": "leader"}})
+    s = samples(m)
+    assert s[("eddyline_leading", ())] == 1 and s[("eddyline_follower_state", (("state", "following"),))] == 0

@@ -326,7 +326,8 @@ def status_html(records: list[dict[str, Any]], status: dict[str, Any]) -> str:
                      f'{last["durationMs"]["triggerExecution"]:.0f} ms')
     driver = (last or {}).get("driver") or status.get("lease")
     if driver:
-        parts.append(f'driver {_e(driver.get("holder"))} ({_e(driver.get("role", "leader"))}, lease generation '
+        role = driver.get("role", "leader") + (f': {driver["state"]}' if driver.get("state") else "")
+        parts.append(f'driver {_e(driver.get("holder"))} (<span id="driver-role">{_e(role)}</span>, lease generation '
                      f'{_e(driver.get("generation"))})')
     tentative = [r["batchId"] for r in records if r.get("tentative")]
     corrected = [r["batchId"] for r in records if r.get("retracts")]

@@ -103,11 +103,3 @@ class CrashAfterPublish(CrashAt):
     def __init__(self, epoch: int):
         super().__init__(epoch, FaultPoint.AFTER_PUBLISH)
 
-
-def staging_leftovers(store: Path) -> list[Path]:
-    """Files left in a store's ``_staging``: anything but the empty tombstones of revoked lease
-    generations (``_staging/g=N``, files) and the gates' directories themselves."""
-    staging = store / "_staging"
-    if not staging.exists():
-        return []
-    return [p for p in staging.rglob("*") if p.is_file() and (p.parent != staging or p.stat().st_size)]

@@ -18,6 +18,7 @@ import pytest
 from eddyline.api.validate import load_spec
 from eddyline.errors import SpecError
 from eddyline.ha.selector import Diverged
+from eddyline.runtime import replica
 from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.engine import Engine
 from eddyline.runtime.faults import FaultPoint
@@ -45,7 +46,8 @@ def with_memory_sink(spec):  # noqa: ANN001, ANN201
     return load_spec(raw)
 
 
-def test_the_follower_runs_the_leaders_plans_checks_every_output_and_then_leads(spark, tmp_path: Path) -> None:
+def test_the_follower_runs_the_leaders_plans_checks_every_output_and_then_leads(spark, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(replica, "COPY_BEYOND", 100)  # (here it runs every plan rather than copy the leader's state)
     write_bid_files(tmp_path / "in", files=4, rows=100, seed=11)
     spec = with_memory_sink(bids_window_spec(tmp_path / "in", tmp_path / "out"))
     group = tmp_path / "group"
@@ -81,7 +83,7 @@ def test_the_follower_runs_the_leaders_plans_checks_every_output_and_then_leads(
 
 
 def test_a_follower_too_far_behind_goes_on_from_a_copy_of_the_leaders_state_and_a_former_leader_drops_its_own_plans(
-    spark, tmp_path: Path
+    spark, tmp_path: Path, monkeypatch
 ) -> None:
     """The follower ran epochs 1–2; then the leader, which keeps 2 epochs of plans, ran on to 6
     (and logged its plan of epoch 7, then died). The follower cannot replay epoch 3, so it
@@ -112,13 +114,15 @@ def test_a_follower_too_far_behind_goes_on_from_a_copy_of_the_leaders_state_and_
     assert b.adopted == {"checkpoint": str(ck_a), "epoch": 6}
     assert new_b.read_commit(6) == old_a.read_commit(6)
     assert new_b.read_plan(7).base == 6  # the engine went on from the copied commit, not from its 2
-    assert [(r["batchId"], r["driver"]["role"]) for r in seen.records][:1] == [(7, "leader")]
+    # the plan of epoch 7 the leader logged before it died is run first (as a follower), then it leads
+    assert [(r["batchId"], r["driver"]["role"]) for r in seen.records][:2] == [(7, "follower"), (8, "leader")]
     assert read_windows(tmp_path / "out") == duckdb_windows(tmp_path / "in")
 
     # a logged its own plan of epoch 7 as b took over (a race the lease check cannot close)
     old_a.write_plan(dataclasses.replace(new_b.read_plan(8), epoch=7))
     assert old_a.read_plan(7).sources != new_b.read_plan(7).sources
     assert HotPair(str(group), str(ck_b), timeout_s=1.0).lease.try_acquire()  # b leads when a comes back
+    monkeypatch.setattr(replica, "COPY_BEYOND", 100)  # (a is 4 epochs behind b: here it runs b's plans)
     a2 = HotPair(str(group), str(ck_a), timeout_s=1.0)
     back = Records()
     followed = Engine(spec, spark, str(ck_a), pair=a2, reporter=back).run(until_idle=True)
@@ -179,6 +183,10 @@ def test_when_the_leader_is_killed_the_warm_follower_leads_on_without_a_gap(netw
     assert code == 0, err[-3000:]
     assert read_windows(tmp_path / "out") == expected  # nothing lost, nothing twice
 
+    # it took over at once, without waiting for the dead leader's lease to expire: its process was gone
+    lease = {int(p.name[:-5]): json.loads(p.read_text()) for p in (group / "lease").glob("*.json")}
+    expired_at = json.loads((group / "lease" / f"{1:010d}.beat").read_text())["expires_at"]
+    assert lease[2]["acquired_at"] < expired_at, (lease[2]["acquired_at"] - killed, expired_at - killed)
     progress = [json.loads(x) for x in (tmp_path / "b.jsonl").read_text().splitlines()]
     roles = [r["driver"]["role"] for r in progress]
     assert roles[0] == "follower" and roles[-1] == "leader" and roles == sorted(roles, key=["follower", "leader"].index)
@@ -192,3 +200,41 @@ def test_when_the_leader_is_killed_the_warm_follower_leads_on_without_a_gap(netw
     print(f"hot pair: output gap {gap:.2f} s around the kill (first output {after[0] - killed:.2f} s after it); "
           f"epochs {period:.2f} s apart before it (lease {LEASE} s)")
     assert gap < 2 * period + float(LEASE) + 1.0, (gap, period)
+
+
+def test_a_follower_joining_late_copies_the_leaders_state_and_never_holds_it(tmp_path: Path) -> None:
+    """A follower started next to a leader well past epoch 10 (the leader keeps its plans from
+    epoch 1): it copies the leader's latest commit instead of running those plans, the leader
+    does not wait for it meanwhile (its output never stops for longer than two steady epochs),
+    then it follows, and the output is exact."""
+    from .test_failover import commits, finish, start, wait_for
+
+    write_bid_files(tmp_path / "in", files=70, rows=100, seed=21)
+    raw = bids_window_spec(tmp_path / "in", tmp_path / "out").model_dump(mode="json", by_alias=True, exclude_none=True)
+    spec = tmp_path / "net.yaml"
+    spec.write_text(json.dumps(raw | {"trigger": 500, "history": 40}))
+    group, a, b = tmp_path / "group", tmp_path / "a", tmp_path / "b"
+    leader = start(spec, a, "--hot", str(group))
+    wait_for(lambda: len(commits(a)) >= 12, 180)
+    assert (a / "plans" / f"{1:010d}.json").exists()  # every plan since epoch 1 is there to run
+    joined = time.time()
+    follower = start(spec, b, "--hot", str(group), "--progress-json", str(tmp_path / "b.jsonl"))
+    code, err = finish(follower)
+    assert code == 0, err[-3000:]
+    code, err = finish(leader)
+    assert code == 0, err[-3000:]
+    assert read_windows(tmp_path / "out") == duckdb_windows(tmp_path / "in")
+
+    progress = [json.loads(x) for x in (tmp_path / "b.jsonl").read_text().splitlines()]
+    first = progress[0]
+    assert first["driver"]["role"] == "follower" and first["driver"]["copied_state"]["epoch"] > 12
+    assert first["batchId"] == first["driver"]["copied_state"]["epoch"] + 1  # none of the plans before it ran
+    states = [r["driver"].get("state") for r in progress if r["driver"]["role"] == "follower"]
+    assert states[0] == "copying" and states[-1] == "following"  # following once it ran an epoch of its own
+    # the sink's epochs (their directories' last change, at publish): no pause while it joined
+    times = sorted(p.stat().st_ctime for p in (tmp_path / "out").glob("epoch=*"))
+    gaps = [y - x for x, y in zip(times, times[1:], strict=False)]
+    steady = sorted(gaps)[len(gaps) // 2]
+    during = [y - x for x, y in zip(times, times[1:], strict=False) if y > joined]
+    print(f"follower joined: longest pause of the output {max(during):.2f} s, steady epochs {steady:.2f} s apart")
+    assert max(during) <= 2 * steady + 0.25, (max(during), steady)

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import bids_window_spec, read_windows, staging_leftovers, write_bid_files
+from eddyline.storage import staging_leftovers
+
+from .helpers import bids_window_spec, read_windows, write_bid_files
 
 pytestmark = pytest.mark.slow
 

@@ -25,9 +25,10 @@ import yaml
 
 from eddyline.api.validate import load_spec
 from eddyline.runtime.engine import Engine
+from eddyline.storage import staging_leftovers
 
 from ...io.natsread import consume, read_stream
-from .helpers import bids_window_spec, read_windows, staging_leftovers, write_bid_files
+from .helpers import bids_window_spec, read_windows, write_bid_files
 
 pytestmark = pytest.mark.slow
 
