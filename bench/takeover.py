@@ -24,10 +24,11 @@ Printed: each run, then min / median / max of every column. Usage:
 ``--hot`` measures a hot pair instead (``--hot GROUP``, a checkpoint each): the leader runs alone
 until its 12th commit (it keeps every plan since epoch 1), then a follower is started beside it:
 
-* ``join_s``: from the follower's start to its first commit (it copies the leader's latest
-  commit rather than run the plans before it);
+* ``join_s``: from the follower's start to its first commit as a *following* follower (it
+  copies the leader's latest commit rather than run the plans before it, then runs an epoch of
+  its own, the slow cold one);
 * ``join_pause_s``: the longest the sink's output stopped while the follower joined (between
-  two epochs' publishes, from its start to its first commit), against ``steady_s``, the median
+  two epochs' publishes, from its start until it follows), against ``steady_s``, the median
   between two epochs before it started;
 
 then, once it follows and the leader has committed twice more, the leader gets SIGKILL:
@@ -214,9 +215,18 @@ def one_hot_run(work: Path, lease: float, rng: random.Random) -> dict[str, Any]:
     steady = statistics.median(y - x for x, y in zip(before, before[1:], strict=False))
     t_join = time.time()
     follower = start(spec, b, lease, "follower", "--hot", str(group))
-    wait_for(lambda: latest(b / "commits") >= 1 or follower.poll() is not None, 180)
-    first = min(int(p.name[:-5]) for p in (b / "commits").glob("*.json"))
-    joined = read_json(b / "commits" / f"{first:010d}.json")["committed_at"]
+    progress = work / "follower.jsonl"
+
+    def following() -> dict[str, Any] | None:
+        lines = progress.read_text().splitlines() if progress.exists() else []
+        return next((r for r in map(json.loads, lines) if r["driver"].get("state") == "following"), None)
+
+    wait_for(lambda: following() is not None or follower.poll() is not None, 180)
+    if following() is None:
+        raise RuntimeError(f"the follower never followed:\n{(work / 'follower.err').read_text()[-3000:]}")
+    records = [json.loads(x) for x in progress.read_text().splitlines()]
+    first = records[0]["batchId"]  # its first epoch of its own, after the copy
+    joined = datetime.fromisoformat(following()["committedAt"].replace("Z", "+00:00")).timestamp()
     have = latest(a / "commits")
     wait_for(lambda: latest(a / "commits") >= have + 2 or leader.poll() is not None)
     time.sleep(rng.uniform(0.0, 0.9))
