@@ -69,6 +69,9 @@ def validate(
     """Check a spec: structure, graph, SQL expressions and types. Exit 2 when invalid."""
     try:
         net = _load(spec)
+        from eddyline.facade import check_inputs
+
+        check_inputs(net)
         if not offline:
             from eddyline.facade import validate as analyze
 
@@ -290,6 +293,9 @@ def _run(
         from eddyline.runtime.checkpoint import Checkpoint
 
         Checkpoint(checkpoint).restart_change(net)  # a spec its state cannot follow: refused before the lease
+        from eddyline.facade import check_inputs
+
+        check_inputs(net)
         session = _spark(master)
         analyze(net, session)
         signal.signal(signal.SIGINT, _interrupt)

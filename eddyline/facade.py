@@ -34,6 +34,17 @@ def validate(spec: NetworkSpec, spark: SparkSession | None = None) -> NetworkSpe
     return spec
 
 
+def check_inputs(spec: NetworkSpec) -> None:
+    """Refuse (:class:`~eddyline.errors.SpecError`) a source that cannot be read as configured
+    (a files source's missing directory), before Spark starts or a checkpoint is made."""
+    import eddyline.io  # noqa: F401  (registers the source kinds)
+    from eddyline.errors import SpecError
+
+    problems = [f"source '{s.name}': {why}" for s in spec.sources if (why := s.info.unreadable(s.params))]
+    if problems:
+        raise SpecError(problems)
+
+
 class Network(builder.Network):
     """A query network built in Python (see :class:`eddyline.api.builder.Network`) that can run."""
 

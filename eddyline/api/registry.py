@@ -15,6 +15,7 @@ Adding a kind is one module that subclasses :class:`StepKind` (or :class:`Source
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -43,6 +44,8 @@ class Kind:
     key: ClassVar[str]
     #: the type of its parameters: a spec model, or a plain type (``filter`` takes a string)
     params: ClassVar[Any]
+    #: named in error messages as one a user may write (not one a rewrite rule writes for them)
+    offered: ClassVar[bool] = True
 
     @cached_property
     def adapter(self) -> TypeAdapter[Any]:
@@ -231,15 +234,24 @@ STEPS: Registry[StepKind] = Registry("step")
 SINKS: Registry[SinkKind] = Registry("sink")
 
 
-def _kind_node_parse(registry: Registry[Any], data: Any) -> Any:
+def _kind_node_parse(registry: Registry[Any], data: Any, fields: frozenset[str] = frozenset()) -> Any:
     """``{"name": ..., "dedup": {...}}`` → ``{"name": ..., "kind": "dedup", "params": Dedup(...)}``,
-    with errors located under the kind key (``dedup.ttl``), as the user wrote it."""
+    with errors located under the kind key (``dedup.ttl``), as the user wrote it. ``fields``:
+    the node's other fields (``name``, ``input`` ...), which are not kinds."""
     if not isinstance(data, dict) or ("kind" in data and "params" in data):
         return data
     present = [k for k in data if k in registry]
     if len(present) != 1:
-        got = ", ".join(present) if present else "none"
-        raise ValueError(f"expected exactly one {registry.what} kind of {', '.join(registry.keys())}; got {got}")
+        offered = [kind.key for kind in registry.find(lambda kind: kind.offered)]
+        if present:
+            raise ValueError(f"a {registry.what} has exactly one kind; this one has {' and '.join(present)}")
+        unknown = [str(k) for k in data if str(k) not in fields]
+        guesses = [(k, difflib.get_close_matches(k, offered, n=1, cutoff=0.6)) for k in unknown]
+        named = [f"unknown field '{k}' — did you mean '{g[0]}'?" for k, g in guesses if g]
+        if named:
+            raise ValueError("; ".join(named))
+        what = f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(repr(k) for k in unknown)}; " if unknown else ""
+        raise ValueError(f"{what}expected one {registry.what} kind: {', '.join(offered)}")
     key = present[0]
     kind = registry.get(key)
     try:
@@ -268,7 +280,8 @@ class KindNode(Model):
     @model_validator(mode="before")
     @classmethod
     def _kind_key(cls, data: Any) -> Any:
-        return _kind_node_parse(cls.registry, data)
+        fields = frozenset(name for n, f in cls.model_fields.items() for name in (n, f.alias) if name)
+        return _kind_node_parse(cls.registry, data, fields)
 
     @model_serializer(mode="wrap")
     def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

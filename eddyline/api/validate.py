@@ -43,9 +43,12 @@ def load_spec(source: str | Path | dict[str, Any]) -> NetworkSpec:
     elif str(source).endswith(".sql") and _looks_like_path(source):
         raw = compile_sql(Path(source).read_text(encoding="utf-8"), sql_name(Path(source).stem))
     else:
-        text = Path(source).read_text(encoding="utf-8") if _looks_like_path(source) else str(source)
         try:
-            raw = yaml.safe_load(text)
+            if _looks_like_path(source):
+                with open(source, encoding="utf-8") as f:  # (its errors name the file, not '<unicode string>')
+                    raw = yaml.safe_load(f)
+            else:
+                raw = yaml.safe_load(str(source))
         except yaml.YAMLError as e:
             raise SpecError(f"network: not valid YAML: {e}") from e
         if not isinstance(raw, dict):
@@ -79,8 +82,14 @@ def _looks_like_path(source: str | Path) -> bool:
 def format_errors(err: ValidationError, raw: dict[str, Any]) -> list[str]:
     """pydantic errors → ``"step 'per_auction': window.size: expected …, got …"``."""
     merged: dict[tuple[str, str], list[str]] = {}
-    for e in err.errors():
+    errors = err.errors()
+    # an item that failed is left out of its list, which may then be "too short": that follows
+    # from the item's own error, said already
+    failed = {e["loc"][0] for e in errors if len(e["loc"]) >= 2 and e["loc"][0] in _SECTIONS}
+    for e in errors:
         loc = list(e["loc"])
+        if len(loc) == 1 and loc[0] in failed and e["type"] == "too_short":
+            continue
         who = "network"
         model: type[BaseModel] | None = NetworkSpec
         if loc and loc[0] in _SECTIONS and len(loc) >= 2 and isinstance(loc[1], int):

@@ -33,6 +33,7 @@ finds, when it wakes, that the file system refuses its publish.
 from __future__ import annotations
 
 import functools
+import os
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
@@ -747,6 +748,13 @@ class FilesSourceKind(SourceKind):
         if p.retract is not None:
             return ["files.retract: only a sink takes epochs back; remove 'retract'"]
         return []
+
+    def unreadable(self, params: Files) -> str | None:
+        if "://" in params.path or os.path.isdir(params.path):
+            return None
+        where = "" if os.path.isabs(params.path) else f" (a relative path is read from {os.getcwd()})"
+        what = "is a file, not a directory" if os.path.exists(params.path) else "does not exist"
+        return f"files.path: {params.path!r} {what}{where}; a files source reads the files of a directory"
 
     def columns(self, params: Files) -> tuple[str, ...] | None:
         schema = arrow_schema(params.schema_) if params.schema_ else None

@@ -272,6 +272,12 @@ class SourceKind(registry.SourceKind):
     def make(self, spec: SourceSpec) -> Source:
         raise NotImplementedError
 
+    def unreadable(self, params: Any) -> str | None:
+        """Why the source cannot be read at all as configured (its field and what was expected),
+        checked by ``eddyline validate`` and before ``eddyline run`` starts Spark; None: it can
+        (a server that is down now is waited for, not refused here)."""
+        return None
+
 
 _TO_MS = {"milliseconds": 1, "microseconds": 1000}
 

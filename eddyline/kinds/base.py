@@ -301,9 +301,21 @@ def sql_problems(expressions: list[tuple[str, str]]) -> list[str]:
         try:
             parsed = sqlglot.parse_one(text, read="spark")
         except ParseError as e:
-            detail = e.errors[0]["description"] if e.errors else str(e)
+            detail = _parse_detail(e.errors[0]["description"] if e.errors else str(e))
             problems.append(f"{field}: invalid SQL expression {text!r}: {detail}")
             continue
         if parsed is None or isinstance(parsed, sqlglot.exp.Select | sqlglot.exp.Command):
             problems.append(f"{field}: expected an SQL expression, got {text!r}")
     return problems
+
+
+def _parse_detail(description: str) -> str:
+    """sqlglot's reason in the words of the expression, not of its classes: "Required keyword:
+    'expression' missing for <class 'sqlglot.expressions.core.GT'>" says an operand is missing."""
+    import re
+
+    found = re.match(r"Required keyword: '(\w+)' missing for <class '[\w.]*\.(\w+)'>", description)
+    if found is None:
+        return description
+    what = {"expression": "its right-hand operand", "this": "its operand"}.get(found.group(1), found.group(1))
+    return f"{found.group(2).upper()} is missing {what}"

@@ -67,6 +67,7 @@ class Combiner:
 @STEPS.register
 class CombineKind(StepKind):
     key = "combine"
+    offered = False  # the local/global rewrite writes it; a user writes an aggregate
     params = Aggregates
 
     def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:

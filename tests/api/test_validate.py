@@ -66,7 +66,7 @@ STRUCTURAL = [
     (mutate("steps.0.input", "bidz"),
      "step 'expensive': input: unknown input 'bidz'; expected one of bids, expensive, per_auction"),
     (mutate("steps.0.filter", "price >"),
-     "step 'expensive': filter: invalid SQL expression 'price >'"),
+     "step 'expensive': filter: invalid SQL expression 'price >': GT is missing its right-hand operand"),
     (mutate("sinks.0.input", "nowhere"), "sink 'out': input: unknown input 'nowhere'"),
     (mutate("steps.0.input", "per_auction"), "step 'expensive': input: part of a cycle"),
     (mutate("sources.0.files", {"path": "in", "format": "json"}),
@@ -82,7 +82,7 @@ STRUCTURAL = [
     (mutate("steps.1.window_aggregate.watermark_delay", "-4s"),
      "step 'per_auction': watermark_delay: expected a duration like '10s', got '-4s'"),
     (mutate("steps.1.name", "expensive"), "step 'expensive': name: already used by a step"),
-    (mutate("steps.0.select", ["price"]), "step 'expensive': expected exactly one step kind"),
+    (mutate("steps.0.select", ["price"]), "step 'expensive': a step has exactly one kind; this one has filter and select"),
     (mutate("key_groups", 0), "network: key_groups: Input should be greater than 0, got 0"),
     (mutate("sinks.0.input", "expensive"), "step 'per_auction': its output reaches no sink"),
 ]
@@ -93,6 +93,30 @@ def test_structural_errors_name_node_and_field(raw: dict, expected: str) -> None
     with pytest.raises(SpecError) as info:
         load_spec(raw)
     assert any(p.startswith(expected) for p in info.value.problems), info.value.problems
+
+
+def renamed(path: str, old: str, new: str) -> dict:
+    spec = copy.deepcopy(GOOD)
+    node = spec
+    for p in path.split("."):
+        node = node[int(p)] if p.isdigit() else node[p]
+    node[new] = node.pop(old)
+    return spec
+
+
+def test_a_misspelt_or_unknown_kind_is_named_once_with_the_closest_one() -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec(renamed("steps.1", "window_aggregate", "windw_aggregate"))
+    assert info.value.problems == ["step 'per_auction': unknown field 'windw_aggregate' — did you mean 'window_aggregate'?"]
+    with pytest.raises(SpecError) as info:
+        load_spec(renamed("steps.1", "window_aggregate", "tumble"))
+    [problem] = info.value.problems
+    assert problem.startswith("step 'per_auction': unknown field 'tumble'; expected one step kind: aggregate, dedup")
+    assert "combine" not in problem  # what a rewrite rule writes is not offered
+    # a bad field of a source: one line, not a second about the list it was left out of
+    with pytest.raises(SpecError) as info:
+        load_spec(mutate("sources.0.files", {**GOOD["sources"][0]["files"], "bogus": 1}))
+    assert len(info.value.problems) == 1 and info.value.problems[0].startswith("source 'bids': bogus: unknown field")
 
 
 def test_good_spec_loads_and_yaml_equals_python() -> None:
@@ -151,9 +175,23 @@ def test_cli_exit_code_2_and_message(tmp_path: Path) -> None:
     assert "step 'per_auction': window.size: expected a duration like '10s', got 'ten'" in proc.stderr
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(GOOD))
+    missing = subprocess.run(  # its input directory, 'in', is not there: said before Spark starts
+        [sys.executable, "-m", "eddyline.cli", "validate", str(good), "--offline"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert missing.returncode == 2
+    assert f"source 'bids': files.path: 'in' does not exist (a relative path is read from {tmp_path})" in missing.stderr
+    (tmp_path / "in").mkdir()
     ok = subprocess.run(
         [sys.executable, "-m", "eddyline.cli", "validate", str(good), "--offline"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )
     assert ok.returncode == 0, ok.stderr
     assert "ok: network 'hot'" in ok.stdout
+
+
+def test_a_yaml_error_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "net.yaml"
+    bad.write_text("name: t\nsources: [\n  - x\n")
+    with pytest.raises(SpecError, match=rf'(?s)network: not valid YAML: .*in "{bad}", line \d+'):
+        load_spec(bad)
