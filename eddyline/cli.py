@@ -325,6 +325,11 @@ def _run(
         f"{summary.input_rows} input rows, output rows {outputs or '-'}, "
         f"{summary.late_rows} late, {summary.dead_letters} dead letters"
     )
+    if summary.dead_letters:
+        from eddyline.operate import dead_letter_path
+
+        err.print(f"dead letters (each with its reason) are in {dead_letter_path(net, checkpoint)}", highlight=False,
+                  soft_wrap=True)
     if summary.epochs == 0:
         err.print(_nothing_new(checkpoint), highlight=False, soft_wrap=True)
 
@@ -770,6 +775,9 @@ def status(
         out.print(f"last epoch: {stats['numInputRows']:,} input rows in {stats['durationMs']['triggerExecution']:.0f} ms, "
                   f"watermark {(stats.get('eventTime') or {}).get('watermark') or '-'}, {stats['deadLetters']} dead letters, "
                   f"{stats['lateRows']} late", highlight=False)
+    if s["deadLetters"]["total"]:
+        out.print(f"dead letters: {s['deadLetters']['total']:,} over the epochs whose progress is kept, each with its "
+                  f"reason in {s['deadLetters']['path']}", highlight=False)
     for name, src in s["sources"].items():
         lag = "-" if src["backlog"] is None else f"{src['backlog']:,}"
         out.print(f"source {name}: offset {src['offset']:,}, lag {lag}", highlight=False)

@@ -132,6 +132,9 @@ def status(checkpoint: str) -> dict[str, Any]:
                   for op in record.get("stateOperators", [])},
         "lastEpochStats": {k: record.get(k) for k in ("numInputRows", "durationMs", "eventTime", "deadLetters",
                                                         "lateRows")} if record else {},
+        # over the epochs whose progress the checkpoint keeps, and where they are
+        "deadLetters": {"total": sum(r.get("deadLetters", 0) for r in ck.progress()),
+                        "path": dead_letter_path(net, checkpoint)},
         "tentative": last.tentative if last else [],
         "settings": last.settings if last else {},
     }
@@ -139,6 +142,11 @@ def status(checkpoint: str) -> dict[str, Any]:
 
     out["recentDecisions"] = decisions(records)[:8]
     return out
+
+
+def dead_letter_path(net: NetworkSpec, checkpoint: str) -> str:
+    """Where a network's dead letters are written: its ``dead_letters`` target, else under the checkpoint."""
+    return net.dead_letters.path if net.dead_letters is not None else f"{checkpoint.rstrip('/')}/dead-letters"
 
 
 def _leader(checkpoint: str) -> dict[str, Any] | None:

@@ -73,3 +73,13 @@ def test_browsing_beyond_loopback_without_a_token_is_refused(ckpt: str, tmp_path
     assert r.exit_code == 2 and "--host 0.0.0.0" in r.output and "--no-token is only allowed on 127.0.0.1" in r.output
     r = run("ui", str(tmp_path / "nowhere"), "--port", "0")
     assert r.exit_code == 3 and "no run has started there" in r.output
+
+
+def test_status_gives_the_dead_letters_kept_and_where_they_are(ckpt: str) -> None:
+    ck = Checkpoint(ckpt)
+    base = {"numInputRows": 10, "durationMs": {"triggerExecution": 5.0}, "lateRows": 0}
+    for epoch, dead in ((1, 4), (2, 0), (3, 1)):
+        ck.write_progress(epoch, {**base, "batchId": epoch, "deadLetters": dead})
+    r = run("status", ckpt)
+    assert r.exit_code == 0, r.output
+    assert f"dead letters: 5 over the epochs whose progress is kept, each with its reason in {ckpt}/dead-letters" in r.output
