@@ -799,6 +799,8 @@ def demo(
     duration: Annotated[float, typer.Option(help="seconds to run")] = 60,
     out: Annotated[str, typer.Option(help="directory for output, checkpoint and progress")] = "demo-out",
     files: Annotated[bool, typer.Option("--files", help="no servers: the built-in generator in, Parquet out")] = False,
+    ui: Annotated[bool, typer.Option(help="serve the web dashboard while it runs (its URL is printed)")] = False,
+    ui_port: Annotated[int, typer.Option(help="the dashboard's port (0: any free one)")] = 8080,
     master: Master = None,
 ) -> None:
     """Hot auctions: Nexmark bids through a local NATS server into PostgreSQL and Parquet, with
@@ -820,15 +822,17 @@ def demo(
         elif path.exists():
             path.unlink()
     Path(out).mkdir(parents=True, exist_ok=True)
+    dashboard = UiOptions("127.0.0.1", ui_port, None) if ui else None
     spec_path = Path(out) / "demo.yaml"
     checkpoint, progress = str(Path(out) / "checkpoint"), str(Path(out) / "progress.jsonl")
     if files:
         spec_path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
         err.print(f"[bold]eddyline demo[/bold]: network {spec_path}, output under {out}/, {duration:.0f} s")
-        _run(spec_path, checkpoint, None, duration, False, None, progress, True, master, None)
+        _run(spec_path, checkpoint, None, duration, False, None, progress, True, master, None, ui=dashboard)
     else:
-        _broker_demo(raw, spec_path, out, duration, checkpoint, progress, master)
+        _broker_demo(raw, spec_path, out, duration, checkpoint, progress, master, dashboard)
     typer.echo(f"output: {Path(out) / 'hot-auctions'}/epoch=*/ (Parquet) · progress: {progress}")
+    typer.echo(f"look back at the run: eddyline status {checkpoint} · eddyline ui {checkpoint} (the dashboard)")
 
 
 #: Nexmark events per second the broker demo publishes (the producer shares the machine)
@@ -836,7 +840,8 @@ DEMO_RATE = 10_000
 
 
 def _broker_demo(
-    raw: dict, spec_path: Path, out: str, duration: float, checkpoint: str, progress: str, master: str | None
+    raw: dict, spec_path: Path, out: str, duration: float, checkpoint: str, progress: str, master: str | None,
+    ui: UiOptions | None = None,
 ) -> None:
     """Start NATS and PostgreSQL, publish paced Nexmark bids in a background thread, run."""
     import threading
@@ -874,7 +879,7 @@ def _broker_demo(
         )
         err.print(f"  {pg.psql} '{pg.url}' -c '{query}'", soft_wrap=True, highlight=False)
         try:
-            _run(spec_path, checkpoint, None, duration, False, None, progress, True, master, None)
+            _run(spec_path, checkpoint, None, duration, False, None, progress, True, master, None, ui=ui)
         finally:
             stop.set()
             producer.join(timeout=30)

@@ -5,6 +5,7 @@ since then in one epoch."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def own_signal_handlers():
         signal.signal(s, handler)
 
 
-def test_a_second_demo_starts_afresh(spark, tmp_path: Path, own_signal_handlers) -> None:
+def test_a_second_demo_starts_afresh(spark, tmp_path: Path, own_signal_handlers, capsys) -> None:
     from eddyline import cli
 
     cli.demo(duration=3, out=str(tmp_path), files=True, master=None)
@@ -35,7 +36,10 @@ def test_a_second_demo_starts_afresh(spark, tmp_path: Path, own_signal_handlers)
     stale.mkdir()
     (tmp_path / "notes.txt").write_text("the user's own file")
 
-    cli.demo(duration=3, out=str(tmp_path), files=True, master=None)
+    cli.demo(duration=3, out=str(tmp_path), files=True, ui=True, ui_port=0, master=None)  # with its dashboard
+    said = capsys.readouterr()
+    assert re.search(r"dashboard: http://127\.0\.0\.1:\d+/\?token=[\w-]+ · metrics", said.err), said.err[-2000:]
+    assert f"eddyline ui {tmp_path}/checkpoint" in said.out
     second = _batches(tmp_path)
     assert second and second[0] == 1, second  # not last + 1: nothing was resumed
     assert not stale.exists()
