@@ -2,7 +2,7 @@
 # One entry point for a fresh machine (Python 3.11+, Java 17): creates .venv, installs Eddyline
 # with what the task needs, then runs it.
 #   ./dev.sh demo [eddyline demo options]   the demo on local Spark with the built-in generator
-#   ./dev.sh test [pytest options]          lint (ruff), the layer contracts, then the test suite
+#   ./dev.sh test [pytest options]          lint (ruff), the layer contracts, the user guide, then the test suite
 #   ./dev.sh bench [script]                 the benchmarks in bench/
 #   ./dev.sh shell                          a shell with the venv active
 set -euo pipefail
@@ -43,9 +43,10 @@ case "$cmd" in
       { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; } \
         > .venv/chromium-install.log 2>&1 || echo "warning: could not install chromium (see .venv/chromium-install.log)" >&2
     fi
-    # style and the layer rules first (pyproject.toml), then the suite
+    # style, the layer rules (pyproject.toml) and the user guide's links first, then the suite
     .venv/bin/ruff check eddyline tests bench
     .venv/bin/lint-imports
+    NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .venv/site
     set +e; .venv/bin/python -m pytest "$@"; rc=$?; [ $rc -eq 5 ] && rc=1; exit $rc ;;
   bench) exec .venv/bin/python "${1:-bench/run_bench.py}" "${@:2}" ;;
   shell) exec bash --rcfile <(echo "source .venv/bin/activate") ;;
