@@ -46,6 +46,21 @@ def _archive_made() -> None:
     os.environ["SPARK_SUBMIT_OPTS"] = f"{DRIVER_JVM} {archive.finish()}"
 
 
+#: where tests run Spark without the shared session: drivers in subprocesses, the standalone cluster
+SPARK_FOLDERS = ("tests/runtime/e2e/",)
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ANN201
+    """Every test that runs Spark carries the ``spark`` marker, whether it asks for the shared
+    session (directly or through another fixture) or lives where drivers are started, so that
+    ``-m "not spark"`` runs the pure tests alone."""
+    for item in items:
+        path = str(item.path.relative_to(config.rootpath)) if hasattr(item, "path") else ""
+        if ("spark" in getattr(item, "fixturenames", ()) or path.startswith(SPARK_FOLDERS)
+                or item.get_closest_marker("slow") is not None):  # (slow: drivers of their own)
+            item.add_marker(pytest.mark.spark)
+
+
 def pytest_runtest_setup(item):  # noqa: ANN001, ANN201
     """The tests that start drivers of their own (marked slow) wait for the class archive."""
     if _MAKING and (_MAKING[0].done() or item.get_closest_marker("slow") is not None):

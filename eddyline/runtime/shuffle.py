@@ -62,6 +62,16 @@ def spread(rows: DataFrame, routing: RoutingTable) -> DataFrame:
     )
 
 
+def routing_expression(routing: RoutingTable) -> str:
+    """The SQL expression whose value Spark's hash partitioning (``repartition(lanes, expr)``)
+    sends to partition ``i`` for every row of a key group routed to lane ``i`` (``_kg`` a
+    virtual key group), and for lane ``i``'s heartbeat (``_kg = -1 - i``)."""
+    routes = ", ".join(f"{v}L" for v in routing.route_values())
+    lane_routes = ", ".join(f"{v}L" for v in route_values(routing.lanes))
+    return (f"CASE WHEN {KG} >= 0 THEN element_at(array({routes}), {KG} + 1) "
+            f"ELSE element_at(array({lane_routes}), -{KG}) END")
+
+
 def to_lanes(keyed: DataFrame, task: LaneTask, routing: RoutingTable, heartbeats: Heartbeats) -> DataFrame:
     """``keyed`` (``_kg`` and the kernel's input columns) shuffled so that lane i is partition i,
     each lane running ``task``'s kernel against its key groups' state."""
@@ -70,8 +80,6 @@ def to_lanes(keyed: DataFrame, task: LaneTask, routing: RoutingTable, heartbeats
     if routing.spread:
         keyed = spread(keyed, routing)
     lanes = routing.lanes  # each step has its own number of lanes (elastic lanes)
-    routes = ", ".join(f"{v}L" for v in routing.route_values())
-    lane_routes = ", ".join(f"{v}L" for v in route_values(lanes))
     wanted = [*task.kernel.input_schema.names, *([PROBE] if PROBE in keyed.columns else [])]
     columns = [f for f in keyed.schema if f.name in wanted]
     # Rows are shuffled on their routing value, computed in the shuffle's partitioning
@@ -79,10 +87,7 @@ def to_lanes(keyed: DataFrame, task: LaneTask, routing: RoutingTable, heartbeats
     # lane). No column carries it, so none is handed to Python (every column costs the JVM's
     # Arrow conversion per row), and no projection adds or drops it (each costs an analysis
     # round in the driver).
-    route = (
-        f"CASE WHEN {KG} >= 0 THEN element_at(array({routes}), {KG} + 1) "
-        f"ELSE element_at(array({lane_routes}), -{KG}) END"
-    )
+    route = routing_expression(routing)
     if [f.name for f in columns] != keyed.columns:
         keyed = keyed.select(*[f"`{f.name}`" for f in columns])
     routed = keyed.union(heartbeats.frame(lanes, columns)).repartition(lanes, F.expr(route))
