@@ -49,13 +49,19 @@ def create_exclusive(fs: pafs.FileSystem, path: str, data: bytes) -> bool:
     tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(3).hex()}"
     with open(tmp, "wb") as out:
         out.write(data)
+    return _link_new(tmp, path)
+
+
+def _link_new(tmp: str, path: str) -> bool:
+    """Give the file ``tmp`` the name ``path`` unless that exists (False then); ``tmp`` goes either way."""
     try:
         os.link(tmp, path)
         return True
     except FileExistsError:
         return False
     finally:
-        os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def read_json(fs: pafs.FileSystem, path: str) -> object:
@@ -286,14 +292,7 @@ class Gate:
             if before is not None:
                 before()
             if exclusive:
-                try:
-                    os.link(tmp, path)
-                    return True
-                except FileExistsError:
-                    return False
-                finally:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
+                return _link_new(tmp, path)
             os.rename(tmp, path)
             return True
         except (FileNotFoundError, NotADirectoryError) as e:

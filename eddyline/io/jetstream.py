@@ -390,6 +390,7 @@ class NatsSink(Sink):
     rewinds = True  # by corrections; an undo republishes what they took back, read from the stream
     #: the sequence of this driver's last fence message (None: not fenced, no lease)
     _fence_seq: int | None = None
+    _opened = False
 
     def __init__(self, spec: SinkSpec):
         super().__init__(spec)
@@ -406,6 +407,7 @@ class NatsSink(Sink):
     def open(self, network: str, checkpoint: str, schema: StructType, tentative: bool = False) -> None:
         p: NatsOut = self.spec.params
         self.writer = f"{network}/{checkpoint}"
+        self._opened = True
         fence = [self._fence_subject] if self.generation else None
         self.server.call(lambda c: ensure_stream(c, p.stream, [p.subject], p.dedup_window, also=fence))
         self._fence_seq = None
@@ -414,7 +416,9 @@ class NatsSink(Sink):
 
     def fence(self, generation: int) -> None:
         super().fence(generation)
-        if self.writer and generation:  # opened already: a driver that took the lease over
+        # opened already: a driver that took the lease over (``writer`` alone does not say: the
+        # runtime names a hot pair's drivers by it before any sink is opened)
+        if self._opened and generation:
             self._fence()
 
     @property

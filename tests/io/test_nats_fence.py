@@ -96,3 +96,17 @@ def test_the_fence_outlives_a_streams_limits_and_a_hot_pair_publishes_under_one_
     with pytest.raises(Fenced):
         _publish(zombie, 9, [91])
     assert _rows(nats_server.url, stream)[-1] == ("net/ckpt/counts/8/0", 80)
+
+
+def test_a_hot_pairs_sink_is_fenced_when_it_opens_not_before(nats_server) -> None:
+    """The runtime names a hot pair's drivers (``writer``) and fences every sink before it opens
+    them: a stream that does not exist yet is not asked about until the sink opens (and makes it)."""
+    stream = f"F{uuid.uuid4().hex[:8]}"
+    spec = SinkSpec.model_validate({"name": "counts", "input": "x",
+                                    "nats": {"url": nats_server.url, "stream": stream, "subject": f"{stream}.counts"}})
+    sink = NatsSink(spec)
+    sink.writer = "driver-1234abcd"
+    sink.fence(2)  # no stream yet: nothing asked
+    sink.open("net", "ckpt", None)  # type: ignore[arg-type]
+    _publish(sink, 1, [5])
+    assert [int(h["Eddyline-Fence"]) for h, _ in read_stream(nats_server.url, stream, fences=True) if "Eddyline-Fence" in h] == [2, 2]

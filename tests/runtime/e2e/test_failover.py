@@ -6,54 +6,19 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from .drivers import LEASE, commits, finish, start, wait_for
 from .helpers import bids_window_spec, read_windows, write_bid_files
 
 pytestmark = pytest.mark.slow
 
-LEASE = "1.5"
 #: epochs this far apart, so that a standby started after the leader is ready before it ends
 TRIGGER_MS = 500
-
-
-def start(spec: Path, ckpt: Path, *extra: str) -> subprocess.Popen:
-    """``eddyline run`` in a subprocess; its stderr goes to a file (``proc.errfile``) to read
-    while it runs."""
-    cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec), "--checkpoint", str(ckpt), "--until-idle",
-           "--no-live", "--master", "local[2]", "--lease-timeout", LEASE, *extra]
-    errfile = ckpt.parent / f"stderr-{time.monotonic_ns()}.txt"
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errfile.open("w"), text=True)
-    proc.errfile = errfile  # type: ignore[attr-defined]
-    return proc
-
-
-def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    proc.communicate(timeout=300)
-    return proc.returncode, proc.errfile.read_text()  # type: ignore[attr-defined]
-
-
-def wait_for(condition, timeout_s: float = 120.0) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
-def commits(ckpt: Path) -> dict[int, dict]:
-    out = {}
-    for p in (ckpt / "commits").glob("*.json"):
-        try:
-            out[int(p.name[:-5])] = json.loads(p.read_text())
-        except FileNotFoundError:  # deleted by the checkpoint's cleanup meanwhile
-            continue
-    return out
 
 
 @pytest.fixture

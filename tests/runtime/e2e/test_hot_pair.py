@@ -24,8 +24,9 @@ from eddyline.runtime.engine import Engine
 from eddyline.runtime.faults import FaultPoint
 from eddyline.runtime.replica import HotPair
 
+from .drivers import LEASE, commits, finish, start, wait_for
 from .helpers import Crash, CrashAt, bids_window_spec, duckdb_windows, read_windows, write_bid_files
-from .test_failover import LEASE, network  # noqa: F401  (a fixture)
+from .test_failover import network  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -164,8 +165,6 @@ def test_when_the_leader_is_killed_the_warm_follower_leads_on_without_a_gap(netw
     up with it. The follower takes the lease over and goes on from its own state:
     the output is the uninterrupted run's, each window once, and the sink's output stops for
     little longer than the lease's timeout."""
-    from .test_failover import commits, finish, start, wait_for
-
     spec, expected = network
     group, a, b = tmp_path / "group", tmp_path / "a", tmp_path / "b"
     leader = start(spec, a, "--hot", str(group))
@@ -207,8 +206,6 @@ def test_a_follower_joining_late_copies_the_leaders_state_and_never_holds_it(tmp
     epoch 1): it copies the leader's latest commit instead of running those plans, the leader
     does not wait for it meanwhile (its output never stops for longer than two steady epochs),
     then it follows, and the output is exact."""
-    from .test_failover import commits, finish, start, wait_for
-
     write_bid_files(tmp_path / "in", files=70, rows=100, seed=21)
     raw = bids_window_spec(tmp_path / "in", tmp_path / "out").model_dump(mode="json", by_alias=True, exclude_none=True)
     spec = tmp_path / "net.yaml"

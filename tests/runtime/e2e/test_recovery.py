@@ -61,7 +61,10 @@ def test_sigkill_at_every_moment_then_restart_gives_identical_output(spark, tmp_
 
     # and a kill from outside at a moment nobody chose (a driver starts in about 5 s, then
     # takes a fraction of a second per epoch: most such kills land in some epoch's middle)
-    res = eddyline_run(spec_file, ckpt, kill_after=random.uniform(5, 9))
+    seed = int(os.environ.get("EDDYLINE_KILL_SEED") or random.randrange(1 << 32))
+    after = random.Random(seed).uniform(5, 9)
+    print(f"the outside kill comes {after:.2f} s after the start (EDDYLINE_KILL_SEED={seed} repeats it)")
+    res = eddyline_run(spec_file, ckpt, kill_after=after)
     assert res.returncode in (0, -signal.SIGKILL)
 
     final = eddyline_run(spec_file, ckpt)

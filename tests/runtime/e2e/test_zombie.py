@@ -14,7 +14,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,11 @@ from eddyline.runtime.engine import Engine
 from eddyline.storage import staging_leftovers
 
 from ...io.natsread import consume, read_stream
+from .drivers import err, frozen, start, wait_for
 from .helpers import bids_window_spec, read_windows, write_bid_files
 
 pytestmark = pytest.mark.slow
 
-LEASE = "1.5"
 FROZEN = 3  # the epoch the leader freezes in, after its stages
 
 
@@ -93,31 +92,6 @@ def zombie_writes(tmp: Path, kinds: list[str], postgres: Any, nats: Any, tag: st
     return count
 
 
-def start(spec: Path, ckpt: Path, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec), "--checkpoint", str(ckpt), "--until-idle",
-           "--no-live", "--master", "local[2]", "--lease-timeout", LEASE, *extra]
-    errfile = ckpt.parent / f"stderr-{time.monotonic_ns()}.txt"
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errfile.open("w"), text=True)
-    proc.errfile = errfile  # type: ignore[attr-defined]
-    return proc
-
-
-def err(proc: subprocess.Popen) -> str:
-    return proc.errfile.read_text()  # type: ignore[attr-defined]
-
-
-def wait_for(what: str, condition, timeout_s: float = 180.0) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-def frozen(proc: subprocess.Popen) -> bool:
-    with open(f"/proc/{proc.pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
-
-
 def committed_by(ckpt: Path, generation: int) -> list[int]:
     out = []
     for p in (ckpt / "commits").glob("*.json"):
@@ -145,10 +119,10 @@ def test_a_woken_leader_has_its_publish_refused_by_the_store(spark, postgres, na
     spec.write_text(yaml.safe_dump(network(tmp_path, [kind], postgres, nats_server, tag)))
     ckpt = tmp_path / "ckpt"
     leader = start(spec, ckpt, "--freeze-at", f"{FROZEN}:after_stage")
-    wait_for("the leader to freeze after staging", lambda: leader.poll() is None and frozen(leader))
+    wait_for(lambda: leader.poll() is None and frozen(leader), 180, "the leader to freeze after staging")
     standby = start(spec, ckpt, "--standby")
-    wait_for("the standby to publish and commit the frozen epoch", lambda: FROZEN in committed_by(ckpt, 2)
-             or standby.poll() is not None)
+    wait_for(lambda: FROZEN in committed_by(ckpt, 2) or standby.poll() is not None, 180,
+             "the standby to publish and commit the frozen epoch")
     leader.send_signal(signal.SIGCONT)  # wakes straight into its publish: its lease check is behind it
     leader.communicate(timeout=120)
     standby.communicate(timeout=300)
@@ -174,9 +148,9 @@ def test_epochs_the_new_leader_took_back_stay_taken_back_when_the_old_one_wakes(
     spec.write_text(yaml.safe_dump(network(tmp_path, kinds, postgres, nats_server, tag)))
     ckpt = tmp_path / "ckpt"
     leader = start(spec, ckpt, "--freeze-at", f"{FROZEN}:after_stage")
-    wait_for("the leader to freeze after staging", lambda: leader.poll() is None and frozen(leader))
+    wait_for(lambda: leader.poll() is None and frozen(leader), 180, "the leader to freeze after staging")
     standby = start(spec, ckpt, "--standby")
-    wait_for("the standby's commit of epoch 5", lambda: max(committed_by(ckpt, 2), default=0) >= 5, 300)
+    wait_for(lambda: max(committed_by(ckpt, 2), default=0) >= 5, 300, "the standby's commit of epoch 5")
     # the new leader takes the epochs from the frozen one on back and runs them again
     replay = subprocess.run([sys.executable, "-m", "eddyline.cli", "replay", str(spec), "--checkpoint", str(ckpt),
                              "--from-epoch", str(FROZEN)], capture_output=True, text=True, timeout=120)
@@ -189,7 +163,7 @@ def test_epochs_the_new_leader_took_back_stay_taken_back_when_the_old_one_wakes(
                 return e
         return None
 
-    wait_for("the replay's commit", lambda: replayed() is not None, 300)
+    wait_for(lambda: replayed() is not None, 300, "the replay's commit")
     assert standby.poll() is None, "the standby ended before the old leader woke"
     leader.send_signal(signal.SIGCONT)
     leader.communicate(timeout=120)

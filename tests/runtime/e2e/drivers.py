@@ -1,0 +1,58 @@
+"""Drivers as an operator starts them: ``eddyline run`` in a subprocess, read while it runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+#: the lease timeout the failover tests give their drivers (seconds, as the option takes it)
+LEASE = "1.5"
+
+
+def start(spec: Path, ckpt: Path, *extra: str) -> subprocess.Popen:
+    """``eddyline run --until-idle`` in a subprocess; its stderr goes to a file (``proc.errfile``,
+    :func:`err`) to read while it runs."""
+    cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec), "--checkpoint", str(ckpt), "--until-idle",
+           "--no-live", "--master", "local[2]", "--lease-timeout", LEASE, *extra]
+    errfile = ckpt.parent / f"stderr-{time.monotonic_ns()}.txt"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errfile.open("w"), text=True)
+    proc.errfile = errfile  # type: ignore[attr-defined]
+    return proc
+
+
+def err(proc: subprocess.Popen) -> str:
+    """What the driver wrote to stderr so far."""
+    return proc.errfile.read_text()  # type: ignore[attr-defined]
+
+
+def finish(proc: subprocess.Popen, timeout_s: float = 300) -> tuple[int, str]:
+    proc.communicate(timeout=timeout_s)
+    return proc.returncode, err(proc)
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 120.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out{' waiting for ' + what if what else ''}"
+        time.sleep(0.1)
+
+
+def commits(ckpt: Path) -> dict[int, dict]:
+    """The checkpoint's commits by epoch (one its cleanup deletes meanwhile is skipped)."""
+    out = {}
+    for p in (ckpt / "commits").glob("*.json"):
+        try:
+            out[int(p.name[:-5])] = json.loads(p.read_text())
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def frozen(proc: subprocess.Popen) -> bool:
+    """Whether the process is stopped (SIGSTOP, a ``--freeze-at`` hook)."""
+    with open(f"/proc/{proc.pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
