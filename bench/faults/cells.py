@@ -17,6 +17,7 @@ follower has caught up and the leader has committed once more.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -544,6 +545,9 @@ class Cell:
     how: str
     run: Callable[[Ctx], None]
     cluster: bool = False
+    #: read the input at a third of the rate (the same records, so the same output): the cell
+    #: starts a second driver whose JVM and first, cold epoch must come before the input ends
+    slow_input: bool = False
 
     @property
     def key(self) -> str:
@@ -555,7 +559,7 @@ KILL, STOP = "SIGKILL → restart", "SIGSTOP → SIGCONT"
 CELLS: list[Cell] = [
     Cell("driver", KILL, "SIGKILL to the leader inside an epoch, then `eddyline run` again", driver_kill),
     Cell("driver", STOP, f"SIGSTOP to the leader's process tree inside an epoch; a `--standby` takes over "
-         f"after the lease ({LEASE_S:.0f} s); SIGCONT: the old leader must stop, fenced", driver_freeze),
+         f"after the lease ({LEASE_S:.0f} s); SIGCONT: the old leader must stop, fenced", driver_freeze, slow_input=True),
     Cell("executor (2-worker cluster)", "SIGKILL", "SIGKILL to one of the two standalone workers with its executor "
          "inside an epoch (a new worker is started)", executor_kill, cluster=True),
     Cell("executor (2-worker cluster)", STOP, f"SIGSTOP to one worker's executor (JVM and Python workers) inside "
@@ -586,20 +590,20 @@ CELLS: list[Cell] = [
          "leader wakes straight into its publish, which every store must refuse", point_freeze(PUBLISH_EPOCH, "after_stage")),
     Cell("hot leader", "SIGKILL (follower takes over)", "a hot pair (`--hot`, a checkpoint each); once the follower "
          "has caught up, SIGKILL to the leader's process tree inside an epoch; the follower takes the lease over "
-         "(timed to the follower's next commit)", hot_leader_kill),
+         "(timed to the follower's next commit)", hot_leader_kill, slow_input=True),
     Cell("hot follower (replica)", KILL, "a hot pair; once the follower has caught up, SIGKILL to its process "
          "tree; the leader must go on (timed to the leader's next commit); once it has committed again, the "
-         "follower is started again and must follow to the end", hot_follower_kill),
+         "follower is started again and must follow to the end", hot_follower_kill, slow_input=True),
     Cell("hot follower (replica)", "joins mid-run", "a hot leader alone; after its first commit a follower is started "
          "beside it: it must copy the leader's latest commit, not hold the leader while it joins, and follow to the "
-         "end", hot_follower_join),
+         "end", hot_follower_join, slow_input=True),
     Cell("hot follower (replica)", STOP, f"a hot pair; once the follower has caught up, SIGSTOP to its process tree "
          f"for {DOWN_S:.0f} s (past the {LEASE_S:.0f} s lease), then SIGCONT; the leader must go on, the follower "
-         "catch up (from the leader's plans, or from a copy of its state if it fell out of them)", hot_follower_freeze),
+         "catch up (from the leader's plans, or from a copy of its state if it fell out of them)", hot_follower_freeze, slow_input=True),
     Cell("hot follower (replica)", f"{STOP}, past the kept plans", f"a hot pair whose network keeps {KEPT} epochs of "
          f"plans (`history: {KEPT}`; the reference keeps 10); once the follower has caught up, SIGSTOP to its process tree "
          "until the leader has dropped the plans it needs next, then SIGCONT; the leader must go on, the follower "
-         "copy the leader's latest commit and its state and follow on", hot_follower_left_behind),
+         "copy the leader's latest commit and its state and follow on", hot_follower_left_behind, slow_input=True),
 ]
 
 #: rows of the issue's matrix that have no cell yet
@@ -653,6 +657,8 @@ def run_cell(c: Cell, setup: Setup, servers: Servers, directory: Path, reference
     """Run one cell in ``directory`` and verify every sink against the input and ``reference``."""
     directory.mkdir(parents=True, exist_ok=True)
     name = "c" + "".join(ch for ch in directory.name.lower() if ch.isalnum())[:20]
+    if c.slow_input:
+        setup = dataclasses.replace(setup, per_epoch=max(1, setup.per_epoch // 3))
     ctx = Ctx(setup, servers, directory, Outputs(directory / "out", name),
               master=cluster.url if c.cluster else "local[2]", cluster=cluster)
     t0 = time.monotonic()
