@@ -447,7 +447,7 @@ def hot_follower_join(ctx: Ctx) -> None:
     first = min(fw.commits)
     joined = fw.commits[first]["at"]
     at = sorted(c["at"] for c in ctx.watch.commits.values())
-    steady = sorted(b - a for a, b in zip(at, at[1:], strict=False) if b < started)
+    steady = sorted(b - a for a, b in zip(at, at[1:], strict=False) if a > joined or b < started)
     pause = max((b - a for a, b in zip(at, at[1:], strict=False) if b > started and a < joined), default=0.0)
     ctx.notes.append(f"the follower joined at epoch {first} ({joined - started:.1f} s after its start, from a copy of "
                      f"commit {first - 1}); the leader's longest time between commits meanwhile {pause:.1f} s "
