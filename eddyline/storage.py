@@ -112,18 +112,17 @@ class Gate:
     Every write others can see is a ``rename`` or ``link`` out of the gate (a new file: written
     inside, then moved into place) or through it (a directory moved elsewhere is parked in the
     gate first, as ``.moving-<where it came from>``, then moved on), so it names a path inside
-    the gate. Opening
-    generation G's gate revokes every older one: moves it aside and leaves an empty file under
-    its name, which no ``mkdir`` can pass. From then on no path through an older gate resolves,
-    so a driver that was frozen past its lease and wakes has every write refused by the file
-    system itself, whatever it checked before.
+    the gate. Opening generation G's gate revokes every older one: moves it aside and leaves an
+    empty file under its name, which no ``mkdir`` can pass. From then on no path through an older
+    gate resolves, so a driver that was frozen past its lease and wakes has every write refused
+    by the file system itself, whatever it checked before.
 
     The order that makes it safe: a gate is created (``mkdir``) and *then* the store is listed
     for newer ones; a newer generation creates its own and *then* lists and revokes the older.
     Whichever lists second sees the other, so once :meth:`open` returned, no older gate can be
-    in use, nor made again. What a revoked driver had parked (a publish or
-    retraction cut between its two renames) goes back where it came from, unless something
-    already took its place (:meth:`_recover`). The newest generation's gate is never removed:
+    in use, nor made again. What a revoked driver had parked (a publish or retraction cut
+    between its two renames) goes back where it came from, unless something already took its
+    place (:meth:`_recover`). The newest generation's gate is never removed:
     it is how the store remembers the newest generation it has seen.
 
     Generation 0 is a driver without a lease: it fences nobody, checks for nobody, and is revoked
