@@ -148,8 +148,11 @@ class Gate:
         """Make this generation's gate (again) and revoke every older one; raise
         :class:`~eddyline.errors.Fenced` if a newer generation opened one here. ``generation``
         / ``writer``: write under these from now on (a driver that took the lease over)."""
-        if generation is not None or writer is not None:
-            self._at(self.generation if generation is None else generation, self.writer if writer is None else writer)
+        generation = self.generation if generation is None else generation
+        writer = self.writer if writer is None else writer
+        if self.opened and (generation, writer) == (self.generation, self.writer):
+            return self  # opened under these already (a later revocation shows at the next write)
+        self._at(generation, writer)
         if not self._local:  # an object store: conditional writes are a later step (no lease there yet)
             self.opened = True
             return self

@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from eddyline.api.registry import SINKS, SOURCES
 from eddyline.api.units import Files
 from eddyline.columns import DIFF
-from eddyline.errors import Fenced, SinkError, SourceError
+from eddyline.errors import SinkError, SourceError
 from eddyline.io.records import ddl_struct, decode, split_decoded
 from eddyline.io.sinks import Sink, SinkKind
 from eddyline.io.sources import BadCounter, EpochSlice, Frames, Source, SourceKind, footer_facts
@@ -527,8 +527,6 @@ class FilesTarget:
             if self.generation:  # which lease generation published it: readers skip names with '_'
                 self.gate.put(f"{src}/{GENERATION_FILE}", str(self.generation).encode())
             self.gate.ready().publish(src, dst)
-        except Fenced:
-            raise
         except OSError as e:
             raise SinkError(f"cannot publish epoch {epoch} to {dst}: {e}") from e
 
@@ -541,8 +539,6 @@ class FilesTarget:
             for src in (self.final(epoch, tentative=True), self.final(epoch)):
                 try:  # nothing there: nothing published, or retracted by an earlier attempt
                     gate.move(src, dst)
-                except Fenced:
-                    raise
                 except OSError as e:
                     raise SinkError(f"cannot retract epoch {epoch} from {src}: {e}") from e
 
@@ -556,8 +552,6 @@ class FilesTarget:
                 continue  # put back by an earlier attempt
             try:
                 gate.move(info.path, dst)
-            except Fenced:
-                raise
             except OSError as e:
                 raise SinkError(f"cannot put epoch output {info.path} back: {e}") from e
 

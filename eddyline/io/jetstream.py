@@ -415,10 +415,11 @@ class NatsSink(Sink):
             self._fence()
 
     def fence(self, generation: int) -> None:
+        renewed = generation != self.generation
         super().fence(generation)
         # opened already: a driver that took the lease over (``writer`` alone does not say: the
         # runtime names a hot pair's drivers by it before any sink is opened)
-        if self._opened and generation:
+        if renewed and self._opened and generation:
             self._fence()
 
     @property

@@ -293,8 +293,9 @@ class PostgresSink(Sink):
             self._run(self._fence)
 
     def fence(self, generation: int) -> None:
+        renewed = generation != self.generation
         super().fence(generation)
-        if self.layout is not None and generation:  # opened already: a driver that took the lease over
+        if renewed and self.layout is not None and generation:  # opened already: it took the lease over
             self._run(self._fence)
 
     def _fence(self, conn: psycopg.Connection[Any]) -> None:

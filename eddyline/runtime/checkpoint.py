@@ -129,10 +129,11 @@ class Checkpoint:
         assert isinstance(raw, dict)
         return raw
 
-    def in_force(self) -> str | None:
+    def in_force(self, meta: dict[str, Any] | None = None) -> str | None:
         """The hash of the network the checkpoint runs now: the one a live change put in force,
-        else the one it was created with (None: no run started here, or made by an older Eddyline)."""
-        meta = self.metadata() or {}
+        else the one it was created with (None: no run started here, or made by an older
+        Eddyline). ``meta``: the metadata, if read already."""
+        meta = meta if meta is not None else self.metadata() or {}
         return (meta.get("applied") or {}).get("hash") or meta.get("created")
 
     def restart_change(self, spec: NetworkSpec) -> NetworkDiff | None:
@@ -144,8 +145,9 @@ class Checkpoint:
         from eddyline.api.change import check_restart
         from eddyline.api.validate import spec_from_raw
 
-        digest, mine = self.in_force(), network_hash(spec.as_dict())
-        if digest is None or mine in (digest, (self.metadata() or {}).get("created")):
+        meta = self.metadata() or {}
+        digest, mine = self.in_force(meta), network_hash(spec.as_dict())
+        if digest is None or mine in (digest, meta.get("created")):
             return None
         return check_restart(spec_from_raw(self.read_network(digest)), spec, self.location)
 

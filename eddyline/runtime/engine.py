@@ -612,7 +612,7 @@ class Engine:
         applied = meta.get("applied")
         if applied:
             self._change = LiveChange.from_json(applied)
-        in_force = self.ckpt.in_force()
+        in_force = self.ckpt.in_force(meta)
         if in_force is not None and in_force != self.network_id:
             given = self.base_spec
             self._rebuild(spec_from_raw(self.ckpt.read_network(in_force)), None)

@@ -58,6 +58,15 @@ def test_the_verifier_passes_a_clean_run_and_names_the_sink_that_lost_or_duplica
     assert {s for s, c in checks.items() if c.ok} == {"raw_files", "win_pg"}
 
 
+def short_run(cell: Cell, nats_server, postgres, tmp_path: Path):  # noqa: ANN001, ANN201
+    """``cell`` run on a fresh stream of ``N`` records, against the servers of the session."""
+    stream = f"SEQ{uuid.uuid4().hex[:8].upper()}"
+    setup = Setup(nats_server.url, postgres.url, stream, N)
+    publish_input(setup.nats_url, stream, N)
+    return run_cell(cell, setup, Servers(nats_server, postgres), tmp_path / f"fm{uuid.uuid4().hex[:8]}", None,
+                    expected_windows(N))
+
+
 @pytest.mark.slow
 def test_a_crash_inside_a_key_group_move_then_a_restart_loses_and_duplicates_nothing(
     nats_server, postgres, tmp_path: Path
@@ -65,12 +74,8 @@ def test_a_crash_inside_a_key_group_move_then_a_restart_loses_and_duplicates_not
     """The matrix's key-group-move cell on a short input: ``--crash-at 3:in_task`` (epoch 3
     moves two key groups), a restart, and every sink (files, PostgreSQL, NATS; raw and windowed)
     holds each sequence number once and each window with the input's count, sum, min and max."""
-    stream = f"SEQ{uuid.uuid4().hex[:8].upper()}"
-    setup = Setup(nats_server.url, postgres.url, stream, N)
-    publish_input(setup.nats_url, stream, N)
     cell = Cell("key-group move", "SIGKILL → restart", "", point_crash(3, "in_task"))
-    result = run_cell(cell, setup, Servers(nats_server, postgres),
-                      tmp_path / f"fm{uuid.uuid4().hex[:8]}", None, expected_windows(N))
+    result = short_run(cell, nats_server, postgres, tmp_path)
     assert result.status == "pass", (result.notes, [c for c in result.checks if not c.ok])
     assert len(result.checks) == 6 and all(c.rows > 0 for c in result.checks)
     assert result.recovery_s is not None and result.next_commit == 3
@@ -83,12 +88,8 @@ def test_a_leader_woken_after_the_standby_published_writes_nothing_anywhere(nats
     (``--freeze-at 3:after_stage``), a standby takes over and publishes epoch 3, the old leader
     wakes into its publish: refused by every store, so no sink shows a write of generation 1
     made after the takeover, and every sink holds each record once."""
-    stream = f"SEQ{uuid.uuid4().hex[:8].upper()}"
-    setup = Setup(nats_server.url, postgres.url, stream, N)
-    publish_input(setup.nats_url, stream, N)
     cell = Cell("publish", "SIGSTOP → SIGCONT (standby)", "", point_freeze(3, "after_stage"))
-    result = run_cell(cell, setup, Servers(nats_server, postgres),
-                      tmp_path / f"fm{uuid.uuid4().hex[:8]}", None, expected_windows(N))
+    result = short_run(cell, nats_server, postgres, tmp_path)
     assert result.status == "pass", (result.notes, [c for c in result.checks if not c.ok])
     assert result.zombie_writes == 0 and result.lost == 0 and result.duplicated == 0
 
