@@ -37,6 +37,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import results_io
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 STREAM = "BIDS"
@@ -203,7 +205,7 @@ def main() -> None:
               f"time per row vs files {', '.join(f'{x:.2f}' for x in ratios)}")
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%S")
-    (RESULTS / f"broker-{stamp}.json").write_text(json.dumps(out, indent=1))
+    results_io.write(RESULTS / f"broker-{stamp}.json", out)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ Usage: ``python bench/epoch_floor.py [--rows 2000] [--batches 30] [--rounds 3] [
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import tempfile
@@ -33,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import results_io
 from run_bench import RESULTS, run_eddyline, run_native, write_section
 
 WORKLOADS = ("sliding_auction", "dedup_keys")
@@ -133,7 +133,7 @@ def main() -> None:
                   f"stages {edd['breakdown_ms']} lanes {edd['lane_ms']}", flush=True)
         result["workloads"][name] = rounds
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"floor-{result['when'][:19].replace(':', '')}.json").write_text(json.dumps(result, indent=2))
+    results_io.write(RESULTS / f"floor-{result['when'][:19].replace(':', '')}.json", result)
     print(table(result))
     if not args.no_md:
         write_section(("<!-- floor:start -->", "<!-- floor:end -->"),

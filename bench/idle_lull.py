@@ -18,7 +18,6 @@ Usage: ``python bench/idle_lull.py [--lull 75]`` (about 3 minutes); writes
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import results_io
 
 HERE = Path(__file__).resolve().parent
 ROWS = 200_000
@@ -141,7 +141,7 @@ def main() -> None:
               f" {a1['ms'] / steady:10.2f} {a1['cache_misses']:19d} {r['keepalive_jobs']:16d}")
     out = {"benchmark": "idle_lull", "when": datetime.now(UTC).isoformat(), "lull_s": args.lull, "rows_per_file": ROWS,
            "modes": results}
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    results_io.write(Path(args.out), out)
     print(f"wrote {args.out}")
 
 

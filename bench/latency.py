@@ -90,6 +90,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import results_io
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -999,7 +1000,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     stamp = when.strftime("%Y-%m-%dT%H%M%S")
     path = RESULTS / f"latency-{stamp}.json"
-    path.write_text(json.dumps(out, indent=1, default=_json_default))
+    results_io.write(path, out, default=_json_default)
     svg = RESULTS / f"latency-{stamp}.svg"
     svg.write_text(plot_svg(out))
     print(f"wrote {path.relative_to(HERE.parent)} and {svg.relative_to(HERE.parent)}; "

@@ -15,13 +15,14 @@ Usage: ``./dev.sh bench bench/rewrite_aggregate.py`` or ``python bench/rewrite_a
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import results_io
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -91,7 +92,7 @@ def main() -> None:
               f"(range {min(walls):.0f}–{max(walls):.0f})")
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%S")
-    (RESULTS / f"rewrite-aggregate-{stamp}.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
+    results_io.write(RESULTS / f"rewrite-aggregate-{stamp}.json", {"args": vars(args), "runs": runs})
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import results_io
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
@@ -312,7 +314,7 @@ def main() -> None:
             "ratio": ratio,
         }
         out = RESULTS / f"{name}-{when[:19].replace(':', '')}.json"
-        out.write_text(json.dumps(result, indent=2))
+        results_io.write(out, result)
         print(f"{name}: eddyline {edd['rows_per_s']:,.0f} rows/s, native {native['rows_per_s']:,.0f} rows/s, ratio {ratio:.2f}")
         print(f"  eddyline per-epoch medians (ms): {edd['breakdown_ms']} lanes: {edd['lane_ms']}")
     write_results_md()

@@ -1,4 +1,4 @@
-"""Print how the benchmarks moved over time, from the JSON every run leaves in bench/results/.
+"""Print how the benchmarks moved over time, from the summary every run leaves in bench/results/.
 
     python bench/trend.py                 # every benchmark
     python bench/trend.py nexmark         # only those whose name starts with "nexmark"
@@ -53,6 +53,8 @@ def _adaptive(r: dict[str, Any]) -> Row:
         latencies = [e["latency_ms"] for e in run.get("epochs", []) if "latency_ms" in e]
         if latencies:
             per.setdefault(run["system"], []).append(_p99(latencies))
+        elif "p99" in run.get("epochs_spread", {}).get("latency_ms", {}):  # a summary (bench/results_io.py)
+            per.setdefault(run["system"], []).append(run["epochs_spread"]["latency_ms"]["p99"])
     med = {k: statistics.median(v) for k, v in per.items()}
     a, s = med.get("adaptive"), med.get("static")
     return (

@@ -82,6 +82,7 @@ WORK_LAG = {"dedup": 0, "pattern": 1}
 
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH / "nexmark"))
+import results_io  # noqa: E402
 from run_bench import _ts, cached_data_set, save_manifest, write_section  # noqa: E402
 from run_nexmark import code_version, worker_eddyline  # noqa: E402
 
@@ -1208,7 +1209,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.md_from:
-        result = json.loads(Path(args.md_from).read_text())
+        result = results_io.read(Path(args.md_from), detail=True)
         args.query = result["args"].get("query", "dedup")
         args.plot = args.plot or str(HERE / f"{_tag(args.query)}.png")
         result["summary"] = summarize(result)
@@ -1344,7 +1345,7 @@ def main() -> None:
         result["summary"] = summarize(result)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    results_io.write(out, result)
     print(f"wrote {out} · whole run {result['total_s'] / 60:.1f} min", flush=True)
     if "summary" in result:
         plot(result, Path(args.plot))

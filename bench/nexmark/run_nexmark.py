@@ -96,7 +96,8 @@ FLINK_PARALLELISM = 2
 
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(HERE))
-import flink_runner  # noqa: E402  (its digest helpers import nothing from PyFlink)
+import flink_runner  # noqa: E402
+import results_io  # noqa: E402  (its digest helpers import nothing from PyFlink)
 from run_bench import _lane_medians, _ts, cached_data_set, save_manifest, write_section  # noqa: E402  (the issue #2 benchmark's helpers)
 
 
@@ -1506,7 +1507,7 @@ def main() -> None:
         "total_s": time.perf_counter() - t_all,
     }
     path = RESULTS / f"nexmark-{when[:19].replace(':', '')}.json"
-    path.write_text(json.dumps(result, indent=2))
+    results_io.write(path, result)
     print(f"wrote {path} · whole run {result['total_s'] / 60:.1f} min")
     if args.no_md:
         return

@@ -80,6 +80,7 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -94,6 +95,9 @@ BENCH = HERE.parent
 RESULTS = BENCH / "results"
 OUT_JSON = RESULTS / "overload.json"
 OUT_PNG = HERE / "overload.png"
+sys.path.insert(0, str(BENCH))
+import results_io  # noqa: E402
+
 MD_START, MD_END = "<!-- overload:start -->", "<!-- overload:end -->"
 
 WINDOW_MS = 2000
@@ -896,7 +900,7 @@ def main() -> None:
     args = ap.parse_args()
 
     if args.md_from:
-        result = json.loads(Path(args.md_from).read_text())
+        result = results_io.read(Path(args.md_from), detail=True)
         result["goals"] = goals(result)
         plot(result)
         write_results_md(result, result.get("prose", ""))
@@ -973,7 +977,7 @@ def main() -> None:
             "rounds": {k: [r["summary"] for r in v] for k, v in runs.items()} if args.rounds > 1 else None,
         }
         result["goals"] = goals(result)
-        OUT_JSON.write_text(json.dumps(result, indent=1, default=str))
+        results_io.write(OUT_JSON, result, default=str)
         plot(result)
         write_results_md(result)
         print(tables_md(result))
