@@ -12,6 +12,7 @@ Three layers, cheapest first; each error names the source / step / sink and the 
 
 from __future__ import annotations
 
+import difflib
 import types
 import typing
 from pathlib import Path
@@ -82,6 +83,7 @@ def _looks_like_path(source: str | Path) -> bool:
 def format_errors(err: ValidationError, raw: dict[str, Any]) -> list[str]:
     """pydantic errors → ``"step 'per_auction': window.size: expected …, got …"``."""
     merged: dict[tuple[str, str], list[str]] = {}
+    misspelt: set[tuple[str, str]] = set()  # (who, field) a misspelt key was meant to be
     errors = err.errors()
     # an item that failed is left out of its list, which may then be "too short": that follows
     # from the item's own error, said already
@@ -107,7 +109,12 @@ def format_errors(err: ValidationError, raw: dict[str, Any]) -> list[str]:
         if e["type"] == "extra_forbidden":
             parent = _model_at(model, path[:-1]) if model else None
             allowed = sorted(f.alias or n for n, f in parent.model_fields.items()) if parent else []
-            msg = f"unknown field; expected one of {', '.join(allowed)}" if allowed else "unknown field"
+            guess = difflib.get_close_matches(path[-1], allowed, n=1) if path else []
+            if guess:
+                msg = f"unknown field — did you mean '{guess[0]}'?"
+                misspelt.add((who, ".".join([*path[:-1], guess[0]])))
+            else:
+                msg = f"unknown field; expected one of {', '.join(allowed)}" if allowed else "unknown field"
         elif e["type"] == "missing":
             msg = "field required"
         elif "input" in e and e["type"] not in ("value_error", "assertion_error") and not isinstance(e["input"], dict | list | tuple):
@@ -115,6 +122,8 @@ def format_errors(err: ValidationError, raw: dict[str, Any]) -> list[str]:
         merged.setdefault((who, ".".join(path)), []).append(msg)
     out = []
     for (who, path), msgs in merged.items():
+        if (who, path) in misspelt and msgs == ["field required"]:
+            continue  # the misspelt field is that one: one mistake, one line
         text = " or ".join(dict.fromkeys(msgs))
         out.append(f"{who}: {path}: {text}" if path else f"{who}: {text}")
     return out

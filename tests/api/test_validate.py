@@ -117,6 +117,13 @@ def test_a_misspelt_or_unknown_kind_is_named_once_with_the_closest_one() -> None
     with pytest.raises(SpecError) as info:
         load_spec(mutate("sources.0.files", {**GOOD["sources"][0]["files"], "bogus": 1}))
     assert len(info.value.problems) == 1 and info.value.problems[0].startswith("source 'bids': bogus: unknown field")
+    # a misspelt field: named with the one it was meant to be, and not also "path: field required"
+    with pytest.raises(SpecError) as info:
+        load_spec(renamed("sources.0.files", "path", "pth"))
+    assert info.value.problems == ["source 'bids': pth: unknown field — did you mean 'path'?"]
+    with pytest.raises(SpecError) as info:
+        load_spec(renamed("steps.1.window_aggregate", "aggregates", "aggregate"))
+    assert info.value.problems == ["step 'per_auction': aggregate: unknown field — did you mean 'aggregates'?"]
 
 
 def test_good_spec_loads_and_yaml_equals_python() -> None:
