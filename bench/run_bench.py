@@ -256,7 +256,7 @@ def write_results_md() -> None:
     latest: dict[str, dict] = {}
     for path in sorted(RESULTS.glob("*.json")):
         r = json.loads(path.read_text())
-        if "engines" in r and r["when"] >= latest.get(r["workload"], {}).get("when", ""):
+        if "workload" in r and "engines" in r and r["when"] >= latest.get(r["workload"], {}).get("when", ""):
             latest[r["workload"]] = r
     rows = []
     for r in latest.values():
