@@ -247,7 +247,7 @@ def test_copy_as_csv_gives_the_values_copy_in_binary_gives(spark, postgres, sink
 
 
 def test_timestamps_with_a_zone_go_as_csv_in_utc() -> None:
-    from eddyline.io.postgres import copy_csv
+    from eddyline.io.postgres.statements import copy_csv
 
     instant = datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
     table = pa.table({"t": pa.array([instant, None], pa.timestamp("us", tz="America/New_York")),
