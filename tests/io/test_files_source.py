@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eddyline.api.sources import SourceSpec
-from eddyline.io.files import FilesSource, _line_at, _records_between, _task_pieces
+from eddyline.io.files import FilesSource
+from eddyline.io.files.slices import _line_at, _records_between, _task_pieces
 
 
 def _source(path: str) -> FilesSource:
@@ -228,7 +229,7 @@ def test_a_text_slice_split_between_tasks_keeps_every_row_and_dead_letter_line(s
 def test_csv_files_with_a_header_shared_by_any_number_of_tasks_give_the_same_rows_and_dead_letters(tmp_path):
     """Each file's header is skipped by the task whose piece starts the file, and only there;
     a bad line keeps its line number in its file, however the files are cut."""
-    from eddyline.io.files import _text_files
+    from eddyline.io.files.slices import text_files
     from eddyline.io.sources import EpochSlice
     from eddyline.io.textrecords import arrow_schema
 
@@ -241,7 +242,7 @@ def test_csv_files_with_a_header_shared_by_any_number_of_tasks_give_the_same_row
     for tasks in range(1, 5):
         slice_ = EpochSlice("s", {"files": ["a.csv", "b.csv"], "sizes": sizes})
         task_numbers = iter([pa.record_batch([pa.array(list(range(tasks)))], names=["id"])])
-        rows = pa.Table.from_batches(list(_text_files("csv", True, str(tmp_path), slice_, tasks, schema, ("k", "v"),
+        rows = pa.Table.from_batches(list(text_files("csv", True, str(tmp_path), slice_, tasks, schema, ("k", "v"),
                                                       task_numbers)))
         good = [(k, v) for k, v, r in zip(*(rows.column(c).to_pylist() for c in ("k", "v", "_reason")), strict=True)
                 if r is None]

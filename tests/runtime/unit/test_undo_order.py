@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eddyline.api.units import Files
-from eddyline.io.files import FilesTarget, Revisions
+from eddyline.io.files import FilesTarget
+from eddyline.io.files.changelog import Revisions
 from eddyline.runtime.engine import undo_blocked
 
 Applied = dict[int, list[dict]]

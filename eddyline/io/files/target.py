@@ -1,0 +1,178 @@
+"""Where a ``files`` sink's epochs land. Writing is two steps, so that an epoch's output
+appears all at once and a replay never duplicates it: the rows are staged where no reader looks
+(``path/_staging/g=G/…``), then moved to ``path/epoch=NNNNNNNNNN``, replacing whatever an earlier,
+crashed attempt published. The runtime publishes before it commits the epoch, so a crash in
+between replays the epoch, which stages and publishes the same rows again.
+
+Tentative epochs (Delay-Process-Correct, :mod:`eddyline.ha.dpc`) go to ``path/_tentative/epoch=N``,
+which readers of ``path`` skip (Spark, Arrow and Hive skip names starting with ``_``); the epoch
+that corrects them moves them to ``path/_corrections/epoch=M/retracted/epoch=N``.
+
+Under a lease (:mod:`eddyline.ha.lease`) the staging is the driver's generation's gate
+(:class:`~eddyline.storage.Gate`) and every move starts or passes there. A driver that takes the
+lease over opens its own gate before it writes, which revokes the older one's: a driver frozen
+past its lease finds, when it wakes, that the file system refuses its publish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from eddyline.api.units import Files
+from eddyline.errors import SinkError
+from eddyline.storage import Gate, filesystem
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def epoch_dir(epoch: int) -> str:
+    return f"epoch={epoch:010d}"
+
+
+#: in each epoch's directory a driver under a lease publishes: its lease generation
+GENERATION_FILE = "_generation"
+
+
+class FilesTarget:
+    """A directory that receives one sub-directory per epoch, written through a
+    :class:`~eddyline.storage.Gate`: staged in ``path/_staging/g=G[/writer]/epoch=N``, moved into
+    place from there, so that once a newer lease generation opened its gate here the file system
+    refuses an older one's publish, retraction or restore."""
+
+    def __init__(self, files: Files, generation: int = 0):
+        """``generation``: the lease generation of the driver that writes (0: no lease)."""
+        self.files = files
+        self.fs, self.base = filesystem(files.path)
+        self.gate = Gate(files.path, generation)
+
+    @property
+    def generation(self) -> int:
+        return self.gate.generation
+
+    @property
+    def writer(self) -> str:
+        """Names this driver's part of the staging when two drivers write the same path (a hot pair)."""
+        return self.gate.writer
+
+    @writer.setter
+    def writer(self, writer: str) -> None:
+        if writer != self.gate.writer:
+            self.gate = Gate(self.files.path, self.gate.generation, writer)
+
+    def fence(self, generation: int) -> None:
+        """Write under lease generation ``generation`` from now on, revoking the older ones'
+        (:class:`~eddyline.errors.Fenced` if a newer one took over)."""
+        self.fs.create_dir(self.base, recursive=True)
+        self.gate.open(generation)
+
+    def staging(self, epoch: int) -> str:
+        return self.gate.staging(epoch_dir(epoch))
+
+    def discard(self, epoch: int) -> None:
+        """Drop what was staged for ``epoch`` (the other driver of a hot pair published it)."""
+        self.gate.clear(self.staging(epoch))
+
+    def final(self, epoch: int, tentative: bool = False) -> str:
+        return f"{self.base}/{'_tentative/' if tentative else ''}{epoch_dir(epoch)}"
+
+    def spark_uri(self, path: str) -> str:
+        return path if "://" in self.files.path else f"file://{path}"
+
+    def publish(self, epoch: int, tentative: bool = False) -> None:
+        src, dst = self.staging(epoch), self.final(epoch, tentative)
+        if self.fs.get_file_info(src).type == pafs.FileType.NotFound:
+            self.gate.check()  # gone with a revoked gate, not merely nothing staged
+            return
+        try:
+            if self.generation:  # which lease generation published it: readers skip names with '_'
+                self.gate.put(f"{src}/{GENERATION_FILE}", str(self.generation).encode())
+            self.gate.ready().publish(src, dst)
+        except OSError as e:
+            raise SinkError(f"cannot publish epoch {epoch} to {dst}: {e}") from e
+
+    def retract(self, epochs: list[int], at_epoch: int) -> None:
+        """Move the ``epochs``' output (tentative or not: a replay takes stable epochs back)
+        aside, into ``_corrections/epoch=<at_epoch>/retracted``."""
+        gate = self.gate.ready()
+        for epoch in epochs:
+            dst = f"{self._aside(at_epoch)}/{epoch_dir(epoch)}"
+            for src in (self.final(epoch, tentative=True), self.final(epoch)):
+                try:  # nothing there: nothing published, or retracted by an earlier attempt
+                    gate.move(src, dst)
+                except OSError as e:
+                    raise SinkError(f"cannot retract epoch {epoch} from {src}: {e}") from e
+
+    def restore(self, at_epoch: int) -> None:
+        """Put back what epoch ``at_epoch`` retracted (undoing a replay), as stable epochs."""
+        gate = self.gate.ready()
+        aside = self._aside(at_epoch)
+        for info in self.fs.get_file_info(pafs.FileSelector(aside, allow_not_found=True)):
+            dst = f"{self.base}/{info.base_name}"
+            if self.fs.get_file_info(dst).type != pafs.FileType.NotFound:
+                continue  # put back by an earlier attempt
+            try:
+                gate.move(info.path, dst)
+            except OSError as e:
+                raise SinkError(f"cannot put epoch output {info.path} back: {e}") from e
+
+    def _aside(self, at_epoch: int) -> str:
+        return f"{self.base}/_corrections/{epoch_dir(at_epoch)}/retracted"
+
+
+def write_frame(df: DataFrame, target: FilesTarget, epoch: int, in_driver: bool = False) -> None:
+    """Write ``df`` as the epoch's staged output, replacing whatever an earlier attempt staged.
+
+    ``in_driver``: the output is expected to be small; Parquet is then collected and written by
+    the driver. Spark's file writer costs hundreds of milliseconds whatever the size (a writer per
+    task, the commit protocol's directories and renames); a few thousand rows collect and write
+    in a fraction of that. Both write the same Parquet types (see :func:`_parquet_options`)."""
+    fmt = target.files.format
+    gate = target.gate.ready()
+    path = target.staging(epoch)
+    if in_driver and fmt == "parquet":
+        table = df.toArrow()
+        gate.clear(path)
+        gate.makedirs(path)
+        pq.write_table(table, f"{path}/part-00000-driver.snappy.parquet", filesystem=target.fs,
+                       compression="snappy", store_decimal_as_integer=True)
+        return
+    writer = df.write
+    if fmt == "csv":  # RFC 4180: a quote inside a quoted field is doubled (Spark's default: \")
+        writer = writer.option("header", target.files.header is not False).option("escape", '"')
+    if isinstance(target.fs, pafs.LocalFileSystem):
+        # Hadoop's local file system (without its native library) forks a `chmod` for every
+        # directory it creates; a job's commit protocol creates three before the job starts
+        # (the output, `_temporary`, `_temporary/0`) and one more in the first task. Created
+        # here they cost next to nothing and Hadoop finds them present. The job's
+        # commit removes `_temporary` with everything in it. Overwriting would delete them
+        # again, so the earlier attempt's output is removed here and the job appends.
+        gate.clear(path)
+        gate.makedirs(f"{path}/_temporary/0/_temporary")
+        writer = writer.mode("append")
+    else:
+        writer = writer.mode("overwrite")
+    with _parquet_options(df.sparkSession, fmt):
+        writer.format(fmt).save(target.spark_uri(path))
+
+
+@contextmanager
+def _parquet_options(spark: SparkSession, fmt: str) -> Iterator[None]:
+    """Spark writes timestamps as INT64 microseconds, as pyarrow does (Spark's default, INT96, is
+    deprecated in Parquet and read back as nanoseconds without a time zone), so that a sink's
+    files have one schema whether an epoch was written by Spark or by the driver."""
+    key = "spark.sql.parquet.outputTimestampType"
+    before = spark.conf.get(key) if fmt == "parquet" else "TIMESTAMP_MICROS"
+    if before == "TIMESTAMP_MICROS":
+        yield
+        return
+    spark.conf.set(key, "TIMESTAMP_MICROS")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
