@@ -17,7 +17,7 @@ from eddyline.api.live import with_settings
 from eddyline.api.network import NetworkSpec
 from eddyline.api.validate import spec_from_raw
 from eddyline.errors import CheckpointError, SpecError
-from eddyline.observe.dashboard.app import Feed
+from eddyline.observe.dashboard.app import Feed, following
 from eddyline.observe.metrics import Metrics
 from eddyline.runtime.checkpoint import PROGRESS_KEPT, Checkpoint
 from eddyline.runtime.inbox import Inbox
@@ -88,7 +88,7 @@ def live_feed(engine: Engine, reporter: ProgressReporter) -> Feed:
 
     reporter.listeners.append(received)
     return Feed(
-        network=engine.base_spec, records=recent, status=status, commands=lambda: _commands(engine.inbox),
+        network=lambda: engine.base_spec, records=recent, status=status, commands=lambda: _commands(engine.inbox),
         submit=_submit(engine.inbox), check=lambda c: check_command(engine.base_spec, engine.settings, c),
         metrics=metrics,
     )
@@ -101,7 +101,7 @@ def checkpoint_feed(checkpoint: str) -> Feed:
     metrics = Metrics()
     for record in ck.progress():
         metrics.observe(record)
-    return Feed(network=net, records=ck.progress, commands=lambda: _commands(inbox),
+    return Feed(network=following(ck.in_force, ck.read_network, net), records=ck.progress, commands=lambda: _commands(inbox),
                 status=lambda: {"live": False, "paused": inbox.paused() is not None}, metrics=metrics)
 
 

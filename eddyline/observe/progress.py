@@ -21,6 +21,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from eddyline.observe.commands import command_effects, describe_command
+
 
 def _human(n: float) -> str:
     for unit, div in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -106,9 +108,13 @@ class ProgressReporter:
                     f"[dim]{step}: routing v{v['version']}, {v['lanes']} lanes, key groups per lane "
                     f"{v.get('keyGroupsPerLane')}, lane busy / makespan {shares or '-'}{spread}[/dim]"
                 )
-            for r in list(self.rows)[-5:]:  # control lines: what took effect, what was refused
+            recent = list(self.rows)[-5:]
+            effects = command_effects(recent)
+            for r in recent:  # control lines: what took effect (a routing request: what it did), what was refused
                 for c in r.get("applied", []):
-                    parts.append(f"[green]epoch {r['batchId']}: control {c['id']} applied: {describe_command(c)}[/green]")
+                    effect = effects[str(c.get("id"))].text if "route" in c else ""
+                    parts.append(f"[green]epoch {r['batchId']}: control {c['id']} applied: {describe_command(c)}"
+                                 f"{' — ' + effect if effect else ''}[/green]")
                 for c in r.get("refused", []):
                     parts.append(f"[red]epoch {r['batchId']}: control {c['id']} refused: {c['reason']}[/red]")
             for d in last.get("recentDecisions", [])[-3:]:
@@ -119,29 +125,6 @@ class ProgressReporter:
                     f"{measured.get('makespanMs', 'pending')}[/cyan]"
                 )
         return Group(*parts)
-
-
-def describe_command(c: dict[str, Any]) -> str:
-    """What a control command did (or will do), in a few words."""
-    if isinstance(c.get("route"), dict):
-        r = c["route"]
-        what = ("rebalance" if "rebalance" in r else f"rescale to {r.get('lanes')} lane{'' if r.get('lanes') == 1 else 's'}" if "lanes" in r
-                else f"move key groups {r.get('move')}")
-        return f"{what} of {r.get('step')}"
-    if "pause" in c or "resume" in c:
-        return "pause" if "pause" in c else "resume"
-    if c.get("set"):
-        return ", ".join(f"{t} = {v!r}" for t, v in c["set"].items())
-    if "rewrite" in c:
-        return f"network rewritten by {c['rewrite']} ({c.get('network', '?')})"
-    if "undo" in c:
-        return f"undid the replay of epoch {c['undo']}"
-    if "replay" in c:
-        return f"replayed from epoch {c['replay']}" + (f" with network {c['network']}" if "network" in c else "")
-    if "network" in c:
-        net = c["network"] if isinstance(c["network"], str) else "(a new network)"
-        return f"network {net}" + (f", reset {', '.join(c['reset'])}" if c.get("reset") else "")
-    return str(c)
 
 
 def _brief(d: dict[str, Any], limit: int = 90) -> str:

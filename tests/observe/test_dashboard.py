@@ -8,41 +8,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from eddyline.api.validate import load_spec
 from eddyline.observe.dashboard import views
 from eddyline.observe.dashboard.access import Access
 from eddyline.observe.dashboard.app import Feed, create_app
 from eddyline.operate import check_command
 from eddyline.runtime.inbox import Inbox
-
-NET = load_spec({
-    "name": "shop", "key_groups": 8, "lanes": 2,
-    "sources": [{"name": "bids", "generator": {}}, {"name": "asks", "generator": {}}],
-    "steps": [
-        {"name": "cheap", "input": "bids", "filter": "value < 500"},
-        {"name": "per_key", "input": "cheap", "aggregate": {"key": "key", "aggregates": {"n": "count(*)"}}},
-        {"name": "fresh", "input": "asks", "dedup": {"key": "key", "time": "event_time", "ttl": "1m"}},
-    ],
-    "sinks": [{"name": "counts", "input": "per_key", "memory": {}}, {"name": "firsts", "input": "fresh", "memory": {}}],
-    "control": {"scale": {"auto": False}},
-})
-
-
-def record(epoch: int, busy: dict[str, list[float]], decisions: list[dict] | None = None) -> dict:
-    return {
-        "batchId": epoch, "numInputRows": 2000, "durationMs": {"triggerExecution": 500.0, "planning": 100.0,
-                                                                "execution": 300.0, "publish": 50.0, "commit": 40.0,
-                                                                "cleanup": 10.0},
-        "eventTime": {"watermark": "2026-01-01T00:00:05.000Z"}, "deadLetters": 0, "lateRows": 0,
-        "sources": [{"description": "bids", "numInputRows": 1500}, {"description": "asks", "numInputRows": 500}],
-        "sinks": [{"description": "counts", "numOutputRows": 10}, {"description": "firsts", "numOutputRows": 5}],
-        "stateOperators": [{"operatorName": s, "numRowsTotal": 10, "numRowsUpdated": 100, "memoryUsedBytes": 1000}
-                           for s in busy],
-        "routing": {s: {"version": epoch, "lanes": 2, "keyGroupsPerLane": [4, 4], "assignment": [0, 0, 0, 0, 1, 1, 1, 1],
-                        "spread": {"3": [0, 1]}} for s in busy},
-        "load": {s: {"laneBusyMs": b} for s, b in busy.items()},
-        "decisions": decisions or [], "recentDecisions": decisions or [], "backlog": {"bids": 0, "asks": 0},
-    }
+from tests.observe.helpers import NET, record
 
 
 def test_the_graph_marks_the_critical_path_and_the_rates() -> None:
@@ -83,7 +54,7 @@ def app_for(inbox: Inbox, token: str | None) -> TestClient:
     def submit(c: dict) -> str:
         return inbox.submit_command({k: v for k, v in c.items() if k != "from"}, origin=c["from"])
 
-    feed = Feed(network=NET, records=lambda: [record(1, {"per_key": [1.0, 2.0]})],
+    feed = Feed(network=lambda: NET, records=lambda: [record(1, {"per_key": [1.0, 2.0]})],
                 commands=inbox.done, submit=submit, check=lambda c: check_command(NET, {}, c))
     return TestClient(create_app(feed, Access.open_loopback(token)), base_url="http://127.0.0.1:8475")
 
@@ -119,7 +90,7 @@ def test_control_calls_need_the_token_and_are_checked_before_anything_is_queued(
 
 
 def test_a_browsed_checkpoint_cannot_be_controlled(inbox: Inbox) -> None:
-    feed = Feed(network=NET, records=lambda: [])
+    feed = Feed(network=lambda: NET, records=lambda: [])
     r = TestClient(create_app(feed, Access.open_loopback()), base_url="http://localhost").post("/api/control/pause", json={})
     assert r.status_code == 409 and "not running here" in r.text
 

@@ -51,7 +51,7 @@ def client(inbox: Inbox, access: Access) -> TestClient:
     def submit(c: dict) -> str:
         return inbox.submit_command({k: v for k, v in c.items() if k != "from"}, origin=c["from"])
 
-    feed = Feed(network=NET, records=lambda: [], commands=inbox.done, submit=submit, check=lambda c: None)
+    feed = Feed(network=lambda: NET, records=lambda: [], commands=inbox.done, submit=submit, check=lambda c: None)
     return TestClient(create_app(feed, access), base_url=ORIGIN)
 
 

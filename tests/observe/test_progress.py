@@ -57,3 +57,11 @@ def test_the_table_shows_control_commands_applied_and_refused() -> None:
     assert "epoch 2: control c2 applied: cheap.filter = 'price > 5'" in text
     assert "epoch 3: control c3 applied: network rewritten by pattern-pipeline-split (ab12)" in text
     assert "epoch 4: control c4 applied: replayed from epoch 2" in text
+
+
+def test_the_table_says_what_an_operators_routing_request_did() -> None:
+    console = Console(record=True, width=220)
+    rebalance = {"id": "c5", "from": "cli", "route": {"step": "agg", "rebalance": True}}
+    with ProgressReporter(console=console, live=True) as reporter:
+        reporter.report(record(5, ms=400.0) | {"applied": [rebalance], "recentDecisions": [], "decisions": []})
+    assert "epoch 5: control c5 applied: rebalance of agg — nothing moved: no move of a key group" in console.export_text()

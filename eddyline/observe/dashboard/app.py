@@ -5,7 +5,8 @@ control API.
 
     GET  /                      the page (static HTML + a small script that polls /api/view)
     GET  /api/view?since=N      {"epoch", "sections": {id: html}} (only when an epoch newer than N
-                                was reported, or the status changed)
+                                was reported, or the status, the control calls or the network's
+                                graph changed)
     GET  /api/progress          the recent progress records, as JSON
     GET  /metrics               Prometheus text format (eddyline.observe.metrics)
     POST /api/control/set       {"settings": {"STEP.PARAM": value}}   a control line
@@ -38,6 +39,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from eddyline.api.network import NetworkSpec
+from eddyline.api.validate import spec_from_raw
 from eddyline.errors import EddylineError
 from eddyline.observe.dashboard import views
 from eddyline.observe.dashboard.access import Access, Guard
@@ -54,18 +56,43 @@ def cookie_name(request: Request) -> str:
 class Feed:
     """What the dashboard shows and does, whatever runs it (a live driver or a checkpoint).
 
+    ``network``: the network in force, asked again for every view (a live ``apply``, an undo or
+    a replay with another network puts another in force while the page is open; None: unknown);
     ``records``: the recent progress records, oldest first; ``status``: ``{"live": bool,
     "paused": bool, "lease": {...}}``; ``commands``: control calls with their outcomes;
     ``submit``: queue a command, returning its id (None: read-only); ``check``: raise an
     :class:`EddylineError` naming what does not fit in a command, before it is queued."""
 
-    network: NetworkSpec | None
+    network: Callable[[], NetworkSpec | None]
     records: Callable[[], list[dict[str, Any]]]
     status: Callable[[], dict[str, Any]] = lambda: {}
     commands: Callable[[], list[dict[str, Any]]] = lambda: []
     submit: Callable[[dict[str, Any]], str] | None = None
     check: Callable[[dict[str, Any]], None] = lambda command: None
     metrics: Metrics = field(default_factory=Metrics)
+
+
+def following(in_force: Callable[[], str | None], read: Callable[[str], dict[str, Any]],
+              first: NetworkSpec | None) -> Callable[[], NetworkSpec | None]:
+    """A :attr:`Feed.network` that follows a checkpoint: ``in_force`` names the network it runs
+    now (a hash; None before any run), ``read`` gives that network's spec. Each network is parsed
+    once; while the checkpoint cannot be read (a run being started elsewhere) the last one known
+    stays, ``first`` at the start."""
+    parsed: dict[str, NetworkSpec] = {}
+    last = [first]
+
+    def now() -> NetworkSpec | None:
+        try:
+            digest = in_force()
+            if digest is not None and digest not in parsed:
+                parsed[digest] = spec_from_raw(read(digest))
+        except (OSError, EddylineError):
+            return last[0]
+        if digest is not None:
+            last[0] = parsed[digest]
+        return last[0]
+
+    return now
 
 
 class Settings(BaseModel):
@@ -126,7 +153,8 @@ def create_app(feed: Feed, access: Access) -> FastAPI:
     @app.get("/", response_class=HTMLResponse, dependencies=[Depends(may_read)])
     def page(request: Request) -> Response:
         html = (resources.files("eddyline.observe.dashboard") / "static" / "index.html").read_text("utf-8")
-        name = feed.network.name if feed.network is not None else "eddyline"
+        net = feed.network()
+        name = net.name if net is not None else "eddyline"
         response = HTMLResponse(html.replace("{{name}}", views._e(name)))
         if token is not None and request.query_params.get("token"):
             response.set_cookie(cookie_name(request), request.query_params["token"], httponly=True, samesite="strict")
@@ -142,13 +170,14 @@ def create_app(feed: Feed, access: Access) -> FastAPI:
 
     @app.get("/api/view", dependencies=[Depends(may_read)])
     def view(since: int = -1, state: str = "") -> JSONResponse:
-        records, status, commands = feed.records(), feed.status(), feed.commands()
+        net, records, status, commands = feed.network(), feed.records(), feed.status(), feed.commands()
         epoch = records[-1]["batchId"] if records else 0
-        key = f"{epoch}:{status.get('paused')}:{len(commands)}"
+        # what the sections are drawn from: a change of network is drawn before its first epoch reports
+        key = f"{epoch}:{status.get('paused')}:{len(commands)}:{views.graph_shape(net)}"
         if epoch <= since and key == state:
             return JSONResponse({"epoch": epoch, "state": key, "sections": {}})
         return JSONResponse({"epoch": epoch, "state": key,
-                             "sections": views.sections(feed.network, records, status, commands)})
+                             "sections": views.sections(net, records, status, commands)})
 
     @app.get("/api/progress", dependencies=[Depends(may_read)])
     def progress() -> JSONResponse:

@@ -2,17 +2,24 @@
 
 Pure functions of (network, records, status): no JavaScript chart library is needed, nothing is
 fetched at run time, and every picture can be tested without a browser. Each section is one
-function returning an HTML fragment; :func:`sections` gives them all by element id.
+function returning an HTML fragment; :func:`sections` gives them all by element id. The network
+drawn is the one in force when the page asks (a live ``apply``, an undo or a replay with another
+network changes it); :func:`graph_shape` tells the page when to draw it again.
+
+An SVG clips what it draws outside its box, so each picture is at least as wide as its own
+labels (:func:`_text_width`), and each sits in a block of its own: an inline picture put the
+routing strip beside the heat map, over the heat map's axis label.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from html import escape
 from typing import Any
 
 from eddyline.api.network import NetworkSpec
-from eddyline.observe.progress import describe_command
+from eddyline.observe.commands import command_effects, describe_command
 
 #: epochs shown in the heat maps and the epoch chart
 WINDOW = 40
@@ -30,6 +37,11 @@ def lane_colour(lane: int) -> str:
 
 def _e(x: object) -> str:
     return escape(str(x), quote=True)
+
+
+def _text_width(text: str, px: int = 11) -> int:
+    """About how wide ``text`` is drawn in the page's sans-serif at ``px`` (a little over, never under)."""
+    return int(len(text) * px * 0.62) + 4
 
 
 def _human(n: float) -> str:
@@ -67,6 +79,16 @@ def critical_path(net: NetworkSpec, record: dict[str, Any] | None) -> list[str]:
     ends = [(best[s.input][0], [*best[s.input][1], s.name]) for s in net.sinks if s.input in best]
     c, path = max(ends, key=lambda x: x[0], default=(0.0, []))
     return path if c > 0 else []
+
+
+def graph_shape(net: NetworkSpec | None) -> str:
+    """A short digest of what the graph draws (the nodes, their kinds, the edges): it changes
+    when a change of network adds, removes or rewires a node."""
+    if net is None:
+        return "-"
+    nodes = [("source", s.name, ()) for s in net.sources] + [(s.kind, s.name, tuple(s.inputs)) for s in net.steps] + [
+        ("sink", s.name, (s.input,)) for s in net.sinks]
+    return hashlib.sha256(repr(nodes).encode()).hexdigest()[:12]
 
 
 def graph_svg(net: NetworkSpec, record: dict[str, Any] | None) -> str:
@@ -125,7 +147,8 @@ def heatmap_svg(step: str, records: list[dict[str, Any]]) -> str:
     lanes = max(len(r["load"][step].get("laneBusyMs") or []) for r in window) or 1
     peak = max((max(r["load"][step].get("laneBusyMs") or [0.0]) for r in window), default=0.0) or 1.0
     cw, ch, top, left = 16, 16, 16, 44
-    width, height = left + cw * len(window) + 4, top + ch * lanes + 18
+    axis = f'epochs {window[0]["batchId"]}–{window[-1]["batchId"]} · darkest = {peak:.0f} ms'
+    width, height = max(left + cw * len(window) + 4, left + _text_width(axis)), top + ch * lanes + 18
     out = [f'<svg class="heatmap" data-step="{_e(step)}" viewBox="0 0 {width} {height}" width="{width}" '
            f'height="{height}" role="img" aria-label="lane load of {_e(step)}">']
     for lane in range(lanes):
@@ -147,8 +170,7 @@ def heatmap_svg(step: str, records: list[dict[str, Any]]) -> str:
             what = "; ".join(f'{d["kind"]} ({(d.get("why") or {}).get("reason", "")})' for d in marks)
             out.append(f'<text x="{x}" y="12" class="mark" data-epoch="{r["batchId"]}">{_e(letters)}'
                        f'<title>epoch {r["batchId"]}: {_e(what)}</title></text>')
-    out.append(f'<text x="{left}" y="{height - 3}" class="dim">epochs {window[0]["batchId"]}–{window[-1]["batchId"]} · '
-               f'darkest = {peak:.0f} ms</text></svg>')
+    out.append(f'<text x="{left}" y="{height - 3}" class="dim axis">{_e(axis)}</text></svg>')
     return "".join(out)
 
 
@@ -185,7 +207,8 @@ def steps_html(records: list[dict[str, Any]]) -> str:
     for step, routing in (last.get("routing") or {}).items():
         lanes = routing["lanes"]
         parts.append(f'<div class="step" id="step-{_e(step)}"><h3>{_e(step)} · {lanes} lane{"s" if lanes != 1 else ""}</h3>'
-                     f'{heatmap_svg(step, records)}{routing_svg(step, routing)}</div>')
+                     f'<div class="lanes">{heatmap_svg(step, records)}</div>'
+                     f'<div class="keygroups">{routing_svg(step, routing)}</div></div>')
     return "".join(parts) or '<p class="dim">no stateful steps</p>'
 
 
@@ -196,10 +219,11 @@ def epochs_svg(records: list[dict[str, Any]]) -> str:
     if not window:
         return '<p class="dim">no epochs yet</p>'
     peak = max(r["durationMs"]["triggerExecution"] for r in window) or 1.0
-    bw, hgt, left = 14, 120, 44
-    width = left + bw * len(window) + 4
+    top, axis = f"{peak:.0f} ms", f'epochs {window[0]["batchId"]}–{window[-1]["batchId"]}'
+    bw, hgt, left = 14, 120, max(44, _text_width(top) + 4)
+    width = max(left + bw * len(window) + 4, left + _text_width(axis))
     out = [f'<svg class="epochs" viewBox="0 0 {width} {hgt + 20}" width="{width}" height="{hgt + 20}" role="img" '
-           f'aria-label="epoch durations"><text x="0" y="12" class="dim">{peak:.0f} ms</text>'
+           f'aria-label="epoch durations"><text x="0" y="12" class="dim">{top}</text>'
            f'<text x="0" y="{hgt}" class="dim">0</text>']
     for col, r in enumerate(window):
         y = float(hgt)
@@ -209,8 +233,7 @@ def epochs_svg(records: list[dict[str, Any]]) -> str:
             y -= h
             out.append(f'<rect x="{left + col * bw}" y="{y:.1f}" width="{bw - 2}" height="{h:.1f}" fill="{colour}">'
                        f'<title>epoch {r["batchId"]} {stage}: {ms:.0f} ms</title></rect>')
-    out.append(f'<text x="{left}" y="{hgt + 16}" class="dim">epochs {window[0]["batchId"]}–{window[-1]["batchId"]}</text>'
-               "</svg>")
+    out.append(f'<text x="{left}" y="{hgt + 16}" class="dim axis">{axis}</text></svg>')
     legend = " ".join(f'<span class="swatch" style="background:{c}"></span>{s}' for s, c in STAGES)
     return "".join(out) + f'<p class="dim">{legend}</p>'
 
@@ -249,16 +272,37 @@ def _brief(d: dict[str, Any] | None, limit: int = 120) -> str:
 
 
 def decisions_html(records: list[dict[str, Any]]) -> str:
-    ds = decisions(records)[:25]
-    if not ds:
+    """The controller's decisions and the operator's commands that took effect, newest first: a
+    routing request that moved key groups is its decision (why: reason=operator); any other
+    command, or a routing request that changed nothing, a row of kind ``operator`` saying so."""
+    rows = [(int(d.get("epoch") or 0), _decision_row(d)) for d in decisions(records)]
+    rows += [(e.epoch, _operator_row(e.command, e.epoch, e.text)) for e in command_effects(records).values()
+             if not e.decisions]
+    if not rows:
         return '<p class="dim">no decisions yet</p>'
-    rows = "".join(
-        f'<tr class="decision" data-kind="{_e(d.get("kind"))}"><td>{d.get("epoch")}</td><td>{_e(d.get("step"))}</td>'
-        f'<td>{_e(d.get("kind"))}</td><td>{_e(_brief(d.get("action")))}</td><td>{_e(_brief(d.get("why")))}</td>'
-        f'<td>{_e((d.get("expected") or {}).get("makespanMs", "-"))}</td>'
-        f'<td>{_e((d.get("measured") or {}).get("makespanMs", "pending"))}</td></tr>' for d in ds)
+    rows.sort(key=lambda row: row[0], reverse=True)
     return ('<table><tr><th>epoch</th><th>step</th><th>kind</th><th>action</th><th>why</th>'
-            f'<th>expected makespan ms</th><th>measured</th></tr>{rows}</table>')
+            f'<th>expected makespan ms</th><th>measured</th></tr>{"".join(row for _, row in rows[:25])}</table>')
+
+
+def _decision_row(d: dict[str, Any]) -> str:
+    command = (d.get("why") or {}).get("command")
+    by = f' data-command="{_e(command)}"' if command else ""
+    return (f'<tr class="decision" data-kind="{_e(d.get("kind"))}"{by}><td>{d.get("epoch")}</td><td>{_e(d.get("step"))}</td>'
+            f'<td>{_e(d.get("kind"))}</td><td>{_e(_brief(d.get("action")))}</td><td>{_e(_brief(d.get("why")))}</td>'
+            f'<td>{_e((d.get("expected") or {}).get("makespanMs", "-"))}</td>'
+            f'<td>{_e((d.get("measured") or {}).get("makespanMs", "pending"))}</td></tr>')
+
+
+def _operator_row(c: dict[str, Any], epoch: int, effect: str) -> str:
+    route = c.get("route") if isinstance(c.get("route"), dict) else {}
+    steps = route.get("step") or ", ".join(sorted({str(k).split(".", 1)[0] for k in c.get("set") or {}})) or "-"
+    why = f'operator: command {c.get("id")}' + (f' from {c["from"]}' if c.get("from") else "")
+    if route:
+        why += f" · {effect}"
+    return (f'<tr class="decision" data-kind="operator" data-command="{_e(c.get("id"))}"><td>{epoch}</td>'
+            f'<td>{_e(steps)}</td><td>operator</td><td>{_e(describe_command(c))}</td><td>{_e(why)}</td>'
+            '<td>-</td><td>-</td></tr>')
 
 
 # ----------------------------------------------------------------------------- the rest
@@ -339,11 +383,26 @@ def status_html(records: list[dict[str, Any]], status: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def commands_html(commands: list[dict[str, Any]]) -> str:
+def commands_html(commands: list[dict[str, Any]], records: list[dict[str, Any]] | None = None) -> str:
+    """The control calls, newest first, each with its outcome: for one applied, what it did once
+    its epoch reported (the same words as its row in Decisions), or the epoch it takes effect in."""
     if not commands:
         return '<p class="dim">no control calls yet</p>'
-    rows = "".join(f'<tr><td>{_e(c.get("id"))}</td><td>{_e(c.get("from", ""))}</td><td>{_e(describe_command(c))}</td>'
-                   f'<td>{_e(c.get("outcome", "waiting"))}</td><td>{_e(c.get("epoch", ""))}</td><td>{_e(c.get("reason", ""))}</td></tr>'
+    effects = command_effects(records or [])
+    reported = max((r["batchId"] for r in records or []), default=0)
+
+    def outcome(c: dict[str, Any]) -> str:
+        done = c.get("outcome", "waiting")
+        if done != "applied" or "pause" in c or "resume" in c:  # a pause is in force as soon as it is closed
+            return str(done)
+        effect = effects.get(str(c.get("id")))
+        if effect is not None:
+            return f"applied — {effect.text}" if "route" in c else "applied"
+        return f"applied, takes effect in epoch {c['epoch']}" if int(c.get("epoch") or 0) > reported else "applied"
+
+    rows = "".join(f'<tr data-command="{_e(c.get("id"))}"><td>{_e(c.get("id"))}</td><td>{_e(c.get("from", ""))}</td>'
+                   f'<td>{_e(describe_command(c))}</td><td class="outcome">{_e(outcome(c))}</td><td>{_e(c.get("epoch", ""))}</td>'
+                   f'<td>{_e(c.get("reason", ""))}</td></tr>'
                    for c in reversed(commands[-15:]))
     return ('<table><tr><th>id</th><th>from</th><th>what</th><th>outcome</th><th>epoch</th><th>reason</th></tr>'
             f"{rows}</table>")
@@ -361,5 +420,5 @@ def sections(net: NetworkSpec | None, records: list[dict[str, Any]], status: dic
         "shedding": shedding_html(records),
         "epochs": epochs_svg(records) + epochs_table(records),
         "io": io_html(records),
-        "commands": commands_html(commands),
+        "commands": commands_html(commands, records),
     }
