@@ -69,4 +69,18 @@ def get_spark(master: str | None = None, conf: dict[str, str] | None = None) -> 
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    quiet_analysis_errors()
     return spark
+
+
+def quiet_analysis_errors() -> None:
+    """PySpark logs every analysis error with its JVM stack the moment the exception is made,
+    before anyone catches it. Eddyline catches those a user can fix (an unknown column, a bad
+    expression) and reports them once, with Spark's reason, naming the step; any other still
+    reaches the user as the exception itself. So these two loggers stay quiet."""
+    import logging
+
+    from pyspark.logger import PySparkLogger
+
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
