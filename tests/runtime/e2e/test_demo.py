@@ -26,9 +26,9 @@ def own_signal_handlers():
 
 
 def test_a_second_demo_starts_afresh(spark, tmp_path: Path, own_signal_handlers, capsys) -> None:
-    from eddyline import cli
+    from eddyline.cli.demos import demo
 
-    cli.demo(duration=3, out=str(tmp_path), files=True, master=None)
+    demo(duration=3, out=str(tmp_path), files=True, master=None)
     first = _batches(tmp_path)
     assert first and first[0] == 1, first
     assert list((tmp_path / "hot-auctions").glob("epoch=*")), "no output"
@@ -36,7 +36,7 @@ def test_a_second_demo_starts_afresh(spark, tmp_path: Path, own_signal_handlers,
     stale.mkdir()
     (tmp_path / "notes.txt").write_text("the user's own file")
 
-    cli.demo(duration=3, out=str(tmp_path), files=True, ui=True, ui_port=0, master=None)  # with its dashboard
+    demo(duration=3, out=str(tmp_path), files=True, ui=True, ui_port=0, master=None)  # with its dashboard
     said = capsys.readouterr()
     assert re.search(r"dashboard: http://127\.0\.0\.1:\d+/\?token=[\w-]+ · metrics", said.err), said.err[-2000:]
     assert f"eddyline ui {tmp_path}/checkpoint" in said.out
@@ -51,9 +51,9 @@ def test_the_broker_demo_carries_bids_through_nats_into_postgres_and_parquet(
 ) -> None:
     import pyarrow.parquet as pq
 
-    from eddyline import cli
+    from eddyline.cli.demos import demo
 
-    cli.demo(duration=15, out=str(tmp_path), master=None)
+    demo(duration=15, out=str(tmp_path), master=None)
     records = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
     assert records and records[0]["sources"][0]["status"] == "ok"
     assert sum(r["numInputRows"] for r in records) > 0
