@@ -223,15 +223,8 @@ class EpochCompiler:
     Between epochs it keeps only the SparkSession, the lookup tables and the lanes' heartbeat
     frames (built once per lane count)."""
 
-    def __init__(
-        self,
-        spark: SparkSession,
-        spec: NetworkSpec,
-        sources: dict[str, Source],
-        checkpoint: str,
-        faults: Faults | None = None,
-        gate: Gate | None = None,
-    ):
+    def __init__(self, spark: SparkSession, spec: NetworkSpec, sources: dict[str, Source], checkpoint: str,
+                 faults: Faults | None = None, gate: Gate | None = None):
         """``gate``: the checkpoint's (:attr:`eddyline.runtime.checkpoint.Checkpoint.gate`): what
         the driver writes there goes through it, and the lanes write through its generation's."""
         self.spark = spark
