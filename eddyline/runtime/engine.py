@@ -12,6 +12,10 @@
 8. **report** the progress record.
 
 A :class:`~eddyline.runtime.faults.Faults` hook is told each boundary the epoch passes.
+
+Between epochs the engine takes the commands (:mod:`.intake`), admits or refuses those that need
+a boundary of their own (:mod:`.admission`), and keeps the checkpoint and Spark's workers in
+shape (:mod:`.upkeep`); the driver's mode (:mod:`.modes`) says what it is doing.
 """
 
 from __future__ import annotations
@@ -19,38 +23,28 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import json
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from eddyline.api.change import (
-    NetworkDiff,
-    catch_ups,
-    check_change,
-    history_starts,
-    required_history_starts,
-    still_catching_up,
-    with_catch_ups,
-)
-from eddyline.api.live import carried, sink_settings, with_settings
+from eddyline.api.change import NetworkDiff, history_starts, with_catch_ups
+from eddyline.api.live import carried, with_settings
 from eddyline.api.network import NetworkSpec
-from eddyline.api.units import Files, format_duration_ms
+from eddyline.api.units import Files
 from eddyline.api.validate import spec_from_raw
 from eddyline.control.controller import Controller
 from eddyline.control.state import ControllerState
-from eddyline.errors import CheckpointError, EddylineError, EngineError, SpecError, task_error_line
-from eddyline.eventtime import NO_WATERMARK
+from eddyline.errors import EddylineError, EngineError, Fenced, task_error_line
 from eddyline.ha.lease import Lease
 from eddyline.io.files import FilesTarget
 from eddyline.io.sinks import Sink, make_sink
 from eddyline.io.sources import Source, make_source
 from eddyline.observe.progress import ProgressReporter
 from eddyline.plan.keygroups import RoutingTable
+from eddyline.runtime import admission
+from eddyline.runtime.admission import Running, alone, catch_ups_after, went_on_from
 from eddyline.runtime.checkpoint import Checkpoint, network_hash
-from eddyline.runtime.commands import CommandFiles, CommandNats, command_reader
 from eddyline.runtime.compile import EpochCompiler, analyze
 from eddyline.runtime.epoch.commit import commit
 from eddyline.runtime.epoch.execute import Executor
@@ -62,10 +56,23 @@ from eddyline.runtime.epoch.records import EpochCommit, EpochPlan, ProgressRecor
 from eddyline.runtime.epoch.report import Timings, report
 from eddyline.runtime.faults import FaultPoint, Faults, NoFaults, UnderLease
 from eddyline.runtime.inbox import Inbox
+from eddyline.runtime.intake import (
+    Intake,
+    Step,
+    applied_entry,
+    next_step,
+    route_refusal,
+    settings_after,
+)
+from eddyline.runtime.livechange import LiveChange, view
 from eddyline.runtime.lookahead import LookAhead
+from eddyline.runtime.modes import Driver, Mode, settled
 from eddyline.runtime.replica import Following, HotPair, Leading
-from eddyline.runtime.rewriting import checked_rewrite, decision, propose_rewrites
-from eddyline.state.store import KeyGroupStore, copy_state, drop_state, history_floor, state_steps
+from eddyline.runtime.rewriting import decision, propose_rewrites
+from eddyline.runtime.upkeep import WORKER_KEEPALIVE_S, Cleanups, WarmWorkers, clean, freeze_heap
+from eddyline.runtime.upkeep import (
+    touch_python_workers as touch_python_workers,  # (warmup and the benches)
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -97,21 +104,15 @@ class RunSummary:
             self.output_rows[s["description"]] = self.output_rows.get(s["description"], 0) + s["numOutputRows"]
 
 
-#: PySpark stops a Python worker that has been idle for a minute (a constant in Spark's
-#: PythonWorkerFactory, not a setting). The next epoch then starts new workers, which have lost
-#: the lanes' state cache and must reload it (docs/perf-notes.md has the figures). An engine with
-#: nothing to do for this long runs a tiny job on every core's worker instead.
-WORKER_KEEPALIVE_S = 40.0
+@dataclass
+class _Run:
+    """What one call of :meth:`Engine.run` carries from one turn of its loop to the next."""
 
-
-def touch_python_workers(spark: SparkSession) -> list[int]:
-    """Run one keep-alive task per core, each in an idle Python worker of Spark's pool (which
-    restarts its idle clock); returns the worker processes' ids."""
-    from eddyline.runtime.lanes import keep_warm
-
-    cores = spark.sparkContext.defaultParallelism
-    rows = spark.range(0, cores, 1, cores).mapInArrow(keep_warm, "pid long").collect()
-    return sorted(r.pid for r in rows)
+    until_idle: bool
+    started_at: float  # when the checkpoint's run started (wall clock): the planner's elapsed time
+    summary: RunSummary = field(default_factory=RunSummary)
+    prev_start: float | None = None  # when the last epoch started (monotonic)
+    thawed: bool = False  # the heap was frozen by this run: thaw it when it ends
 
 
 class Engine:
@@ -150,30 +151,23 @@ class Engine:
         self.lease = lease
         # the boundaries the driver passes; tasks get self.faults alone (the lease stays here)
         self.boundaries: Faults = UnderLease(self.faults, lease) if lease is not None else self.faults
-        self.worker_keepalive_s = worker_keepalive_s
+        self.warm = WarmWorkers(worker_keepalive_s)
         self._retain = retain_epochs  # default: the network's history
         self.ckpt = Checkpoint(checkpoint)
         self.lanes = lanes or spec.lanes or spark.sparkContext.defaultParallelism
         self.inbox = Inbox(checkpoint, self.ckpt.gate)
-        self._refused: list[dict[str, Any]] = []  # commands refused since the last progress record
+        self.intake = Intake(self.inbox)
         self._given_sinks = sinks or {}
         self._attached = False  # the sources receive (upstream backup) while run() runs
         self._change = LiveChange()  # the last change of network, as the checkpoint records it
-        #: the control stream: the last file the committed plans read, and what planning read to
-        self._cursor: str | None = None
-        self._read_to: str | None = None
-        self._refused_ids: set[str] = set()  # refused once, not again while they wait to be read
-        self._commands: CommandFiles | CommandNats | None = None  # the control stream's reader
-        self._not_rewritten: set[str] = set()  # steps whose rewrite was refused
-        #: an operator paused the network (control API): no epoch runs until a resume
+        #: an operator paused the network (control API): no epoch runs until a resume. The
+        #: pause itself is kept in the checkpoint's inbox, so a restarted driver stays paused.
         self.paused = self.inbox.paused() is not None
-        self._held: list[dict[str, Any]] = []  # pauses and resumes, for the next plan's log
+        self.driver = Driver()
         self._build(spec)
-        self._cleaner: _Cleaner | None = None
-        self._python_used_at = time.monotonic()  # when Python workers last ran a task of ours
+        self.cleanups = Cleanups()
         self._last_epoch_start: float | None = None
         self._cold = True  # the first epoch of this process
-        self.kept_warm_pids: list[int] = []  # the Python workers the last keep-alive job ran in
 
     def _build(self, spec: NetworkSpec, keep: dict[str, Sink] | None = None) -> None:
         """The parts of the engine that follow from the network: made at the start and again
@@ -222,6 +216,11 @@ class Engine:
     def sinks(self) -> dict[str, Sink]:
         return self.outputs.sinks
 
+    @property
+    def kept_warm_pids(self) -> list[int]:
+        """The Python workers the last keep-alive job ran in."""
+        return self.warm.pids
+
     # ------------------------------------------------------------------ the loop
     def run(
         self,
@@ -231,6 +230,40 @@ class Engine:
         until_idle: bool = False,
         should_stop: Callable[[], bool] | None = None,
     ) -> RunSummary:
+        if self.driver.mode is Mode.STOPPED:
+            self.driver.to(Mode.STARTING, "run() called again")
+        last, pending, started_at = self._open()
+        run, t_start = _Run(until_idle, started_at), time.monotonic()
+        if self.lease is not None:
+            self.lease.start_heartbeat()
+        try:
+            for name, source in self.sources.items():  # upstream backup: start receiving (Source.attach)
+                source.attach(self.ckpt.location, last.source_ends.get(name, 0) if last else 0)
+            self._attached = True
+            self._settle(f"took the checkpoint up after epoch {last.epoch if last else 0}")
+            while not (
+                (epochs is not None and run.summary.epochs >= epochs)
+                or (duration_s is not None and time.monotonic() - t_start >= duration_s)
+                or (should_stop is not None and should_stop())
+            ):
+                last, go_on = self._turn(run, last, pending)
+                pending = None
+                if not go_on:
+                    break
+        except BaseException as e:
+            if isinstance(e, Fenced):
+                self.driver.to(Mode.FENCED, str(e))
+            self.cleanups.finish(raise_error=False)
+            raise
+        finally:
+            self._close(run.thawed)
+        self.cleanups.finish()  # the last cleanup is done when run() returns
+        return run.summary
+
+    def _open(self) -> tuple[EpochCommit | None, EpochPlan | None, float]:
+        """Open the checkpoint where it ends: the network in force, and the controller state,
+        settings and control-stream cursor of the last commit or of the plan logged after it
+        (returned, with the last commit and when the checkpoint's run started)."""
         changed = self.ckpt.restart_change(self.base_spec)  # refused before anything is written
         # before anything is read: from here on no older generation can write what we read
         self._open_gates()
@@ -239,7 +272,6 @@ class Engine:
         applied = meta.get("applied") or {}
         self._change = LiveChange.from_json(applied)
         self.ckpt.store_network(self.base_spec.as_dict())  # every plan names the network it ran
-        started_at = float(meta["started_at"])
         self.executor.checkpoint_id = str(meta["id"])  # names this run's writes in sinks that remember them
         if self.pair is not None:  # the pair's writes are the same whichever driver makes them
             self.executor.checkpoint_id = self.pair.join(self.spec.fingerprint())
@@ -247,176 +279,162 @@ class Engine:
         pending = self.ckpt.pending_plan(last.epoch if last else 0)
         self._restore(last.control if last else {})
         self._use_settings(pending.settings if pending is not None else last.settings if last else {})
-        self._cursor = pending.commands_cursor if pending is not None else last.commands_cursor if last else None
+        self.intake.cursor = pending.commands_cursor if pending is not None else last.commands_cursor if last else None
         if pending is not None:
             if pending.base is not None:  # a correction: it continues from an earlier commit
                 base = self._base(pending, last)
                 self._restore(base.control if base else {})
             self._restore(pending.control)
-        summary, thawed, t_start, prev_start = RunSummary(), False, time.monotonic(), None
-        if self.lease is not None:
-            self.lease.start_heartbeat()
-        try:
-            for name, source in self.sources.items():  # upstream backup: start receiving (Source.attach)
-                source.attach(self.ckpt.location, last.source_ends.get(name, 0) if last else 0)
-            self._attached = True
-            while not (
-                (epochs is not None and summary.epochs >= epochs)
-                or (duration_s is not None and time.monotonic() - t_start >= duration_s)
-                or (should_stop is not None and should_stop())
-            ):
-                epoch_start = time.monotonic()
-                replayed = pending is not None
-                if not replayed and not self.paused:
-                    self._merge_caught_up(last)
-                before, taken = self.settings, [] if replayed else self._take_commands((last.epoch if last else 0) + 1)
-                if self.paused and pending is None:  # an operator's pause: wait for the resume, workers kept warm
-                    summary.worker_keepalives += self._keep_workers_warm()
-                    time.sleep(0.2)
-                    continue
-                special = taken[0] if taken and _alone(taken[0]) else None
-                rewind_to, restores = self._prepare(special, last) if special is not None else (None, [])
-                view, elapsed = self._view(last, (last.epoch if last else 0) + 1), time.time() - started_at
-                plan = pending or (self.planner.next(view, elapsed, until_idle) if rewind_to is None  # 1. plan
-                                   else self._plans.next(view, elapsed, until_idle, rewind_to))  # (no pair: refused)
-                pending = None
-                if plan is None:
-                    if special is None:  # (a change of network is recorded: it stays)
-                        self._use_settings(before)  # the commands wait for an epoch to take effect in
-                    if until_idle and not self.planner.waiting_for:
-                        break
-                    summary.worker_keepalives += self._keep_workers_warm()
-                    time.sleep(self.planner.poll_s or min(max(self.spec.trigger, 100), 1000) / 1000)
-                    continue
-                if not replayed:
-                    applied = [{k: c[k] for k in ("id", "set", "from", "reset", "replay", "undo", "route", "pause", "resume")
-                                if k in c}
-                               | ({"network": self.network_id} if "network" in c else {})
-                               | ({"rewrite": c["rewrite"]["rule"]} if "rewrite" in c else {}) for c in [*self._held, *taken]]
-                    self._held = []
-                    plan = self._log(dataclasses.replace(
-                        plan, settings=self.settings, applied=applied, commands_cursor=self._read_to,
-                        network=self.network_id, restores=restores))  # 2. log
-                    replayed = plan.generation != self._generation
-                    for command in taken:  # logged: from now on the plan applies them, also in a replay
-                        self.inbox.close(command, "applied", plan.epoch)
-                if plan.settings != self.settings:  # a replay, a follower, or another driver's plan
-                    self._use_settings(plan.settings)
-                self._cursor = plan.commands_cursor
-                self.boundaries.reached(FaultPoint.AFTER_PLAN, plan.epoch)
-                last, record = self._epoch(plan, self._view(self._base(plan, last), plan.epoch), replayed)  # 3.–8.
-                record = record.with_input_rate(epoch_start - prev_start if prev_start is not None else 0.0)
-                prev_start, self._python_used_at = epoch_start, time.monotonic()
-                if self._refused:
-                    record, self._refused = record.with_refused(self._refused), []
-                summary.add(plan.epoch, record, replayed)
-                if summary.epochs == 1:
-                    thawed = _freeze_heap()
-                self.ckpt.write_progress(plan.epoch, record.to_json())  # (status and the dashboard read it)
-                if self.reporter is not None:
-                    self.reporter.report(record.to_json())
-                if self.spec.control.rewrite is not None and self.pair is None and self.spec.max_delay is None:
-                    propose_rewrites(self.base_spec, self.controller, self.inbox, plan.epoch + 1, self.controller.lanes_cap,
-                                     skip=self._not_rewritten)
-                wait = self.spec.trigger / 1000 - (time.monotonic() - epoch_start)
-                if wait > 0 and self.planner.poll_s is None:  # (a follower is paced by its leader)
-                    time.sleep(wait)
-        except BaseException:
-            self._finish_cleanup(raise_error=False)
-            raise
-        finally:
-            for source in self.sources.values():  # upstream backup: stop receiving (Source.detach)
-                source.detach()
-            self._attached = False
-            if self._commands is not None:
-                self._commands.close()
-                self._commands = None
-            self.lookahead.close()
-            if self.pair is not None:
-                self.pair.close()
-            if self.lease is not None:
-                self.lease.release()
-            if thawed:
-                gc.unfreeze()
-        self._finish_cleanup()  # the last cleanup is done when run() returns
-        return summary
+        return last, pending, float(meta["started_at"])
 
+    def _turn(self, run: _Run, last: EpochCommit | None, pending: EpochPlan | None) -> tuple[EpochCommit | None, bool]:
+        """One turn of the loop: take the commands, then plan, log and run an epoch, or wait.
+        ``pending``: a plan logged before this run, run first. Returns the last commit and
+        whether to go on."""
+        epoch_start = time.monotonic()
+        replayed = pending is not None
+        if not replayed and not self.paused:
+            self._merge_caught_up(last)
+        before, taken = self.settings, [] if replayed else self._take_commands((last.epoch if last else 0) + 1)
+        self._settle("at an epoch boundary")
+        if self.paused and pending is None:  # an operator's pause: wait for the resume, workers kept warm
+            self._idle(run, 0.2)
+            return last, True
+        special = taken[0] if taken and alone(taken[0]) else None
+        rewind_to, restores = self._prepare(special, last) if special is not None else (None, [])
+        base, elapsed = self._view(last, (last.epoch if last else 0) + 1), time.time() - run.started_at
+        plan = pending or (self.planner.next(base, elapsed, run.until_idle) if rewind_to is None  # 1. plan
+                           else self._plans.next(base, elapsed, run.until_idle, rewind_to))  # (no pair: refused)
+        if plan is None:
+            if special is None:  # (a change of network is recorded: it stays)
+                self._use_settings(before)  # the commands wait for an epoch to take effect in
+            if run.until_idle and not self.planner.waiting_for:
+                return last, False
+            self._idle(run, self.planner.poll_s or min(max(self.spec.trigger, 100), 1000) / 1000)
+            return last, True
+        if not replayed:
+            applied = [applied_entry(c, self.network_id) for c in [*self.intake.held, *taken]]
+            self.intake.held = []
+            plan = self._log(dataclasses.replace(plan, settings=self.settings, applied=applied,
+                                                 commands_cursor=self.intake.read_to, network=self.network_id,
+                                                 restores=restores))  # 2. log
+            replayed = plan.generation != self._generation
+            for command in taken:  # logged: from now on the plan applies them, also in a replay
+                self.inbox.close(command, "applied", plan.epoch)
+        if plan.settings != self.settings:  # a replay, a follower, or another driver's plan
+            self._use_settings(plan.settings)
+        self.intake.cursor = plan.commands_cursor
+        if replayed or special is not None:
+            self._settle(f"epoch {plan.epoch} runs {_runs(plan, special, pending)}", replaying=True)
+        self.boundaries.reached(FaultPoint.AFTER_PLAN, plan.epoch)
+        last, record = self._epoch(plan, self._view(self._base(plan, last), plan.epoch), replayed)  # 3.–8.
+        self._reported(run, plan, record.with_input_rate(epoch_start - run.prev_start if run.prev_start is not None else 0.0),
+                       replayed)
+        run.prev_start = epoch_start
+        wait = self.spec.trigger / 1000 - (time.monotonic() - epoch_start)
+        if wait > 0 and self.planner.poll_s is None:  # (a follower is paced by its leader)
+            time.sleep(wait)
+        return last, True
+
+    def _reported(self, run: _Run, plan: EpochPlan, record: ProgressRecord, replayed: bool) -> None:
+        """After an epoch committed: its progress record out, the heap frozen after the first,
+        rewrites proposed for the next."""
+        self.warm.used()
+        refused = self.intake.take_refused()
+        if refused:
+            record = record.with_refused(refused)
+        run.summary.add(plan.epoch, record, replayed)
+        if run.summary.epochs == 1:
+            run.thawed = freeze_heap()
+        self.ckpt.write_progress(plan.epoch, record.to_json())  # (status and the dashboard read it)
+        if self.reporter is not None:
+            self.reporter.report(record.to_json())
+        if self.spec.control.rewrite is not None and self.pair is None and self.spec.max_delay is None:
+            propose_rewrites(self.base_spec, self.controller, self.inbox, plan.epoch + 1, self.controller.lanes_cap,
+                             skip=self.intake.not_rewritten)
+
+    def _idle(self, run: _Run, seconds: float) -> None:
+        """Nothing to run: wait, keeping Spark's Python workers warm."""
+        run.summary.worker_keepalives += self.warm.touch(self.spark)
+        time.sleep(seconds)
+
+    def _close(self, thawed: bool) -> None:
+        """What run() opened, closed (also when it fails)."""
+        for source in self.sources.values():  # upstream backup: stop receiving (Source.detach)
+            source.detach()
+        self._attached = False
+        self.intake.close()
+        self.lookahead.close()
+        if self.pair is not None:
+            self.pair.close()
+        if self.lease is not None:
+            self.lease.release()
+        if thawed:
+            gc.unfreeze()
+        self.driver.to(Mode.STOPPED, "run() returned")
+
+    def _settle(self, reason: str, replaying: bool = False) -> None:
+        """The driver's mode as the facts have it now (:func:`eddyline.runtime.modes.settled`)."""
+        self.driver.to(settled(paused=self.paused, replaying=replaying, following=self.pair is not None and self.lease is None,
+                               catching_up=bool(self._change.catch_up)), reason)
+
+    # ------------------------------------------------------------------ commands
     def _take_commands(self, epoch: int) -> list[dict[str, Any]]:
         """Control lines: the commands of the inbox, then of the control stream, whose settings
         fit the running network, in order, put in force for the epoch about to be planned (the
         caller logs them with it); the others are refused with the reason (while planning
         ``epoch``) and reported in the next progress record. A change of network comes alone."""
-        self._read_to = self._cursor
+        self.intake.read_to = self.intake.cursor
         if isinstance(self.planner, Following):
             return []  # a follower runs its leader's plans, settings included
         taken: list[dict[str, Any]] = []
         for command in self.inbox.pending():
-            if "pause" in command or "resume" in command:
-                if taken:
-                    return taken  # the commands before it take effect first
+            step = next_step(command, taken=bool(taken), paused=self.paused)
+            if step is Step.STOP:
+                return taken
+            if step is Step.WAIT:
+                return []
+            if step is Step.PAUSE:
                 self._pause_or_resume(command, epoch)
-                continue
-            if self.paused:
-                return []  # everything else waits for the resume
-            if "route" in command:
+            elif step is Step.ROUTE:
                 taken += self._route(command, epoch)
-                continue
-            if not _alone(command):
+            elif step is Step.SET:
                 taken += self._take(command, epoch)
-                continue
-            if taken:
-                return taken  # a change of network, a replay, an undo: each has a boundary of its own
-            try:
-                self._check_alone(command, epoch - 1)
-            except EddylineError as e:
-                if isinstance(command.get("rewrite"), dict):  # not proposed again by this driver
-                    self._not_rewritten.add(str(command["rewrite"].get("step")))
-                self.inbox.close(command, "refused", epoch, str(e))
-                self._refused.append({"id": command.get("id"), "command": _alone(command), "reason": str(e)})
-                continue
-            return [command]
+            else:
+                reason = admission.refusal(command, epoch - 1, self._running(), self.ckpt)
+                if reason is None:
+                    return [command]
+                self.intake.refuse_alone(command, epoch, reason)
         stream = self.spec.control.commands
         if stream is not None and not self.paused:  # a control stream: its tuples are commands too
-            if self._commands is None:  # (kept open while run() runs: a broker's connection)
-                self._commands = command_reader(stream, self.spec.name)
-            commands, self._read_to = self._commands.after(self._cursor)
-            for command in commands:
+            for command in self.intake.stream(stream, self.spec.name):
                 taken += self._take(command, epoch)
         return taken
 
     def _take(self, command: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
         """``[command]`` if its settings fit the network as it runs with those taken before it
         (they are then in force), else ``[]`` (refused with the reason, once)."""
-        wanted = command.get("set")
-        try:
-            if command.get("error") or not isinstance(wanted, dict) or not wanted:
-                raise SpecError(f"control: {command.get('error') or 'expected a non-empty mapping STEP.PARAM -> value in set'}")
-            with_settings(self.spec, wanted)  # names the command's own problem
-            self._use_settings({**self.settings, **wanted})
-        except SpecError as e:
-            if command["id"] not in self._refused_ids:
-                self._refused_ids.add(command["id"])
-                self.inbox.close(command, "refused", epoch, str(e))
-                self._refused.append({"id": command.get("id"), "set": wanted, "reason": str(e)})
+        settings, reason = settings_after(command, self.spec, self.base_spec, self.settings)
+        if reason is not None:
+            self.intake.refuse_setting(command, epoch, reason)
             return []
+        self._use_settings(settings)
         return [command]
 
     def _route(self, command: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
         """``[command]`` if its routing request fits (the manager then takes it in the plan of
         ``epoch``, where it becomes a decision), else ``[]`` (refused with the reason)."""
         request = command.get("route")
-        try:
-            if not isinstance(request, dict):
-                raise ValueError("route: expected a mapping with step and one of rebalance, lanes, move")
+        lanes_now = self.lanes
+        if isinstance(request, dict):
             last = self.ckpt.latest_commit()
             prev = last.steps.get(str(request.get("step"))) if last else None
             lanes_now = RoutingTable.from_json(prev.routing).lanes if prev else self.lanes
-            self.controller.manager.check_request(request, self.controller.lanes_cap, lanes_now)
-        except ValueError as e:
-            self.inbox.close(command, "refused", epoch, str(e))
-            self._refused.append({"id": command.get("id"), "route": request, "reason": str(e)})
+        reason = route_refusal(command, self.controller.manager, self.controller.lanes_cap, lanes_now)
+        if reason is not None:
+            self.intake.refuse(command, epoch, reason, "route", request)
             return []
-        self.controller.manager.request({**request, "id": command.get("id")})
+        self.controller.manager.request({**request, "id": command.get("id")})  # type: ignore[dict-item]
         return [command]
 
     def _pause_or_resume(self, command: dict[str, Any], epoch: int) -> None:
@@ -427,109 +445,40 @@ class Engine:
         if pause != self.paused:
             self.inbox.set_paused({"id": command.get("id"), "since": time.time()} if pause else None)
             self.paused = pause
-            self._held.append(command)
+            self._settle(f"{'paused' if pause else 'resumed'} by command {command.get('id')}")
+            self.intake.held.append(command)
         self.inbox.close(command, "applied", epoch)
+
+    def _running(self) -> Running:
+        """The engine as the admission checks see it."""
+        return Running(self.base_spec, self.spec, self.pair is not None or self.spec.max_delay is not None,
+                       self._change.catch_up, self.outputs.sinks, self.executor.checkpoint_id, self.retain_epochs,
+                       lambda new: analyze(new, self.spark))
 
     def _check_alone(self, command: dict[str, Any], last_epoch: int) -> None:
         """Refuse (raise) a change of network, a replay or an undo that cannot be done now."""
-        what = _alone(command)
-        if self.pair is not None or self.spec.max_delay is not None:
-            raise EngineError(f"{what}: a hot pair or a network with max_delay cannot do this live yet")
+        admission.check(command, last_epoch, self._running(), self.ckpt)
+
+    def _prepare(self, command: dict[str, Any], last: EpochCommit | None) -> tuple[int | None, list[int]]:
+        """Carry out a command that needs a boundary of its own, up to planning: returns the
+        commit the next epoch goes on from (None: the last) and the epochs whose retracted
+        output it puts back."""
+        if "undo" in command:  # back to the network, state and outputs from before the replay
+            replay = int(command["undo"])
+            before = self.ckpt.read_plan(replay - 1).network if replay > 1 else None
+            raw = self.ckpt.read_network(before) if before else None
+            if raw is not None:
+                self._switch({"network": raw}, last)
+            return replay - 1, [replay]
         if "network" in command:
-            raw = command["network"]
-            if not isinstance(raw, dict):
-                raise SpecError(f"{what}: expected the new network as a mapping")
-            fits = checked_rewrite(self.base_spec, command).fits if "rewrite" in command else ()
-            new = spec_from_raw(raw)
-            check_change(self.base_spec, new, tuple(command.get("reset") or ()), fits)
-            if "start_epoch" in command:
-                self._check_start(command["start_epoch"], new, last_epoch)
-            # what would fail its first epoch is refused before it is in force
-            analyze(with_catch_ups(new, self._catch_ups(command, new)), self.spark)
-        if what == "apply":
-            return
-        target = command.get(what)
-        if not isinstance(target, int) or not 1 <= target <= last_epoch:
-            raise EngineError(f"{what}: expected an epoch from 1 to {last_epoch}, the last committed, got {target!r}")
-        cannot = [n for n, s in self.outputs.sinks.items() if not s.rewinds]
-        if cannot:
-            raise EngineError(f"{what}: sink(s) {', '.join(cannot)} cannot take published epochs back and put them back "
-                              "(files, memory, discard and nats sinks can, and postgres sinks with rewind: true; what a "
-                              "console sink printed cannot be taken back)")
-        targets = {json.dumps(sink_settings(self.spec, self.ckpt.read_plan(e).settings), sort_keys=True)
-                   for e in range(target, last_epoch + 1) if self.ckpt.has_plan(e)}
-        if len(targets) > 1:  # the epochs to take back were written to more than one target
-            raise EngineError(f"{what}: a sink's target changed (a control setting) between epoch {target} and "
-                              f"{last_epoch}; {what} can go back to the epoch the last change took effect at the earliest")
-        if self._change.catch_up:  # (the copies' offsets would have to be taken back too)
-            steps = sorted(st for _, readers in self._change.catch_up.values() for st in readers)
-            raise EngineError(f"{what}: step(s) {', '.join(steps)} still catch up on copies of running sources; "
-                              f"{what} once they read the sources themselves")
-        meta = self.ckpt.metadata() or {}
-        merged = [r["epoch"] for r in meta.get("caught_up", []) if r["epoch"] >= target]
-        if merged:
-            raise EngineError(f"{what}: added steps went over from a copy to its source at epoch {max(merged)}; "
-                              f"{what} can go back to epoch {max(merged) + 1} at the earliest")
-        rewritten = [r for r in meta.get("rewrites", []) if r["epoch"] >= target]
-        if rewritten and what == "replay":  # its new steps took their state over at that boundary only
-            r = min(rewritten, key=lambda r: r["epoch"])
-            raise EngineError(f"replay: rule {r['rule']} rewrote step '{r['step']}' at epoch {r['epoch']}; "
-                              f"a replay can go back to epoch {r['epoch'] + 1} at the earliest")
-        if what == "replay":
-            taken = self._taken_back(target, last_epoch)
-            if taken is not None:
-                raise EngineError(f"replay: epoch {target} was taken back by epoch {taken[0]}, which went on from epoch "
-                                  f"{taken[1]}; replay from epoch {taken[0]} or from an epoch up to {taken[1]}")
-        # the commit (and the plan naming its network) the epoch goes on from
-        back = self._went_on_from(target) if what == "replay" else target - 1
-        if back and not (self.ckpt.has_commit(back) and self.ckpt.has_plan(back)):
-            raise EngineError(f"{what}: epoch {back} is no longer kept (the checkpoint keeps the last "
-                              f"{self.retain_epochs} epochs{self._kept_for}; raise the network's history to go further back)")
-        if what == "undo":
-            plan = self.ckpt.read_plan(target) if self.ckpt.has_plan(target) else None
-            if plan is None or not any("replay" in a for a in plan.applied):
-                raise EngineError(f"undo: epoch {target} did not replay earlier epochs; there is nothing to undo")
-            later = [(e, self.ckpt.read_plan(e).applied) for e in range(target + 1, last_epoch + 1) if self.ckpt.has_plan(e)]
-            blocked = undo_blocked(target, later)
-            if blocked:
-                raise EngineError(f"undo: {blocked}")
-        for sink in self.outputs.sinks.values():  # (one that keeps records may have dropped them)
-            problem = sink.rewind_problem(self.spec.name, self.executor.checkpoint_id, range(target, last_epoch + 1),
-                                          target if what == "undo" else None)
-            if problem:
-                raise EngineError(f"{what}: {problem}")
+            self._switch(command, last)
+        if "rewrite" in command:  # the decision, logged with the plan like every other
+            self.controller.manager.decisions.append(decision(command, (last.epoch if last else 0) + 1))
+        if "replay" in command:
+            return went_on_from(self.ckpt, int(command["replay"])), []
+        return None, []
 
-    def _went_on_from(self, epoch: int) -> int:
-        """The commit ``epoch`` continued from: the one before, or for an epoch that replayed
-        or undid a replay the earlier commit it went back to (0: the start)."""
-        base = self.ckpt.read_plan(epoch).base if self.ckpt.has_plan(epoch) else None
-        return epoch - 1 if base is None else base
-
-    def _taken_back(self, epoch: int, last_epoch: int) -> tuple[int, int] | None:
-        """Whether ``epoch`` was taken back: the epochs the last commit descends from, back to
-        ``epoch``, skip it. Returns the epoch that skipped it and the commit that one went on
-        from (a replay from there would read input that the sinks show from later epochs)."""
-        at = last_epoch
-        while at > epoch:
-            went_on_from = self._went_on_from(at)
-            if went_on_from < epoch:
-                return at, went_on_from
-            at = went_on_from
-        return None
-
-    @property
-    def _kept_for(self) -> str:
-        within, cap = self.spec.history_duration, self.spec.history_bytes
-        also = f" and those committed in the last {format_duration_ms(within)}" if within is not None else ""
-        return also + (f", as far as their state fits history_bytes ({cap:,} bytes)" if cap is not None else "")
-
-    def _catch_ups(self, command: dict[str, Any], new: NetworkSpec) -> dict[str, tuple[str, tuple[str, ...]]]:
-        """The copies added steps read while they catch up once ``command`` is in force: those
-        still catching up, and with ``start_epoch`` those for the steps it adds."""
-        start = command.get("start_epoch")
-        added = catch_ups(self.base_spec, new, int(start)) if isinstance(start, int) else {}
-        return still_catching_up(new, {**self._change.catch_up, **added})
-
+    # ------------------------------------------------------------------ networks
     def _merge_caught_up(self, last: EpochCommit | None) -> None:
         """Copies that have read as far as their sources: from the next epoch on their steps
         read the sources themselves, with the state they have (the rows are the same from here
@@ -548,47 +497,17 @@ class Engine:
         self._rebuild(self.base_spec, last)
         self._use_settings(settings)
 
-    def _check_start(self, start: Any, new: NetworkSpec, last_epoch: int) -> None:
-        """An added query that starts from a kept epoch: its sources must read what running
-        ones read, and the commit before that epoch must still be kept."""
-        if not isinstance(start, int) or not 1 <= start <= last_epoch + 1:
-            raise EngineError(f"apply --from-epoch: expected an epoch from 1 to {last_epoch + 1}, got {start!r}")
-        required_history_starts(self.base_spec, new, start)
-        if start > 1 and not self.ckpt.has_commit(start - 1):
-            raise EngineError(f"apply --from-epoch: epoch {start - 1} is no longer kept (the checkpoint keeps the last "
-                              f"{self.retain_epochs} epochs{self._kept_for}; raise the network's history to go further back)")
-
-    def _prepare(self, command: dict[str, Any], last: EpochCommit | None) -> tuple[int | None, list[int]]:
-        """Carry out a command that needs a boundary of its own, up to planning: returns the
-        commit the next epoch goes on from (None: the last) and the epochs whose retracted
-        output it puts back."""
-
-        if "undo" in command:  # back to the network, state and outputs from before the replay
-            replay = int(command["undo"])
-            before = self.ckpt.read_plan(replay - 1).network if replay > 1 else None
-            raw = self.ckpt.read_network(before) if before else None
-            if raw is not None:
-                self._switch({"network": raw}, last)
-            return replay - 1, [replay]
-        if "network" in command:
-            self._switch(command, last)
-        if "rewrite" in command:  # the decision, logged with the plan like every other
-            self.controller.manager.decisions.append(decision(command, (last.epoch if last else 0) + 1))
-        if "replay" in command:
-            return self._went_on_from(int(command["replay"])), []
-        return None, []
-
     def _switch(self, command: dict[str, Any], last: EpochCommit | None) -> None:
         """Put the command's network in force from the next epoch (its plan logs the command):
         recorded in the checkpoint first, so that a driver that dies from here on comes back
         with it."""
-        self._finish_cleanup()  # (a cleanup judges which steps' state to keep by the network in force)
+        self.cleanups.finish()  # (a cleanup judges which steps' state to keep by the network in force)
         new = spec_from_raw(command["network"])
         raw = new.as_dict()  # canonical: the same network always has the same hash
         if network_hash(raw) == self.network_id:
             return  # in force already (switched while idle, the plan to log it still to come)
         start = command.get("start_epoch")
-        copies = self._catch_ups(command, new)
+        copies = catch_ups_after(command, new, self.base_spec, self._change.catch_up)
         change = LiveChange(
             (last.epoch if last else 0) + 1, tuple(sorted(command.get("reset") or ())), dict(command.get("inherit") or {}),
             {n: (o, int(start)) for n, o in history_starts(self.base_spec, new).items()}
@@ -601,7 +520,6 @@ class Engine:
         before, settings = self.base_spec, self.settings
         self._rebuild(new, last)
         self._use_settings(carried(before, new, settings))  # (logged with the plan about to be made)
-
     def _adopt_applied_network(self, changed: NetworkDiff | None) -> None:
         """Run the network the checkpoint holds in force: the one a live change applied, even
         when started with the network it was created with (a supervisor's unchanged command
@@ -661,29 +579,8 @@ class Engine:
         self._open_gates()
 
     def _view(self, commit: EpochCommit | None, epoch: int) -> EpochCommit | None:
-        """``commit`` as the base of ``epoch``: when a live change starts at ``epoch``, without
-        the steps it reset, with the state of the steps it lets inherit one (copied), and with
-        as many event-time inputs per step as the new network gives it."""
-        change = self._change
-        if commit is None or epoch != change.epoch:
-            return commit
-        steps = {n: s for n, s in commit.steps.items() if n not in change.reset}
-        ends, cursors = dict(commit.source_ends), dict(commit.cursors)
-        for new, (old, start) in change.sources.items():  # an added source from a kept epoch on
-            if new not in commit.source_ends:
-                then = self.ckpt.read_commit(start - 1) if start > 1 else None
-                ends[new] = then.source_ends.get(old, 0) if then else 0
-                if then is not None and old in then.cursors:
-                    cursors[new] = then.cursors[old]
-        for new, old in change.inherit.items():
-            if old in steps and new not in commit.steps:
-                copy_state(self.ckpt.location, old, new, steps[old].index)
-                steps[new] = steps[old]
-        for s in self.spec.stateful_steps():
-            known, n = steps.get(s.name), len(s.time_columns())
-            if known is not None and len(known.input_max) != n:
-                steps[s.name] = dataclasses.replace(known, input_max=[*known.input_max, *[NO_WATERMARK] * n][:n])
-        return dataclasses.replace(commit, steps=steps, source_ends=ends, cursors=cursors)
+        """``commit`` as the base of ``epoch`` (:func:`eddyline.runtime.livechange.view`)."""
+        return view(commit, epoch, self._change, self.spec, self.ckpt)
 
     def _use_settings(self, settings: dict[str, Any]) -> None:
         """Run with the network as written plus ``settings`` (validated: a plan logged them)."""
@@ -726,6 +623,7 @@ class Engine:
         self.boundaries = UnderLease(self.faults, self.lease)
         self.lease.start_heartbeat()
         self._open_gates()
+        self._settle("took the hot pair's lease over")
 
     @property
     def _generation(self) -> int:
@@ -793,7 +691,7 @@ class Engine:
             source.committed(stable.source_ends.get(name, 0) if stable else 0)
         t_commit = time.monotonic()
         if plan.epoch % self.retain_epochs == 0 or self.spec.history_bytes is not None:  # a cap: every epoch
-            self._start_cleanup(plan.epoch)
+            self.cleanups.start(self._cleanup, plan.epoch)
         t_cleanup = time.monotonic()
         ms = Timings(
             planning=staged.compile_s * 1000,
@@ -823,159 +721,20 @@ class Engine:
         if control:
             self.controller.restore(ControllerState.model_validate(control))
 
-    def _keep_workers_warm(self) -> int:
-        """While the engine waits for input, keep Spark's Python workers (and the state they
-        cache) alive: once ``worker_keepalive_s`` passed since they last ran a task, run one
-        keep-alive task per core. Returns the number of jobs run (0 or 1)."""
-        if self.worker_keepalive_s is None or time.monotonic() - self._python_used_at < self.worker_keepalive_s:
-            return 0
-        self._python_used_at = time.monotonic()
-        try:
-            self.kept_warm_pids = touch_python_workers(self.spark)
-        except Exception:  # only a speed-up: if Spark cannot run it, the next epoch reports why
-            return 0
-        return 1
-
-    # ------------------------------------------------------------------ cleanup
-    def _start_cleanup(self, epoch: int) -> None:
-        """Delete what epochs before the retained ones left behind, beside the next epochs.
-
-        The files it deletes belong to epochs no retained commit or plan refers to, and a new
-        epoch only writes new files, so the two never touch the same file. One cleanup at a
-        time: the previous one is waited for (and its error raised) first.
-        """
-        self._finish_cleanup()
-        self._cleaner = _Cleaner(self._cleanup, epoch)
-        self._cleaner.start()
-
-    def _finish_cleanup(self, raise_error: bool = True) -> None:
-        cleaner, self._cleaner = self._cleaner, None
-        if cleaner is None:
-            return
-        cleaner.join()
-        if cleaner.error is not None and raise_error:
-            raise CheckpointError(f"cleaning up the checkpoint after epoch {cleaner.epoch} failed: {cleaner.error}") from cleaner.error
-
     def _cleanup(self, epoch: int) -> None:
-        import pyarrow as pa
-
-        keep_from = epoch - self.retain_epochs + 1
-        every = self.ckpt.commits()
-        within = self.spec.history_duration
-        if within is not None and every:  # also what was committed within that long
-            newest = max(c.committed_at for c in every)
-            keep_from = min([keep_from, *(c.epoch for c in every if c.committed_at >= newest - within / 1000)])
-        cap = self.spec.history_bytes
-        if cap is not None:  # the oldest epochs go until their state fits the cap
-            keep_from = history_floor(self.ckpt.location, [(c.epoch, {n: s.index for n, s in c.steps.items()})
-                                                           for c in every], keep_from, cap)
-        # a tentative stretch may outlast the retained epochs: its correction continues from
-        # the stable commit before it, which must stay (eddyline.ha.dpc)
-        anchors = [c.stable for c in every if c.epoch >= keep_from and c.tentative and c.stable is not None]
-        keep_from = min([keep_from, *anchors])
-        commits = [c for c in every if c.epoch >= keep_from]
-        if not commits:
-            return
-        running = [s.name for s in self.spec.stateful_steps()]
-        for name in running:
-            # The schema does not matter for cleanup; only the file names and chains do.
-            store = KeyGroupStore(self.ckpt.location, name, pa.schema([("_kg", pa.int32())]), ["_kg"])
-            store.cleanup([c.steps[name].index for c in commits if name in c.steps], below_epoch=keep_from)
-        # a step a live change removed: its state goes once no kept commit has it (until then
-        # a replay or an undo may go back to it)
-        for name in state_steps(self.ckpt.location):
-            if name not in running and not any(name in c.steps for c in commits):
-                drop_state(self.ckpt.location, name)
-        self.ckpt.forget_before(keep_from)
-        self.ckpt.forget_progress()
-        if self.pair is not None:
+        """Delete what epochs before the retained ones left behind (in the cleanup's thread)."""
+        keep_from = clean(self.ckpt, epoch, self.retain_epochs, self.spec.history_duration, self.spec.history_bytes,
+                          [s.name for s in self.spec.stateful_steps()])
+        if keep_from is not None and self.pair is not None:
             self.pair.selector.forget_before(keep_from)
 
 
-@dataclass(frozen=True)
-class LiveChange:
-    """A change of network as it takes effect: its first epoch, the stateful steps that start
-    it with no state, the new steps that start with another's state, and the added sources
-    that start where a running one was at a kept epoch (new -> (running, epoch))."""
-
-    epoch: int = 0
-    reset: tuple[str, ...] = ()
-    inherit: dict[str, str] = field(default_factory=dict)
-    sources: dict[str, tuple[str, int]] = field(default_factory=dict)
-    #: added steps catching up on copies of running sources: copy -> (source, steps)
-    catch_up: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "reset": list(self.reset), "inherit": self.inherit,
-                "sources": {n: list(v) for n, v in self.sources.items()},
-                "catch_up": {c: [s, list(steps)] for c, (s, steps) in self.catch_up.items()}}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LiveChange:
-        return cls(int(data.get("epoch", 0)), tuple(data.get("reset", ())), dict(data.get("inherit") or {}),
-                   {n: (str(o), int(e)) for n, (o, e) in (data.get("sources") or {}).items()},
-                   {c: (str(s), tuple(steps)) for c, (s, steps) in (data.get("catch_up") or {}).items()})
-
-
-class _Cleaner(threading.Thread):
-    """One checkpoint cleanup in a background thread; keeps its error for the engine."""
-
-    def __init__(self, clean: Callable[[int], None], epoch: int) -> None:
-        super().__init__(name=f"eddyline-cleanup-{epoch}", daemon=True)
-        self.clean, self.epoch = clean, epoch
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.clean(self.epoch)
-        except BaseException as e:  # handed to the engine's thread by _finish_cleanup
-            self.error = e
-
-
-def _freeze_heap() -> bool:
-    """Keep the driver's long-lived objects out of Python's cyclic collector's full collections.
-
-    After the first epoch the modules an epoch needs are imported (pyspark, pyarrow, pandas,
-    numpy, ...): over 100,000 objects that a full collection walks every time, inside whichever
-    epoch's planning or commit it hits. Frozen (after a collection, so no garbage is kept) they
-    are no longer walked. The lanes' Python workers do the same (``lanes.gc_clock``).
-
-    Returns whether nothing was frozen before: the run then thaws the heap when it ends, so the
-    interpreter can still free everything at exit (some extension modules report the objects
-    left at exit as leaks).
-    """
-    thawed = gc.get_freeze_count() == 0
-    gc.collect()
-    gc.freeze()
-    return thawed
-
-
-def undo_blocked(replay: int, later: list[tuple[int, list[dict[str, Any]]]]) -> str | None:
-    """Why the replay at epoch ``replay`` cannot be undone exactly, given the commands applied
-    by each epoch after it (None: it can).
-
-    Replays are undone in the reverse order they were made, like an editor's undo: an undo goes
-    back to the commit before its replay and puts back what that replay took back, which is the
-    content the sinks had then only if every replay since has been undone already (a later one
-    may have taken back epochs from before it, which nothing would put back)."""
-    open_ = [replay]  # replays in force, the latest last
-    for epoch, applied in later:
-        for command in applied:
-            if "replay" in command:
-                open_.append(epoch)
-            elif "undo" in command and int(command["undo"]) in open_:
-                open_.remove(int(command["undo"]))
-                if int(command["undo"]) == replay:
-                    return f"the replay at epoch {replay} was undone at epoch {epoch} already"
-    if open_[-1] != replay:
-        return (f"the replay at epoch {open_[-1]} came later and is still in force; undo it first "
-                "(replays are undone in the reverse order they were made)")
-    return None
-
-
-def _alone(command: dict[str, Any]) -> str | None:
-    """What a command that takes an epoch boundary of its own does (None: settings)."""
-    for key, what in (("undo", "undo"), ("replay", "replay"), ("network", "apply")):
-        if key in command:
-            return what
-    return None
+def _runs(plan: EpochPlan, special: dict[str, Any] | None, pending: EpochPlan | None) -> str:
+    """What a replaying epoch runs, for the driver's transition."""
+    if special is not None and "replay" in special:
+        return f"a replay from epoch {special['replay']}"
+    if special is not None and "undo" in special:
+        return f"the undo of the replay at epoch {special['undo']}"
+    if special is not None:
+        return "a change of network"
+    return "the plan logged before this run" if pending is not None else "a plan another driver logged"

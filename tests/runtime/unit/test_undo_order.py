@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from eddyline.api.units import Files
 from eddyline.io.files import FilesTarget
 from eddyline.io.files.changelog import Revisions
-from eddyline.runtime.engine import undo_blocked
+from eddyline.runtime.admission import undo_blocked
 
 Applied = dict[int, list[dict]]
 
