@@ -25,7 +25,6 @@ import dataclasses
 import gc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from eddyline.api.change import NetworkDiff, history_starts, with_catch_ups
@@ -69,6 +68,8 @@ from eddyline.runtime.lookahead import LookAhead
 from eddyline.runtime.modes import Driver, Mode, settled
 from eddyline.runtime.replica import Following, HotPair, Leading
 from eddyline.runtime.rewriting import decision, propose_rewrites
+from eddyline.runtime.summary import RunState
+from eddyline.runtime.summary import RunSummary as RunSummary  # (the facade's import path)
 from eddyline.runtime.upkeep import WORKER_KEEPALIVE_S, Cleanups, WarmWorkers, clean, freeze_heap
 from eddyline.runtime.upkeep import (
     touch_python_workers as touch_python_workers,  # (warmup and the benches)
@@ -78,41 +79,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from eddyline.api.sinks import SinkSpec
-
-
-@dataclass
-class RunSummary:
-    epochs: int = 0
-    last_epoch: int = 0
-    input_rows: int = 0
-    output_rows: dict[str, int] = field(default_factory=dict)
-    dead_letters: int = 0
-    late_rows: int = 0
-    replayed: int = 0
-    #: keep-alive jobs run while idle, so Spark kept the lanes' Python workers (see WORKER_KEEPALIVE_S)
-    worker_keepalives: int = 0
-
-    def add(self, epoch: int, record: ProgressRecord, replayed: bool) -> None:
-        r = record.to_json()
-        self.epochs += 1
-        self.last_epoch = epoch
-        self.input_rows += r["numInputRows"]
-        self.dead_letters += r["deadLetters"]
-        self.late_rows += r["lateRows"]
-        self.replayed += int(replayed)
-        for s in r["sinks"]:
-            self.output_rows[s["description"]] = self.output_rows.get(s["description"], 0) + s["numOutputRows"]
-
-
-@dataclass
-class _Run:
-    """What one call of :meth:`Engine.run` carries from one turn of its loop to the next."""
-
-    until_idle: bool
-    started_at: float  # when the checkpoint's run started (wall clock): the planner's elapsed time
-    summary: RunSummary = field(default_factory=RunSummary)
-    prev_start: float | None = None  # when the last epoch started (monotonic)
-    thawed: bool = False  # the heap was frozen by this run: thaw it when it ends
 
 
 class Engine:
@@ -233,7 +199,7 @@ class Engine:
         if self.driver.mode is Mode.STOPPED:
             self.driver.to(Mode.STARTING, "run() called again")
         last, pending, started_at = self._open()
-        run, t_start = _Run(until_idle, started_at), time.monotonic()
+        run, t_start = RunState(until_idle, started_at), time.monotonic()
         if self.lease is not None:
             self.lease.start_heartbeat()
         try:
@@ -287,7 +253,7 @@ class Engine:
             self._restore(pending.control)
         return last, pending, float(meta["started_at"])
 
-    def _turn(self, run: _Run, last: EpochCommit | None, pending: EpochPlan | None) -> tuple[EpochCommit | None, bool]:
+    def _turn(self, run: RunState, last: EpochCommit | None, pending: EpochPlan | None) -> tuple[EpochCommit | None, bool]:
         """One turn of the loop: take the commands, then plan, log and run an epoch, or wait.
         ``pending``: a plan logged before this run, run first. Returns the last commit and
         whether to go on."""
@@ -336,7 +302,7 @@ class Engine:
             time.sleep(wait)
         return last, True
 
-    def _reported(self, run: _Run, plan: EpochPlan, record: ProgressRecord, replayed: bool) -> None:
+    def _reported(self, run: RunState, plan: EpochPlan, record: ProgressRecord, replayed: bool) -> None:
         """After an epoch committed: its progress record out, the heap frozen after the first,
         rewrites proposed for the next."""
         self.warm.used()
@@ -353,7 +319,7 @@ class Engine:
             propose_rewrites(self.base_spec, self.controller, self.inbox, plan.epoch + 1, self.controller.lanes_cap,
                              skip=self.intake.not_rewritten)
 
-    def _idle(self, run: _Run, seconds: float) -> None:
+    def _idle(self, run: RunState, seconds: float) -> None:
         """Nothing to run: wait, keeping Spark's Python workers warm."""
         run.summary.worker_keepalives += self.warm.touch(self.spark)
         time.sleep(seconds)
