@@ -57,10 +57,10 @@ def settled(*, paused: bool, replaying: bool, following: bool, catching_up: bool
     logged before it runs (a restart's pending plan), and the driver still counts as paused."""
     if paused:
         return Mode.PAUSED
+    if following:  # (its leader's plans are all logged before it runs them: no replay to tell)
+        return Mode.FOLLOWING
     if replaying:
         return Mode.REPLAYING
-    if following:
-        return Mode.FOLLOWING
     return Mode.CATCHING_UP if catching_up else Mode.LEADING
 
 

@@ -7,8 +7,8 @@ from eddyline.runtime.modes import TRANSITIONS, Driver, IllegalTransition, Mode,
 
 def test_a_pause_wins_over_every_other_fact() -> None:
     assert settled(paused=True, replaying=True, following=True, catching_up=True) is Mode.PAUSED
-    assert settled(paused=False, replaying=True, following=True, catching_up=True) is Mode.REPLAYING
-    assert settled(paused=False, replaying=False, following=True, catching_up=True) is Mode.FOLLOWING
+    assert settled(paused=False, replaying=True, following=True, catching_up=True) is Mode.FOLLOWING
+    assert settled(paused=False, replaying=True, following=False, catching_up=True) is Mode.REPLAYING
     assert settled(paused=False, replaying=False, following=False, catching_up=True) is Mode.CATCHING_UP
     assert settled(paused=False, replaying=False, following=False, catching_up=False) is Mode.LEADING
 
