@@ -42,12 +42,11 @@ from eddyline.kinds.base import (
     arrow_schema,
     check_aggregates,
 )
+from eddyline.operators.partials import SLOT, WEIGHT_SUM
 from eddyline.operators.window import (
     LAST,
-    SLOT,
     START_MS,
     TMAX,
-    WEIGHT_SUM,
     WINDOW_END,
     WINDOW_START,
     WindowConfig,

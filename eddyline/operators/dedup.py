@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from eddyline.columns import KG
 from eddyline.operators.base import KernelResult
-from eddyline.operators.keyed import (
+from eddyline.operators.rows import (
     changed_groups,
     key_codes,
     key_groups_of,

@@ -87,8 +87,8 @@ import pyarrow.compute as pc
 
 from eddyline.columns import DIFF, KG, PROBE, join_right_names
 from eddyline.operators.base import KernelResult, sortable
-from eddyline.operators.keyed import changed_groups
-from eddyline.operators.window import TIMESTAMP, WINDOW_END, WINDOW_START
+from eddyline.operators.rows import TIMESTAMP, changed_groups
+from eddyline.operators.window import WINDOW_END, WINDOW_START
 
 SIDE = "_side"
 SEQ = "_seq"

@@ -72,20 +72,22 @@ import pyarrow.compute as pc
 from eddyline.columns import KG
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.base import KernelResult
-from eddyline.operators.keyed import (
+from eddyline.operators.partials import (
     PartialColumn,
     aggregate_fields,
+    finish_aggregates,
+    partial_columns,
+    row_partials,
+)
+from eddyline.operators.rows import (
     changed_groups,
     event_times,
-    finish_aggregates,
     int_values,
     key_groups_of,
     normalize,
     nullable,
-    partial_columns,
     ranks_in_segments,
     require_columns,
-    row_partials,
     segments,
     sort_indices,
     sorted_key_ids,

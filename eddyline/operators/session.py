@@ -33,26 +33,28 @@ import pyarrow as pa
 
 from eddyline.columns import KG
 from eddyline.operators.base import KernelResult
-from eddyline.operators.keyed import (
+from eddyline.operators.partials import (
     aggregate_fields,
-    changed_groups,
     finish_aggregates,
-    key_groups_of,
     merge_partials,
+    partial_columns,
+    row_partials,
+)
+from eddyline.operators.rows import (
+    TIMESTAMP,
+    changed_groups,
+    key_groups_of,
     ms_to_timestamp,
     normalize,
     nullable,
     on_time,
-    partial_columns,
     require_columns,
-    row_partials,
     run_starts,
     segments,
     sort_indices,
     split_by_key_groups,
     with_key_group,
 )
-from eddyline.operators.window import TIMESTAMP
 
 SESSION_START = "session_start"
 SESSION_END = "session_end"

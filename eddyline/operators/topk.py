@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from eddyline.columns import DIFF, KG
 from eddyline.eventtime import NO_WATERMARK
 from eddyline.operators.base import KernelResult
-from eddyline.operators.keyed import (
+from eddyline.operators.rows import (
     changed_groups,
     event_times,
     key_groups_of,

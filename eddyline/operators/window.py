@@ -45,6 +45,8 @@ import pyarrow.compute as pc
 
 from eddyline.columns import DIFF, KG
 from eddyline.operators.base import KernelResult
+from eddyline.operators.partials import ROWS, SLOT, WEIGHT_SUM, extremes
+from eddyline.operators.rows import TIMESTAMP, changed_groups, event_time_ms
 
 WINDOW_START = "window_start"
 #: window start (ms) in partials and state; output names it WINDOW_START. Internal, so that a
@@ -58,14 +60,8 @@ TMAX = "_tmax"
 #: it has closed); a partial without an event time holds rows that are late whatever the watermark
 LAST = "_last"
 REV = "_rev"  # state: how many times the window has been emitted
-#: weighted partials and state: the window's rows (the sum of their weights)
-ROWS = "_n"
-#: min/max over a revised input keep value rows (windows here, keyed aggregates too): which
-#: aggregate a state row is a value of (0: the window's or key's own row), and its summed weight
-SLOT, WEIGHT_SUM = "_slot", "_w"
 OLD = "_old_"  # while merging: a state row's partials as its last emission showed them
 TOUCHED = "_touched"
-TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
 @dataclass(frozen=True)
@@ -183,16 +179,6 @@ class WindowConfig:
         if self.weighted:
             fields.append(pa.field(DIFF, pa.int64()))
         return pa.schema(fields)
-
-
-def event_time_ms(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """Timestamps (any unit) → int64 milliseconds since the epoch."""
-    if pa.types.is_timestamp(column.type):
-        unit = column.type.unit
-        ints = pc.cast(column, pa.int64()).to_numpy(zero_copy_only=False)
-        div = {"s": 1 / 1000, "ms": 1, "us": 1000, "ns": 1_000_000}[unit]
-        return (ints * 1000) if unit == "s" else ints // int(div)
-    return pc.cast(column, pa.int64()).to_numpy(zero_copy_only=False)
 
 
 def partial_aggregate(
@@ -405,8 +391,6 @@ class WindowKernel:
             new_state = pa.concat_tables([new_state, values.kept])
             upserts = pa.concat_tables([upserts, values.upserts])
             deletes = pa.concat_tables([deletes.cast(values.deletes.schema), values.deletes])
-        # imported here: keyed imports this module (its time helpers) at load time
-        from eddyline.operators.keyed import changed_groups
 
         return KernelResult(
             output,
@@ -454,7 +438,6 @@ class WindowKernel:
 
     def _extremes(self, windows: pa.Table, values: pa.Table) -> dict[str, Any]:
         """Per row of ``windows`` and min/max aggregate, the extremum of its values (null: none)."""
-        from eddyline.operators.keyed import extremes
 
         key_schema = pa.schema([self.state_schema.field(c) for c in (KG, *self.cfg.keys, START_MS)])
         return extremes(windows, values, key_schema, [(name, func) for name, func, _ in self.cfg.extrema])

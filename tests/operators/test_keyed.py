@@ -25,11 +25,7 @@ from eddyline.columns import DIFF, KG
 from eddyline.columns import OP as DELTA_OP
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.base import Kernel, KernelResult
-from eddyline.operators.keyed import (
-    KeyedAggregateKernel,
-    KeyedAggregateSpec,
-    parse_keyed_aggregate,
-)
+from eddyline.operators.keyed import KeyedAggregateKernel, KeyedAggregateSpec, parse_keyed_aggregate
 from eddyline.state.store import apply_delta
 from tests.operators.harness import consolidate, run_epochs
 

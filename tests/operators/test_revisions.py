@@ -26,9 +26,9 @@ from eddyline.columns import DIFF
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.join import UnboundedJoinKernel
 from eddyline.operators.keyed import KeyedAggregateKernel
+from eddyline.operators.rows import TIMESTAMP
 from eddyline.operators.window import (
     REVISION,
-    TIMESTAMP,
     WINDOW_START,
     WindowConfig,
     WindowKernel,

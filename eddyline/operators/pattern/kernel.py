@@ -34,16 +34,6 @@ import pyarrow.compute as pc
 from eddyline.columns import KG
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.base import KernelResult, sortable
-from eddyline.operators.keyed import (
-    changed_groups,
-    event_times,
-    int_values,
-    ranks_in_segments,
-    run_starts,
-    sort_indices,
-    sorted_key_ids,
-    with_key_group,
-)
 from eddyline.operators.pattern.dsl import MEASURE_FUNCS, Measure, Pattern, Split
 from eddyline.operators.pattern.layout import (
     BUFFERED,
@@ -67,6 +57,16 @@ from eddyline.operators.pattern.layout import (
     seed_table,
 )
 from eddyline.operators.pattern.nfa import MeasureSpec, Nfa, RowPool, Run, runs_by_key
+from eddyline.operators.rows import (
+    changed_groups,
+    event_times,
+    int_values,
+    ranks_in_segments,
+    run_starts,
+    sort_indices,
+    sorted_key_ids,
+    with_key_group,
+)
 
 
 class PatternKernel:

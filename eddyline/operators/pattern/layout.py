@@ -26,10 +26,9 @@ import pyarrow.compute as pc
 
 from eddyline.columns import KG
 from eddyline.eventtime import NO_WATERMARK
-from eddyline.operators.keyed import int_values, ms_to_timestamp, nullable, take_or_null
 from eddyline.operators.pattern.dsl import Row
 from eddyline.operators.pattern.nfa import MeasureSpec, Nfa, RowPool, Run, must_row
-from eddyline.operators.window import TIMESTAMP
+from eddyline.operators.rows import TIMESTAMP, int_values, ms_to_timestamp, nullable, take_or_null
 
 MATCH_START = "match_start"
 MATCH_END = "match_end"
