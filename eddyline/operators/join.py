@@ -87,7 +87,7 @@ import pyarrow.compute as pc
 
 from eddyline.columns import DIFF, KG, PROBE, join_right_names
 from eddyline.operators.base import KernelResult, sortable
-from eddyline.operators.rows import TIMESTAMP, changed_groups
+from eddyline.operators.rows import TIMESTAMP, changed_groups, consolidated, ns_to_ms, time_ns
 from eddyline.operators.window import WINDOW_END, WINDOW_START
 
 SIDE = "_side"
@@ -95,27 +95,8 @@ SEQ = "_seq"
 EXPIRE = "_expire_ms"
 LEFT, RIGHT = 0, 1
 LEFT_PREFIX, RIGHT_PREFIX = "l__", "r__"
-_NS_PER = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 #: ``_expire_ms`` marker, in numpy, for rows that never expire (stored as null).
 NEVER = np.iinfo(np.int64).max
-
-
-def time_ns(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Event times → ``(int64 nanoseconds since the epoch, valid mask)``.
-
-    Timestamps of any unit are converted exactly; integer columns are taken as milliseconds.
-    Nulls are filled before leaving Arrow: a null-bearing int64 column would otherwise become
-    float64 in numpy and lose precision.
-    """
-    valid = pc.is_valid(column).to_numpy(zero_copy_only=False)
-    ints = pc.fill_null(pc.cast(column, pa.int64()), 0).to_numpy(zero_copy_only=False)
-    unit = column.type.unit if pa.types.is_timestamp(column.type) else "ms"
-    return ints.astype(np.int64) * _NS_PER[unit], valid
-
-
-def ns_to_ms(ns: np.ndarray) -> np.ndarray:
-    """Floor to milliseconds. With an integer watermark ``W``: ``t < W`` ⇔ ``floor(t) < W``."""
-    return np.floor_divide(ns, 1_000_000)
 
 
 def _result(
@@ -140,19 +121,6 @@ def _result(
             "rows_evicted": deletes.num_rows,
         },
     )
-
-
-def consolidated(changelog: pa.Table) -> pa.Table:
-    """``changelog`` with its weights summed per row and the rows that cancel left out (in the
-    order rows first appear), so that a retracted row still in the state and its insertion do
-    not both pair with every new partner. Rows of types Arrow cannot group stay as they are."""
-    names = [c for c in changelog.column_names if c != DIFF]
-    try:
-        summed = changelog.group_by(names, use_threads=False).aggregate([(DIFF, "sum")])
-    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return changelog
-    summed = summed.select([*names, f"{DIFF}_sum"]).rename_columns([*names, DIFF])
-    return summed.filter(pc.not_equal(summed.column(DIFF), 0))
 
 
 class _EquiJoin:

@@ -11,7 +11,8 @@
   join, this treats a null key as a value like any other (nulls group together) and gives each
   group a dense id for numpy segment arithmetic (:func:`sorted_key_ids` numbers the keys of
   several tables at once, in key order);
-* event times as int64 milliseconds, and back.
+* event times as int64 milliseconds or nanoseconds, and back;
+* a changelog's weights summed per row (:func:`consolidated`), for the joins and the PostgreSQL sink.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eddyline.columns import KG
+from eddyline.columns import DIFF, KG
 from eddyline.operators.base import sortable
 
 ArrayLike = pa.Array | pa.ChunkedArray
 TIMESTAMP = pa.timestamp("us", tz="UTC")
+_NS_PER = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
 
 def event_time_ms(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -261,3 +263,34 @@ def take_or_null(column: ArrayLike, idx: np.ndarray) -> ArrayLike:
 def ms_to_timestamp(ms: np.ndarray) -> pa.Array:
     """int64 milliseconds → ``timestamp[us, UTC]``."""
     return pc.cast(pa.array(np.asarray(ms, dtype=np.int64) * 1000, pa.int64()), TIMESTAMP)
+
+
+def time_ns(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Event times → ``(int64 nanoseconds since the epoch, valid mask)``.
+
+    Timestamps of any unit are converted exactly; integer columns are taken as milliseconds.
+    Nulls are filled before leaving Arrow: a null-bearing int64 column would otherwise become
+    float64 in numpy and lose precision.
+    """
+    valid = pc.is_valid(column).to_numpy(zero_copy_only=False)
+    ints = pc.fill_null(pc.cast(column, pa.int64()), 0).to_numpy(zero_copy_only=False)
+    unit = column.type.unit if pa.types.is_timestamp(column.type) else "ms"
+    return ints.astype(np.int64) * _NS_PER[unit], valid
+
+
+def ns_to_ms(ns: np.ndarray) -> np.ndarray:
+    """Floor to milliseconds. With an integer watermark ``W``: ``t < W`` ⇔ ``floor(t) < W``."""
+    return np.floor_divide(ns, 1_000_000)
+
+
+def consolidated(changelog: pa.Table) -> pa.Table:
+    """``changelog`` with its weights summed per row and the rows that cancel left out (in the
+    order rows first appear), so that a retracted row still in the state and its insertion do
+    not both pair with every new partner. Rows of types Arrow cannot group stay as they are."""
+    names = [c for c in changelog.column_names if c != DIFF]
+    try:
+        summed = changelog.group_by(names, use_threads=False).aggregate([(DIFF, "sum")])
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return changelog
+    summed = summed.select([*names, f"{DIFF}_sum"]).rename_columns([*names, DIFF])
+    return summed.filter(pc.not_equal(summed.column(DIFF), 0))

@@ -14,7 +14,7 @@ from eddyline.columns import DIFF
 from eddyline.errors import SinkError
 from eddyline.io.postgres.layout import Layout
 from eddyline.io.postgres.statements import ACTION, DELETE, UPSERT
-from eddyline.operators.join import consolidated
+from eddyline.operators.rows import consolidated
 
 
 def rows_to_send(staged: pa.Table, layout: Layout, upsert: bool, sink: str) -> pa.Table:
