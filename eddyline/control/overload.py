@@ -35,29 +35,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-import numpy as np
-
 from eddyline.api.control import Overload
 from eddyline.api.network import NetworkSpec
 from eddyline.control import shedding as lp
+from eddyline.control.costmodel import CostModel, EpochCost, fit
 from eddyline.control.state import OverloadState, fields_plain, plain
-
-
-@dataclass(frozen=True)
-class EpochCost:
-    """What one epoch measured, for the cost model."""
-
-    epoch: int
-    duration_ms: float
-    read_rows: dict[str, int]  # per source
-    offered: dict[str, list[int]]  # per stateful step, per input: rows reaching it
-    kept: dict[str, list[int]]  # per stateful step, per input: rows it kept
-    makespan_ms: dict[str, float]  # per stateful step: its slowest lane's busy time
-    busy_ms: dict[str, float]  # per stateful step: all lanes' busy time
-    lanes: dict[str, int]
-    out_rows: dict[str, int]  # per stateful step
-    sink_rows: dict[str, int]
-    wall_s: float
 
 
 class Outcome(StrEnum):
@@ -150,15 +132,11 @@ class OverloadController:
         if before is not None and sum(cost.read_rows.values()) > 0:
             self._check(before, cost, cold)
 
-    def _check(self, m: dict[str, Any], cost: EpochCost, cold: bool) -> None:
+    def _check(self, m: CostModel, cost: EpochCost, cold: bool) -> None:
         """Compare the epoch with what the model predicted for its rows. A declared model that
         misses by more than 1.5x either way in two epochs running gives way to the fitted one
         (and says so): the cost of a step can grow with its state, and a machine can slow down."""
-        predicted = (
-            m["F"]
-            + m["a"] * sum(cost.read_rows.values())
-            + sum(c * sum(cost.kept.get(k, [])) for k, c in m["cost"].items())
-        )
+        predicted = m.predicted_ms(sum(cost.read_rows.values()), {k: sum(v) for k, v in cost.kept.items()})
         ratio = cost.duration_ms / predicted if predicted > 0 else None
         declared = self._declared
         missed = ratio is not None and not cold and (ratio > 1.5 or ratio < 1 / 1.5)
@@ -204,119 +182,10 @@ class OverloadController:
         self._declared_off = state.declared_off
         self.model_check = state.model_dump()["model_check"]
 
-    def model(self) -> dict[str, Any] | None:
-        """F, a and per-step c_S, selectivities and input fractions, from the recent epochs.
-
-        Fixed costs are taken at their smallest over the history (a slow epoch is slow for
-        reasons a row count does not explain, e.g. a cold JVM; the fastest shows what an epoch
-        costs at least), per-row costs as medians of what is left per row. A lane's fixed
-        cost (start, state files) is part of F: shedding rows cannot remove it."""
-        hist = list(self.history)
-        if len([h for h in hist if sum(h.read_rows.values()) > 0]) < 2:
-            return None
-        recent = hist[-4:]
-        cost: dict[str, float] = {}
-        sel: dict[str, float] = {}
-        frac: dict[str, list[float]] = {}
-        for s in self.stateful:
-            spans = [h.makespan_ms.get(s.name, 0.0) for h in hist]
-            line = _line([float(sum(h.kept.get(s.name, []))) for h in hist], spans)
-            if line is not None:
-                cost[s.name] = line[1]
-            else:
-                fixed = min(spans) if spans else 0.0
-                per_row = [
-                    (h.makespan_ms.get(s.name, 0.0) - fixed) / sum(h.kept.get(s.name, []))
-                    for h in recent
-                    if sum(h.kept.get(s.name, [])) > 0
-                ]
-                cost[s.name] = max(0.0, float(np.median(per_row))) if per_row else 0.0
-            kept = sum(sum(h.kept.get(s.name, [])) for h in recent)
-            sel[s.name] = sum(h.out_rows.get(s.name, 0) for h in recent) / kept if kept else 1.0
-            read = sum(sum(h.read_rows.values()) for h in recent)
-            offered = np.sum([h.offered.get(s.name, [0] * len(s.inputs)) for h in recent], axis=0)
-            frac[s.name] = [float(x) / read if read else 0.0 for x in np.atleast_1d(offered)]
+    def model(self) -> CostModel | None:
+        """The cost model in force: fitted from the recent epochs, or the declared one."""
         declared = self.cfg.cost_model if self._declared else None
-        jvm: dict[str, float] = {}
-        if declared is not None:
-            cost = {k: float(declared.step_ms_per_row.get(k, 0.0)) for k in cost}
-            f, a = declared.fixed_ms, declared.read_ms_per_row
-        else:
-            n = np.array([sum(h.read_rows.values()) for h in hist], dtype=float)
-            rest = np.array(
-                [h.duration_ms - sum(cost[k] * sum(h.kept.get(k, [])) for k in cost) for h in hist]
-            )
-            line = _line(n.tolist(), rest.tolist())
-            if line is not None:
-                f, a = line
-            else:
-                f = max(0.0, float(rest.min()))
-                slopes = [(r - f) / x for r, x in zip(rest[-4:], n[-4:], strict=True) if x > 0]
-                a = max(0.0, float(np.median(slopes))) if slopes else 0.0
-            split = self._split_jvm(hist, rest)
-            if split is not None:
-                f, a, jvm = split
-                cost = {k: cost[k] + jvm.get(k, 0.0) for k in cost}
-        sink_sel = {}
-        for q in self.spec.sinks:
-            up = self._producer(q.input)
-            base = (
-                sum(h.out_rows.get(up, 0) for h in recent)
-                if up in cost
-                else sum(sum(h.read_rows.values()) for h in recent)
-            )
-            if up in cost:
-                # A query is worth its utility per *input* row its step keeps, not per output
-                # row: a window emits one row per key and window however many rows it kept.
-                sink_sel[q.name] = 1.0 / sel[up] if sel[up] > 0 else 0.0
-            else:
-                sink_sel[q.name] = (
-                    sum(h.sink_rows.get(q.name, 0) for h in recent) / base if base else 0.0
-                )
-        return {
-            "F": f,
-            "a": a,
-            "cost": cost,
-            "selectivity": sel,
-            "input_fraction": frac,
-            "sink_selectivity": sink_sel,
-            **({"jvm": jvm} if jvm else {}),
-        }
-
-    def _split_jvm(
-        self, hist: list[EpochCost], rest: np.ndarray
-    ) -> tuple[float, float, dict[str, float]] | None:
-        """Separate the JVM's work per *kept* row of each stateful step from the cost of reading.
-
-        The part of an epoch the lanes do not explain, ``rest = F + a·N + Σ j_S·K_S``, mixes
-        reading a row with the step's own JVM work behind its shed point (the window's partial
-        aggregation, the shuffle of a dedup's rows). While nothing is shed ``K_S`` is a fixed
-        share of ``N`` and the two cannot be told apart, so all of it counts as reading (the
-        cautious side: shedding looks less effective than it is). Once the history holds an epoch
-        that shed (two, unless the other epochs' row counts spread enough to pin ``F`` and ``a``),
-        ``K_S`` varies apart from ``N`` and a non-negative least-squares fit tells them apart."""
-        names = [s.name for s in self.stateful]
-        shed_epochs = [
-            h
-            for h in hist
-            if any(sum(h.kept.get(k, [])) < 0.95 * sum(h.offered.get(k, [])) for k in names)
-        ]
-        unshed = [sum(h.read_rows.values()) for h in hist if h not in shed_epochs]
-        spread = bool(unshed) and min(unshed) > 0 and max(unshed) >= 1.5 * min(unshed)
-        # one shedding epoch suffices when the others pin F and a (their row counts spread)
-        if not shed_epochs or (len(shed_epochs) < 2 and not spread) or len(hist) < 4:
-            return None
-        cols = [
-            np.ones(len(hist)),
-            np.array([sum(h.read_rows.values()) for h in hist], dtype=float),
-        ]
-        cols += [np.array([sum(h.kept.get(k, [])) for h in hist], dtype=float) for k in names]
-        coef = _nnls(np.column_stack(cols), rest)
-        return (
-            float(coef[0]),
-            float(coef[1]),
-            {k: float(c) for k, c in zip(names, coef[2:], strict=True) if c > 0},
-        )
+        return fit(list(self.history), self.stateful, self.spec, declared, self._producer)
 
     def hot_spots(self) -> list[dict[str, Any]]:
         """Steps whose arrival rate exceeds their true processing rate (rows/s)."""
@@ -351,11 +220,11 @@ class OverloadController:
             chain, name = [], q.input
             while True:
                 producer = self._producer(name)
-                if producer not in m["cost"]:
+                if producer not in m.step_ms_per_row:
                     break
                 chain.append(producer)
                 name = self.spec.node(producer).inputs[-1]
-            ms = sum(m["cost"][s] * sum(m["input_fraction"][s]) for s in chain)
+            ms = sum(m.step_ms_per_row[s] * sum(m.input_fraction[s]) for s in chain)
             if best is None or ms > best["msPerSourceRow"]:
                 best = {"output": q.name, "steps": chain[::-1], "msPerSourceRow": round(ms, 5)}
         return best
@@ -392,12 +261,12 @@ class OverloadController:
             )
         # processing cost per source row, if nothing is shed (upstream selectivities are already
         # in the measured input fractions)
-        per_row_processing = sum(m["cost"][s] * sum(m["input_fraction"][s]) for s in m["cost"])
-        predicted = m["F"] + (m["a"] + per_row_processing) * total
+        per_row_processing = sum(m.step_ms_per_row[s] * sum(m.input_fraction[s]) for s in m.step_ms_per_row)
+        predicted = m.fixed_ms + (m.read_ms_per_row + per_row_processing) * total
         decision.update(
             {
                 "model": {
-                    k: (round(v, 4) if isinstance(v, float) else _rounded(v)) for k, v in m.items()
+                    k: (round(v, 4) if isinstance(v, float) else _rounded(v)) for k, v in m.to_json().items()
                 },
                 "predictedMsAllRows": round(predicted, 1),
             }
@@ -410,7 +279,7 @@ class OverloadController:
                 {},
                 {**decision, "reason": Outcome.FITS.value, "takeRows": min(total, probe)},
             )
-        if budget <= m["F"]:
+        if budget <= m.fixed_ms:
             # Even an empty epoch overruns the bound: neither deferring nor shedding can meet
             # it, so keep up with the input as well as possible and say why.
             caps = _split(available, probe) if total > probe else {}
@@ -420,8 +289,8 @@ class OverloadController:
                 {},
                 {**decision, "reason": Outcome.BELOW_OVERHEAD.value, "takeRows": min(total, probe)},
             )
-        if self.cfg.shedding == "off" or not m["cost"]:
-            n = max(1, int((budget - m["F"]) / max(m["a"] + per_row_processing, 1e-9)))
+        if self.cfg.shedding == "off" or not m.step_ms_per_row:
+            n = max(1, int((budget - m.fixed_ms) / max(m.read_ms_per_row + per_row_processing, 1e-9)))
             caps = _split(available, min(n, total, probe))
             return OverloadVerdict(
                 Outcome.ADMISSION,
@@ -432,17 +301,17 @@ class OverloadController:
                     "reason": Outcome.ADMISSION.value,
                     "takeRows": sum(caps.values()),
                     "predictedMs": round(
-                        m["F"] + (m["a"] + per_row_processing) * sum(caps.values()), 1
+                        m.fixed_ms + (m.read_ms_per_row + per_row_processing) * sum(caps.values()), 1
                     ),
                 },
             )
         # Shedding: read what is waiting (so the backlog does not grow), as far as reading alone
         # fits the budget, and shed processing so the epoch fits the rest.
         n_read = total  # while shedding, read what waits: the backlog must not grow
-        if m["a"] > 0 and m["F"] + m["a"] * n_read > budget:
-            n_read = min(n_read, max(self.cfg.probe_rows, int((budget - m["F"]) / m["a"] * 0.9)))
+        if m.read_ms_per_row > 0 and m.fixed_ms + m.read_ms_per_row * n_read > budget:
+            n_read = min(n_read, max(self.cfg.probe_rows, int((budget - m.fixed_ms) / m.read_ms_per_row * 0.9)))
         caps = _split(available, n_read) if n_read < total else {}
-        capacity = max(0.0, budget - m["F"] - m["a"] * n_read)
+        capacity = max(0.0, budget - m.fixed_ms - m.read_ms_per_row * n_read)
         # While shedding goes on, a keep fraction may at most double (or rise by 0.15) from one
         # epoch to the next: the model was fitted on epochs that kept fewer rows, and a step's
         # cost per kept row can grow with what it keeps (its state). Falling is never limited.
@@ -452,7 +321,7 @@ class OverloadController:
         # costs are linear, so it is not held to what was seen. The LP gets these as upper
         # bounds, so the capacity a bounded step cannot use goes to the others.
         offered_rows = {
-            (s.name, i): n_read * _at(m["input_fraction"][s.name], i)
+            (s.name, i): n_read * _at(m.input_fraction[s.name], i)
             for s in self.stateful
             for i in range(len(s.inputs))
         }
@@ -512,7 +381,7 @@ class OverloadController:
                 "expectedUtility": round(plan.utility, 2),
                 "expectedThroughput": {k: round(v, 1) for k, v in plan.throughput.items()},
                 "predictedMs": round(
-                    m["F"] + m["a"] * n_read + plan.node_load.get("epoch", 0.0), 1
+                    m.fixed_ms + m.read_ms_per_row * n_read + plan.node_load.get("epoch", 0.0), 1
                 ),
                 **({"keepRiseLimited": limited} if limited else {}),
             }
@@ -571,14 +440,14 @@ class OverloadController:
             inputs = []
             for i, name in enumerate(s.inputs):
                 producer = self._producer(name)
-                tail = producer if producer in m["cost"] else src
+                tail = producer if producer in m.step_ms_per_row else src
                 frac = (
-                    m["input_fraction"][s.name][i] if i < len(m["input_fraction"][s.name]) else 0.0
+                    m.input_fraction[s.name][i] if i < len(m.input_fraction[s.name]) else 0.0
                 )
                 base = (
                     1.0
                     if tail == src
-                    else max(m["selectivity"][tail] * _fraction_sum(m, tail), 1e-12)
+                    else max(m.selectivity[tail] * _fraction_sum(m, tail), 1e-12)
                 )
                 steps.append(lp.StepLoad(f"{s.name}#{i}", "jvm", 0.0, frac / base, (tail,)))
                 inputs.append(f"{s.name}#{i}")
@@ -586,15 +455,15 @@ class OverloadController:
                     points.append(lp.arc(f"{s.name}#{i}", s.name))
             steps.append(
                 lp.StepLoad(
-                    s.name, "epoch", m["cost"][s.name], m["selectivity"][s.name], tuple(inputs)
+                    s.name, "epoch", m.step_ms_per_row[s.name], m.selectivity[s.name], tuple(inputs)
                 )
             )
         utilities = {}
         for q in self.spec.sinks:
             producer = self._producer(q.input)
-            tail = producer if producer in m["cost"] else src
+            tail = producer if producer in m.step_ms_per_row else src
             steps.append(
-                lp.StepLoad(f"q:{q.name}", "jvm", 0.0, m["sink_selectivity"][q.name], (tail,))
+                lp.StepLoad(f"q:{q.name}", "jvm", 0.0, m.sink_selectivity[q.name], (tail,))
             )
             utilities[f"q:{q.name}"] = q.qos.utility if q.qos else 1.0
         return lp.ShedProblem(
@@ -628,32 +497,12 @@ class OverloadController:
             name = node.inputs[0]
 
 
-def _line(x: list[float], y: list[float]) -> tuple[float, float] | None:
-    """``y ≈ intercept + slope·x`` with both non-negative (least squares), when the epochs' row
-    counts spread enough (largest ≥ 1.5× smallest) to tell a fixed cost from a per-row one;
-    otherwise None and the caller falls back to smallest-epoch / median estimates."""
-    xs = np.asarray(x, dtype=float)
-    if xs.size < 3 or xs.min() <= 0 or xs.max() < 1.5 * xs.min():
-        return None
-    coef = _nnls(np.column_stack([np.ones_like(xs), xs]), np.asarray(y, dtype=float))
-    return float(coef[0]), float(coef[1])
-
-
-def _nnls(design: np.ndarray, y: Any) -> np.ndarray:
-    """Non-negative least squares with each column scaled to at most 1 first (row counts are
-    ~1e6, an intercept column is 1: unscaled, the fit is badly conditioned)."""
-    from scipy.optimize import nnls
-
-    scale = np.maximum(design.max(axis=0), 1.0)
-    return nnls(design / scale, np.asarray(y, dtype=float))[0] / scale
-
-
 def _at(values: list[float], i: int) -> float:
     return float(values[i]) if i < len(values) else 0.0
 
 
-def _fraction_sum(m: dict[str, Any], step: str) -> float:
-    return float(sum(m["input_fraction"][step]))
+def _fraction_sum(m: CostModel, step: str) -> float:
+    return float(sum(m.input_fraction[step]))
 
 
 def _split(available: dict[str, int], n: int) -> dict[str, int]:

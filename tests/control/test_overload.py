@@ -112,14 +112,14 @@ def test_the_jvm_work_behind_a_shed_point_is_told_apart_from_reading_once_epochs
     for e, rows in enumerate((300_000, 600_000, 1_000_000, 800_000), start=1):
         c.observe(_shed_epoch(e, rows, 1.0))
     m = c.model()
-    assert "jvm" not in m and m["a"] > 0.0012  # nothing shed yet: the step's JVM work counts as reading
+    assert not m.jvm_ms_per_row and m.read_ms_per_row > 0.0012  # nothing shed yet: the step's JVM work counts as reading
     for e, (rows, keep) in enumerate(((2_000_000, 0.3), (1_800_000, 0.45)), start=5):
         c.observe(_shed_epoch(e, rows, keep))
     m = c.model()
-    assert m["a"] == pytest.approx(0.0005, rel=0.02)
-    assert m["jvm"]["a"] == pytest.approx(0.001, rel=0.02)
-    assert m["cost"]["a"] == pytest.approx(0.0015, rel=0.02)
-    assert m["F"] == pytest.approx(1000, rel=0.02)
+    assert m.read_ms_per_row == pytest.approx(0.0005, rel=0.02)
+    assert m.jvm_ms_per_row["a"] == pytest.approx(0.001, rel=0.02)
+    assert m.step_ms_per_row["a"] == pytest.approx(0.0015, rel=0.02)
+    assert m.fixed_ms == pytest.approx(1000, rel=0.02)
 
 
 def test_a_declared_cost_model_that_misses_twice_gives_way_to_the_fitted_one() -> None:
@@ -127,10 +127,10 @@ def test_a_declared_cost_model_that_misses_twice_gives_way_to_the_fitted_one() -
     for e in (1, 2, 3):  # each epoch takes 800 ms; the declared model says 100 + 0.0001 * 1000 = 100.1 ms
         c.observe(epoch(e, 1000))
     assert c.model_check["misses"] == 1 and c.model_check["model"] == "declared"
-    assert c.model()["F"] == 100
+    assert c.model().fixed_ms == 100
     c.observe(epoch(4, 1000))
     assert c.model_check["misses"] == 2 and "switched" in c.model_check
-    assert c.model()["F"] == pytest.approx(800.0)  # fitted: every epoch took 800 ms for the same rows
+    assert c.model().fixed_ms == pytest.approx(800.0)  # fitted: every epoch took 800 ms for the same rows
     verdict = c.plan(5, {"src": 1000})
     assert verdict.explain["modelCheck"]["ratio"] > 1.5
     # the switch is part of the controller's state, so a restart decides the same way
@@ -143,7 +143,7 @@ def test_a_declared_cost_model_that_misses_twice_gives_way_to_the_fitted_one() -
     for e in (1, 2, 3, 4, 5):
         kept.observe(epoch(e, 1000))
     assert kept.model_check["misses"] == 3 and "switched" not in kept.model_check
-    assert kept.model()["F"] == 100
+    assert kept.model().fixed_ms == 100
 
 
 def test_a_keep_fraction_rises_at_most_twofold_per_epoch_while_shedding() -> None:
@@ -169,13 +169,13 @@ def test_one_shedding_epoch_separates_the_jvm_work_when_the_other_epochs_pin_f_a
         c.observe(_shed_epoch(e, rows, 1.0))
     c.observe(_shed_epoch(4, 2_000_000, 0.3))
     m = c.model()
-    assert m["a"] == pytest.approx(0.0005, rel=0.02) and m["jvm"]["a"] == pytest.approx(0.001, rel=0.02)
+    assert m.read_ms_per_row == pytest.approx(0.0005, rel=0.02) and m.jvm_ms_per_row["a"] == pytest.approx(0.001, rel=0.02)
     # with every unshed epoch the same size, one shedding epoch is not enough
     same = OverloadController(spec({}))
     for e in (1, 2, 3):
         same.observe(_shed_epoch(e, 600_000, 1.0))
     same.observe(_shed_epoch(4, 2_000_000, 0.3))
-    assert "jvm" not in same.model()
+    assert not same.model().jvm_ms_per_row
 
 
 def test_a_fitted_model_never_hands_a_step_more_than_twice_the_rows_it_ever_kept() -> None:
