@@ -27,7 +27,6 @@ routing, so moves are exactly-once like everything else.
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +36,8 @@ import numpy as np
 from eddyline.api.network import NetworkSpec
 from eddyline.control import policies
 from eddyline.control.decisions import Decision, DecisionKind
+from eddyline.control.drills import relocation_drill
+from eddyline.control.lookahead import coming_load
 from eddyline.control.state import (
     BalancerState,
     DecisionRecord,
@@ -347,7 +348,7 @@ class DistributionManager:
         if prof is None and series.shape[1] < c.warmup_epochs:
             return table, []
         basis = np.asarray(prof, dtype=float) if prof is not None else series
-        new = self._placement(c.placement, basis, table.lanes)
+        new = policies.place_by(c.placement, basis, table.lanes)
         self.placed.add(step)
         moves = {kg: int(x) for kg, x in enumerate(new) if x != table.assignment[kg]}
         now = (
@@ -437,7 +438,7 @@ class DistributionManager:
         recent = series[:, -c.balance.window :] if c.balance else series
         # only what came after a shift of the hot set
         window = recent[:, -policies.since_shift(recent) :]
-        ahead, foreseen = self._ahead(step, recent, ctx.upcoming)
+        ahead, foreseen = coming_load(self.history, step, recent, ctx.upcoming)
         if ahead is not None:
             window = ahead[:, None]
         moves = self.balancers[step].decide(
@@ -529,81 +530,9 @@ class DistributionManager:
         return table, [d]
 
     def _chaos(self, ctx: StepContext, table: RoutingTable) -> tuple[RoutingTable, list[Decision]]:
-        """Relocation drills: random moves, seeded by (seed, epoch, step)."""
-        cfg = self.spec.control.chaos
-        epoch, step = ctx.epoch, ctx.step
-        if cfg is None or not cfg.random_moves or epoch % cfg.every != 0 or table.lanes <= 1:
-            return table, []
-        rng = np.random.default_rng([cfg.seed, epoch, zlib.crc32(step.encode())])
-        kgs = rng.choice(
-            table.key_groups, size=min(cfg.random_moves, table.key_groups), replace=False
-        )
-        mv = {
-            int(g): int((table.assignment[g] + rng.integers(1, table.lanes)) % table.lanes)
-            for g in kgs
-        }
-        drill = Decision(
-            epoch,
-            step,
-            DecisionKind.CHAOS,
-            {"moves": [[g, table.assignment[g], d] for g, d in sorted(mv.items())]},
-            {"reason": "relocation drill", "seed": cfg.seed},
-            {},
-        )
-        return table.moved(mv), [drill]
+        return relocation_drill(self.spec.control.chaos, ctx.epoch, ctx.step, table)
 
     # ------------------------------------------------------------------ helpers
-    def _ahead(
-        self, step: str, recent: np.ndarray, upcoming: np.ndarray | None
-    ) -> tuple[np.ndarray | None, dict[str, int]]:
-        """The coming epoch's load per key group, when it has shifted (``since_shift``) from the
-        ``recent`` epochs; otherwise None, and balancing looks at the measured epochs as usual.
-
-        The coming work per group is the epoch's input rows (read ahead) that the kernel will
-        work on at once, plus the input it held back that the watermark will release, each at
-        the last epoch's shares: a kernel that holds rows until the watermark passes them works
-        in this epoch on what arrived in the last one, so a shift of the input reaches its work
-        one epoch later. The estimate is priced at the last epoch's cost per row worked on. Also
-        returns what it foresaw, for the decision's explanation."""
-        if upcoming is None or recent.shape[1] == 0 or upcoming.sum() <= 0:
-            return None, {}
-        last = self.history.latest(step)
-        if last is None:
-            return None, {}
-        work = self.history.rows_series(step, 1, of="work")[:, -1]
-        load = recent[:, -1]
-        if work.sum() <= 0 or load.sum() <= 0:
-            return None, {}
-        upcoming = np.asarray(upcoming, dtype=float)
-        foreseen = {"rows": int(upcoming.sum())}
-        if last.kg_work is None:  # the kernel works on its input as it arrives
-            coming = upcoming
-        else:
-            held = self.history.rows_series(step, 1, of="kg_held")[:, -1]
-            # of last epoch's work, the part that was new input; of the held input, the part released
-            fresh = max(work.sum() - last.held_worked, 0.0) / max(last.input_rows, 1)
-            released = last.held_worked / last.held_before if last.held_before else 1.0
-            coming = min(fresh, 1.0) * upcoming + min(released, 1.0) * held
-            foreseen |= {"heldRows": int(held.sum()), "workRows": int(round(coming.sum()))}
-        if coming.sum() <= 0:
-            return None, {}
-        ahead = coming * (load.sum() / work.sum())
-        if policies.since_shift(np.column_stack([recent, ahead])) != 1:
-            return None, {}
-        return ahead, foreseen
-
-    def _placement(self, policy: str, basis: np.ndarray, lanes: int) -> np.ndarray:
-        if policy == "greedy":
-            return policies.greedy_placement(basis.mean(axis=1), lanes)
-        if policy == "correlation":
-            return policies.correlation_placement(basis, lanes)
-        # resilient: every observed epoch is a load condition; its key groups' shares of that
-        # epoch's total are the coefficients, so the placement keeps every lane near 1/n of the
-        # load under all the mixes seen (ROD's "wide feasible region", over observed mixes)
-        totals = basis.sum(axis=0)
-        coeff = np.divide(basis, totals, out=np.zeros_like(basis), where=totals > 0)
-        return policies.resilient_placement(coeff, lanes)
-
     def _place_box(self, step: str, lanes: int) -> int:
         """Place all parallelism-1 steps together, each as one item, by the placement policy."""
         if step not in self._box_lanes:
@@ -612,7 +541,7 @@ class DistributionManager:
             basis = (
                 np.stack([x[-width:] for x in series]) if width else np.zeros((len(self.boxes), 1))
             )
-            placed = self._placement(self.spec.control.placement, basis, lanes)
+            placed = policies.place_by(self.spec.control.placement, basis, lanes)
             self._box_lanes.update(
                 {b: int(lane) for b, lane in zip(self.boxes, placed, strict=True)}
             )

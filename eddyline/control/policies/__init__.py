@@ -44,6 +44,7 @@ from eddyline.control.policies.placement import (
     correlation_placement,
     feasible_fraction,
     greedy_placement,
+    place_by,
     resilient_placement,
 )
 from eddyline.control.policies.scaling import Scaler, ds2_lanes, rescale_assignment
@@ -65,6 +66,7 @@ __all__ = [
     "pair_lanes",
     "predicted_lane_loads",
     "rescale_assignment",
+    "place_by",
     "resilient_placement",
     "since_shift",
     "two_way",

@@ -197,3 +197,17 @@ def feasible_fraction(
         loads = rates @ weights.T
         feasible += int(np.count_nonzero(np.all(loads <= cap, axis=1)))
     return feasible / samples
+
+
+def place_by(policy: str, basis: np.ndarray, lanes: int) -> np.ndarray:
+    """Key groups placed on ``lanes`` by the named policy, from their load ``basis`` (items x epochs)."""
+    if policy == "greedy":
+        return greedy_placement(basis.mean(axis=1), lanes)
+    if policy == "correlation":
+        return correlation_placement(basis, lanes)
+    # resilient: every observed epoch is a load condition; its key groups' shares of that
+    # epoch's total are the coefficients, so the placement keeps every lane near 1/n of the
+    # load under all the mixes seen (ROD's "wide feasible region", over observed mixes)
+    totals = basis.sum(axis=0)
+    coeff = np.divide(basis, totals, out=np.zeros_like(basis), where=totals > 0)
+    return resilient_placement(coeff, lanes)
