@@ -305,6 +305,19 @@ class OverloadController:
                     ),
                 },
             )
+        return self._shed(epoch, m, available, budget, last, decision)
+
+    def _shed(
+        self,
+        epoch: int,
+        m: CostModel,
+        available: dict[str, int],
+        budget: float,
+        last: EpochCost | None,
+        decision: dict[str, Any],
+    ) -> OverloadVerdict:
+        """The shedding verdict of :meth:`plan`: an epoch that overruns the budget and sheds."""
+        total = sum(available.values())
         # Shedding: read what is waiting (so the backlog does not grow), as far as reading alone
         # fits the budget, and shed processing so the epoch fits the rest.
         n_read = total  # while shedding, read what waits: the backlog must not grow

@@ -182,7 +182,46 @@ def solve(problem: ShedProblem) -> ShedPlan:
         )
 
     best = float(model.objective[1:] @ first.x)
-    y = first.x
+    y, tie_break = _least_utilisation(model, problem, a_ub, b_ub, upper, best, first.x)
+
+    y = np.maximum(y, 0.0)
+    keep: dict[str, float] = {}
+    for i, name in enumerate(variables):
+        offered = float(model.offered[name][0] + model.offered[name][1:] @ y)
+        keep[name] = 1.0 if offered <= 1e-12 else min(1.0, max(0.0, float(y[i]) / offered))
+
+    duals = first.duals if first.duals is not None else np.zeros(len(meta))
+    nodes, flows = _rows_report(model, problem, a_ub, b_ub, meta, duals, y)
+    return plan_from_flows(
+        net,
+        keep,
+        scale_overloaded=False,
+        status="optimal",
+        explanation={
+            **base,
+            "solver": first.solver,
+            "message": first.message,
+            "optimal_utility": best,
+            "tie_break": tie_break,
+            "admitted_rates": {v: float(r) for v, r in zip(variables, y, strict=True)},
+            "nodes": nodes,
+            "flow_constraints": flows,
+        },
+    )
+
+
+def _least_utilisation(
+    model: _LinearModel,
+    problem: ShedProblem,
+    a_ub: np.ndarray,
+    b_ub: np.ndarray,
+    upper: np.ndarray,
+    best: float,
+    y: np.ndarray,
+) -> tuple[np.ndarray, str]:
+    """Of the plans of utility ``best`` (``y`` one of them), the one of least total utilisation,
+    and how it was found."""
+    variables = model.variables
     # Tie-break: among the utility-optimal plans, the one of least total utilisation. A second
     # LP with the utility pinned at ``best`` would need a tolerance that the solver then trades
     # against utilisation; instead the objective is perturbed by ``-eps * utilisation``. The
@@ -204,19 +243,23 @@ def solve(problem: ShedProblem) -> ShedPlan:
             if second.x is None:
                 continue
             if float(model.objective[1:] @ second.x) >= best - (1e-9 * abs(best) + 1e-15):
-                y = second.x
-                tie_break = "least total utilisation among utility-optimal plans"
-                break
+                return second.x, "least total utilisation among utility-optimal plans"
+    return y, tie_break
 
-    y = np.maximum(y, 0.0)
-    keep: dict[str, float] = {}
-    for i, name in enumerate(variables):
-        offered = float(model.offered[name][0] + model.offered[name][1:] @ y)
-        keep[name] = 1.0 if offered <= 1e-12 else min(1.0, max(0.0, float(y[i]) / offered))
 
+def _rows_report(
+    model: _LinearModel,
+    problem: ShedProblem,
+    a_ub: np.ndarray,
+    b_ub: np.ndarray,
+    meta: list[dict[str, Any]],
+    duals: np.ndarray,
+    y: np.ndarray,
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Each LP row at the plan ``y``: capacity rows per node, flow rows as a list."""
+    variables = model.variables
     nodes: dict[str, dict[str, Any]] = {}
     flows: list[dict[str, Any]] = []
-    duals = first.duals if first.duals is not None else np.zeros(len(meta))
     for row, info, rhs, dual in zip(a_ub, meta, b_ub, duals, strict=True):
         slack = float(rhs - row @ y)
         if info["kind"] == "capacity":
@@ -241,19 +284,4 @@ def solve(problem: ShedProblem) -> ShedPlan:
                     "shadow_price": float(dual),
                 }
             )
-    return plan_from_flows(
-        net,
-        keep,
-        scale_overloaded=False,
-        status="optimal",
-        explanation={
-            **base,
-            "solver": first.solver,
-            "message": first.message,
-            "optimal_utility": best,
-            "tie_break": tie_break,
-            "admitted_rates": {v: float(r) for v, r in zip(variables, y, strict=True)},
-            "nodes": nodes,
-            "flow_constraints": flows,
-        },
-    )
+    return nodes, flows
