@@ -38,3 +38,4 @@ def test_an_unknown_column_is_one_line_naming_the_step(tmp_path: Path, monkeypat
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: step 'cheap': filter: ") and "`nosuchcol`" in errors[0]
     assert '"level": "ERROR"' not in stderr and "Py4JJavaError" not in stderr, stderr
+    assert "Setting default log level" not in stderr  # Spark's shell banner, not for a user of eddyline
