@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,12 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import FLAGS, chromium
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 EDDYLINE = Path(sys.executable).parent / "eddyline"
-#: as root in a sandbox, with no network: no sandbox, and none of Chromium's own connections
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
 
 SPEC = """\
 name: clicks
@@ -55,12 +53,6 @@ WIDER = SPEC + """\
 """
 
 
-def chromium() -> str:
-    path = os.environ.get("EDDYLINE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        pytest.skip("no Chromium on this machine: ./dev.sh test installs Debian's 'chromium' where it may "
-                    "(root and apt-get); or set EDDYLINE_CHROMIUM to a Chromium binary")
-    return path
 
 
 def eddyline(*args: str, cwd: Path) -> str:

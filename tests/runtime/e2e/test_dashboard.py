@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -33,20 +32,12 @@ from eddyline.operate import checkpoint_feed, live_feed
 from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.engine import Engine
 from eddyline.runtime.inbox import Inbox
+from tests.browser import FLAGS, chromium
 
 pytestmark = pytest.mark.spark
 
-#: as root in a sandbox, with no network: no sandbox, and none of Chromium's own connections
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
 
 
-def chromium() -> str:
-    path = os.environ.get("EDDYLINE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        pytest.skip("no Chromium on this machine: ./dev.sh test installs Debian's 'chromium' where it may "
-                    "(root and apt-get); or set EDDYLINE_CHROMIUM to a Chromium binary")
-    return path
 
 
 def wait(what: str, ok: Callable[[], bool], timeout_s: float = 45.0) -> None:
