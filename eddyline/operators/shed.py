@@ -1,13 +1,11 @@
-"""Deterministic load shedding of Arrow tables (pure pyarrow and numpy, no Spark).
+"""Deterministic random load shedding (pure numpy, no Spark), and the same decision in Spark SQL.
 
-Two ways to choose which rows to drop:
-
-* **Random** (:func:`keep_mask_random`): each row is kept or dropped by a hash of ``(seed, row
-  id)``, so the decision is a pure function of those two values. A replayed epoch, a retried
-  task and a Spark query all drop the same rows, and the kept fraction is ``keep`` on average
-  (each row is an independent Bernoulli trial as far as the hash is random).
-* **Semantic** (:func:`keep_mask_semantic`): keep the rows of highest utility, exactly
-  ``round(keep * n)`` of them, ties broken by the same hash.
+:func:`keep_mask_random` keeps or drops each row by a hash of ``(seed, row id)``, so the decision
+is a pure function of those two values: a replayed epoch, a retried task and a Spark query all
+drop the same rows, and the kept fraction is ``keep`` on average (each row is an independent
+Bernoulli trial as far as the hash is random). The runtime sheds in Spark with
+:func:`random_keep_sql`; the controller measures what a keep fraction costs in quality with the
+numpy mask.
 
 The hash is Spark's ``xxhash64``, reimplemented in vectorised numpy so that Python kernels and
 Spark SQL (see :func:`random_keep_sql`) make the same decisions. The decision for a row id ``i``
@@ -28,18 +26,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from eddyline.hashing import SPARK_XXHASH64_SEED, IdsLike, spark_xxhash64, xxh64_long
 
 __all__ = [
     "SPARK_XXHASH64_SEED",
     "keep_mask_random",
-    "keep_mask_semantic",
     "keep_threshold",
     "random_keep_sql",
-    "shed",
     "spark_xxhash64",
     "xxh64_long",
 ]
@@ -101,67 +95,3 @@ def random_keep_sql(id_expr: str, keep: float, seed: int) -> str:
         f"((xxhash64(CAST({seed} AS BIGINT), CAST(({id_expr}) AS BIGINT)) & {_LOW53}) "
         f"< {threshold})"
     )
-
-
-def keep_mask_semantic(
-    utility: np.ndarray,
-    keep: float,
-    *,
-    tie_ids: IdsLike | None = None,
-    seed: int = 0,
-) -> np.ndarray:
-    """Keep the ``round(keep * n)`` rows of highest utility.
-
-    Rounding is half up, ``k = floor(keep * n + 0.5)`` (so 0.5 of 3 rows keeps 2), computed in
-    floating point. NaN utilities rank below every number. Rows of equal utility are ordered by
-    ``spark_xxhash64(seed, tie_id)`` read as an unsigned integer (ascending), then by position;
-    ``tie_ids`` defaults to the row positions. The result is deterministic and has exactly ``k``
-    ``True`` entries.
-    """
-    seed = _check_seed(seed)
-    keep = _check_keep(keep)
-    values = np.asarray(utility, dtype=np.float64).reshape(-1)
-    n = values.size
-    k = min(n, math.floor(keep * n + 0.5))
-    ids: IdsLike = np.arange(n, dtype=np.int64) if tie_ids is None else tie_ids
-    tie_hash = spark_xxhash64(seed, ids).view(np.uint64)
-    if tie_hash.size != n:
-        raise ValueError(f"tie_ids has {tie_hash.size} entries for {n} utilities")
-    missing = np.isnan(values)
-    descending = np.where(missing, 0.0, -values)
-    order = np.lexsort((np.arange(n), tie_hash, descending, missing))
-    mask = np.zeros(n, dtype=bool)
-    mask[order[:k]] = True
-    return mask
-
-
-def shed(
-    table: pa.Table,
-    keep: float,
-    *,
-    seed: int,
-    id_column: str,
-    utility: str | None = None,
-) -> tuple[pa.Table, pa.Table]:
-    """Split ``table`` into ``(kept, dropped)``, both in the original row order.
-
-    Without ``utility`` the split is :func:`keep_mask_random` over ``id_column``; with it, it is
-    :func:`keep_mask_semantic` over that numeric column (nulls rank lowest) with ties broken by
-    ``id_column``.
-    """
-    for name in (id_column, utility):
-        if name is not None and name not in table.column_names:
-            raise KeyError(f"column {name!r} not in table (columns: {table.column_names})")
-    ids = table.column(id_column)
-    if utility is None:
-        mask = keep_mask_random(ids, keep, seed)
-    else:
-        scores = table.column(utility)
-        if not (pa.types.is_integer(scores.type) or pa.types.is_floating(scores.type)):
-            raise TypeError(f"utility column {utility!r} must be numeric, got {scores.type}")
-        as_float = pc.cast(scores, pa.float64()).to_numpy()
-        mask = keep_mask_semantic(as_float, keep, tie_ids=ids, seed=seed)
-    if table.num_rows == 0:
-        return table, table
-    selected = pa.array(mask, type=pa.bool_())
-    return table.filter(selected), table.filter(pc.invert(selected))

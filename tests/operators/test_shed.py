@@ -14,10 +14,8 @@ from hypothesis import strategies as st
 
 from eddyline.operators.shed import (
     keep_mask_random,
-    keep_mask_semantic,
     keep_threshold,
     random_keep_sql,
-    shed,
     spark_xxhash64,
     xxh64_long,
 )
@@ -235,103 +233,3 @@ def test_random_keep_sql_is_valid_spark_sql() -> None:
     text = tree.sql("spark").lower()
     assert "xxhash64(cast(-12 as bigint), cast((t.offset) as bigint))" in text
     assert str(keep_threshold(0.3)) in text
-
-
-# --------------------------------------------------------------------------- semantic mask
-
-
-def test_semantic_mask_keeps_the_highest_utility() -> None:
-    utility = np.array([1.0, 3.0, 2.0, 3.0, np.nan, 0.5])
-    assert keep_mask_semantic(utility, 0.5).tolist() == [False, True, True, True, False, False]
-    assert keep_mask_semantic(utility, 0.0).sum() == 0
-    assert keep_mask_semantic(utility, 1.0).all()
-    # NaN ranks below every number, -inf included.
-    assert keep_mask_semantic(np.array([np.nan, -np.inf]), 0.5).tolist() == [False, True]
-
-
-@pytest.mark.parametrize(
-    ("n", "keep", "expected"), [(3, 0.5, 2), (5, 0.5, 3), (4, 0.5, 2), (10, 0.25, 3), (7, 0.1, 1)]
-)
-def test_semantic_mask_rounds_half_up(n: int, keep: float, expected: int) -> None:
-    assert int(keep_mask_semantic(np.zeros(n), keep).sum()) == expected
-
-
-@settings(max_examples=60, deadline=None, derandomize=True)
-@given(
-    st.lists(st.sampled_from([0.0, 1.0, 2.5, -1.0, float("nan")]), max_size=40),
-    st.floats(0.0, 1.0),
-    INT64,
-)
-def test_semantic_mask_properties(values: list[float], keep: float, seed: int) -> None:
-    utility = np.array(values, dtype=np.float64)
-    n = utility.size
-    ids = np.arange(1000, 1000 + n, dtype=np.int64)
-    mask = keep_mask_semantic(utility, keep, tie_ids=ids, seed=seed)
-    assert int(mask.sum()) == math.floor(keep * n + 0.5)
-    ranked = np.where(np.isnan(utility), -np.inf, utility)
-    if mask.any() and (~mask).any():
-        assert ranked[mask].min() >= ranked[~mask].max()
-    # Ties are broken by the ids' hashes, not by position: permuting rows with their ids
-    # permutes the mask.
-    perm = np.random.default_rng(seed % 2**32).permutation(n)
-    again = keep_mask_semantic(utility[perm], keep, tie_ids=ids[perm], seed=seed)
-    assert np.array_equal(again, mask[perm])
-
-
-def test_semantic_ties_depend_on_the_seed() -> None:
-    flat = np.ones(1000)
-    a = keep_mask_semantic(flat, 0.5, seed=1)
-    b = keep_mask_semantic(flat, 0.5, seed=2)
-    assert a.sum() == b.sum() == 500
-    assert not np.array_equal(a, b)
-    assert np.array_equal(a, keep_mask_semantic(flat, 0.5, seed=1))
-    with pytest.raises(ValueError):
-        keep_mask_semantic(flat, 0.5, tie_ids=np.arange(3))
-
-
-# --------------------------------------------------------------------------- shed
-
-
-def table(n: int = 1000) -> pa.Table:
-    rng = np.random.default_rng(0)
-    score = pa.array(rng.uniform(0, 1, n), mask=rng.uniform(size=n) < 0.1)
-    return pa.table({"offset": pa.array(np.arange(n), pa.int64()), "score": score})
-
-
-def test_shed_random_splits_by_the_mask() -> None:
-    t = table()
-    kept, dropped = shed(t, 0.4, seed=5, id_column="offset")
-    mask = keep_mask_random(t.column("offset"), 0.4, 5)
-    assert kept.num_rows + dropped.num_rows == t.num_rows
-    assert kept.column("offset").to_numpy().tolist() == np.flatnonzero(mask).tolist()
-    assert dropped.column("offset").to_numpy().tolist() == np.flatnonzero(~mask).tolist()
-    assert kept.schema == t.schema == dropped.schema
-
-
-def test_shed_semantic_drops_nulls_and_low_scores_first() -> None:
-    t = table()
-    kept, dropped = shed(t, 0.5, seed=5, id_column="offset", utility="score")
-    assert kept.num_rows == 500
-    assert kept.column("score").null_count == 0
-    lowest_kept = min(kept.column("score").to_pylist())
-    assert all(s is None or s <= lowest_kept for s in dropped.column("score").to_pylist())
-    # Rows keep their original order.
-    assert kept.column("offset").to_pylist() == sorted(kept.column("offset").to_pylist())
-
-
-def test_shed_edge_cases() -> None:
-    empty = table(0)
-    kept, dropped = shed(empty, 0.5, seed=1, id_column="offset")
-    assert kept.num_rows == dropped.num_rows == 0
-    t = table(10)
-    assert shed(t, 1.0, seed=1, id_column="offset")[0].num_rows == 10
-    with pytest.raises(KeyError):
-        shed(t, 0.5, seed=1, id_column="missing")
-    with pytest.raises(TypeError):
-        shed(
-            t.append_column("name", pa.array(["x"] * 10)),
-            0.5,
-            seed=1,
-            id_column="offset",
-            utility="name",
-        )
