@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 
 from eddyline.columns import DIFF, KG
 from eddyline.operators.base import KernelResult
-from eddyline.operators.partials import ROWS, SLOT, WEIGHT_SUM, extremes
+from eddyline.operators.partials import ROWS, SLOT, WEIGHT_SUM, extremes, finish_aggregates
 from eddyline.operators.rows import TIMESTAMP, changed_groups, event_time_ms
 
 WINDOW_START = "window_start"
@@ -463,19 +463,8 @@ class WindowKernel:
         real = pa.array(cfg.window_starts(start.to_numpy()), pa.int64()) if cfg.cumulate_ms else start
         cols[WINDOW_START] = pc.cast(pc.multiply(real, 1000), TIMESTAMP)
         cols[WINDOW_END] = pc.cast(pc.multiply(pc.add(start, cfg.size_ms), 1000), TIMESTAMP)
-        for name, func, _col in cfg.aggregates:
-            if func == "avg":
-                s = pc.cast(fired.column(f"{name}__sum"), pa.float64())
-                c = fired.column(f"{name}__cnt")
-                cols[name] = pc.if_else(
-                    pc.equal(c, 0),
-                    pa.scalar(None, pa.float64()),
-                    pc.divide(s, pc.cast(c, pa.float64())),
-                )
-            elif func == "sum" and cfg.weighted:
-                cols[name] = pc.if_else(pc.equal(fired.column(f"{name}__cnt"), 0), pa.scalar(None, fired.schema.field(name).type), fired.column(name))
-            else:
-                cols[name] = fired.column(name)
+        # a weighted sum has its non-null count beside it exactly when the window is weighted
+        cols.update(finish_aggregates(fired, cfg.aggregates))
         cols[REVISION] = pa.array(prior_revisions.astype(np.int32), type=pa.int32())
         if cfg.weighted:
             cols[DIFF] = pa.array(np.ones(fired.num_rows, dtype=np.int64))
