@@ -67,7 +67,8 @@ def spec(data: Path, out: Path) -> Any:
 
 def run_mode(spark: Any, tmp: Path, keepalive: bool, lull_s: float) -> dict[str, Any]:
     from eddyline.observe.progress import ProgressReporter
-    from eddyline.runtime.engine import WORKER_KEEPALIVE_S, Engine
+    from eddyline.runtime.engine import Engine
+    from eddyline.runtime.upkeep import WORKER_KEEPALIVE_S
 
     data, ckpt = tmp / "in", tmp / "ckpt"
     data.mkdir()

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from eddyline.io.sinks import Sink
-    from eddyline.runtime.engine import RunSummary
+    from eddyline.runtime.summary import RunSummary
 
 
 def validate(spec: NetworkSpec, spark: SparkSession | None = None) -> NetworkSpec:

@@ -1228,8 +1228,8 @@ def main() -> None:
     args.rate = args.rate or args.rows / 2
     args.interval = args.rows / args.rate
 
-    from eddyline.runtime.engine import touch_python_workers
     from eddyline.runtime.session import get_spark
+    from eddyline.runtime.upkeep import touch_python_workers
 
     # PySpark's own worker code (applyInPandasWithState) concatenates empty frames and pandas
     # warns on every call; the Python workers inherit this from the driver's environment.

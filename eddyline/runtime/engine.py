@@ -68,12 +68,8 @@ from eddyline.runtime.lookahead import LookAhead
 from eddyline.runtime.modes import Driver, Mode, settled
 from eddyline.runtime.replica import Following, HotPair, Leading
 from eddyline.runtime.rewriting import decision, propose_rewrites
-from eddyline.runtime.summary import RunState
-from eddyline.runtime.summary import RunSummary as RunSummary  # (the facade's import path)
+from eddyline.runtime.summary import RunState, RunSummary
 from eddyline.runtime.upkeep import WORKER_KEEPALIVE_S, Cleanups, WarmWorkers, clean, freeze_heap
-from eddyline.runtime.upkeep import (
-    touch_python_workers as touch_python_workers,  # (warmup and the benches)
-)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -41,10 +41,11 @@ from eddyline.io.files import FilesTarget, write_frame
 from eddyline.io.sinks import Sink
 from eddyline.plan.keygroups import RoutingTable
 from eddyline.runtime.compile import EpochCompiler
-from eddyline.runtime.engine import WORKER_KEEPALIVE_S, Engine, touch_python_workers
+from eddyline.runtime.engine import Engine
 from eddyline.runtime.epoch.execute import Executor
 from eddyline.runtime.epoch.publish import Outputs
 from eddyline.runtime.epoch.records import EpochPlan
+from eddyline.runtime.upkeep import WORKER_KEEPALIVE_S, touch_python_workers
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
