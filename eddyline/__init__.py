@@ -13,7 +13,7 @@ Build a network in Python or load it from YAML, then run it in epochs on Spark::
 """
 
 # The built-in source, step and sink kinds register themselves when imported; the spec layer
-# finds them in its registries (eddyline.api.registry) without importing them.
+# finds them in its registries (STEPS in eddyline.api.steps, SOURCES, SINKS) without importing them.
 from eddyline import io, kinds  # noqa: F401  (registers the built-in kinds)
 from eddyline.api.builder import Stream, sliding, tumbling
 from eddyline.api.network import NetworkSpec

@@ -23,7 +23,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from eddyline.api.network import NetworkSpec
-from eddyline.api.registry import SINKS, SOURCES
+from eddyline.api.sinks import SINKS
+from eddyline.api.sources import SOURCES
 from eddyline.api.steps import StepSpec
 from eddyline.api.units import Files, Window
 from eddyline.api.validate import format_errors, spec_from_raw

@@ -1,5 +1,5 @@
 """A sink: where a query's output goes, idempotent per epoch. Its kinds (``files``,
-``console``, ``memory``, ...) are registered in :data:`eddyline.api.registry.SINKS` by
+``console``, ``memory``, ...) are registered in :data:`SINKS` by
 :mod:`eddyline.io`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from eddyline.api.registry import SINKS, KindNode, Registry, SinkKind
+from eddyline.api.registry import Kind, KindNode, Registry
 from eddyline.api.units import Duration, Model, Name
 
 
@@ -18,6 +18,21 @@ class Qos(Model):
 
     latency: Duration = Field(gt=0)
     utility: float = Field(default=1.0, ge=0)
+
+
+class SinkKind(Kind):
+    #: parameters a running network may change between two epochs (control lines): where the
+    #: sink writes; the sink is opened anew on the new target at that boundary
+    live_params: ClassVar[tuple[str, ...]] = ()
+
+    def check(self, sink: SinkSpec) -> list[str]:
+        return []
+
+    def describe(self, params: Any) -> str:
+        return self.key
+
+
+SINKS: Registry[SinkKind] = Registry("sink")
 
 
 class SinkSpec(KindNode):

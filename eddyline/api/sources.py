@@ -1,5 +1,5 @@
 """A source: a replayable input with offsets. Its kinds (``generator``, ``nexmark``, ``files``,
-...) are registered in :data:`eddyline.api.registry.SOURCES` by :mod:`eddyline.io`."""
+...) are registered in :data:`SOURCES` by :mod:`eddyline.io`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,27 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from eddyline.api.registry import SOURCES, KindNode, Registry, SourceKind
+from eddyline.api.registry import Kind, KindNode, Registry
+
+
+class SourceKind(Kind):
+    #: what one offset counts (``explain``)
+    offsets: ClassVar[str] = "row numbers"
+    #: two sources with the same parameters read the same input at the same offset (not so
+    #: where each keeps its own log of what it received)
+    offsets_shared: ClassVar[bool] = True
+
+    def check(self, source: SourceSpec) -> list[str]:
+        """Problems pydantic cannot see in one source's parameters, as ``field: message``."""
+        return []
+
+    def columns(self, params: Any) -> tuple[str, ...] | None:
+        """The names of its rows' columns when they are known without reading anything (the SQL
+        front end checks a ``CREATE TABLE`` against them); None: not known."""
+        return None
+
+
+SOURCES: Registry[SourceKind] = Registry("source")
 
 
 class SourceSpec(KindNode):

@@ -59,7 +59,8 @@ from sqlglot.dialects.spark import Spark
 from sqlglot.errors import ParseError
 from sqlglot.tokens import TokenType
 
-from eddyline.api.registry import SOURCES, STEPS
+from eddyline.api.sources import SOURCES
+from eddyline.api.steps import STEPS
 from eddyline.columns import join_right_names
 from eddyline.errors import SpecError
 

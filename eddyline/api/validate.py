@@ -22,11 +22,11 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from eddyline.api.network import NetworkSpec
-from eddyline.api.registry import SINKS, SOURCES, STEPS, Registry
-from eddyline.api.sinks import SinkSpec
-from eddyline.api.sources import SourceSpec
+from eddyline.api.registry import Registry
+from eddyline.api.sinks import SINKS, SinkSpec
+from eddyline.api.sources import SOURCES, SourceSpec
 from eddyline.api.sql import compile_sql, expand, sql_name
-from eddyline.api.steps import StepSpec
+from eddyline.api.steps import STEPS, StepSpec
 from eddyline.errors import SpecError
 
 _SECTIONS: dict[str, tuple[str, type[BaseModel], Registry[Any]]] = {

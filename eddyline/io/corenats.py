@@ -52,7 +52,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from pydantic import Field, field_validator, model_validator
 
-from eddyline.api.registry import SOURCES
+from eddyline.api.sources import SOURCES
 from eddyline.api.units import ByteSize, Duration, Model, format_duration_ms
 from eddyline.errors import SourceError
 from eddyline.io.jetstream import MessageRanges, NatsUrl, SubRanges

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from eddyline.api.registry import SINKS
+from eddyline.api.sinks import SINKS
 from eddyline.api.units import Model
 from eddyline.io.sinks import Sink, SinkKind
 

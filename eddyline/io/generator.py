@@ -28,7 +28,7 @@ from pydantic import Field
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from eddyline.api.registry import SOURCES
+from eddyline.api.sources import SOURCES
 from eddyline.api.units import Duration, Model
 from eddyline.io.sources import SourceKind, SyntheticSource
 

@@ -73,7 +73,8 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 from pydantic import AfterValidator, Field
 
-from eddyline.api.registry import SINKS, SOURCES
+from eddyline.api.sinks import SINKS
+from eddyline.api.sources import SOURCES
 from eddyline.api.units import Duration, Model, format_duration_ms
 from eddyline.errors import Fenced, SinkError, SourceError, SourceUnreachable
 from eddyline.io.natswire import (

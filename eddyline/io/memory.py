@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from eddyline.api.registry import SINKS
+from eddyline.api.sinks import SINKS
 from eddyline.api.units import Model
 from eddyline.io.sinks import Sink, SinkKind
 

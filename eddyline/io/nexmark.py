@@ -36,7 +36,7 @@ from pydantic import Field
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from eddyline.api.registry import SOURCES
+from eddyline.api.sources import SOURCES
 from eddyline.api.units import Model
 from eddyline.io.generator import (
     UNPACED_AVAILABLE,

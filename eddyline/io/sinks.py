@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
-from eddyline.api import registry
+from eddyline.api import sinks as api_sinks
 from eddyline.api.sinks import SinkSpec
 from eddyline.errors import SinkError
 
@@ -122,7 +122,7 @@ class Sink:
         return staged.num_rows if staged is not None else 0
 
 
-class SinkKind(registry.SinkKind):
+class SinkKind(api_sinks.SinkKind):
     """A sink kind that can write: ``make`` turns its spec into a :class:`Sink`."""
 
     def make(self, spec: SinkSpec, console: Any = None) -> Sink:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from eddyline.api import registry
+from eddyline.api import sources as api_sources
 from eddyline.api.sources import SourceSpec
 
 if TYPE_CHECKING:
@@ -266,7 +266,7 @@ def _id_shares(
                 yield pa.RecordBatch.from_arrays([pa.array(starts), pa.array(ends)], names=["lo", "hi"])
 
 
-class SourceKind(registry.SourceKind):
+class SourceKind(api_sources.SourceKind):
     """A source kind that can read: ``make`` turns its spec into a :class:`Source`."""
 
     def make(self, spec: SourceSpec) -> Source:

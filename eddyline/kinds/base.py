@@ -2,7 +2,7 @@
 state, which kernel its lanes run.
 
 A kind's module holds three things: its parameters (a spec model, registered with
-:data:`eddyline.api.registry.STEPS`), ``compile`` (the Spark side: the step's input frames in,
+:data:`eddyline.api.steps.STEPS`), ``compile`` (the Spark side: the step's input frames in,
 its output frame out, built through a :class:`CompileContext` the runtime provides) and
 ``kernel`` (the Arrow side: a pure :class:`~eddyline.operators.base.Kernel` for one lane).
 Nothing else in the engine branches on the kind.
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
-from eddyline.api import registry
+from eddyline.api import steps as api_steps
 from eddyline.api.units import names
 from eddyline.columns import KG
 from eddyline.errors import SpecError
@@ -97,7 +97,7 @@ class CompileContext(Protocol):
         ...
 
 
-class StepKind(registry.StepKind):
+class StepKind(api_steps.StepKind):
     def reads_plan(self, params: Any) -> bool:
         """Its frame depends on the epoch's plan beyond what its tasks read when they run (the
         sources' slices, a lane's state, routing and watermark): a lookup's table version, a

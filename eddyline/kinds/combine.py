@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from eddyline.api.registry import STEPS
+from eddyline.api.steps import STEPS
 from eddyline.api.units import names
 from eddyline.errors import TASK_MARK, SpecError
 from eddyline.kinds.aggregate import Aggregates, aggregate_columns, aggregate_kernel

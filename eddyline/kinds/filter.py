@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from eddyline.api.registry import STEPS
+from eddyline.api.steps import STEPS
 from eddyline.kinds.base import CompileContext, StepKind, columns_of, sql_columns, sql_problems
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import model_validator
 
-from eddyline.api.registry import STEPS
+from eddyline.api.steps import STEPS
 from eddyline.api.units import Columns, Files, Model, names
 from eddyline.errors import SpecError
 from eddyline.kinds.base import CompileContext, StepKind

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from eddyline.api.registry import STEPS
+from eddyline.api.steps import STEPS
 from eddyline.api.units import Columns, Duration, Model, Name, names
 from eddyline.kinds.base import Aggregating, KeyedStepKind
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from eddyline.api.registry import STEPS
+from eddyline.api.steps import STEPS
 from eddyline.api.units import Columns, Duration, Model, Name, names
 from eddyline.columns import KG
 from eddyline.kinds.base import CompileContext, KeyedStepKind, resolve

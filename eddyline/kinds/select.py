@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator
 
-from eddyline.api.registry import STEPS
+from eddyline.api.steps import STEPS
 from eddyline.columns import DIFF
 from eddyline.kinds.base import CompileContext, StepKind, columns_of, sql_columns, sql_problems
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from eddyline.api.registry import STEPS
+from eddyline.api.steps import STEPS
 from eddyline.api.units import Model
 from eddyline.columns import DIFF
 from eddyline.errors import TASK_MARK, SpecError

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 
-from eddyline.api.registry import STEPS
+from eddyline.api.steps import STEPS
 from eddyline.api.units import (
     Columns,
     Duration,

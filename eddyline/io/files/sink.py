@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from eddyline.api.registry import SINKS
+from eddyline.api.sinks import SINKS
 from eddyline.api.units import Files
 from eddyline.columns import DIFF
 from eddyline.io.files.changelog import Revisions

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from eddyline.api.registry import SOURCES
+from eddyline.api.sources import SOURCES
 from eddyline.api.units import Files
 from eddyline.errors import SourceError
 from eddyline.io.files.slices import parquet_files, text_files

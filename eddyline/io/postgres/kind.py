@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from eddyline.api.registry import SINKS
+from eddyline.api.sinks import SINKS
 from eddyline.api.units import names
 from eddyline.columns import DIFF
 from eddyline.io.postgres.params import Postgres, redact

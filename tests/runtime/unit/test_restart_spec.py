@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import eddyline.kinds  # noqa: F401  (registers the step kinds)
-from eddyline.api.registry import STEPS
+from eddyline.api.steps import STEPS
 from eddyline.api.validate import load_spec
 from eddyline.errors import SpecError
 from eddyline.runtime.checkpoint import Checkpoint, network_hash
