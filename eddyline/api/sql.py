@@ -54,13 +54,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import sqlglot
+from pydantic import ValidationError
 from sqlglot import exp
 from sqlglot.dialects.spark import Spark
 from sqlglot.errors import ParseError
 from sqlglot.tokens import TokenType
 
 from eddyline.api.sources import SOURCES
-from eddyline.api.steps import STEPS
+from eddyline.api.steps import STEPS, StepSpec
 from eddyline.columns import join_right_names
 from eddyline.errors import SpecError
 
@@ -281,45 +282,14 @@ def _fn(e: exp.Expression) -> str:
     return ""
 
 
-def _output_columns(step: dict[str, Any], columns: dict[str, tuple[str, ...]]) -> tuple[str, ...] | None:
-    """The output columns of a step written in YAML, for the step kinds a query can read."""
-    kind = next((k for k in step if k in STEPS), None)
-    p = step.get(kind) if kind else None
-    ins = lambda: columns.get(step.get("input") or "")  # noqa: E731
-    if kind in ("filter", "dedup"):
-        return ins()
-    if kind == "top_k":
-        return None if ins() is None else (*ins(), "rank")
-    if kind == "select":
-        out: list[str] = []
-        for text in p:
-            e = sqlglot.parse_one(text, read="spark")
-            if isinstance(e, exp.Star):
-                if ins() is None:
-                    return None
-                out += ins()
-            else:
-                out.append(e.alias_or_name)
-        return tuple(out)
-    keys = (p.get("key") or ()) if isinstance(p, dict) else ()
-    keys = (keys,) if isinstance(keys, str) else tuple(keys)
-    if kind == "window_aggregate":
-        return (*keys, "window_start", "window_end", *p["aggregates"], "revision")
-    if kind == "session_window":
-        return (*keys, "session_start", "session_end", *p["aggregates"])
-    if kind == "aggregate":
-        return (*keys, *p["aggregates"])
-    if kind == "over_aggregate":
-        return None if ins() is None else (*ins(), *p["aggregates"])
-    if kind == "join":
-        left, right = columns.get(p["left"]), columns.get(p["right"])
-        if left is None or right is None:
-            return None
-        extra = ("window_start", "window_end") if p.get("kind") == "window" else ()
-        return (*left, *join_right_names(left, right), *extra)
-    if kind == "union":
-        return columns.get(p[0])
-    return None
+def _output_columns(step: dict[str, Any], columns: dict[str, tuple[str, ...] | None]) -> tuple[str, ...] | None:
+    """The output columns of a step written in YAML, as its kind tells them; None: not known
+    (also for a step that does not validate: validation names its problem later)."""
+    try:
+        spec = StepSpec.model_validate(step)
+    except ValidationError:
+        return None
+    return spec.info.output_columns(spec, tuple(columns.get(name) for name in spec.inputs))
 
 
 # --------------------------------------------------------------------------- the compiler

@@ -74,6 +74,12 @@ class StepKind(Kind):
         what a decoding source hands to Spark, so a kind that does not say reads everything."""
         return (None,) * len(self.inputs(step))
 
+    def output_columns(self, step: StepSpec, inputs: tuple[tuple[str, ...] | None, ...]) -> tuple[str, ...] | None:
+        """The names of the step's output columns given its inputs' (in the order of
+        :meth:`inputs`; None: not known), for the SQL front end, whose queries may read a step
+        written in YAML by name; None: not known."""
+        return None
+
     def revisions(self, params: Any) -> str | None:
         """Whether the step takes an input that carries revisions (a ``_diff`` weight column,
         see docs/revisions.md): None when it does (a stateless step carries each row's weight

@@ -63,6 +63,9 @@ class KeyedAggregateKind(KeyedStepKind):
     key = "aggregate"
     params = KeyedAggregate
 
+    def output_columns(self, step: StepSpec, inputs: tuple[tuple[str, ...] | None, ...]) -> tuple[str, ...] | None:
+        return (*self.key_columns(step.params), *step.params.aggregates)
+
     def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
         p: KeyedAggregate = step.params
         return (None if p.combined else aggregate_columns(p),)

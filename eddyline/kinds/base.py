@@ -280,6 +280,15 @@ def sql_columns(text: str) -> frozenset[str] | None:
     return frozenset(part.name.lower() for col in parsed.find_all(sqlglot.exp.Column) for part in col.parts)
 
 
+def output_name(text: str) -> str | None:
+    """The name of the column an SQL select expression makes (its alias, or the column it
+    is); None for ``*``."""
+    import sqlglot
+
+    parsed = sqlglot.parse_one(text, read="spark")
+    return None if isinstance(parsed, sqlglot.exp.Star) else parsed.alias_or_name
+
+
 def columns_of(*parts: frozenset[str] | None) -> frozenset[str] | None:
     """The union of column sets, None (all) if any is None."""
     out: frozenset[str] = frozenset()

@@ -32,6 +32,9 @@ class DedupKind(KeyedStepKind):
     live_params = ("watermark_delay",)
     params = Dedup
 
+    def output_columns(self, step: StepSpec, inputs: tuple[tuple[str, ...] | None, ...]) -> tuple[str, ...] | None:
+        return inputs[0]
+
     def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
         return self.passing_through(wanted, *names(step.params.key), step.params.time)
 

@@ -31,6 +31,9 @@ class Filter(StepKind):
     def describe(self, step: StepSpec, key_groups: int) -> list[str]:
         return [f"filter  {step.params}   [Spark SQL, JVM]"]
 
+    def output_columns(self, step: StepSpec, inputs: tuple[tuple[str, ...] | None, ...]) -> tuple[str, ...] | None:
+        return inputs[0]
+
     def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
         from pyspark.sql import functions as F
 

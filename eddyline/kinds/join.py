@@ -93,6 +93,13 @@ class JoinKind(StepKind):
     def revisions(self, params: Any) -> str | None:
         return None  # a pair weighs the product of its rows' weights
 
+    def output_columns(self, step: StepSpec, inputs: tuple[tuple[str, ...] | None, ...]) -> tuple[str, ...] | None:
+        left, right = inputs
+        if left is None or right is None:
+            return None
+        extra = ("window_start", "window_end") if step.params.kind == "window" else ()
+        return (*left, *join_right_names(left, right), *extra)
+
     def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:
         from eddyline.operators.join import (
             IntervalJoinKernel,

@@ -13,6 +13,7 @@ from eddyline.kinds.base import Aggregating, KeyedStepKind
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from eddyline.api.steps import StepSpec
     from eddyline.operators.base import Kernel
 
 
@@ -33,6 +34,9 @@ class OverAggregateKind(KeyedStepKind):
     key = "over_aggregate"
     live_params = ("watermark_delay",)
     params = OverAggregate
+
+    def output_columns(self, step: StepSpec, inputs: tuple[tuple[str, ...] | None, ...]) -> tuple[str, ...] | None:
+        return None if inputs[0] is None else (*inputs[0], *step.params.aggregates)
 
     def kernel(self, params: Any, *schemas: pa.Schema) -> Kernel:
         from eddyline.operators.over import OverAggregateKernel

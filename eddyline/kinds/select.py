@@ -8,7 +8,14 @@ from pydantic import AfterValidator
 
 from eddyline.api.steps import STEPS
 from eddyline.columns import DIFF
-from eddyline.kinds.base import CompileContext, StepKind, columns_of, sql_columns, sql_problems
+from eddyline.kinds.base import (
+    CompileContext,
+    StepKind,
+    columns_of,
+    output_name,
+    sql_columns,
+    sql_problems,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -34,6 +41,17 @@ class Select(StepKind):
 
     def check(self, step: StepSpec) -> list[str]:
         return sql_problems([(f"select[{i}]", e) for i, e in enumerate(step.params)])
+
+    def output_columns(self, step: StepSpec, inputs: tuple[tuple[str, ...] | None, ...]) -> tuple[str, ...] | None:
+        out: list[str] = []
+        for name in map(output_name, step.params):
+            if name is None:  # *
+                if inputs[0] is None:
+                    return None
+                out += inputs[0]
+            else:
+                out.append(name)
+        return tuple(out)
 
     def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
         return (columns_of(*(sql_columns(e) for e in step.params)),)

@@ -32,6 +32,9 @@ class SessionWindowKind(KeyedStepKind):
     live_params = ("watermark_delay",)
     params = SessionWindow
 
+    def output_columns(self, step: StepSpec, inputs: tuple[tuple[str, ...] | None, ...]) -> tuple[str, ...] | None:
+        return (*self.key_columns(step.params), "session_start", "session_end", *step.params.aggregates)
+
     def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
         sw: SessionWindow = step.params
         return (sw.read_columns(*names(sw.key), sw.time),)

@@ -56,6 +56,9 @@ class TopKKind(KeyedStepKind):
     def revisions(self, params: Any) -> str | None:
         return None  # a revised input's groups are ranked over their summed rows when complete
 
+    def output_columns(self, step: StepSpec, inputs: tuple[tuple[str, ...] | None, ...]) -> tuple[str, ...] | None:
+        return None if inputs[0] is None else (*inputs[0], "rank")
+
     def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
         t: TopK = step.params
         return self.passing_through(wanted, *names(t.partition_by), *(c for c, _ in t.ordering), t.time)

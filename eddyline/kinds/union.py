@@ -37,6 +37,9 @@ class Union(StepKind):
     def input_fields(self, step: StepSpec) -> list[tuple[str, str]]:
         return [("union", i) for i in step.params]
 
+    def output_columns(self, step: StepSpec, inputs: tuple[tuple[str, ...] | None, ...]) -> tuple[str, ...] | None:
+        return inputs[0]
+
     def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
         return (wanted,) * len(step.params)
 

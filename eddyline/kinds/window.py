@@ -130,6 +130,9 @@ class WindowAggregateKind(StepKind):
     def revisions(self, params: Any) -> str | None:
         return None  # count, sum and avg subtract a value taken back; min and max keep their values
 
+    def output_columns(self, step: StepSpec, inputs: tuple[tuple[str, ...] | None, ...]) -> tuple[str, ...] | None:
+        return (*self.key_columns(step.params), "window_start", "window_end", *step.params.aggregates, "revision")
+
     def reads(self, step: StepSpec, wanted: frozenset[str] | None) -> tuple[frozenset[str] | None, ...]:
         wa: WindowAggregate = step.params
         if wa.late is not None:  # late rows are written out whole
