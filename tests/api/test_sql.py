@@ -1,4 +1,4 @@
-"""The streaming SQL front end (eddyline/api/sql.py) without Spark: what the Nexmark queries
+"""The streaming SQL front end (eddyline/api/sql/) without Spark: what the Nexmark queries
 compile to, ``sql:`` in YAML, the ``eddyline sql`` command, and the SQL it refuses."""
 
 from __future__ import annotations
