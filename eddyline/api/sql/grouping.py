@@ -147,8 +147,47 @@ class Grouping(Scope):
         if rel.window and not bounds:
             raise SpecError("sql: GROUP BY over a window table: expected window_start and window_end among the keys")
         plain = [g for g, f in zip(keys_in, key_fields, strict=True) if f is None or f.role not in ("window_start", "window_end")]
-        having = q.args["having"].this if q.args.get("having") else None
-        # aggregates → named columns of the step's output
+        aggs, items, having = self._name_aggregates(rel, items, q.args["having"].this if q.args.get("having") else None)
+        rel2, key_cols = self._ensure(rel, plain, "GROUP BY")
+        roles = {"window_start": "window_start", "window_end": "window_end"}
+        if window is not None and aggs:
+            node, roles = self._window_step(rel2, window, key_cols, aggs)
+            columns = (*key_cols, roles["window_start"], roles["window_end"], *aggs)
+            size = window.size if window.kind != "SESSION" else None
+        elif bounds and aggs:
+            # rows grouped per window already (a window aggregate's output), grouped again per window
+            return self._per_window(rel, group, key_fields, plain, aggs, items, having)
+        elif window is not None or bounds:
+            return self._distinct_per_window(rel, rel2, window, bounds, key_cols, items)
+        else:
+            if not aggs:
+                raise SpecError("sql: GROUP BY without aggregates and without a window is not supported (it would keep every key forever)")
+            if not key_cols:
+                raise SpecError("sql: an aggregate without GROUP BY over an unbounded stream: expected GROUP BY a key or a window")
+            params = {"key": key_cols[0] if len(key_cols) == 1 else key_cols, "aggregates": aggs}
+            node = self.step("aggregate", "aggregate", params, rel2.node)
+            columns, size = (*key_cols, *aggs), None
+        # the step's output, seen through the group keys and the aggregates
+        fields: list[Field] = []
+        for f in key_fields:
+            if f is not None and f.role in roles:
+                fields.append(replace(f, sql=col(roles[f.role]), delay=None))
+        for g, c in zip(plain, key_cols[len(key_cols) - len(plain):], strict=True):
+            f = self._field_of(rel, g) if isinstance(g, exp.Column) else None
+            fields.append(Field(f.name if f else c, f.quals if f else frozenset(), col(c)))
+        fields += [Field(n, frozenset({"__agg"}), col(n)) for n in aggs]
+        out = Rel(node, tuple(columns), tuple(fields), window_size=size,
+                  windowed=window if window is not None and window.kind != "SESSION" else None)
+        out = self._legacy_bounds(out, legacy[0] if legacy else None, roles)
+        if having is not None:
+            out = self.filter(out, [having], "HAVING")
+        return replace(out, fields=self.project(out, items))
+
+    def _name_aggregates(self, rel: Rel, items: list[exp.Expression], having: exp.Expression | None
+                         ) -> tuple[dict[str, str], list[exp.Expression], exp.Expression | None]:
+        """Each aggregate in the SELECT list and HAVING becomes a named column of the step's
+        output (its alias, or ``_aN``; the same aggregate written twice is one column): the
+        aggregates by name, and the items and HAVING reading those columns."""
         aggs: dict[str, str] = {}
         named: dict[str, str] = {}
 
@@ -168,77 +207,48 @@ class Grouping(Scope):
             else:
                 new_items.append(it.transform(lambda n: take(n, None) if isinstance(n, exp.AggFunc) else n))
         having = having.transform(lambda n: take(n, None) if isinstance(n, exp.AggFunc) else n) if having is not None else None
-        rel2, key_cols = self._ensure(rel, plain, "GROUP BY")
-        key_param: Any = key_cols[0] if len(key_cols) == 1 else key_cols
+        return aggs, new_items, having
+
+    def _window_step(self, rel: Rel, window: Window, key_cols: list[str], aggs: dict[str, str]) -> tuple[str, dict[str, str]]:
+        """A window or session aggregate of ``rel``'s rows: its node, and the names of its bounds."""
+        params: dict[str, Any] = {"key": key_cols[0] if len(key_cols) == 1 else key_cols} if key_cols else {}
         roles = {"window_start": "window_start", "window_end": "window_end"}
-        extra_fields: list[Field] = []
-        if window is not None and aggs:
-            params: dict[str, Any] = {"key": key_param} if key_cols else {}
-            if window.kind == "SESSION":
-                if not set(window.keys) <= set(key_cols):
-                    raise SpecError("sql: GROUP BY over a SESSION table: expected its PARTITION BY columns among the keys")
-                params.update(time=window.time, gap=window.size, aggregates=aggs)
-                kind, roles = "session_window", {"window_start": "session_start", "window_end": "session_end"}
-            else:
-                w = {"size": window.size, **({"slide": window.slide} if window.slide and window.slide != window.size else {}),
-                     **({"step": window.step} if window.step else {})}
-                params.update(time=window.time, window=w, aggregates=aggs)
-                kind = "window_aggregate"
-            if window.delay:
-                params["watermark_delay"] = window.delay
-            if not params.get("key"):
-                params.pop("key", None)
-            node = self.step("window" if kind == "window_aggregate" else "session", kind, params, rel2.node)
-            columns = (*key_cols, roles["window_start"], roles["window_end"], *aggs)
-            size = window.size if window.kind != "SESSION" else None
-        elif bounds and aggs:
-            # rows grouped per window already (a window aggregate's output), grouped again per window
-            return self._per_window(rel, group, key_fields, plain, aggs, new_items, having)
-        elif window is not None or bounds:
-            # GROUP BY without aggregates over windowed rows: a distinct per window
-            if window is not None and window.kind != "TUMBLE" or (window is None and rel.window_size is None):
-                raise SpecError("sql: GROUP BY without aggregates over a window: expected a TUMBLE window")
-            size = window.size if window is not None else rel.window_size
-            assert size is not None
-            starts = [f for f in bounds if f.role == "window_start"]
-            if not starts:
-                raise SpecError("sql: GROUP BY without aggregates over a window: expected window_start among the keys")
-            ends = [f for f in rel.fields if f.role == "window_end"]
-            rel2, (start_col, end_col) = self._ensure(rel2, [self._ref(starts[0]), self._ref(ends[0])], "GROUP BY")
-            dkeys = [*key_cols, start_col]
-            params = {"key": dkeys, "time": end_col, "ttl": size}
-            delay = rel.ahead + (ends[0].delay or 0)
-            if delay:
-                params["watermark_delay"] = delay
-            node = self.step("distinct", "dedup", params, rel2.node)
-            out = replace(rel2, node=node, window=None, rank=None, ahead=0, window_size=size,
-                          windowed=window or rel.windowed)
-            fields = self.project(out, new_items)
-            return replace(out, fields=fields)
+        if window.kind == "SESSION":
+            if not set(window.keys) <= set(key_cols):
+                raise SpecError("sql: GROUP BY over a SESSION table: expected its PARTITION BY columns among the keys")
+            params.update(time=window.time, gap=window.size, aggregates=aggs)
+            kind, roles = "session_window", {"window_start": "session_start", "window_end": "session_end"}
         else:
-            if not aggs:
-                raise SpecError("sql: GROUP BY without aggregates and without a window is not supported (it would keep every key forever)")
-            if not key_cols:
-                raise SpecError("sql: an aggregate without GROUP BY over an unbounded stream: expected GROUP BY a key or a window")
-            params = {"key": key_param, "aggregates": aggs}
-            node = self.step("aggregate", "aggregate", params, rel2.node)
-            columns, size = (*key_cols, *aggs), None
-        # the step's output, seen through the group keys and the aggregates
-        fields: list[Field] = []
-        for f in key_fields:
-            if f is not None and f.role in roles:
-                fields.append(replace(f, sql=col(roles[f.role]), delay=None))
-        for g, c in zip(plain, key_cols[len(key_cols) - len(plain):], strict=True):
-            f = self._field_of(rel, g) if isinstance(g, exp.Column) else None
-            fields.append(Field(f.name if f else c, f.quals if f else frozenset(), col(c)))
-        fields += [Field(n, frozenset({"__agg"}), col(n)) for n in aggs]
-        fields += extra_fields
-        out = Rel(node, tuple(columns), tuple(fields), window_size=size,
-                  windowed=window if window is not None and window.kind != "SESSION" else None)
-        out = self._legacy_bounds(out, legacy[0] if legacy else None, roles)
-        if having is not None:
-            out = self.filter(out, [having], "HAVING")
-        return replace(out, fields=self.project(out, new_items))
+            w = {"size": window.size, **({"slide": window.slide} if window.slide and window.slide != window.size else {}),
+                 **({"step": window.step} if window.step else {})}
+            params.update(time=window.time, window=w, aggregates=aggs)
+            kind = "window_aggregate"
+        if window.delay:
+            params["watermark_delay"] = window.delay
+        if not params.get("key"):
+            params.pop("key", None)
+        return self.step("window" if kind == "window_aggregate" else "session", kind, params, rel.node), roles
+
+    def _distinct_per_window(self, rel: Rel, keyed: Rel, window: Window | None, bounds: list[Field], key_cols: list[str],
+                             items: list[exp.Expression]) -> Rel:
+        """GROUP BY without aggregates over windowed rows: a distinct per window (a dedup step
+        keyed by the keys and the window's start, forgetting a key when its window ends)."""
+        if window is not None and window.kind != "TUMBLE" or (window is None and rel.window_size is None):
+            raise SpecError("sql: GROUP BY without aggregates over a window: expected a TUMBLE window")
+        size = window.size if window is not None else rel.window_size
+        assert size is not None
+        starts = [f for f in bounds if f.role == "window_start"]
+        if not starts:
+            raise SpecError("sql: GROUP BY without aggregates over a window: expected window_start among the keys")
+        ends = [f for f in rel.fields if f.role == "window_end"]
+        keyed, (start_col, end_col) = self._ensure(keyed, [self._ref(starts[0]), self._ref(ends[0])], "GROUP BY")
+        params: dict[str, Any] = {"key": [*key_cols, start_col], "time": end_col, "ttl": size}
+        delay = rel.ahead + (ends[0].delay or 0)
+        if delay:
+            params["watermark_delay"] = delay
+        node = self.step("distinct", "dedup", params, keyed.node)
+        out = replace(keyed, node=node, window=None, rank=None, ahead=0, window_size=size, windowed=window or rel.windowed)
+        return replace(out, fields=self.project(out, items))
 
     def _per_window(self, rel: Rel, group: list[exp.Expression], key_fields: list[Field | None], plain: list[exp.Expression],
                     aggs: dict[str, str], items: list[exp.Expression], having: exp.Expression | None) -> Rel:

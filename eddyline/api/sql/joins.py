@@ -3,7 +3,7 @@ is a top-1 (Nexmark q5)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlglot import exp
@@ -24,17 +24,61 @@ from eddyline.columns import join_right_names
 from eddyline.errors import SpecError
 
 
+@dataclass
+class JoinOn:
+    """A join's ON and WHERE conjuncts by role."""
+
+    keys: list[tuple[Field, Field]] = field(default_factory=list)  # (left, right) equal columns
+    interval: tuple[exp.Expression, exp.Expression, exp.Expression] | None = None  # low, high, point
+    bounds: list[exp.Expression] = field(default_factory=list)  # equating window bounds
+    pushed: dict[str, list[exp.Expression]] = field(default_factory=lambda: {"l": [], "r": []})  # one table's alone
+    rest: list[exp.Expression] = field(default_factory=list)
+
+
 class Joins(Grouping):
     """Compiles joins into join (or top_k) steps, pushing each WHERE conjunct to the side it reads."""
 
     def join(self, left: Rel, right: Rel, conds: list[exp.Expression]) -> tuple[Rel, list[exp.Expression]]:
         if left.rank or right.rank:
             raise SpecError("sql: JOIN of a ROW_NUMBER() query: expected its WHERE rn <= k in the query that defines it")
-        keys: list[tuple[Field, Field]] = []
-        interval: tuple[exp.Expression, exp.Expression, exp.Expression] | None = None
-        bounds: list[exp.Expression] = []  # the ON conditions equating window bounds
-        pushed: dict[str, list[exp.Expression]] = {"l": [], "r": []}
-        rest: list[exp.Expression] = []
+        on = self._on(left, right, conds)
+        if not isinstance(on, JoinOn):  # the tables or the BETWEEN turned round: start again
+            return self.join(*on)
+        if not on.keys:
+            raise SpecError("sql: JOIN: expected an equality between a column of each table (an equi-join), e.g. ON a.id = b.id")
+        left = self.filter(left, on.pushed["l"], "WHERE") if on.pushed["l"] else left
+        right = self.filter(right, on.pushed["r"], "WHERE") if on.pushed["r"] else right
+        tables = bool(left.window or right.window)  # a join of window tables (not grouped rows)
+        left, right, params, delay, windowed = self._join_kind(left, right, on, tables)
+        # the kernel joins whole rows; columns computed by a query are computed first
+        left = left if all(f.column for f in left.fields) else self.materialize(left)
+        right = right if all(f.column for f in right.fields) else self.materialize(right)
+        end: Field | None = None
+        if on.interval is not None:
+            left, right, params, delay, end = self._interval_join(left, right, on.interval)
+        if delay:
+            params["watermark_delay"] = delay
+        lk = [self._plain(left, a, "JOIN ON") for a, _ in on.keys]
+        rk = [self._plain(right, b, "JOIN ON") for _, b in on.keys]
+        out = self._join_step(left, right, lk, rk, params, windowed)
+        if tables:
+            # two window tables: their bounds are the join's
+            quals = frozenset().union(*(f.quals for f in (*left.fields, *right.fields)))
+            extra = (Field("window_start", quals, col("window_start"), delay, "window_start"),
+                     Field("window_end", quals, col("window_end"), delay, "window_end"))
+            out = replace(out, fields=(*out.fields, *extra))
+        if on.interval is not None:
+            out = replace(out, interval_keys=tuple(lk))
+            if end is not None and end.column is not None:
+                out = replace(out, fields=tuple(
+                    replace(f, role="interval_end") if f.column == end.column and f.quals == end.quals else f for f in out.fields))
+        return out, on.rest
+
+    def _on(self, left: Rel, right: Rel, conds: list[exp.Expression]) -> JoinOn | tuple[Rel, Rel, list[exp.Expression]]:
+        """The ON and WHERE conjuncts by role: the keys, an interval, equal window bounds, those
+        one table's rows alone decide, the rest. Or the join to compile instead, when the
+        interval's holder must be the left table or a grouped query's rows must be the points."""
+        on = JoinOn()
         for c in conds:
             sides = self._sides(left, right, c)
             if sides <= {"l"} or sides <= {"r"}:
@@ -43,7 +87,7 @@ class Joins(Grouping):
                 roles = {self._field_of(table, x).role for x in c.find_all(exp.Column)}
                 if roles & {"window_start", "window_end"} and table.window is not None:
                     raise SpecError(f"sql: WHERE {render(c)}: a condition on a window's bounds before GROUP BY is not supported")
-                pushed[side].append(c)
+                on.pushed[side].append(c)
                 continue
             if isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column):
                 a, b = c.this, c.expression
@@ -53,11 +97,11 @@ class Joins(Grouping):
                 if fa.role in ("window_start", "window_end") or fb.role in ("window_start", "window_end"):
                     if fa.role != fb.role:
                         raise SpecError(f"sql: JOIN ON {render(c)}: expected window_start = window_start and window_end = window_end")
-                    bounds.append(c)
+                    on.bounds.append(c)
                 else:
-                    keys.append((fa, fb))
+                    on.keys.append((fa, fb))
                 continue
-            if isinstance(c, exp.Between) and interval is None:
+            if isinstance(c, exp.Between) and on.interval is None:
                 # a point of one table between two expressions over the other's columns
                 point, low, high = c.this, c.args["low"], c.args["high"]
                 ps, ls, hs = (self._sides(left, right, x) for x in (point, low, high))
@@ -70,63 +114,62 @@ class Joins(Grouping):
                             raise SpecError(f"sql: JOIN … {render(c)}: an interval join of two grouped queries (GROUP BY … "
                                             "window_start, window_end) is not supported; expected a join ON their window bounds")
                         flipped = self._flip_interval(holder, c)
-                        return self.join(left, right, [flipped if x is c else x for x in conds])
+                        return left, right, [flipped if x is c else x for x in conds]
                     if ls == {"r"}:  # the interval is on the left in Eddyline's join: swap sides
-                        return self.join(right, left, conds)
-                    interval = (low, high, point)
+                        return right, left, conds
+                    on.interval = (low, high, point)
                     continue
-            rest.append(c)
-        if not keys:
-            raise SpecError("sql: JOIN: expected an equality between a column of each table (an equi-join), e.g. ON a.id = b.id")
-        left = self.filter(left, pushed["l"], "WHERE") if pushed["l"] else left
-        right = self.filter(right, pushed["r"], "WHERE") if pushed["r"] else right
-        params: dict[str, Any] = {}
-        delay = 0
-        windowed: Window | None = None
-        tables = bool(left.window or right.window)  # a join of window tables (not grouped rows)
+            on.rest.append(c)
+        return on
+
+    def _join_kind(self, left: Rel, right: Rel, on: JoinOn, tables: bool) -> tuple[Rel, Rel, dict[str, Any], int, Window | None]:
+        """A window join (of two TUMBLE tables, or of rows grouped per window on equal bounds) or
+        an unbounded join with a state TTL: its parameters, watermark delay and output window."""
         if tables:
             lw, rw = left.window, right.window
             if not (lw and rw and lw.kind == rw.kind == "TUMBLE" and lw.size == rw.size
-                    and self._bound_roles(left, right, bounds) == {"window_start", "window_end"}):
+                    and self._bound_roles(left, right, on.bounds) == {"window_start", "window_end"}):
                 raise SpecError(
                     "sql: JOIN of window tables: expected two TUMBLE tables of one size, joined ON their keys "
                     "AND a.window_start = b.window_start AND a.window_end = b.window_end"
                 )
-            params = {"kind": "window", "size": lw.size, "left_time": lw.time, "right_time": rw.time}
             delay = max(lw.delay, rw.delay)
             left = replace(left, fields=tuple(f for f in left.fields if not f.role), window=None)
             right = replace(right, fields=tuple(f for f in right.fields if not f.role), window=None)
-            windowed = replace(lw, delay=delay)
-        elif bounds:
+            params = {"kind": "window", "size": lw.size, "left_time": lw.time, "right_time": rw.time}
+            return left, right, params, delay, replace(lw, delay=delay)
+        if on.bounds:
             # rows grouped per window on both sides, equal bounds: a window join on their starts
-            left, right, params = self._grouped_window_join(left, right, bounds)
-            windowed = replace(left.windowed, time=params["left_time"]) if left.windowed else None
-        elif interval is None and "table.exec.state.ttl" in self.settings:
+            left, right, params = self._grouped_window_join(left, right, on.bounds)
+            return left, right, params, 0, replace(left.windowed, time=params["left_time"]) if left.windowed else None
+        if on.interval is None and "table.exec.state.ttl" in self.settings:
             times = [f for f in left.fields if f.delay is not None], [f for f in right.fields if f.delay is not None]
             if not (times[0] and times[1]):
                 raise SpecError("sql: JOIN with a state TTL: expected a WATERMARK on both tables (the TTL is in event time)")
             params = {"ttl": self.settings["table.exec.state.ttl"].replace(" ", ""),
                       "left_time": times[0][0].column, "right_time": times[1][0].column}
-        # the kernel joins whole rows; columns computed by a query are computed first
-        left = left if all(f.column for f in left.fields) else self.materialize(left)
-        right = right if all(f.column for f in right.fields) else self.materialize(right)
-        end: Field | None = None
-        if interval is not None:
-            low, high, point = interval
-            clause = "JOIN … BETWEEN"
-            # bounds and point computed where they are not columns (a select before the join)
-            delay = max((self._field_of(rel, x).delay or 0 for rel, e in ((left, low), (right, point))
-                         for x in e.find_all(exp.Column)), default=0)
-            end = self._field_of(left, high) if isinstance(high, exp.Column) else None
-            left, (lo, hi) = self._ensure(left, [low, high], clause)
-            right, (at,) = self._ensure(right, [point], clause)
-            params = {"kind": "interval", "left_time": lo, "left_end": hi, "right_time": at}
-        lk = [self._plain(left, a, "JOIN ON") for a, _ in keys]
-        rk = [self._plain(right, b, "JOIN ON") for _, b in keys]
+            return left, right, params, 0, None
+        return left, right, {}, 0, None
+
+    def _interval_join(self, left: Rel, right: Rel, interval: tuple[exp.Expression, exp.Expression, exp.Expression]
+                       ) -> tuple[Rel, Rel, dict[str, Any], int, Field | None]:
+        """An interval join's parameters: the left rows' interval, the right rows' point, each
+        computed by a select before the join where it is not a column."""
+        low, high, point = interval
+        clause = "JOIN … BETWEEN"
+        delay = max((self._field_of(rel, x).delay or 0 for rel, e in ((left, low), (right, point))
+                     for x in e.find_all(exp.Column)), default=0)
+        end = self._field_of(left, high) if isinstance(high, exp.Column) else None
+        left, (lo, hi) = self._ensure(left, [low, high], clause)
+        right, (at,) = self._ensure(right, [point], clause)
+        return left, right, {"kind": "interval", "left_time": lo, "left_end": hi, "right_time": at}, delay, end
+
+    def _join_step(self, left: Rel, right: Rel, lk: list[str], rk: list[str], params: dict[str, Any],
+                   windowed: Window | None) -> Rel:
+        """The join step and its rows: the left's columns, then the right's (renamed where a name
+        is taken), then a window join's bounds."""
         renamed = dict(zip(right.columns, join_right_names(left.columns, right.columns), strict=True))
         out_cols = (*left.columns, *renamed.values(), *(("window_start", "window_end") if params.get("kind") == "window" else ()))
-        if delay:
-            params["watermark_delay"] = delay
         node = self.step("join", "join", {
             "left": left.node, "right": right.node,
             "left_key": lk[0] if len(lk) == 1 else lk, "right_key": rk[0] if len(rk) == 1 else rk, **params,
@@ -134,20 +177,7 @@ class Joins(Grouping):
         fields = [replace(f, sql=col(f.column)) for f in left.fields]
         fields += [replace(f, sql=col(renamed[f.column])) for f in right.fields]
         out = Rel(node, out_cols, tuple(fields), windowed=windowed)
-        if params.get("kind") == "window":
-            out = replace(out, window_size=params["size"])
-        if tables:
-            # two window tables: their bounds are the join's
-            quals = frozenset().union(*(f.quals for f in (*left.fields, *right.fields)))
-            extra = (Field("window_start", quals, col("window_start"), delay, "window_start"),
-                     Field("window_end", quals, col("window_end"), delay, "window_end"))
-            out = replace(out, fields=(*out.fields, *extra))
-        if interval is not None:
-            out = replace(out, interval_keys=tuple(lk))
-            if end is not None and end.column is not None:
-                out = replace(out, fields=tuple(
-                    replace(f, role="interval_end") if f.column == end.column and f.quals == end.quals else f for f in out.fields))
-        return out, rest
+        return replace(out, window_size=params["size"]) if params.get("kind") == "window" else out
 
     def _flip_interval(self, rel: Rel, c: exp.Between) -> exp.Between:
         """``p BETWEEN h - INTERVAL w AND h`` with ``h`` over the rows of a grouped query ``rel``
