@@ -7,6 +7,7 @@ these few functions, so that a cluster can put them on any filesystem pyarrow su
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import json
 import os
@@ -351,14 +352,23 @@ class Gate:
             self.fs.create_dir(dst.rpartition("/")[0], recursive=True)
             self.fs.move(staged, dst)
             return
-        old = self._park(dst)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        try:
-            os.rename(staged, dst)
-        except (FileNotFoundError, NotADirectoryError) as e:
-            raise self._check(e) from None
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else os.unlink(old)
+        while True:
+            old = self._park(dst)
+            try:
+                os.rename(staged, dst)
+                break
+            except (FileNotFoundError, NotADirectoryError) as e:
+                raise self._check(e) from None
+            except OSError as e:
+                # the other driver of a hot pair published the same epoch between our parking
+                # and our rename (both may: the selector records a publish after it): park
+                # theirs too, the same output, and put ours in place
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+            finally:
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else os.unlink(old)
 
     def remove(self, path: str) -> bool:
         """Delete ``path`` (a file or directory) through the gate; False if it was not there."""

@@ -71,6 +71,32 @@ def test_exclusive_puts_publish_replaces_and_moves(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "_staging" / "g=1") == []  # nothing left behind
 
 
+def test_two_writers_publishing_one_epoch_at_once_both_succeed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two drivers of a hot pair may both publish an epoch (the selector's record comes after
+    the publish): the other's directory landing between this one's parking the old one and its
+    rename must not fail the publish; the epoch ends up published whole, once."""
+    mine, theirs = Gate(str(tmp_path), 1, "a").open(), Gate(str(tmp_path), 1, "b")
+    staged, other = Path(mine.staging("epoch=7")), Path(theirs.staging("epoch=7"))
+    for gate, path, data in ((mine, staged, b"mine"), (theirs, other, b"theirs")):
+        gate.makedirs(str(path))
+        (path / "part").write_bytes(data)
+    park = Gate._park
+    landed = []
+
+    def park_then_the_other_publishes(self: Gate, path: str) -> str | None:
+        parked = park(self, path)
+        if self is mine and not landed:
+            landed.append(True)
+            os.rename(other, tmp_path / "epoch=7")  # the other driver's publish, just in between
+        return parked
+
+    monkeypatch.setattr(Gate, "_park", park_then_the_other_publishes)
+    mine.publish(str(staged), str(tmp_path / "epoch=7"))
+    assert landed and (tmp_path / "epoch=7" / "part").read_bytes() == b"mine"
+    assert os.listdir(tmp_path / "epoch=7") == ["part"]
+    assert os.listdir(tmp_path / "_staging" / "g=1" / "a") == []  # the other's copy was not left parked
+
+
 def test_what_a_revoked_driver_left_between_its_two_renames_goes_back(tmp_path: Path) -> None:
     old = Gate(str(tmp_path), 1, writer="driver-a").open()
     (tmp_path / "epoch=3").mkdir()
