@@ -30,6 +30,7 @@ from eddyline.runtime.faults import FaultPoint, Faults, NoFaults
 from eddyline.state.store import (
     DEFAULT_CACHE_BYTES,
     KeyGroupStore,
+    WriteResult,
     merged_changes,
     process_cache,
     with_chains,
@@ -298,14 +299,86 @@ def run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
     yield from _run_lane(task.for_epoch(), batches)
 
 
-def _run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    clock = gc_clock()
-    gc_s0, gc_n0, gc_f0 = clock.seconds, clock.collections, clock.full
-    t0 = time.perf_counter()
-    cpu0 = time.thread_time()
-    # a warm-up of the cache left over from this worker's previous task shares the interpreter
-    warming = any(t.name == WARM_THREAD and t.is_alive() for t in threading.enumerate())
-    mem0 = memory_bytes()
+@dataclass
+class _Tally:
+    """What a lane's slices add up to, for its manifest."""
+
+    held_before: np.ndarray  # rows a deferring kernel holds per key group, before and after
+    held_after: np.ndarray
+    ms: dict[str, float] = field(default_factory=lambda: {"load": 0.0, "kernel": 0.0, "write": 0.0})
+    kernel_cpu: float = 0.0
+    chains: dict[str, list | None] = field(default_factory=dict)
+    state_rows: int = 0
+    state_bytes: int = 0
+    output_rows: int = 0
+    bytes_written: int = 0
+    snapshots: int = 0
+    deltas: int = 0
+    metrics: dict[str, int] = field(default_factory=dict)
+    kg_state: dict[str, int] = field(default_factory=dict)
+    kg_cost: dict[int, int] = field(default_factory=dict)  # the kernel's own count of its work, if it keeps one
+
+    def add(self, result: KernelResult, written: WriteResult) -> None:
+        self.chains.update({str(k): v for k, v in written.chains.items()})
+        if result.state.num_rows:
+            counts = np.bincount(result.state.column(KG).to_numpy(zero_copy_only=False))
+            self.kg_state.update({str(k): int(counts[k]) for k in np.flatnonzero(counts)})
+        self.state_rows += result.state.num_rows
+        self.state_bytes += result.state.nbytes
+        self.output_rows += result.output.num_rows
+        self.bytes_written += written.bytes_written
+        self.snapshots += written.snapshots
+        self.deltas += written.deltas
+        for k, v in result.metrics.items():
+            self.metrics[k] = self.metrics.get(k, 0) + int(v)
+        for g, c in result.kg_cost.items():
+            self.kg_cost[g] = self.kg_cost.get(g, 0) + c
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "chains": self.chains,
+            "state_rows": self.state_rows,
+            "state_bytes": self.state_bytes,
+            "output_rows": self.output_rows,
+            "metrics": self.metrics,
+            "bytes_written": self.bytes_written,
+            "snapshots": self.snapshots,
+            "deltas": self.deltas,
+            "kg_state_rows": self.kg_state,
+            **({"kg_cost": {str(g): c for g, c in self.kg_cost.items()}} if self.kg_cost else {}),
+        }
+
+
+class _Watch:
+    """A lane task's clocks from its start: wall time, its thread's CPU time, the cyclic
+    collector's time, and the process's memory."""
+
+    def __init__(self) -> None:
+        self.gc = gc_clock()
+        self.gc0 = (self.gc.seconds, self.gc.collections, self.gc.full)
+        self.t0 = time.perf_counter()
+        self.cpu0 = time.thread_time()
+        # a warm-up of the cache left over from this worker's previous task shares the interpreter
+        self.warming = any(t.name == WARM_THREAD and t.is_alive() for t in threading.enumerate())
+        self.mem0 = memory_bytes()
+
+    def times(self, t_in: float, tally: _Tally) -> dict[str, Any]:
+        """The manifest's times: the receive (up to ``t_in``) and the slices' phases."""
+        return {
+            "ms": {"receive": round((t_in - self.t0) * 1000, 2), **{k: round(v * 1000, 2) for k, v in tally.ms.items()}},
+            # the task thread's own CPU time: below the wall times above when it waited for a core
+            # or for the interpreter lock
+            "cpu_ms": {"lane": round((time.thread_time() - self.cpu0) * 1000, 2), "kernel": round(tally.kernel_cpu * 1000, 2)},
+            "warming_at_start": self.warming,
+            # time inside the phases above that went to the cyclic collector (not added to them)
+            "gc": {"ms": round((self.gc.seconds - self.gc0[0]) * 1000, 2), "collections": self.gc.collections - self.gc0[1],
+                   "full": self.gc.full - self.gc0[2]},
+        }
+
+
+def _received(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> tuple[int, pa.Table]:
+    """The lane this task is (named by its heartbeat row) and its rows, cast to the kernel's
+    input schema. Refuses rows of key groups the routing table gives to another lane."""
     received = list(batches)
     kernel = task.kernel
     arrived = pa.Table.from_batches(received) if received else kernel.input_schema.empty_table()
@@ -325,51 +398,37 @@ def _run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.
         schema = schema.append(pa.field(PROBE, pa.bool_()))
     partials = arrived.filter(pa.array(kg_col >= 0)).select(schema.names).cast(schema)
     del arrived
-    t_in = time.perf_counter()
-    mem_in = memory_bytes()
     owners = np.asarray(task.routing)
-    kgs = partials.column(KG).to_numpy() if partials.num_rows else np.zeros(0, dtype=np.int32)
-    if kgs.size:
+    if partials.num_rows:
+        kgs = partials.column(KG).to_numpy()
         strays = np.unique(kgs[owners[kgs] != lane])
         if strays.size:
             raise RuntimeError(
                 f"{MARK} step '{task.step}' lane {lane}: received key groups {strays[:5].tolist()} routed "
                 "elsewhere; the shuffle does not match the routing table"
             )
-    store = KeyGroupStore(
-        task.checkpoint,
-        task.step,
-        kernel.state_schema,
-        kernel.primary_key,
-        snapshot_every=task.snapshot_every,
-        gate=task.gate,
-    )
+    return lane, partials
+
+
+def _run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    watch = _Watch()
+    lane, partials = _received(task, batches)
+    kernel = task.kernel
+    t_in = time.perf_counter()
+    mem_in = memory_bytes()
+    owners = np.asarray(task.routing)
+    kgs = partials.column(KG).to_numpy() if partials.num_rows else np.zeros(0, dtype=np.int32)
+    store = KeyGroupStore(task.checkpoint, task.step, kernel.state_schema, kernel.primary_key,
+                          snapshot_every=task.snapshot_every, gate=task.gate)
     cache = process_cache()
     # With a budget, resident state (the cache) and the slice being worked on share it.
     cache.resize(DEFAULT_CACHE_BYTES if task.state_budget is None else task.state_budget // 2)
     hits0, misses0 = cache.hits, cache.misses
-    mine = [kg for kg in task.index if kg < owners.size and owners[kg] == lane]
     in_counts = np.bincount(kgs, minlength=1) if kgs.size else np.zeros(1, dtype=np.int64)
-    arriving = np.flatnonzero(in_counts).tolist()
-    groups = sorted(set(mine) | set(arriving))
-    state_rows_before = {kg: chain_rows(task.index[kg]) for kg in mine}
-    work = slices(
-        groups,
-        state_rows_before,
-        task.bytes_per_row,
-        None if task.state_budget is None else task.state_budget // 2,
-    )
-    ms = {"load": 0.0, "kernel": 0.0, "write": 0.0}
-    kernel_cpu = 0.0
-    chains: dict[str, list | None] = {}
-    state_rows = state_bytes = output_rows = bytes_written = snapshots = deltas = 0
-    metrics: dict[str, int] = {}
-    kg_state: dict[str, int] = {}
-    kg_cost: dict[int, int] = {}  # the kernel's own count of its work, if it keeps one
+    groups, work = _work(task, lane, owners, in_counts)
     # kernels that hold input back (deferred): rows held per key group before and after, so
     # the rows worked on per group = arrived + held before - held after
-    held_before = np.zeros(owners.size, dtype=np.int64)
-    held_after = np.zeros(owners.size, dtype=np.int64)
+    tally = _Tally(np.zeros(owners.size, dtype=np.int64), np.zeros(owners.size, dtype=np.int64))
     defers = getattr(kernel, "deferred", None) is not None
     peak = dict(mem_in)
     if len(work) > 1:
@@ -390,10 +449,10 @@ def _run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.
         t_b, c_b = time.perf_counter(), time.thread_time()
         result = process(kernel, chunk, state, task.watermark_ms, task.advance_ms)
         t_c = time.perf_counter()
-        kernel_cpu += time.thread_time() - c_b
+        tally.kernel_cpu += time.thread_time() - c_b
         if defers:  # key groups of every part lie in the routing table (checked on arrival)
-            held_before += deferred_counts(kernel, state, owners.size)
-            held_after += deferred_counts(kernel, result.state, owners.size)
+            tally.held_before += deferred_counts(kernel, state, owners.size)
+            tally.held_after += deferred_counts(kernel, result.state, owners.size)
         written = store.write(
             task.epoch,
             state_file_id(lane, part),
@@ -404,23 +463,10 @@ def _run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.
             result.changed_key_groups,
         )
         t_d = time.perf_counter()
-        ms["load"] += t_b - t_a
-        ms["kernel"] += t_c - t_b
-        ms["write"] += t_d - t_c
-        chains.update({str(k): v for k, v in written.chains.items()})
-        if result.state.num_rows:
-            counts = np.bincount(result.state.column(KG).to_numpy(zero_copy_only=False))
-            kg_state.update({str(k): int(counts[k]) for k in np.flatnonzero(counts)})
-        state_rows += result.state.num_rows
-        state_bytes += result.state.nbytes
-        output_rows += result.output.num_rows
-        bytes_written += written.bytes_written
-        snapshots += written.snapshots
-        deltas += written.deltas
-        for k, v in result.metrics.items():
-            metrics[k] = metrics.get(k, 0) + int(v)
-        for g, c in result.kg_cost.items():
-            kg_cost[g] = kg_cost.get(g, 0) + c
+        tally.ms["load"] += t_b - t_a
+        tally.ms["kernel"] += t_c - t_b
+        tally.ms["write"] += t_d - t_c
+        tally.add(result, written)
         output = result.output
         del state, result, chunk
         if len(work) > 1:
@@ -429,50 +475,39 @@ def _run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.
         peak = {k: max(peak[k], now[k]) for k in peak}
         yield from output.to_batches()
         del output
-    resident = cache.resident_bytes(store.root, store.step, [int(k) for k in kg_state])
-    deferral = _deferral(in_counts, held_before, held_after) if defers else {}
+    resident = cache.resident_bytes(store.root, store.step, [int(k) for k in tally.kg_state])
     manifest = {
         "lane": lane,
-        "chains": chains,
         "input_rows": partials.num_rows,
-        "state_rows": state_rows,
-        "state_bytes": state_bytes,
-        "output_rows": output_rows,
-        "metrics": metrics,
-        "bytes_written": bytes_written,
-        "snapshots": snapshots,
-        "deltas": deltas,
+        **tally.manifest(),
         "cache_hits": cache.hits - hits0,
         "cache_misses": cache.misses - misses0,
         "cache_bytes": cache.used,
         "key_groups": len(groups),
-        "kg_rows": {str(k): int(in_counts[k]) for k in arriving},
-        "kg_state_rows": kg_state,
+        "kg_rows": {str(k): int(in_counts[k]) for k in np.flatnonzero(in_counts)},
         "hot_keys": hot_keys,
-        **deferral,
-        **({"kg_cost": {str(g): c for g, c in kg_cost.items()}} if kg_cost else {}),
+        **(_deferral(in_counts, tally.held_before, tally.held_after) if defers else {}),
         "slices": len(work),
-        "spilled_bytes": max(0, state_bytes - resident),
-        "memory": {"start": mem0, "received": mem_in, "peak": peak},
-        "ms": {
-            "receive": round((t_in - t0) * 1000, 2),
-            **{k: round(v * 1000, 2) for k, v in ms.items()},
-        },
-        # the task thread's own CPU time: below the wall times above when it waited for a core
-        # or for the interpreter lock
-        "cpu_ms": {
-            "lane": round((time.thread_time() - cpu0) * 1000, 2),
-            "kernel": round(kernel_cpu * 1000, 2),
-        },
-        "warming_at_start": warming,
-        # time inside the phases above that went to the cyclic collector (not added to them)
-        "gc": {
-            "ms": round((clock.seconds - gc_s0) * 1000, 2),
-            "collections": clock.collections - gc_n0,
-            "full": clock.full - gc_f0,
-        },
+        "spilled_bytes": max(0, tally.state_bytes - resident),
+        "memory": {"start": watch.mem0, "received": mem_in, "peak": peak},
+        **watch.times(t_in, tally),
         "pid": os.getpid(),
     }
+    _finish(task, store, lane, manifest)
+
+
+def _work(task: LaneTask, lane: int, owners: np.ndarray, in_counts: np.ndarray) -> tuple[list[int], list[list[int]]]:
+    """The key groups the lane works on (those it holds state of and those rows arrived for)
+    and their slices, each small enough for the state budget."""
+    mine = [kg for kg in task.index if kg < owners.size and owners[kg] == lane]
+    groups = sorted(set(mine) | set(np.flatnonzero(in_counts).tolist()))
+    budget = None if task.state_budget is None else task.state_budget // 2
+    return groups, slices(groups, {kg: chain_rows(task.index[kg]) for kg in mine}, task.bytes_per_row, budget)
+
+
+def _finish(task: LaneTask, store: KeyGroupStore, lane: int, manifest: dict[str, Any]) -> None:
+    """The lane's manifest written (the driver folds it into the epoch's state index), its
+    state's cache warmed for the next epoch in the background."""
     fs, _ = filesystem(task.checkpoint)
     path = manifest_path(task.checkpoint, task.epoch, task.step, lane)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
