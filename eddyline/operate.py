@@ -122,6 +122,8 @@ def status(checkpoint: str) -> dict[str, Any]:
         "leader": _leader(checkpoint),
         # as the last epoch's driver reported itself (a hot pair's lease is in its group, not here)
         "driver": record.get("driver"),
+        # the driver's mode at the last epoch it ran, and the transition that led to it
+        "mode": record.get("mode"),
         "sources": {
             s.name: {"offset": last.source_ends.get(s.name, 0) if last else 0,
                      "backlog": (record.get("backlog") or {}).get(s.name)}

@@ -75,6 +75,11 @@ def status(
         who = (f"a hot pair's {driver['role']} ({driver['holder']}, lease generation {driver.get('generation')}"
                + (f", {driver['state']}" if driver.get("state") else "") + ") at the last epoch it ran")
     out.print(f"driver: {who}" + (" · [yellow]paused[/yellow]" if s["paused"] else ""), highlight=False)
+    mode = s.get("mode")
+    if mode:
+        why = (f" (since {time.strftime('%H:%M:%S', time.localtime(mode['since']))}, from {mode['from']}: {mode['reason']})"
+               if mode.get("reason") else "")
+        out.print(f"mode at the last epoch: {mode['mode']}{why}", highlight=False)
     if s["tentative"]:
         out.print(f"[yellow]tentative: its state lacks input from {', '.join(s['tentative'])}[/yellow]")
     stats = s["lastEpochStats"]

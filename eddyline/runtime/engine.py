@@ -11,48 +11,35 @@
    controller's state;
 8. **report** the progress record.
 
-A :class:`~eddyline.runtime.faults.Faults` hook is told each boundary the epoch passes.
+A :class:`~eddyline.runtime.faults.Faults` hook is told each boundary the epoch passes. Stages
+3–8 run in :mod:`.epoch.stages`.
 
 Between epochs the engine takes the commands (:mod:`.intake`), admits or refuses those that need
 a boundary of their own (:mod:`.admission`), and keeps the checkpoint and Spark's workers in
-shape (:mod:`.upkeep`); the driver's mode (:mod:`.modes`) says what it is doing.
+shape (:mod:`.upkeep`); the driver's mode (:mod:`.modes`) says what it is doing. What follows
+from the network in force, and switching to another, is :mod:`.networks`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from eddyline.api.change import NetworkDiff, history_starts, with_catch_ups
-from eddyline.api.live import carried, with_settings
 from eddyline.api.network import NetworkSpec
-from eddyline.api.units import Files
-from eddyline.api.validate import spec_from_raw
-from eddyline.control.controller import Controller
-from eddyline.control.state import ControllerState
-from eddyline.errors import EddylineError, EngineError, Fenced, task_error_line
+from eddyline.errors import Fenced
 from eddyline.ha.lease import Lease
-from eddyline.io.files import FilesTarget
-from eddyline.io.sinks import Sink, make_sink
-from eddyline.io.sources import Source, make_source
+from eddyline.io.sinks import Sink
 from eddyline.observe.progress import ProgressReporter
 from eddyline.plan.keygroups import RoutingTable
 from eddyline.runtime import admission
-from eddyline.runtime.admission import Running, alone, catch_ups_after, went_on_from
-from eddyline.runtime.checkpoint import Checkpoint, network_hash
-from eddyline.runtime.compile import EpochCompiler, analyze
-from eddyline.runtime.epoch.commit import commit
-from eddyline.runtime.epoch.execute import Executor
-from eddyline.runtime.epoch.fold import fold
-from eddyline.runtime.epoch.observe import observe
-from eddyline.runtime.epoch.plan import Planner
-from eddyline.runtime.epoch.publish import Outputs, publish
+from eddyline.runtime.admission import Running, alone, went_on_from
+from eddyline.runtime.checkpoint import Checkpoint
+from eddyline.runtime.compile import analyze
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan, ProgressRecord
-from eddyline.runtime.epoch.report import Timings, report
+from eddyline.runtime.epoch.stages import EpochClock, run_stages
 from eddyline.runtime.faults import FaultPoint, Faults, NoFaults, UnderLease
 from eddyline.runtime.inbox import Inbox
 from eddyline.runtime.intake import (
@@ -64,9 +51,9 @@ from eddyline.runtime.intake import (
     settings_after,
 )
 from eddyline.runtime.livechange import LiveChange, view
-from eddyline.runtime.lookahead import LookAhead
 from eddyline.runtime.modes import Driver, Mode, settled
-from eddyline.runtime.replica import Following, HotPair, Leading
+from eddyline.runtime.networks import Networks
+from eddyline.runtime.replica import Following, HotPair
 from eddyline.runtime.rewriting import decision, propose_rewrites
 from eddyline.runtime.summary import RunState, RunSummary
 from eddyline.runtime.upkeep import WORKER_KEEPALIVE_S, Cleanups, WarmWorkers, clean, freeze_heap
@@ -74,10 +61,8 @@ from eddyline.runtime.upkeep import WORKER_KEEPALIVE_S, Cleanups, WarmWorkers, c
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from eddyline.api.sinks import SinkSpec
 
-
-class Engine:
+class Engine(Networks):
     """Runs one network against one checkpoint location in this process's SparkSession."""
 
     def __init__(
@@ -128,51 +113,7 @@ class Engine:
         self.driver = Driver()
         self._build(spec)
         self.cleanups = Cleanups()
-        self._last_epoch_start: float | None = None
-        self._cold = True  # the first epoch of this process
-
-    def _build(self, spec: NetworkSpec, keep: dict[str, Sink] | None = None) -> None:
-        """The parts of the engine that follow from the network: made at the start and again
-        when a live change (:mod:`eddyline.api.change`) puts another network in force.
-        ``keep``: sinks still open from the network before (unchanged), used as they are."""
-        spark, checkpoint, pair, lease = self.spark, self.ckpt.location, self.pair, self.lease
-        self.base_spec = spec
-        self.network_id = network_hash(spec.as_dict())  # names the network in plans and the checkpoint
-        # added steps still catching up read copies of running sources (api.change.catch_ups)
-        self.spec = spec = with_catch_ups(spec, self._change.catch_up)
-        self.settings = {}
-        self.retain_epochs = self._retain or spec.history
-        sinks = {**self._given_sinks, **(keep or {})}
-        sinks = {s.name: sinks.get(s.name) or self._make_sink(s) for s in spec.sinks}
-        self.sources: dict[str, Source] = {s.name: make_source(s) for s in spec.sources}
-        overload = spec.control.overload
-        self.outputs = Outputs(
-            sinks=sinks,
-            dead_letters=FilesTarget(
-                spec.dead_letters or Files(path=f"{self.ckpt.location.rstrip('/')}/dead-letters", format="json")
-            ),
-            late={
-                s.name: FilesTarget(target)
-                for s in spec.stateful_steps()
-                if (target := s.info.late_target(s.params)) is not None
-            },
-            shed=FilesTarget(overload.shed_sink) if overload is not None and overload.shed_sink is not None else None,
-            selector=pair.selector if pair is not None else None,
-        )
-        self.controller = Controller(spec, max_lanes=spark.sparkContext.defaultParallelism)
-        self.lookahead = LookAhead(spec.key_groups)
-        self.compiler = EpochCompiler(spark, spec, self.sources, checkpoint, self.faults, gate=self.ckpt.gate)
-        self._plans = Planner(
-            spec, self.sources, self.lanes, self.controller, self.lookahead, self.compiler.tables, self.ckpt.read_commit
-        )
-        self.planner: Planner | Leading | Following = self._plans
-        self.executor = Executor(spec, self.compiler, self.outputs)
-        if pair is not None:  # both drivers stage the outputs: apart, with digests to compare
-            self.executor.digests = True
-            for out in [*self.outputs.sinks.values(), *self.outputs.targets()]:
-                out.writer = pair.writer
-            self.planner = (Leading(self._plans, pair) if lease is not None
-                            else Following(self._plans, pair, self.controller, self._lead, self.ckpt))
+        self.clock = EpochClock()
 
     @property
     def sinks(self) -> dict[str, Sink]:
@@ -280,7 +221,7 @@ class Engine:
             plan = self._log(dataclasses.replace(plan, settings=self.settings, applied=applied,
                                                  commands_cursor=self.intake.read_to, network=self.network_id,
                                                  restores=restores))  # 2. log
-            replayed = plan.generation != self._generation
+            replayed = plan.generation != self.generation
             for command in taken:  # logged: from now on the plan applies them, also in a replay
                 self.inbox.close(command, "applied", plan.epoch)
         if plan.settings != self.settings:  # a replay, a follower, or another driver's plan
@@ -289,7 +230,7 @@ class Engine:
         if replayed or special is not None:
             self._settle(f"epoch {plan.epoch} runs {_runs(plan, special, pending)}", replaying=True)
         self.boundaries.reached(FaultPoint.AFTER_PLAN, plan.epoch)
-        last, record = self._epoch(plan, self._view(self._base(plan, last), plan.epoch), replayed)  # 3.–8.
+        last, record = run_stages(self, plan, self._view(self._base(plan, last), plan.epoch), replayed)  # 3.–8.
         self._reported(run, plan, record.with_input_rate(epoch_start - run.prev_start if run.prev_start is not None else 0.0),
                        replayed)
         run.prev_start = epoch_start
@@ -440,143 +381,11 @@ class Engine:
             return went_on_from(self.ckpt, int(command["replay"])), []
         return None, []
 
-    # ------------------------------------------------------------------ networks
-    def _merge_caught_up(self, last: EpochCommit | None) -> None:
-        """Copies that have read as far as their sources: from the next epoch on their steps
-        read the sources themselves, with the state they have (the rows are the same from here
-        on). Recorded in the checkpoint's metadata (``caught_up``) before the next epoch is planned."""
-        if last is None or not self._change.catch_up or isinstance(self.planner, Following):
-            return
-        ends, cursors = last.source_ends, last.cursors
-        done = [c for c, (s, _) in self._change.catch_up.items()
-                if c in ends and ends[c] >= ends.get(s, 0) and cursors.get(c) == cursors.get(s)]
-        if not done:
-            return
-        self._change = dataclasses.replace(
-            self._change, catch_up={c: v for c, v in self._change.catch_up.items() if c not in done})
-        self.ckpt.record_caught_up(self._change.to_json()["catch_up"], done, last.epoch + 1)
-        settings = self.settings
-        self._rebuild(self.base_spec, last)
-        self._use_settings(settings)
-
-    def _switch(self, command: dict[str, Any], last: EpochCommit | None) -> None:
-        """Put the command's network in force from the next epoch (its plan logs the command):
-        recorded in the checkpoint first, so that a driver that dies from here on comes back
-        with it."""
-        self.cleanups.finish()  # (a cleanup judges which steps' state to keep by the network in force)
-        new = spec_from_raw(command["network"])
-        raw = new.as_dict()  # canonical: the same network always has the same hash
-        if network_hash(raw) == self.network_id:
-            return  # in force already (switched while idle, the plan to log it still to come)
-        start = command.get("start_epoch")
-        copies = catch_ups_after(command, new, self.base_spec, self._change.catch_up)
-        change = LiveChange(
-            (last.epoch if last else 0) + 1, tuple(sorted(command.get("reset") or ())), dict(command.get("inherit") or {}),
-            {n: (o, int(start)) for n, o in history_starts(self.base_spec, new).items()}
-            | {c: (o, int(start)) for c, (o, _) in copies.items() if c not in self._change.catch_up} if start else {},
-            copies)
-        made_by = command.get("rewrite")
-        self.ckpt.record_change(new.fingerprint(), self.ckpt.store_network(raw), change.to_json(),
-                                {k: made_by[k] for k in ("rule", "step", "summary")} if made_by else None)
-        self._change = change
-        before, settings = self.base_spec, self.settings
-        self._rebuild(new, last)
-        self._use_settings(carried(before, new, settings))  # (logged with the plan about to be made)
-    def _adopt_applied_network(self, changed: NetworkDiff | None) -> None:
-        """Run the network the checkpoint holds in force: the one a live change applied, even
-        when started with the network it was created with (a supervisor's unchanged command
-        line). Started with a spec that differs from it (``changed``, see
-        :meth:`Checkpoint.restart_change`), it runs the network in force and queues the spec's
-        change for the next epoch boundary, as ``eddyline apply`` would."""
-        meta = self.ckpt.metadata() or {}
-        applied = meta.get("applied")
-        if applied:
-            self._change = LiveChange.from_json(applied)
-        in_force = self.ckpt.in_force(meta)
-        if in_force is not None and in_force != self.network_id:
-            given = self.base_spec
-            self._rebuild(spec_from_raw(self.ckpt.read_network(in_force)), None)
-            if changed is not None and not changed.empty:
-                self._queue_restart_change(given, changed)
-        elif self._change.catch_up:  # its added steps go on catching up on their copies
-            self._rebuild(self.base_spec, None)
-
-    def _queue_restart_change(self, given: NetworkSpec, changed: NetworkDiff) -> None:
-        """The change a restart's spec makes, queued (once) for the next epoch boundary."""
-        raw = given.as_dict()
-        digest = network_hash(raw)
-        if not any(isinstance(c.get("network"), dict) and network_hash(c["network"]) == digest
-                   for c in self.inbox.pending()):
-            self.inbox.submit_network(raw, [], origin="restart")
-        self._note(f"the spec differs from the network in checkpoint {self.ckpt.location}: applying the changed "
-                   f"network at the next epoch boundary ({'; '.join(changed.lines())})")
-
-    def _note(self, text: str) -> None:
-        if self.reporter is not None:
-            self.reporter.note(text)
-
-    def _rebuild(self, spec: NetworkSpec, last: EpochCommit | None) -> None:
-        """Another network in force: unchanged sinks stay open, everything else is made anew;
-        the controller continues from the last commit where its steps are still there."""
-        old = self.spec
-        keep = {n: s for n, s in self.outputs.sinks.items()
-                if any(x.name == n and x == old.node(n) for x in spec.sinks)}
-        for name, sink in self.outputs.sinks.items():
-            if name not in keep and hasattr(sink, "close"):
-                sink.close()
-        attached = self._attached
-        if attached:
-            for source in self.sources.values():
-                source.detach()
-        self.lookahead.close()
-        checkpoint_id = self.executor.checkpoint_id
-        self._build(spec, keep)
-        self.executor.checkpoint_id = checkpoint_id
-        if last is not None:
-            with contextlib.suppress(Exception):  # a state for steps that are gone: decide afresh
-                self._restore(last.control)
-        if attached:
-            for name, source in self.sources.items():
-                source.attach(self.ckpt.location, last.source_ends.get(name, 0) if last else 0)
-        self._open_gates()
+    # ------------------------------------------------------------------ the lease
 
     def _view(self, commit: EpochCommit | None, epoch: int) -> EpochCommit | None:
         """``commit`` as the base of ``epoch`` (:func:`eddyline.runtime.livechange.view`)."""
         return view(commit, epoch, self._change, self.spec, self.ckpt)
-
-    def _use_settings(self, settings: dict[str, Any]) -> None:
-        """Run with the network as written plus ``settings`` (validated: a plan logged them)."""
-        if settings == self.settings:
-            return
-        spec = with_catch_ups(with_settings(self.base_spec, settings), self._change.catch_up)
-        old, self.settings, self.spec = self.spec, settings, spec
-        self.compiler.spec = self._plans.spec = self.executor.spec = spec
-        self.controller.reconfigure(spec)
-        moved = [s for s in spec.sinks if s != old.node(s.name)]  # a sink's target changed
-        for sink in moved:  # (the executor opens the new one before its first epoch)
-            before = self.outputs.sinks[sink.name]
-            if hasattr(before, "close"):
-                before.close()
-            self.outputs.sinks[sink.name] = self._make_sink(sink)
-        if moved:
-            self._open_gates()
-
-    def _make_sink(self, spec: SinkSpec) -> Sink:
-        sink = make_sink(spec, self.reporter.console if self.reporter else None)
-        sink.history = self.retain_epochs  # how far back a replay can go: what a rewinding sink keeps
-        return sink
-
-    def _open_gates(self) -> None:
-        """Write under our lease generation (a follower's: the leader's) from now on, in the
-        checkpoint and every sink: each store then refuses the writes of an older generation
-        (:class:`~eddyline.storage.Gate`, :meth:`eddyline.io.sinks.Sink.fence`)."""
-        generation = self._generation
-        if self.lease is None and self.pair is not None:
-            cur = self.pair.leader()
-            generation = cur.generation if cur is not None else 0
-        self.ckpt.fence(generation)
-        for out in [*self.outputs.sinks.values(), *self.outputs.targets()]:
-            out.fence(generation)
 
     def _lead(self) -> None:
         """A follower of a hot pair took the lease over: from now on it leads under it."""
@@ -588,7 +397,7 @@ class Engine:
         self._settle("took the hot pair's lease over")
 
     @property
-    def _generation(self) -> int:
+    def generation(self) -> int:
         """The lease generation this driver runs under (0 without a lease)."""
         if self.lease is None or self.lease.generation is None:
             return 0
@@ -604,7 +413,7 @@ class Engine:
     def _log(self, plan: EpochPlan) -> EpochPlan:
         """Log a new plan (with our lease generation); if a driver we fenced logged this epoch's
         plan between our reading the checkpoint and now, that plan is the one to run."""
-        plan = dataclasses.replace(plan, generation=self._generation)
+        plan = dataclasses.replace(plan, generation=self.generation)
         self.boundaries.reached(FaultPoint.PLANNED, plan.epoch)
         if self.ckpt.write_plan(plan, exclusive=self.lease is not None):
             return plan
@@ -612,78 +421,7 @@ class Engine:
         self._restore(theirs.control)
         return theirs
 
-    def _epoch(self, plan: EpochPlan, last: EpochCommit | None, replayed: bool) -> tuple[EpochCommit, ProgressRecord]:
-        """Stages 3–8 of one logged epoch."""
-        t0 = time.monotonic()
-        wall_s = t0 - self._last_epoch_start if self._last_epoch_start is not None else 0.0
-        self._last_epoch_start = t0
-        try:
-            # the next epoch's look-ahead counts while this one's jobs run
-            staged = self.executor.execute(plan, last, before_jobs=self.lookahead.start)
-        except EddylineError:
-            raise
-        except Exception as e:  # a Spark job failed: surface our own message if a task left one
-            if self.lease is not None:  # or it failed because a driver that took over cleared our staging
-                self.lease.check()
-            line = task_error_line(e)
-            if line is None:
-                raise
-            raise EngineError(f"epoch {plan.epoch}: {line}") from e
-        self.boundaries.reached(FaultPoint.AFTER_STAGE, plan.epoch)
-        t_run = time.monotonic()
-        publish(self.outputs, staged, plan, self.boundaries)
-        self.boundaries.reached(FaultPoint.AFTER_PUBLISH, plan.epoch)
-        t_pub = time.monotonic()
-        folded = fold(self.spec, self.ckpt, plan, last, staged, wall_s)
-        for name, load in folded.loads.items():
-            if load.state_rows:
-                self.executor.bytes_per_row[name] = load.state_bytes / load.state_rows
-        observed_ms = (time.monotonic() - t0) * 1000
-        shed = observe(self.controller, self.spec, plan, staged, folded, observed_ms, wall_s, cold=self._cold)
-        self._cold = False
-        done = commit(
-            self.ckpt, plan, last, staged, folded, self.controller.snapshot().model_dump(mode="json"), self.boundaries,
-            generation=self._generation, exclusive=self.lease is not None,
-        )
-        self.boundaries.reached(FaultPoint.AFTER_COMMIT, plan.epoch)
-        # upstream backup (Source.committed): what no later plan reads again; a correction
-        # re-reads from the last stable commit (eddyline.ha.dpc)
-        stable = done if not done.tentative else self.ckpt.read_commit(done.stable) if done.stable else None
-        for name, source in self.sources.items():
-            source.committed(stable.source_ends.get(name, 0) if stable else 0)
-        t_commit = time.monotonic()
-        if plan.epoch % self.retain_epochs == 0 or self.spec.history_bytes is not None:  # a cap: every epoch
-            self.cleanups.start(self._cleanup, plan.epoch)
-        t_cleanup = time.monotonic()
-        ms = Timings(
-            planning=staged.compile_s * 1000,
-            execution=(t_run - t0) * 1000 - staged.compile_s * 1000,
-            publish=(t_pub - t_run) * 1000,
-            commit=(t_commit - t_pub) * 1000,
-            cleanup=(t_cleanup - t_commit) * 1000,
-        )
-        status = {
-            name: health
-            for name, health in [(n, s.status()) for n, s in self.sources.items()]
-            + [(n, s.status()) for n, s in self.sinks.items()]
-            if health is not None
-        }
-        if self.pair is not None:
-            driver = self.pair.describe(leading=self.lease is not None)
-        else:
-            driver = self.lease.describe() if self.lease is not None else None
-        return done, report(
-            self.spec, self.controller, plan, staged, folded, shed, ms, replayed, observed_ms, wall_s, status,
-            driver=driver, committed_at=done.committed_at,
-        )
-
-    def _restore(self, control: dict) -> None:
-        """Continue with the controller state of the last commit and, on top of it, of the plan
-        being replayed (as it was once that plan was made)."""
-        if control:
-            self.controller.restore(ControllerState.model_validate(control))
-
-    def _cleanup(self, epoch: int) -> None:
+    def cleanup(self, epoch: int) -> None:
         """Delete what epochs before the retained ones left behind (in the cleanup's thread)."""
         keep_from = clean(self.ckpt, epoch, self.retain_epochs, self.spec.history_duration, self.spec.history_bytes,
                           [s.name for s in self.spec.stateful_steps()])

@@ -100,3 +100,10 @@ class Driver:
     @property
     def paused(self) -> bool:
         return self.mode is Mode.PAUSED
+
+    def to_json(self) -> dict[str, object]:
+        """The mode, and the transition that led to it (the progress record's ``mode``)."""
+        out: dict[str, object] = {"mode": self.mode.value}
+        if self.last is not None:
+            out |= {"since": self.last.at, "from": self.last.before.value, "reason": self.last.reason}
+        return out

@@ -43,12 +43,14 @@ def report(
     wall_s: float,
     status: dict[str, dict[str, Any]] | None = None,
     driver: dict[str, Any] | None = None,
+    mode: dict[str, Any] | None = None,
     committed_at: float | None = None,
 ) -> ProgressRecord:
     """``observed_ms``: the epoch's duration as the overload controller observed it (up to the
     commit); ``wall_s``: seconds since the previous epoch started; ``status``: per source and
     sink name that talks to a server, how that server is doing; ``driver``: which driver leads
-    (its lease), if it runs under one; ``committed_at``: when the commit was written (Unix s),
+    (its lease), if it runs under one; ``mode``: the driver's mode and how it came to it
+    (:meth:`eddyline.runtime.modes.Driver.to_json`); ``committed_at``: when the commit was written (Unix s),
     the moment the epoch's outputs count as delivered."""
     status = status or {}
     input_rows = sum(int(staged.observed.get(f"source:{s.name}", {}).get("rows") or 0) for s in spec.sources)
@@ -102,6 +104,8 @@ def report(
     }
     if driver is not None:
         record["driver"] = driver
+    if mode is not None:
+        record["mode"] = mode
     if plan.settings or plan.applied:  # control lines (eddyline.api.live)
         record["settings"] = plan.settings
         record["applied"] = plan.applied  # the commands that took effect in this epoch

@@ -21,7 +21,7 @@ def test_cleanup_runs_while_the_next_epoch_does(spark, tmp_path: Path) -> None:
     engine = Engine(spec, spark, str(tmp_path / "ckpt"), retain_epochs=3)
     commits = tmp_path / "ckpt" / "commits"
     waited: list[int] = []
-    real = engine._cleanup
+    real = engine.cleanup
 
     def cleanup_after_the_next_commit(epoch: int) -> None:
         # an inline cleanup would wait here for an epoch that cannot start before it returns
@@ -33,7 +33,7 @@ def test_cleanup_runs_while_the_next_epoch_does(spark, tmp_path: Path) -> None:
         waited.append(epoch)
         real(epoch)
 
-    engine._cleanup = cleanup_after_the_next_commit
+    engine.cleanup = cleanup_after_the_next_commit
     summary = engine.run(until_idle=True)
     assert summary.epochs >= 8
     assert waited == list(range(3, summary.last_epoch + 1, 3))
@@ -51,6 +51,6 @@ def test_a_failed_cleanup_stops_the_run_with_its_epoch(spark, tmp_path: Path) ->
     def broken(epoch: int) -> None:
         raise OSError("the disk is gone")
 
-    engine._cleanup = broken
+    engine.cleanup = broken
     with pytest.raises(CheckpointError, match="after epoch 2 failed: the disk is gone"):
         engine.run(epochs=4)

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 from eddyline.api.validate import load_spec
 from eddyline.cli import app
+from eddyline.errors import EngineError
 from eddyline.runtime.checkpoint import Checkpoint
-from eddyline.runtime.engine import Engine, EngineError
+from eddyline.runtime.engine import Engine
 from eddyline.runtime.faults import FaultPoint
 from eddyline.runtime.inbox import Inbox
 
@@ -138,6 +139,26 @@ def test_the_cli_refuses_a_bad_value_before_queueing_and_shows_status(tmp_path: 
     assert [c["set"] for c in Inbox(ckpt).pending()] == [{"expensive.filter": "price > 7"}]
     status = runner.invoke(app, ["control", "status", "--checkpoint", ckpt])
     assert status.exit_code == 0 and "waiting for the next epoch" in status.output
+
+
+def test_status_shows_the_drivers_mode_and_why_it_came_to_it(spark, tmp_path: Path) -> None:
+    """Each progress record carries the driver's mode and its last transition; ``eddyline status``
+    shows it: leading after a clean start, replaying for a plan logged before a crash."""
+    write_bid_files(tmp_path / "in", files=3, rows=10)
+    net = load_spec(spec(tmp_path / "in", tmp_path / "out"))
+    ckpt = str(tmp_path / "ckpt")
+    Engine(net, spark, ckpt).run(epochs=1)
+    (record,) = Checkpoint(ckpt).progress()
+    assert record["mode"] | {"since": 0} == {
+        "mode": "leading", "from": "starting", "reason": "took the checkpoint up after epoch 0", "since": 0}
+    with pytest.raises(Crash):
+        Engine(net, spark, ckpt, faults=CrashAt(2, FaultPoint.AFTER_PLAN)).run(epochs=1)
+    Engine(net, spark, ckpt).run(epochs=1)
+    assert Checkpoint(ckpt).progress()[-1]["mode"]["mode"] == "replaying"
+    shown = CliRunner().invoke(app, ["status", ckpt])
+    assert shown.exit_code == 0, shown.output
+    assert "mode at the last epoch: replaying (since " in shown.output
+    assert "from leading: epoch 2 runs the plan logged before this run)" in shown.output
 
 
 def test_a_control_stream_changes_the_filter_at_the_next_epoch_once(spark, tmp_path: Path) -> None:
