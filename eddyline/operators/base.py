@@ -39,6 +39,18 @@ import pyarrow.compute as pc
 from eddyline.columns import KG
 
 
+def key_groups_of(table: pa.Table) -> np.ndarray:
+    return np.asarray(table.column(KG).to_numpy(zero_copy_only=False), dtype=np.int32)
+
+
+def changed_groups(*tables: pa.Table) -> list[int]:
+    """The sorted distinct key groups of the rows in ``tables``: a kernel's upserts and deletes
+    give its :attr:`~eddyline.operators.base.KernelResult.changed_key_groups`."""
+    if not tables:
+        return []
+    return np.unique(np.concatenate([key_groups_of(t) for t in tables])).tolist()
+
+
 @dataclass
 class KernelResult:
     output: pa.Table
@@ -52,6 +64,12 @@ class KernelResult:
     #: pattern: ready rows times the runs each is tried against); empty: the kernel's time is
     #: charged to the key groups in proportion to the rows it worked on
     kg_cost: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, output: pa.Table, state: pa.Table, upserts: pa.Table, deletes: pa.Table,
+           metrics: dict[str, int] | None = None, kg_cost: dict[int, int] | None = None) -> KernelResult:
+        """A result whose changed key groups are the ones its upserts and deletes touch."""
+        return cls(output, state, upserts, deletes, changed_groups(upserts, deletes), metrics or {}, kg_cost or {})
 
 
 @runtime_checkable

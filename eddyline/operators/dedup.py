@@ -37,11 +37,9 @@ import numpy as np
 import pyarrow as pa
 
 from eddyline.columns import KG
-from eddyline.operators.base import KernelResult
+from eddyline.operators.base import KernelResult, key_groups_of
 from eddyline.operators.rows import (
-    changed_groups,
     key_codes,
-    key_groups_of,
     normalize,
     nullable,
     on_time,
@@ -252,13 +250,11 @@ class DedupKernel:
                 merged.filter(pa.array(had & ~keep_g)).select(pk),
             ]
         )
-        kgs = changed_groups(upserts, deletes)
-        return KernelResult(
+        return KernelResult.of(
             output,
             new_state,
             upserts,
             deletes,
-            kgs,
             {
                 "late_rows": late,
                 "rows_passed": int(passing.size),

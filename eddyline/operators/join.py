@@ -87,7 +87,7 @@ import pyarrow.compute as pc
 
 from eddyline.columns import DIFF, KG, PROBE, join_right_names
 from eddyline.operators.base import KernelResult, sortable
-from eddyline.operators.rows import TIMESTAMP, changed_groups, consolidated, ns_to_ms, time_ns
+from eddyline.operators.rows import TIMESTAMP, consolidated, ns_to_ms, time_ns
 from eddyline.operators.window import WINDOW_END, WINDOW_START
 
 SIDE = "_side"
@@ -108,12 +108,11 @@ def _result(
     dropped: np.ndarray,
 ) -> KernelResult:
     """Stored rows never change, so the upserts are exactly the admitted rows."""
-    return KernelResult(
+    return KernelResult.of(
         output,
         state,
         admitted,
         deletes,
-        changed_groups(admitted, deletes),
         {
             "late_rows": int(late.sum()),
             "dropped_rows": int(dropped.sum()),

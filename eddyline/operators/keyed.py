@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from eddyline.columns import DIFF, KG
-from eddyline.operators.base import KernelResult
+from eddyline.operators.base import KernelResult, key_groups_of
 from eddyline.operators.partials import (
     KEYED_FUNCS,
     ROWS,
@@ -37,9 +37,7 @@ from eddyline.operators.partials import (
 )
 from eddyline.operators.rows import (
     ArrayLike,
-    changed_groups,
     int_values,
-    key_groups_of,
     normalize,
     nullable,
     require_columns,
@@ -454,12 +452,11 @@ class KeyedAggregateKernel:
             upserts = pa.concat_tables([upserts, values.upserts])
             deletes = pa.concat_tables([deletes, values.deletes])
             new_state = pa.concat_tables([new_state, values.kept])
-        return KernelResult(
+        return KernelResult.of(
             output,
             new_state,
             upserts,
             deletes,
-            changed_groups(upserts, deletes),
             {
                 "keys_inserted": int((~had & shown_new).sum()),
                 "keys_updated": int((had & shown_new).sum()),

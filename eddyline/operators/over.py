@@ -71,7 +71,7 @@ import pyarrow.compute as pc
 
 from eddyline.columns import KG
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
-from eddyline.operators.base import KernelResult
+from eddyline.operators.base import KernelResult, key_groups_of
 from eddyline.operators.partials import (
     PartialColumn,
     aggregate_fields,
@@ -80,10 +80,8 @@ from eddyline.operators.partials import (
     row_partials,
 )
 from eddyline.operators.rows import (
-    changed_groups,
     event_times,
     int_values,
-    key_groups_of,
     normalize,
     nullable,
     ranks_in_segments,
@@ -314,9 +312,7 @@ class OverAggregateKernel:
             "rows_emitted": output.num_rows,
             "buffered_rows": int((int_values(new_state.column(KIND), -1) == BUFFERED).sum()),
         }
-        return KernelResult(
-            output, new_state, upserts, deletes, changed_groups(upserts, deletes), metrics
-        )
+        return KernelResult.of(output, new_state, upserts, deletes, metrics)
 
     # ------------------------------------------------------------------------- helpers
 

@@ -1,7 +1,7 @@
 """The row machinery the keyed kernels share (:mod:`~eddyline.operators.keyed`,
 :mod:`~eddyline.operators.dedup`, :mod:`~eddyline.operators.topk`,
 :mod:`~eddyline.operators.session`, :mod:`~eddyline.operators.over`,
-:mod:`~eddyline.operators.pattern`, and :func:`changed_groups` for every kernel):
+:mod:`~eddyline.operators.pattern`):
 
 * **a total order over rows**: kernels must not depend on the row order of a batch, so every
   choice between rows (the first row of a key, the k-th row of a partition) is made after a
@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from eddyline.columns import DIFF, KG
-from eddyline.operators.base import sortable
+from eddyline.operators.base import key_groups_of, sortable
 
 ArrayLike = pa.Array | pa.ChunkedArray
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -85,10 +85,6 @@ def event_times(column: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     if column.null_count:
         column = pc.fill_null(column, pa.scalar(0, pa.int64()).cast(column.type))
     return np.asarray(event_time_ms(column), dtype=np.int64), valid
-
-
-def key_groups_of(table: pa.Table) -> np.ndarray:
-    return np.asarray(table.column(KG).to_numpy(zero_copy_only=False), dtype=np.int32)
 
 
 def split_by_key_groups(state: pa.Table, kgs: np.ndarray) -> tuple[pa.Table, pa.Table]:
@@ -244,14 +240,6 @@ def int_values(column: ArrayLike, null: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     filled = pc.fill_null(pc.cast(column, pa.int64()), null)
     return np.asarray(filled.to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
-def changed_groups(*tables: pa.Table) -> list[int]:
-    """The sorted distinct key groups of the rows in ``tables``: a kernel's upserts and deletes
-    give its :attr:`~eddyline.operators.base.KernelResult.changed_key_groups`."""
-    if not tables:
-        return []
-    return np.unique(np.concatenate([key_groups_of(t) for t in tables])).tolist()
 
 
 def take_or_null(column: ArrayLike, idx: np.ndarray) -> ArrayLike:

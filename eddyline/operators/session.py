@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from eddyline.columns import KG
-from eddyline.operators.base import KernelResult
+from eddyline.operators.base import KernelResult, key_groups_of
 from eddyline.operators.partials import (
     aggregate_fields,
     finish_aggregates,
@@ -42,8 +42,6 @@ from eddyline.operators.partials import (
 )
 from eddyline.operators.rows import (
     TIMESTAMP,
-    changed_groups,
-    key_groups_of,
     ms_to_timestamp,
     normalize,
     nullable,
@@ -224,13 +222,11 @@ class SessionWindowKernel:
         deletes = pa.concat_tables(
             [both.filter(pa.array(gone)).select(pk), rest.filter(pa.array(rest_fire)).select(pk)]
         )
-        kgs = changed_groups(upserts, deletes)
-        return KernelResult(
+        return KernelResult.of(
             output,
             new_state,
             upserts,
             deletes,
-            kgs,
             {"late_rows": late, "sessions_fired": output.num_rows},
         )
 

@@ -34,11 +34,9 @@ import pyarrow.compute as pc
 
 from eddyline.columns import DIFF, KG
 from eddyline.eventtime import NO_WATERMARK
-from eddyline.operators.base import KernelResult
+from eddyline.operators.base import KernelResult, key_groups_of
 from eddyline.operators.rows import (
-    changed_groups,
     event_times,
-    key_groups_of,
     normalize,
     require_columns,
     run_starts,
@@ -230,13 +228,11 @@ class TopKKernel:
         )
         upserts = pa.concat_tables([upsert_rows, tombs_new]).cast(self.state_schema)
         deletes = both.filter(pa.array(old_gone)).select(pk)
-        kgs = changed_groups(upserts, deletes)
-        return KernelResult(
+        return KernelResult.of(
             output,
             new_state,
             upserts,
             deletes,
-            kgs,
             {
                 "late_rows": late + late_tomb,
                 "partitions_fired": int(g_fire.sum()),
@@ -363,12 +359,11 @@ class WeightedTopKKernel:
         old = pa.concat_tables([work, tombs])
         ids = self._ids([old, new_state], [*group_cols, SLOT])
         deletes = old.filter(pa.array(~np.isin(ids[0], ids[1]))).select(list(self.primary_key))
-        return KernelResult(
+        return KernelResult.of(
             output,
             new_state,
             upserts,
             deletes,
-            changed_groups(upserts, deletes),
             {
                 "late_rows": late,
                 "partitions_fired": len(np.unique(self._ids([firing], group_cols)[0])),

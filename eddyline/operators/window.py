@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 from eddyline.columns import DIFF, KG
 from eddyline.operators.base import KernelResult
 from eddyline.operators.partials import ROWS, SLOT, WEIGHT_SUM, extremes, finish_aggregates
-from eddyline.operators.rows import TIMESTAMP, changed_groups, event_time_ms
+from eddyline.operators.rows import TIMESTAMP, event_time_ms
 
 WINDOW_START = "window_start"
 #: window start (ms) in partials and state; output names it WINDOW_START. Internal, so that a
@@ -392,12 +392,11 @@ class WindowKernel:
             upserts = pa.concat_tables([upserts, values.upserts])
             deletes = pa.concat_tables([deletes.cast(values.deletes.schema), values.deletes])
 
-        return KernelResult(
+        return KernelResult.of(
             output,
             new_state,
             upserts,
             deletes,
-            changed_groups(upserts, deletes),
             {"windows_fired": int(fire.sum()), "late_rows": late},
         )
 

@@ -60,7 +60,6 @@ from eddyline.operators.pattern.layout import (
 )
 from eddyline.operators.pattern.nfa import MeasureSpec, Nfa, RowPool, Run, runs_by_key
 from eddyline.operators.rows import (
-    changed_groups,
     event_times,
     int_values,
     ranks_in_segments,
@@ -366,8 +365,8 @@ class PatternKernel:
         }
         kg_of_key = keytab.column(KG).to_numpy(zero_copy_only=False)
         by_kg = np.bincount(kg_of_key, weights=walk.cost) if keytab.num_rows else np.zeros(0)
-        return KernelResult(output, new_state, upserts, deletes, changed_groups(upserts, deletes), metrics,
-                            {int(g): int(by_kg[g]) for g in np.flatnonzero(by_kg)})
+        return KernelResult.of(output, new_state, upserts, deletes, metrics,
+                               {int(g): int(by_kg[g]) for g in np.flatnonzero(by_kg)})
 
 
 @dataclass
