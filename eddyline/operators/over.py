@@ -223,12 +223,9 @@ class OverAggregateKernel:
         hist = np.flatnonzero(kind == HISTORY)
         buf = np.flatnonzero(kind == BUFFERED)
         s_t = event_times(touched.column(p_time))[0]
-        last = np.full(n_keys, NOTHING_PROCESSED, dtype=np.int64)
-        np.maximum.at(last, s_kid[hist], s_t[hist])
-        next_ord = np.zeros(n_keys, dtype=np.int64)
-        np.maximum.at(next_ord, s_kid[hist], seq[hist] + 1)
-        next_buf = np.zeros(n_keys, dtype=np.int64)
-        np.maximum.at(next_buf, s_kid[buf], seq[buf] + 1)
+        last = _per_key_max(n_keys, s_kid[hist], s_t[hist], NOTHING_PROCESSED)
+        next_ord = _per_key_max(n_keys, s_kid[hist], seq[hist] + 1, 0)
+        next_buf = _per_key_max(n_keys, s_kid[buf], seq[buf] + 1, 0)
 
         # 4. late rows
         b_t, b_valid = event_times(batch.column(self.time))
@@ -238,19 +235,7 @@ class OverAggregateKernel:
         live = np.flatnonzero(~late)
 
         # 5. pending rows in the total order; ready ones and newly buffered ones
-        buffered = self._unpack(touched.take(pa.array(buf)), s_kid[buf], keytab)
-        fresh_rows = batch.take(pa.array(live)).select(self._rows_schema.names)
-        pending = pa.concat_tables([buffered, fresh_rows.cast(self._rows_schema)])
-        p_kid = np.concatenate([s_kid[buf], b_kid[live]])
-        p_t = np.concatenate([s_t[buf], b_t[live]])
-        p_origin = np.concatenate([buf, np.full(live.size, -1, dtype=np.int64)])
-        order = sort_indices(
-            [(pa.array(p_kid), "ascending"), (pa.array(p_t), "ascending")]
-            + [(pending.column(c), "ascending") for c in self._payload],
-            pending.num_rows,
-        )
-        pending = pending.take(pa.array(order))
-        p_kid, p_t, p_origin = p_kid[order], p_t[order], p_origin[order]
+        pending, p_kid, p_t, p_origin = self._pending(touched, batch, keytab, (s_kid, s_t, buf), (b_kid, b_t, live))
         ready = np.ones(p_t.size, dtype=bool) if eos else p_t < watermark_ms
         removed = np.zeros(touched.num_rows, dtype=bool)
         removed[p_origin[ready & (p_origin >= 0)]] = True
@@ -269,18 +254,7 @@ class OverAggregateKernel:
         r_idx = np.flatnonzero(ready)
         r_kid = p_kid[r_idx]
         r_ord = next_ord[r_kid] + _ranks(r_kid)
-        h_idx = hist[np.isin(s_kid[hist], r_kid)]
-        h_idx = h_idx[np.lexsort((seq[h_idx], s_kid[h_idx]))]
-        h_rows = self._unpack(touched.take(pa.array(h_idx)), s_kid[h_idx], keytab)
-        sequence = pa.concat_tables([h_rows, pending.take(pa.array(r_idx))])
-        q_kid = np.concatenate([s_kid[h_idx], r_kid])
-        q_phase = np.concatenate([np.zeros(h_idx.size, np.int8), np.ones(r_idx.size, np.int8)])
-        q_order = np.lexsort((np.arange(q_kid.size), q_phase, q_kid))
-        sequence = sequence.take(pa.array(q_order))
-        q_kid = q_kid[q_order]
-        at = np.flatnonzero(q_phase[q_order] == 1)  # the ready rows, in r_idx order
-        _gid, firsts, _ = segments(_key_starts(q_kid))
-        lo = firsts[_gid[at]] if at.size else np.zeros(0, dtype=np.int64)
+        sequence, at, lo = self._sequence(touched, keytab, hist, seq, s_kid, pending.take(pa.array(r_idx)), r_kid)
         partials = self._frames(sequence, at, lo)
 
         # 7. output and state
@@ -315,6 +289,41 @@ class OverAggregateKernel:
         return KernelResult.of(output, new_state, upserts, deletes, metrics)
 
     # ------------------------------------------------------------------------- helpers
+
+    def _pending(self, touched: pa.Table, batch: pa.Table, keytab: pa.Table, stored: tuple[np.ndarray, ...],
+                 arrived: tuple[np.ndarray, ...]) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]:
+        """Step 5's pending rows: the buffered rows (``stored``: key ids and times of ``touched``,
+        the buffered rows' indices) and the live batch rows (``arrived``: key ids, times, live
+        indices), in the total order; with their key ids, times and state row (-1: new)."""
+        (s_kid, s_t, buf), (b_kid, b_t, live) = stored, arrived
+        buffered = self._unpack(touched.take(pa.array(buf)), s_kid[buf], keytab)
+        fresh_rows = batch.take(pa.array(live)).select(self._rows_schema.names)
+        pending = pa.concat_tables([buffered, fresh_rows.cast(self._rows_schema)])
+        p_kid = np.concatenate([s_kid[buf], b_kid[live]])
+        p_t = np.concatenate([s_t[buf], b_t[live]])
+        p_origin = np.concatenate([buf, np.full(live.size, -1, dtype=np.int64)])
+        order = sort_indices(
+            [(pa.array(p_kid), "ascending"), (pa.array(p_t), "ascending")]
+            + [(pending.column(c), "ascending") for c in self._payload],
+            pending.num_rows,
+        )
+        return pending.take(pa.array(order)), p_kid[order], p_t[order], p_origin[order]
+
+    def _sequence(self, touched: pa.Table, keytab: pa.Table, hist: np.ndarray, seq: np.ndarray, s_kid: np.ndarray,
+                  ready: pa.Table, r_kid: np.ndarray) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+        """Step 6's sequence: per key with ready rows, its history by ordinal then its ready rows;
+        with where the ready rows are in it (in their order) and where each one's key begins."""
+        h_idx = hist[np.isin(s_kid[hist], r_kid)]
+        h_idx = h_idx[np.lexsort((seq[h_idx], s_kid[h_idx]))]
+        h_rows = self._unpack(touched.take(pa.array(h_idx)), s_kid[h_idx], keytab)
+        sequence = pa.concat_tables([h_rows, ready])
+        q_kid = np.concatenate([s_kid[h_idx], r_kid])
+        q_phase = np.concatenate([np.zeros(h_idx.size, np.int8), np.ones(r_kid.size, np.int8)])
+        q_order = np.lexsort((np.arange(q_kid.size), q_phase, q_kid))
+        at = np.flatnonzero(q_phase[q_order] == 1)  # the ready rows, in their order
+        _gid, firsts, _ = segments(_key_starts(q_kid[q_order]))
+        lo = firsts[_gid[at]] if at.size else np.zeros(0, dtype=np.int64)
+        return sequence.take(pa.array(q_order)), at, lo
 
     def _unpack(self, rows: pa.Table, kid: np.ndarray, keytab: pa.Table) -> pa.Table:
         """State rows → rows of ``_rows_schema`` (keys from ``keytab``)."""
@@ -401,3 +410,10 @@ def _key_starts(kid: np.ndarray) -> np.ndarray:
 def _ranks(kid: np.ndarray) -> np.ndarray:
     """Position of each row among the rows of its key (rows sorted by ``kid``)."""
     return ranks_in_segments(_key_starts(kid))
+
+
+def _per_key_max(n_keys: int, kid: np.ndarray, values: np.ndarray, default: int) -> np.ndarray:
+    """Per key id, the largest of its ``values`` (``default`` for a key without any)."""
+    out = np.full(n_keys, default, dtype=np.int64)
+    np.maximum.at(out, kid, values)
+    return out
