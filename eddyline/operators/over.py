@@ -259,25 +259,16 @@ class OverAggregateKernel:
 
         # 7. output and state
         processed = sequence.take(pa.array(at))
-        output = pa.table(
-            {
-                **{c: processed.column(c) for c in self._rows_schema.names},
-                **finish_aggregates(partials, self.aggregates),
-            }
-        ).cast(self.output_schema)
+        columns = {c: processed.column(c) for c in self._rows_schema.names}
+        output = pa.table({**columns, **finish_aggregates(partials, self.aggregates)}).cast(self.output_schema)
 
         keep = max(self.preceding, 1)
         new_next = next_ord.copy()
         np.add.at(new_next, r_kid, 1)
         removed[hist[seq[hist] < new_next[s_kid[hist]] - keep]] = True
         stays = r_ord >= new_next[r_kid] - keep
-        history_rows = self._state_rows(
-            keytab,
-            r_kid[stays],
-            HISTORY,
-            r_ord[stays],
-            processed.filter(pa.array(stays)).select(self._kept),
-        )
+        history_rows = self._state_rows(keytab, r_kid[stays], HISTORY, r_ord[stays],
+                                        processed.filter(pa.array(stays)).select(self._kept))
         upserts = pa.concat_tables([history_rows, buffered_rows])
         deletes = touched.filter(pa.array(removed)).select(list(self.primary_key))
         new_state = pa.concat_tables([rest, touched.filter(pa.array(~removed)), upserts])
