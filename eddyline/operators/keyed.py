@@ -353,16 +353,10 @@ class KeyedAggregateKernel:
         """
         batch = normalize(batch, self.input_schema)
         state = normalize(state, self.state_schema)
-        empty = KernelResult(
-            self.output_schema.empty_table(),
-            state,
-            self.state_schema.empty_table(),
-            self.state_schema.empty_table().select(list(self.primary_key)),
-            [],
-            {"keys_inserted": 0, "keys_updated": 0},
-        )
         if batch.num_rows == 0:
-            return empty
+            nothing = self.state_schema.empty_table()
+            return KernelResult.of(self.output_schema.empty_table(), state, nothing, nothing.select(list(self.primary_key)),
+                                   {"keys_inserted": 0, "keys_updated": 0})
         value_rows = None
         if self._extrema:  # the key rows go through the steps below, the value rows aside
             is_value = pc.not_equal(state.column(SLOT), 0).to_numpy(zero_copy_only=False)
@@ -373,44 +367,13 @@ class KeyedAggregateKernel:
 
         # 2. the touched key groups' state + the batch, sorted
         touched, rest = split_by_key_groups(state, np.unique(key_groups_of(batch)))
-        both = pa.concat_tables([touched, rows])
-        src = np.concatenate([np.zeros(touched.num_rows, np.int8), np.ones(rows.num_rows, np.int8)])
-        n = both.num_rows
-        group_cols = [KG, *self.keys]
-        order = sort_indices(
-            [(both.column(c), "ascending") for c in group_cols]
-            + [(pa.array(src), "ascending")]
-            + [(both.column(c), "ascending") for c in self._partial_names],
-            n,
-        )
-        both, src = both.take(pa.array(order)), src[order]
+        both, src = self._with_state(touched, rows)
 
         # 3. merge per key
-        gid, firsts, _sizes = segments(run_starts([both.column(c) for c in group_cols], n))
+        gid, firsts, _sizes = segments(run_starts([both.column(c) for c in [KG, *self.keys]], both.num_rows))
         groups = len(firsts)
-        merged = merge_partials(both, gid, groups, [(p.name, p.merge) for p in self._partials])
-        new_cols: dict[str, ArrayLike] = {
-            c: both.column(c).take(pa.array(firsts)) for c in group_cols
-        }
-        for a in self.aggregates:
-            if a.func in WINDOW_FUNCS:
-                new_cols |= {
-                    p.name: merged[p.name] for p in self._partials if p.aggregate == a.name
-                }
-            else:
-                win = self._winners(both, gid, groups, a)
-                new_cols[a.name] = take_or_null(both.column(a.name), win)
-                new_cols[f"{a.name}__by"] = take_or_null(both.column(f"{a.name}__by"), win)
-        if self.weighted:
-            new_cols[ROWS] = merged[ROWS]
-        values = None
-        if self._extrema:
-            assert value_rows is not None
-            values = self._values(batch, value_rows)
-            new_cols |= self._extremes(values.live, both.take(pa.array(firsts)))
-            new_cols[SLOT] = pa.array(np.zeros(groups, np.int8))
-            new_cols |= {f.name: pa.nulls(groups, f.type) for f in self.state_schema if f.name not in new_cols}
-        new = pa.table(new_cols).select(self.state_schema.names).cast(self.state_schema)
+        values = self._values(batch, value_rows) if value_rows is not None else None
+        new = self._merged(both, gid, firsts, values)
 
         # 4. what changed
         had = src[firsts] == 0
@@ -429,13 +392,7 @@ class KeyedAggregateKernel:
         # A revised key whose rows were all taken back is forgotten: every partial is back to
         # zero. (A zero row count alone is not enough: a retraction may arrive before the row it
         # takes back, leaving a count of 0 and a sum that the insertion will cancel.)
-        alive = np.ones(groups, bool)
-        if self.weighted:
-            alive = np.zeros(groups, bool)
-            extrema = {a.name for a in self._extrema}
-            for c in self._partial_names:
-                if c not in extrema:  # (a min/max lives while its key's rows do)
-                    alive |= pc.fill_null(pc.not_equal(new.column(c), 0), False).to_numpy(zero_copy_only=False)
+        alive = self._alive(new) if self.weighted else np.ones(groups, bool)
         shown_old = had & out_changed
         shown_new = out_changed & alive
         if self.weighted:
@@ -463,6 +420,51 @@ class KeyedAggregateKernel:
                 "keys_deleted": int((shown_old & ~shown_new).sum()),
             },
         )
+
+    def _with_state(self, touched: pa.Table, rows: pa.Table) -> tuple[pa.Table, np.ndarray]:
+        """The touched state rows and the batch's partials, sorted by key (a state row first),
+        then by every partial column so that float sums add in a fixed order; with where each
+        row came from (0: the state, 1: the batch)."""
+        both = pa.concat_tables([touched, rows])
+        src = np.concatenate([np.zeros(touched.num_rows, np.int8), np.ones(rows.num_rows, np.int8)])
+        order = sort_indices(
+            [(both.column(c), "ascending") for c in [KG, *self.keys]]
+            + [(pa.array(src), "ascending")]
+            + [(both.column(c), "ascending") for c in self._partial_names],
+            both.num_rows,
+        )
+        return both.take(pa.array(order)), src[order]
+
+    def _merged(self, both: pa.Table, gid: np.ndarray, firsts: np.ndarray, values: _ValueRows | None) -> pa.Table:
+        """Step 3: one state row per key: count/sum/min/max partials merged with one hash
+        aggregate, ``last``/``max_by`` winners picked by a sort, the extremes from the value rows."""
+        groups = len(firsts)
+        merged = merge_partials(both, gid, groups, [(p.name, p.merge) for p in self._partials])
+        new_cols: dict[str, ArrayLike] = {c: both.column(c).take(pa.array(firsts)) for c in [KG, *self.keys]}
+        for a in self.aggregates:
+            if a.func in WINDOW_FUNCS:
+                new_cols |= {p.name: merged[p.name] for p in self._partials if p.aggregate == a.name}
+            else:
+                win = self._winners(both, gid, groups, a)
+                new_cols[a.name] = take_or_null(both.column(a.name), win)
+                new_cols[f"{a.name}__by"] = take_or_null(both.column(f"{a.name}__by"), win)
+        if self.weighted:
+            new_cols[ROWS] = merged[ROWS]
+        if values is not None:
+            new_cols |= self._extremes(values.live, both.take(pa.array(firsts)))
+            new_cols[SLOT] = pa.array(np.zeros(groups, np.int8))
+            new_cols |= {f.name: pa.nulls(groups, f.type) for f in self.state_schema if f.name not in new_cols}
+        return pa.table(new_cols).select(self.state_schema.names).cast(self.state_schema)
+
+    def _alive(self, new: pa.Table) -> np.ndarray:
+        """The revised keys some of whose partials are not back to zero (a min/max lives while
+        its key's rows do)."""
+        alive = np.zeros(new.num_rows, bool)
+        extrema = {a.name for a in self._extrema}
+        for c in self._partial_names:
+            if c not in extrema:
+                alive |= pc.fill_null(pc.not_equal(new.column(c), 0), False).to_numpy(zero_copy_only=False)
+        return alive
 
     def _one_row(self, batch: pa.Table) -> pa.Table:
         """Each batch row as a partial in the state's schema (``max_by``/``last`` rows with a
