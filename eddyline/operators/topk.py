@@ -145,34 +145,10 @@ class TopKKernel:
         t_state, _ = event_times(state.column(self.time))
         work_mask = np.isin(key_groups_of(state), np.unique(key_groups_of(rows))) | (wm >= t_state)
         work, rest = state.filter(pa.array(work_mask)), state.filter(pa.array(~work_mask))
-        ns, nb = work.num_rows, rows.num_rows
-        n = ns + nb
-        src = np.concatenate([np.zeros(ns, np.int8), np.ones(nb, np.int8)])
-        both = pa.concat_tables(
-            [
-                work,
-                rows.append_column(SLOT, pa.nulls(nb, pa.int32()))
-                .select(self.state_schema.names)
-                .cast(self.state_schema),
-            ]
-        )
-        slot_all = np.asarray(
-            pc.fill_null(both.column(SLOT), 0).to_numpy(zero_copy_only=False), dtype=np.int64
-        )
-        tomb = (src == 0) & (slot_all == -1)
 
         # 3. sort
-        ranked_cols = {c for c, _ in self.order_by} | set(self.group_by)
-        order = sort_indices(
-            [(both.column(c), "ascending") for c in (KG, *self.group_by)]
-            + [(pa.array(tomb), "descending")]
-            + [(both.column(c), d) for c, d in self.order_by]
-            + [(both.column(c), "ascending") for c in self.columns if c not in ranked_cols]
-            + [(pa.array(src), "ascending"), (pa.array(slot_all), "ascending")],
-            n,
-        )
-        both = both.take(pa.array(order))
-        src, slot_all, tomb = src[order], slot_all[order], tomb[order]
+        both, src, slot_all, tomb = self._sorted(work, rows)
+        n = both.num_rows
         t_all, _ = event_times(both.column(self.time))
         gid, firsts, sizes = segments(run_starts([both.column(c) for c in (KG, *self.group_by)], n))
         groups = firsts.size
@@ -204,17 +180,9 @@ class TopKKernel:
         stay = keep & ~fire
         m_new = np.bincount(gid[stay], minlength=groups)
         new_slot = pos  # kept rows are the first m_new of their group
-        state_rows = both.filter(pa.array(stay)).set_column(
-            both.schema.get_field_index(SLOT),
-            SLOT,
-            pa.array(new_slot[stay].astype(np.int32), pa.int32()),
-        )
+        state_rows = _at_slots(both, stay, new_slot)
         moved = stay & ((src == 1) | (slot_all != new_slot))
-        upsert_rows = both.filter(pa.array(moved)).set_column(
-            both.schema.get_field_index(SLOT),
-            SLOT,
-            pa.array(new_slot[moved].astype(np.int32), pa.int32()),
-        )
+        upsert_rows = _at_slots(both, moved, new_slot)
         g_new_tomb = g_fire & (wm == g_time)
         g_keep_tomb = g_tomb & ~(wm > g_time)
         tombs_new = self._tombstones(both, firsts[g_new_tomb])
@@ -223,9 +191,7 @@ class TopKKernel:
         old_gone |= tomb & ~g_keep_tomb[gid]
 
         pk = list(self.primary_key)
-        new_state = pa.concat_tables([rest, state_rows, tombs_kept, tombs_new]).cast(
-            self.state_schema
-        )
+        new_state = pa.concat_tables([rest, state_rows, tombs_kept, tombs_new]).cast(self.state_schema)
         upserts = pa.concat_tables([upsert_rows, tombs_new]).cast(self.state_schema)
         deletes = both.filter(pa.array(old_gone)).select(pk)
         return KernelResult.of(
@@ -242,6 +208,33 @@ class TopKKernel:
 
     def _tombstones(self, both: pa.Table, idx: np.ndarray) -> pa.Table:
         return tombstones(self.state_schema, (KG, *self.group_by), both, idx)
+
+    def _sorted(self, work: pa.Table, rows: pa.Table) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]:
+        """Step 3: the work rows and the batch's rows (without a slot) sorted by ``(group,
+        tombstone first, order_by, every other column, state before batch, slot)``; with where
+        each came from (0: the state, 1: the batch), its slot (0 for a batch row) and whether it
+        is a tombstone."""
+        src = np.concatenate([np.zeros(work.num_rows, np.int8), np.ones(rows.num_rows, np.int8)])
+        unslotted = rows.append_column(SLOT, pa.nulls(rows.num_rows, pa.int32()))
+        both = pa.concat_tables([work, unslotted.select(self.state_schema.names).cast(self.state_schema)])
+        slot_all = np.asarray(pc.fill_null(both.column(SLOT), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        tomb = (src == 0) & (slot_all == -1)
+        ranked_cols = {c for c, _ in self.order_by} | set(self.group_by)
+        order = sort_indices(
+            [(both.column(c), "ascending") for c in (KG, *self.group_by)]
+            + [(pa.array(tomb), "descending")]
+            + [(both.column(c), d) for c, d in self.order_by]
+            + [(both.column(c), "ascending") for c in self.columns if c not in ranked_cols]
+            + [(pa.array(src), "ascending"), (pa.array(slot_all), "ascending")],
+            both.num_rows,
+        )
+        return both.take(pa.array(order)), src[order], slot_all[order], tomb[order]
+
+
+def _at_slots(rows: pa.Table, mask: np.ndarray, slots: np.ndarray) -> pa.Table:
+    """The rows under ``mask``, each put at its slot in ``slots``."""
+    return rows.filter(pa.array(mask)).set_column(
+        rows.schema.get_field_index(SLOT), SLOT, pa.array(slots[mask].astype(np.int32), pa.int32()))
 
 
 def tombstones(state_schema: pa.Schema, group_cols: Sequence[str], rows: pa.Table, idx: np.ndarray) -> pa.Table:
