@@ -32,6 +32,7 @@ so for them the output depends on arrival.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -140,6 +141,33 @@ class DedupKernel:
         head = first[seg]
         return inside | ((t > head) & (t <= head + ttl))
 
+    def _sorted(self, touched: pa.Table, rows: pa.Table, t_rows: np.ndarray) -> tuple[Any, ...]:
+        """Step 2's sort of the state rows and the remaining batch rows by ``(key, state first,
+        time, every other column)``: per sorted row where it came from (0: the state, 1: the
+        batch), its time (a state row's ``_first_ms``) and ``_last_ms``, its batch row (-1: a
+        state row); and the key's columns, sorted."""
+        ns, nb = touched.num_rows, rows.num_rows
+        src = np.concatenate([np.zeros(ns, np.int8), np.ones(nb, np.int8)])
+        t = np.concatenate([touched.column(FIRST).to_numpy(), t_rows]).astype(np.int64)
+        hi = np.concatenate([touched.column(LAST).to_numpy(), t_rows]).astype(np.int64)
+        row = np.concatenate([np.full(ns, -1, np.int64), np.arange(nb, dtype=np.int64)])
+        group_cols = [
+            pa.concat_arrays([touched.column(c).combine_chunks(), rows.column(c).combine_chunks()])
+            for c in (KG, *self.keys)
+        ]
+        others = [c for c in self.output_schema.names if c not in self.keys]
+        other_cols = [
+            pa.concat_arrays([pa.nulls(ns, rows.schema.field(c).type), rows.column(c).combine_chunks()]) for c in others
+        ]
+        order = sort_indices(
+            [(c, "ascending") for c in group_cols]
+            + [(pa.array(src), "ascending"), (pa.array(t), "ascending")]
+            + [(c, "ascending") for c in other_cols],
+            ns + nb,
+        )
+        take = pa.array(order)
+        return src[order], t[order], hi[order], row[order], [c.take(take) for c in group_cols]
+
     def process(self, batch: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
         """1. drop late rows (no time, or before the watermark);
         2. confine work to the batch's key groups; settle by a hash pass the rows whose fate
@@ -170,32 +198,8 @@ class DedupKernel:
             if settled.any():
                 rows, t_rows = rows.filter(pa.array(~settled)), t_rows[~settled]
         #    ... then state + remaining rows, sorted
-        ns, nb = touched.num_rows, rows.num_rows
-        n = ns + nb
-        src = np.concatenate([np.zeros(ns, np.int8), np.ones(nb, np.int8)])
-        t = np.concatenate([touched.column(FIRST).to_numpy(), t_rows]).astype(np.int64)
-        hi = np.concatenate([touched.column(LAST).to_numpy(), t_rows]).astype(np.int64)
-        row = np.concatenate([np.full(ns, -1, np.int64), np.arange(nb, dtype=np.int64)])
-        group_cols = [
-            pa.concat_arrays([touched.column(c).combine_chunks(), rows.column(c).combine_chunks()])
-            for c in (KG, *self.keys)
-        ]
-        others = [c for c in self.output_schema.names if c not in self.keys]
-        other_cols = [
-            pa.concat_arrays(
-                [pa.nulls(ns, rows.schema.field(c).type), rows.column(c).combine_chunks()]
-            )
-            for c in others
-        ]
-        order = sort_indices(
-            [(c, "ascending") for c in group_cols]
-            + [(pa.array(src), "ascending"), (pa.array(t), "ascending")]
-            + [(c, "ascending") for c in other_cols],
-            n,
-        )
-        src, t, hi, row = src[order], t[order], hi[order], row[order]
-        take = pa.array(order)
-        group_cols = [c.take(take) for c in group_cols]
+        src, t, hi, row, group_cols = self._sorted(touched, rows, t_rows)
+        n = src.size
         gid, firsts, _ = segments(run_starts(group_cols, n))
         had = src[firsts] == 0  # the state row sorts first in its key
         lo_g = np.where(had, t[firsts], 0)
@@ -213,11 +217,7 @@ class DedupKernel:
         seg = cg * 2 + after
         heads = np.flatnonzero(run_starts([pa.array(seg)], cand.size))
         passing = cand[chain_heads(seg, t[cand], heads, ttl)]
-        output = (
-            rows.take(pa.array(row[passing]))
-            .select(self.output_schema.names)
-            .cast(self.output_schema)
-        )
+        output = rows.take(pa.array(row[passing])).select(self.output_schema.names).cast(self.output_schema)
 
         # 5. new intervals, forgetting
         groups = firsts.size
