@@ -73,8 +73,8 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 from pydantic import AfterValidator, Field
 
-from eddyline.api.sinks import SINKS
-from eddyline.api.sources import SOURCES
+from eddyline.api.sinks import SINKS, SinkSpec
+from eddyline.api.sources import SOURCES, SourceSpec
 from eddyline.api.units import Duration, Model, format_duration_ms
 from eddyline.errors import Fenced, SinkError, SourceError, SourceUnreachable
 from eddyline.io.natswire import (
@@ -103,9 +103,6 @@ from eddyline.io.textrecords import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
-
-    from eddyline.api.sinks import SinkSpec
-    from eddyline.api.sources import SourceSpec
 
 _STREAM = r"^[^\s.*>/\\]+$"
 #: a task reads at least this many sequences; fewer make one task (connecting costs ~1 ms)
