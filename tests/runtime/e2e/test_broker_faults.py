@@ -98,17 +98,21 @@ def _spec_file(tmp: Path, raw: dict) -> Path:
     return path
 
 
-def test_sigkill_at_every_stage_then_restart_publishes_each_row_exactly_once(
-    nats_server, postgres, bids, expected, tmp_path
+#: where a cell kills the driver: epoch:moment, each stage of an epoch (and between a sink's publishes)
+MOMENTS = ["1:after_plan", "2:in_task", "3:after_stage", "4:mid_publish", "5:after_publish", "6:mid_commit",
+           "7:after_commit"]
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_a_sigkill_at_a_stage_then_a_restart_publishes_each_row_exactly_once(
+    nats_server, postgres, bids, expected, tmp_path, moment
 ):
     out = f"OUT{uuid.uuid4().hex[:8]}"
     spec = _spec_file(tmp_path, network(nats_server.url, bids, out, db=postgres.url))
     ckpt = tmp_path / "ckpt"
-    for moment in ["1:after_plan", "2:in_task", "3:after_stage", "4:mid_publish", "5:after_publish",
-                   "6:mid_commit", "7:after_commit"]:
-        proc = eddyline_run(spec, ckpt, "--crash-at", moment)
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == -signal.SIGKILL, (moment, err[-2000:])
+    proc = eddyline_run(spec, ckpt, "--crash-at", moment)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL, (moment, err[-2000:])
     proc = eddyline_run(spec, ckpt)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
