@@ -18,8 +18,8 @@ from eddyline.control.state import ControllerState
 from eddyline.control.stats import StepLoad
 from eddyline.plan.keygroups import RoutingTable
 
-from . import test_overload as ov
-from .test_manager import K, load, spec
+from . import overloads as ov
+from .loads import K, load, spec
 
 EPOCHS = 30
 CONTROL = {

@@ -12,7 +12,7 @@ from eddyline.control.overload import QUIET, Outcome, OverloadVerdict
 from eddyline.control.state import ControllerState, ManagerState
 from eddyline.plan.keygroups import RoutingTable
 
-from .test_manager import K, load, spec
+from .loads import K, load, spec
 
 EPOCHS = 30
 CONTROL = {

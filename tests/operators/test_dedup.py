@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.dedup import FIRST, LAST, DedupKernel, chain_heads
 from tests.operators.harness import run_epochs
-from tests.operators.test_keyed import (
+from tests.operators.keyedrows import (
     TS,
     check_result,
     cut,

@@ -15,197 +15,58 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eddyline.columns import KG
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.base import Kernel, KernelResult
 from eddyline.operators.join import (
     EXPIRE,
     SEQ,
-    SIDE,
-    IntervalJoinKernel,
     UnboundedJoinKernel,
     WindowJoinKernel,
 )
 from tests.operators.harness import run_epochs
+from tests.operators.joinrows import (
+    LEFT,
+    RIGHT,
+    TS,
+    TTL_MS,
+    auction_row,
+    batch_of,
+    bid_row,
+    check_epoch,
+    check_schema,
+    epochs,
+    kernel_of,
+    make_inputs,
+    multiset,
+    stream,
+)
 
-TS = pa.timestamp("us", tz="UTC")
-LEFT = pa.schema(
-    [
-        ("id", pa.int64()),
-        ("seller", pa.int32()),
-        ("name", pa.string()),
-        ("start", TS),
-        ("end", TS),
-        ("reserve", pa.float64()),
-    ]
-)
-RIGHT = pa.schema(
-    [
-        ("auction", pa.int64()),
-        ("bidder", pa.int32()),
-        ("name", pa.string()),
-        ("price", pa.int64()),
-        ("ts", TS),
-    ]
-)
-KEY_GROUPS = 4
-WINDOW_MS = 10_000
-TTL_MS = 3_000
 COLS = (
     'l.id, l.seller, l.name, l."start", l."end", l.reserve, '
     "r.auction, r.bidder, r.name AS name_right, r.price, r.ts"
 )
 
 
-# --------------------------------------------------------------------------- data
-def make_inputs(
-    n_left: int = 150, n_right: int = 450, seed: int = 0, keys: int = 12
-) -> tuple[pa.Table, pa.Table]:
-    """Auctions and bids over a minute, in microseconds (sub-millisecond times on purpose), with
-    null keys, exact duplicates on both sides, and bids exactly on / just off interval bounds."""
-    rng = np.random.default_rng(seed)
-    span_us = 60_000_000
-    start = rng.integers(0, span_us, n_left)
-    left = pa.table(
-        {
-            "id": pa.array(
-                rng.integers(0, keys, n_left), pa.int64(), mask=rng.random(n_left) < 0.05
-            ),
-            "seller": pa.array(rng.integers(0, 50, n_left), pa.int32()),
-            "name": pa.array(rng.choice(["x", "y", "z"], n_left)),
-            "start": pa.array(start, TS),
-            "end": pa.array(start + rng.integers(0, 8_000_000, n_left), TS),
-            "reserve": pa.array(
-                rng.integers(0, 100, n_left) / 4, pa.float64(), mask=rng.random(n_left) < 0.1
-            ),
-        },
-        schema=LEFT,
-    )
-    bounds = left.slice(0, 10)
-    edge_ts = np.concatenate(
-        [
-            bounds.column(c).cast(pa.int64()).to_numpy() + d
-            for c, d in (("start", 0), ("end", 0), ("start", -1), ("end", 1))
-        ]
-    )
-    ts = np.concatenate([rng.integers(0, span_us, n_right - len(edge_ts)), edge_ts])
-    auction = np.concatenate(
-        [
-            rng.integers(0, keys, n_right - len(edge_ts)),
-            np.tile(pc.fill_null(bounds.column("id"), -1).to_numpy(), 4),
-        ]
-    )
-    right = pa.table(
-        {
-            "auction": pa.array(
-                auction, pa.int64(), mask=(rng.random(n_right) < 0.05) | (auction < 0)
-            ),
-            "bidder": pa.array(rng.integers(0, 50, n_right), pa.int32()),
-            "name": pa.array(rng.choice(["x", "y"], n_right)),
-            "price": pa.array(rng.integers(1, 1000, n_right), pa.int64()),
-            "ts": pa.array(ts, TS),
-        },
-        schema=RIGHT,
-    )
-    dup_l, dup_r = rng.integers(0, n_left, n_left // 10), rng.integers(0, n_right, n_right // 10)
-    return (
-        pa.concat_tables([left, left.take(pa.array(dup_l))]),
-        pa.concat_tables([right, right.take(pa.array(dup_r))]),
-    )
 
 
-def pack(kernel: Kernel, left: pa.Table, right: pa.Table) -> pa.Table:
-    """Both inputs in the runtime's layout; the key group is the key modulo ``KEY_GROUPS``."""
-    parts = []
-    for side, table, key in ((0, left, "id"), (1, right, "auction")):
-        kg = pc.fill_null(table.column(key), 0).to_numpy() % KEY_GROUPS
-        cols: dict[str, pa.Array | pa.ChunkedArray] = {
-            KG: pa.array(kg, pa.int32()),
-            SIDE: pa.array(np.full(table.num_rows, side), pa.int8()),
-        }
-        for f in kernel.input_schema:
-            if f.name.startswith(("l__", "r__")):
-                own = f.name.startswith("l__") == (side == 0)
-                cols[f.name] = table.column(f.name[3:]) if own else pa.nulls(table.num_rows, f.type)
-        parts.append(pa.table(cols, schema=kernel.input_schema))
-    return pa.concat_tables(parts)
 
 
-def event_ms(batch: pa.Table) -> np.ndarray:
-    """A packed row's event time: an auction's start, a bid's time."""
-    left = batch.column(SIDE).to_numpy() == 0
-    start = pc.fill_null(batch.column("l__start").cast(pa.int64()), 0).to_numpy()
-    ts = pc.fill_null(batch.column("r__ts").cast(pa.int64()), 0).to_numpy()
-    return np.where(left, start, ts) // 1000
 
 
-def stream(
-    kernel: Kernel, left: pa.Table, right: pa.Table, seed: int = 0
-) -> tuple[pa.Table, np.ndarray]:
-    """Packed rows in event-time order (ties in random order), with their event times."""
-    batch = pack(kernel, left, right)
-    t = event_ms(batch)
-    order = np.lexsort((np.random.default_rng(seed).random(batch.num_rows), t))
-    return batch.take(pa.array(order)), t[order]
 
 
-def epochs(
-    batch: pa.Table, t: np.ndarray, cuts: list[int], lags: list[int], shuffle_seed: int = 0
-) -> tuple[list[pa.Table], list[int]]:
-    """Cut an event-time-ordered stream into epochs, each shuffled; the watermark of epoch ``i``
-    comes from epochs before ``i`` (max seen time minus a lag) and never passes an unseen row."""
-    n = batch.num_rows
-    bounds = sorted({0, n, *(c % (n + 1) for c in cuts)})
-    rng = np.random.default_rng(shuffle_seed)
-    batches, watermarks, seen = [], [], NO_WATERMARK
-    for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        batches.append(batch.slice(a, b - a).take(pa.array(rng.permutation(b - a), pa.int64())))
-        watermarks.append(seen)
-        seen = max(seen, int(t[b - 1]) - lags[i % len(lags)])
-    return batches, watermarks
 
 
-# --------------------------------------------------------------------------- driving
-def apply_changes(prev: pa.Table, result: KernelResult, pk: tuple[str, ...]) -> pa.Table:
-    """The previous state without the deleted and upserted keys, plus the upserted rows."""
-    gone = pa.concat_tables([result.deletes.select(list(pk)), result.upserts.select(list(pk))])
-    kept = prev.join(gone, keys=list(pk), join_type="left anti", use_threads=False)
-    return pa.concat_tables([kept.select(prev.column_names), result.upserts])
 
 
-def by_pk(table: pa.Table, pk: tuple[str, ...]) -> pa.Table:
-    return table.sort_by([(k, "ascending") for k in pk]).combine_chunks()
 
 
-def check_deltas(kernel: Kernel, prev: pa.Table, res: KernelResult) -> None:
-    """Upserts / deletes are exact: they rebuild the new state, delete only keys that left it,
-    upsert only rows that are new or changed, and name every touched key group."""
-    pk = kernel.primary_key
-    assert pk[0] == KG and res.state.schema == kernel.state_schema
-    assert by_pk(apply_changes(prev, res, pk), pk).equals(by_pk(res.state, pk))
-    keys = lambda t: Counter(zip(*(t.column(k).to_pylist() for k in pk), strict=True))  # noqa: E731
-    prev_keys, new_keys, deleted = keys(prev), keys(res.state), keys(res.deletes)
-    assert max(new_keys.values(), default=1) == 1, "primary key must be unique"
-    assert set(deleted) == set(prev_keys) - set(new_keys) and max(deleted.values(), default=1) == 1
-    prev_rows = {tuple(r.values())[: len(pk)]: r for r in prev.to_pylist()}
-    changed = [r for r in res.state.to_pylist() if prev_rows.get(tuple(r.values())[: len(pk)]) != r]
-    assert Counter(map(repr, changed)) == Counter(map(repr, res.upserts.to_pylist()))
-    touched = {*res.upserts.column(KG).to_pylist(), *res.deletes.column(KG).to_pylist()}
-    assert res.changed_key_groups == sorted(touched)
 
 
-def check_schema(kernel: Kernel, prev: pa.Table, res: KernelResult) -> None:
-    assert res.output.schema == kernel.output_schema
 
 
-def check_epoch(kernel: Kernel, prev: pa.Table, res: KernelResult) -> None:
-    """The harness's per-epoch check: the output schema, then the exact deltas."""
-    check_schema(kernel, prev, res)
-    check_deltas(kernel, prev, res)
 
 
-def multiset(table: pa.Table) -> Counter[tuple]:
-    return Counter(tuple(r.values()) for r in table.to_pylist())
 
 
 # --------------------------------------------------------------------------- references
@@ -255,13 +116,6 @@ def unbounded_reference(
     )
 
 
-def kernel_of(kind: str, ttl_ms: int | None = None) -> Kernel:
-    common = (LEFT, RIGHT, ("id",), ("auction",))
-    if kind == "window":
-        return WindowJoinKernel(*common, left_time="start", right_time="ts", size_ms=WINDOW_MS)
-    if kind == "interval":
-        return IntervalJoinKernel(*common, left_start="start", left_end="end", right_time="ts")
-    return UnboundedJoinKernel(*common, ttl_ms=ttl_ms, left_time="start", right_time="ts")
 
 
 @lru_cache
@@ -375,40 +229,24 @@ def test_results_are_identical_for_any_row_order(kind: str) -> None:
         assert other.changed_key_groups == base.changed_key_groups and other.metrics == base.metrics
 
 
-# --------------------------------------------------------------------------- semantics, by hand
-def _batch(kernel: Kernel, left: list[dict], right: list[dict]) -> pa.Table:
-    return pack(
-        kernel, pa.Table.from_pylist(left, schema=LEFT), pa.Table.from_pylist(right, schema=RIGHT)
-    )
 
 
-def _auction(id_: int | None, start_ms: int, end_ms: int = 0) -> dict:
-    return {
-        "id": id_,
-        "seller": 1,
-        "name": "a",
-        "start": start_ms * 1000,
-        "end": end_ms * 1000,
-        "reserve": 1.0,
-    }
 
 
-def _bid(auction: int | None, ts_ms: int, price: int = 10) -> dict:
-    return {"auction": auction, "bidder": 2, "name": "b", "price": price, "ts": ts_ms * 1000}
 
 
 def test_window_fires_only_when_the_watermark_reaches_its_end() -> None:
     k = kernel_of("window")
     assert isinstance(k, WindowJoinKernel)
     r1 = k.process(
-        _batch(k, [_auction(1, 1_000), _auction(1, 1_000)], [_bid(1, 9_999), _bid(1, 10_000)]),
+        batch_of(k, [auction_row(1, 1_000), auction_row(1, 1_000)], [bid_row(1, 9_999), bid_row(1, 10_000)]),
         None,
         0,
     )
     assert r1.output.num_rows == 0 and r1.state.num_rows == 4 and r1.changed_key_groups == [1]
-    r2 = k.process(_batch(k, [], []), r1.state, 9_999)
+    r2 = k.process(batch_of(k, [], []), r1.state, 9_999)
     assert r2.output.num_rows == 0 and r2.upserts.num_rows == 0 and r2.deletes.num_rows == 0
-    r3 = k.process(_batch(k, [], [_bid(1, 3_000)]), r2.state, 10_000)  # window [0, 10s) fires
+    r3 = k.process(batch_of(k, [], [bid_row(1, 3_000)]), r2.state, 10_000)  # window [0, 10s) fires
     assert r3.metrics["late_rows"] == 1 and r3.output.num_rows == 2  # the duplicate auction, twice
     out = r3.output.to_pydict()
     assert out["price"] == [10, 10] and out["name_right"] == ["b", "b"]
@@ -416,7 +254,7 @@ def test_window_fires_only_when_the_watermark_reaches_its_end() -> None:
         w.timestamp() for w in out["window_end"]
     } == {10}
     assert r3.deletes.num_rows == 3 and r3.state.num_rows == 1  # the bid of [10s, 20s) waits
-    r4 = k.process(_batch(k, [], []), r3.state, END_OF_STREAM)
+    r4 = k.process(batch_of(k, [], []), r3.state, END_OF_STREAM)
     assert r4.output.num_rows == 0 and r4.state.num_rows == 0 and r4.deletes.num_rows == 1
 
 
@@ -426,20 +264,20 @@ def _bid_seconds(result: KernelResult) -> list[float]:
 
 def test_interval_join_emits_each_pair_once_as_soon_as_both_are_there() -> None:
     k = kernel_of("interval")
-    bids = [_bid(1, 1_000), _bid(1, 5_001), _bid(2, 2_000)]
-    r1 = k.process(_batch(k, [_auction(1, 1_000, 5_000)], bids), None, 0)
+    bids = [bid_row(1, 1_000), bid_row(1, 5_001), bid_row(2, 2_000)]
+    r1 = k.process(batch_of(k, [auction_row(1, 1_000, 5_000)], bids), None, 0)
     assert _bid_seconds(r1) == [1]  # a pair within one epoch, once; bounds are inclusive
-    r2 = k.process(_batch(k, [], [_bid(1, 5_000), _bid(1, 4_000)]), r1.state, 1_000)
+    r2 = k.process(batch_of(k, [], [bid_row(1, 5_000), bid_row(1, 4_000)]), r1.state, 1_000)
     assert _bid_seconds(r2) == [4, 5]  # new bids × the stored auction
     # W = 1.5 s: the bid at 1 s expires, the auction (to 5 s) stays; the bid at 1.2 s is late
-    r3 = k.process(_batch(k, [_auction(1, 1_500, 9_000)], [_bid(1, 1_200)]), r2.state, 1_500)
+    r3 = k.process(batch_of(k, [auction_row(1, 1_500, 9_000)], [bid_row(1, 1_200)]), r2.state, 1_500)
     assert r3.metrics["late_rows"] == 1 and r3.metrics["rows_evicted"] == 1
     assert _bid_seconds(r3) == [4, 5, 5.001]  # the new auction × stored bids
     # W = 5.001 s: a start or a bid at 5 s is late, at 5.001 s on time; the auction to 5 s and
     # the bids at 2 s (other key), 4 s and 5 s expire
-    late = [_auction(1, 5_000, 9_000), _bid(1, 5_000)]
-    on_time = [_auction(1, 5_001, 9_000), _bid(1, 5_001)]
-    r4 = k.process(_batch(k, [late[0], on_time[0]], [late[1], on_time[1]]), r3.state, 5_001)
+    late = [auction_row(1, 5_000, 9_000), bid_row(1, 5_000)]
+    on_time = [auction_row(1, 5_001, 9_000), bid_row(1, 5_001)]
+    r4 = k.process(batch_of(k, [late[0], on_time[0]], [late[1], on_time[1]]), r3.state, 5_001)
     assert r4.metrics["late_rows"] == 2 and r4.metrics["rows_evicted"] == 4
     assert _bid_seconds(r4) == [
         5.001,
@@ -447,35 +285,35 @@ def test_interval_join_emits_each_pair_once_as_soon_as_both_are_there() -> None:
         5.001,
     ]  # two auctions × new bid, new auction × old bid
     assert r4.state.num_rows == 4
-    r5 = k.process(_batch(k, [], []), r4.state, END_OF_STREAM)
+    r5 = k.process(batch_of(k, [], []), r4.state, END_OF_STREAM)
     assert r5.state.num_rows == 0 and r5.output.num_rows == 0 and r5.deletes.num_rows == 4
 
 
 def test_ttl_evicts_and_a_row_without_ttl_stays() -> None:
     k = kernel_of("unbounded", 1_000)
-    r1 = k.process(_batch(k, [_auction(1, 0), _auction(1, 0)], []), None, NO_WATERMARK)
+    r1 = k.process(batch_of(k, [auction_row(1, 0), auction_row(1, 0)], []), None, NO_WATERMARK)
     assert r1.state.column(EXPIRE).to_pylist() == [1_001, 1_001]
     assert sorted(r1.state.column(SEQ).to_pylist()) == [0, 1]  # duplicates get distinct keys
-    r2 = k.process(_batch(k, [], [_bid(1, 900)]), r1.state, 1_000)  # still alive: both pairs
+    r2 = k.process(batch_of(k, [], [bid_row(1, 900)]), r1.state, 1_000)  # still alive: both pairs
     assert r2.output.num_rows == 2
-    r3 = k.process(_batch(k, [], [_bid(1, 1_500)]), r2.state, 1_001)  # the auctions expire first
+    r3 = k.process(batch_of(k, [], [bid_row(1, 1_500)]), r2.state, 1_001)  # the auctions expire first
     assert r3.output.num_rows == 0 and r3.metrics["rows_evicted"] == 2 and r3.deletes.num_rows == 2
-    r4 = k.process(_batch(k, [], [_bid(1, 0), _bid(1, 1)]), r3.state, 1_001)  # 0 + ttl < W: late
+    r4 = k.process(batch_of(k, [], [bid_row(1, 0), bid_row(1, 1)]), r3.state, 1_001)  # 0 + ttl < W: late
     assert r4.metrics["late_rows"] == 1 and r4.state.num_rows == 3
-    r5 = k.process(_batch(k, [], []), r4.state, END_OF_STREAM)
+    r5 = k.process(batch_of(k, [], []), r4.state, END_OF_STREAM)
     assert r5.state.num_rows == 0 and r5.deletes.num_rows == 3
 
     forever = kernel_of("unbounded")
-    s = forever.process(_batch(forever, [_auction(1, 0)], [_bid(1, 5)]), None, 0)
-    s = forever.process(_batch(forever, [], [_bid(1, 5)]), s.state, END_OF_STREAM)
+    s = forever.process(batch_of(forever, [auction_row(1, 0)], [bid_row(1, 5)]), None, 0)
+    s = forever.process(batch_of(forever, [], [bid_row(1, 5)]), s.state, END_OF_STREAM)
     assert s.output.num_rows == 1 and s.state.num_rows == 3 and s.deletes.num_rows == 0
 
 
 def test_null_keys_never_match_and_are_not_stored() -> None:
     for kind in ("window", "interval", "unbounded"):
         k = kernel_of(kind)
-        r = k.process(_batch(k, [_auction(None, 0, 10)], [_bid(None, 5)]), None, NO_WATERMARK)
-        r = k.process(_batch(k, [], []), r.state, END_OF_STREAM)
+        r = k.process(batch_of(k, [auction_row(None, 0, 10)], [bid_row(None, 5)]), None, NO_WATERMARK)
+        r = k.process(batch_of(k, [], []), r.state, END_OF_STREAM)
         assert r.output.num_rows == 0 and r.state.num_rows == 0
 
 

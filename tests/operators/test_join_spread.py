@@ -30,12 +30,12 @@ from eddyline.operators.join import (
     WindowJoinKernel,
 )
 from tests.operators.harness import Driver, with_end_of_stream
-from tests.operators.test_join import (
+from tests.operators.joinrows import (
     KEY_GROUPS,
     TTL_MS,
-    _auction,
-    _batch,
-    _bid,
+    auction_row,
+    batch_of,
+    bid_row,
     check_epoch,
     check_schema,
     epochs,
@@ -230,14 +230,14 @@ def test_spreading_random_inputs(
     stored while some new rows (and their probe copies) are late; a TTL of 300 ms expires rows."""
     kernel = kernel_of("unbounded", 300) if kind == "ttl" else kernel_of(kind)
     batches = [
-        _batch(
+        batch_of(
             kernel,
             [
-                _auction(k, (e * STEP + s) * 100, (e * STEP + s + d) * 100)
+                auction_row(k, (e * STEP + s) * 100, (e * STEP + s + d) * 100)
                 for k, s, d, e in auctions
                 if e == epoch
             ],
-            [_bid(k, (e * STEP + ts) * 100, p) for k, ts, p, e in bids if e == epoch],
+            [bid_row(k, (e * STEP + ts) * 100, p) for k, ts, p, e in bids if e == epoch],
         )
         for epoch in range(4)
     ]
@@ -259,7 +259,7 @@ def test_spreading_random_inputs(
 # --------------------------------------------------------------------------- semantics, by hand
 def _probe_batch(kernel: Kernel, left: list[dict], right: list[dict], kg: int, probe: list[bool]):
     """Hand-made rows (left first) all in key group ``kg``, with the given ``_probe`` flags."""
-    b = _batch(kernel, left, right)
+    b = batch_of(kernel, left, right)
     b = b.set_column(b.column_names.index(KG), KG, pa.array([kg] * b.num_rows, pa.int32()))
     return b.append_column(PROBE, pa.array(probe, pa.bool_()))
 
@@ -271,10 +271,10 @@ def _prices(result: KernelResult) -> list[int]:
 def test_probe_rows_meet_the_state_but_only_store_left_rows_pair_within_the_batch() -> None:
     k = kernel_of("unbounded")
     frag = 1 + K  # fragment 1 of key group 1
-    r1 = k.process(_probe_batch(k, [_auction(1, 0)], [], frag, [False]), None, 0)
+    r1 = k.process(_probe_batch(k, [auction_row(1, 0)], [], frag, [False]), None, 0)
     assert r1.state.num_rows == 1 and r1.changed_key_groups == [frag]
     # a probe bid meets the stored auction (rule 1) and is not stored (rule 3)
-    r2 = k.process(_probe_batch(k, [], [_bid(1, 5, price=1)], frag, [True]), r1.state, 0)
+    r2 = k.process(_probe_batch(k, [], [bid_row(1, 5, price=1)], frag, [True]), r1.state, 0)
     assert _prices(r2) == [1] and r2.state.equals(r1.state) and r2.upserts.num_rows == 0
     assert r2.changed_key_groups == []
     # probe auction × store bid: formed at the auction's home, not here (rule 2); the stored
@@ -282,8 +282,8 @@ def test_probe_rows_meet_the_state_but_only_store_left_rows_pair_within_the_batc
     # meets no stored bid (there is none) and a probe × probe pair is never formed
     batch = _probe_batch(
         k,
-        [_auction(1, 0), _auction(1, 1)],
-        [_bid(1, 5, price=2), _bid(1, 6, price=3), _bid(1, 7, price=4)],
+        [auction_row(1, 0), auction_row(1, 1)],
+        [bid_row(1, 5, price=2), bid_row(1, 6, price=3), bid_row(1, 7, price=4)],
         frag,
         [True, False, False, True, True],
     )
@@ -296,8 +296,8 @@ def test_probe_rows_meet_the_state_but_only_store_left_rows_pair_within_the_batc
 
 def test_late_and_null_key_probes_match_nothing_and_are_not_counted() -> None:
     k = kernel_of("interval")
-    r1 = k.process(_probe_batch(k, [_auction(1, 0, 10_000)], [], 1, [False]), None, 0)
-    bids = [_bid(1, 500), _bid(None, 2_000), _bid(1, 3_000)]
+    r1 = k.process(_probe_batch(k, [auction_row(1, 0, 10_000)], [], 1, [False]), None, 0)
+    bids = [bid_row(1, 500), bid_row(None, 2_000), bid_row(1, 3_000)]
     r2 = k.process(_probe_batch(k, [], bids, 1, [True, True, True]), r1.state, 1_000)
     assert r2.metrics["late_rows"] == 0 and r2.metrics["dropped_rows"] == 0
     assert [v.timestamp() for v in r2.output.column("ts").to_pylist()] == [3]
@@ -354,7 +354,7 @@ def test_only_the_symmetric_joins_are_spreadable() -> None:
     for kind in ("window", "interval", "unbounded"):
         assert kernel_of(kind).spreadable is (kind != "window")
     k = kernel_of("window")
-    batch = _probe_batch(k, [_auction(1, 0)], [_bid(1, 5)], 1 + K, [False, True])
+    batch = _probe_batch(k, [auction_row(1, 0)], [bid_row(1, 5)], 1 + K, [False, True])
     with pytest.raises(ValueError, match="WindowJoinKernel.*window join cannot be split"):
         k.process(batch, None, 0)
     assert k.process(batch.drop_columns([PROBE]), None, 0).state.num_rows == 2

@@ -24,7 +24,7 @@ from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.base import Kernel
 from eddyline.operators.over import BUFFERED, HISTORY, KIND, SEQ, OverAggregateKernel
 from tests.operators.harness import Driver, run_epochs
-from tests.operators.test_keyed import check_result, cut, multiset, row_tuples, with_kg
+from tests.operators.keyedrows import check_result, cut, multiset, row_tuples, with_kg
 
 TS = pa.timestamp("us", tz="UTC")
 AGGS: tuple = (

@@ -35,8 +35,8 @@ from eddyline.operators.window import (
     partial_aggregate,
 )
 from tests.operators.harness import Driver, consolidate, exact_delta
-from tests.operators.test_join import pack
-from tests.operators.test_keyed import with_kg
+from tests.operators.joinrows import pack
+from tests.operators.keyedrows import with_kg
 
 LANES = 2
 

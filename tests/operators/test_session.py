@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.session import SESSION_END, SESSION_START, SessionWindowKernel
 from tests.operators.harness import run_epochs
-from tests.operators.test_keyed import TS, check_result, cut, norm, row_tuples, with_kg
+from tests.operators.keyedrows import TS, check_result, cut, norm, row_tuples, with_kg
 
 KEYS = ("user", "device")
 AGGS = (

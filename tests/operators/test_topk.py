@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.topk import RANK, SLOT, TopKKernel
 from tests.operators.harness import run_epochs
-from tests.operators.test_keyed import TS, check_result, cut, multiset, norm, with_kg
+from tests.operators.keyedrows import TS, check_result, cut, multiset, norm, with_kg
 
 WINDOW_MS = 10_000
 

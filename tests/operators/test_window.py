@@ -16,6 +16,7 @@ from eddyline.operators.window import (
     partial_aggregate,
 )
 from tests.operators.harness import run_epochs
+from tests.operators.windowrows import make_rows
 
 AGGS = (
     ("n", "count", None),
@@ -27,19 +28,6 @@ AGGS = (
 )
 
 
-def make_rows(n: int, seed: int = 0, keys: int = 5, span_ms: int = 60_000) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    price = rng.integers(0, 1000, n)
-    mask = rng.random(n) < 0.1  # some null prices: count(col) and sum must skip them
-    return pa.table(
-        {
-            "auction": pa.array(rng.integers(0, keys, n), pa.int64()),
-            "price": pa.array(price, pa.int64(), mask=mask),
-            "ts": pa.array(
-                np.sort(rng.integers(0, span_ms, n)) * 1000, pa.timestamp("us", tz="UTC")
-            ),
-        }
-    )
 
 
 def windows(cfg: WindowConfig, batches: list[pa.Table], watermarks: list[int]) -> pa.Table:

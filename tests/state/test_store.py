@@ -10,27 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eddyline.state.store import KeyGroupStore, StateCache
-
-SCHEMA = pa.schema([("_kg", pa.int32()), ("key", pa.int64()), ("v", pa.int64())])
-PK = ("_kg", "key")
-
-
-def table(rows: dict[tuple[int, int | None], int]) -> pa.Table:
-    items = sorted(rows.items(), key=lambda kv: (kv[0][0], -1 if kv[0][1] is None else kv[0][1]))
-    return pa.table(
-        {"_kg": [k[0] for k, _ in items], "key": [k[1] for k, _ in items], "v": [v for _, v in items]},
-        schema=SCHEMA,
-    )
-
-
-def as_dict(t: pa.Table) -> dict[tuple[int, int | None], int]:
-    d = t.to_pydict()
-    return {(g, k): v for g, k, v in zip(d["_kg"], d["key"], d["v"], strict=True)}
-
-
-def store(root: Path | str, cache_bytes: int = 1 << 20, snapshot_every: int = 4) -> KeyGroupStore:
-    return KeyGroupStore(str(root), "agg", SCHEMA, PK, snapshot_every=snapshot_every, cache=StateCache(cache_bytes))
-
+from tests.state.storerows import PK, SCHEMA, as_dict, store, table
 
 ops = st.lists(
     st.tuples(st.integers(0, 3), st.one_of(st.none(), st.integers(0, 6)), st.one_of(st.none(), st.integers(0, 99))),

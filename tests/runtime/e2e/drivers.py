@@ -9,6 +9,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from eddyline.observe.progress import ProgressReporter
+from eddyline.runtime.engine import Engine
+
 #: the lease timeout the failover tests give their drivers (seconds, as the option takes it)
 LEASE = "1.5"
 
@@ -56,3 +59,9 @@ def frozen(proc: subprocess.Popen) -> bool:
     """Whether the process is stopped (SIGSTOP, a ``--freeze-at`` hook)."""
     with open(f"/proc/{proc.pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def run(spec, spark, ckpt: Path, **kwargs):
+    """Run ``spec`` in this process, its progress records in ``<ckpt>.progress.jsonl``."""
+    with ProgressReporter(live=False, json_path=str(ckpt) + ".progress.jsonl") as rep:
+        return Engine(spec, spark, str(ckpt), reporter=rep, lanes=kwargs.pop("lanes", None)).run(**kwargs)

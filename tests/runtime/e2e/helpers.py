@@ -103,3 +103,22 @@ class CrashAfterPublish(CrashAt):
     def __init__(self, epoch: int):
         super().__init__(epoch, FaultPoint.AFTER_PUBLISH)
 
+
+#: the measures of the stateful tests' pattern step
+MEASURES = {"a_price": ["A", "value", "first"], "b_len": ["B", None, "count"], "d_peak": ["D", "value", "max"]}
+
+
+def normal(rows: list[tuple]) -> list[tuple]:
+    """Timestamps as UTC microseconds (Parquet from Spark reads back naive, Arrow's are aware)."""
+    def fix(v: object) -> object:
+        if isinstance(v, datetime):
+            return int((v.replace(tzinfo=UTC) if v.tzinfo is None else v).timestamp() * 1_000_000)
+        return v
+    return sorted(tuple(fix(v) for v in r) for r in rows)
+
+
+def read(out: Path, what: str) -> list[tuple]:
+    """The rows of a Parquet files sink's ``what`` output, normalised and sorted."""
+    return normal(duckdb.connect().execute(
+        f"SELECT * FROM read_parquet('{out}/{what}/epoch=*/*.parquet', hive_partitioning = false)"
+    ).fetchall())

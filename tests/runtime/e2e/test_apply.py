@@ -22,7 +22,7 @@ from eddyline.runtime.faults import FaultPoint
 from eddyline.runtime.inbox import Inbox
 
 from .helpers import BIDS_DDL, Crash, CrashAt, write_bid_files
-from .test_control import expected, per_epoch
+from .switched import expected, per_epoch
 
 COUNTS = {"name": "counts", "input": "bids", "window_aggregate": {
     "key": "auction", "time": "ts", "window": {"size": "10s"}, "watermark_delay": "5s", "aggregates": {"n": "count(*)"}}}

@@ -22,7 +22,7 @@ from eddyline.io.sinks import make_sink
 from eddyline.runtime.engine import Engine
 
 from ...natsref import read_stream
-from .test_nexmark_queries import REFERENCE, canonical
+from .nexmark_ref import REFERENCE, canonical
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "nexmark"
 EVENTS = 30_000

@@ -26,7 +26,9 @@ import yaml
 
 from eddyline.api.validate import load_spec
 from eddyline.runtime.engine import Engine
-from tests.runtime.e2e.test_adaptive import CHURN, network, plans, read
+
+from .adaptive_net import CHURN, network, plans
+from .helpers import read
 
 
 def free_ports(n: int) -> list[int]:

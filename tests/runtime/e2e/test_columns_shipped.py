@@ -12,7 +12,7 @@ from eddyline.api.validate import load_spec
 from eddyline.io.sources import make_source
 from eddyline.runtime.compile import EpochCompiler
 
-from .test_end_to_end import run
+from .drivers import run
 
 DDL = "auction long, bidder long, price long, channel string, ts timestamp"
 

@@ -8,16 +8,10 @@ from pathlib import Path
 import duckdb
 
 from eddyline.api.validate import load_spec
-from eddyline.observe.progress import ProgressReporter
 from eddyline.runtime.checkpoint import Checkpoint
-from eddyline.runtime.engine import Engine
 
+from .drivers import run
 from .helpers import bids_window_spec, duckdb_windows, read_windows, write_bid_files
-
-
-def run(spec, spark, ckpt: Path, **kwargs):
-    with ProgressReporter(live=False, json_path=str(ckpt) + ".progress.jsonl") as rep:
-        return Engine(spec, spark, str(ckpt), reporter=rep, lanes=kwargs.pop("lanes", None)).run(**kwargs)
 
 
 def test_files_network_matches_duckdb(spark, tmp_path: Path) -> None:

@@ -10,34 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from .drivers import LEASE, commits, finish, start, wait_for
 from .helpers import bids_window_spec, read_windows, write_bid_files
 
 pytestmark = pytest.mark.slow
 
-#: epochs this far apart, so that a standby started after the leader is ready before it ends
-TRIGGER_MS = 500
-
-
-@pytest.fixture
-def network(spark, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Path, list[tuple]]:
-    write_bid_files(tmp_path / "in", files=getattr(request, "param", 16), rows=150, seed=5)
-    spec = bids_window_spec(tmp_path / "in", tmp_path / "out")
-    raw = spec.model_dump(mode="json", by_alias=True, exclude_none=True) | {"trigger": TRIGGER_MS}
-    spec_file = tmp_path / "net.yaml"
-    spec_file.write_text(yaml.safe_dump(raw))
-    from eddyline.runtime.engine import Engine
-
-    Engine(bids_window_spec(tmp_path / "in", tmp_path / "ref"), spark, str(tmp_path / "ref-ckpt")).run(until_idle=True)
-    expected = read_windows(tmp_path / "ref")
-    assert len(expected) > 100
-    return spec_file, expected
-
-
-def test_a_frozen_leader_is_fenced_after_the_standby_took_over(network, tmp_path: Path) -> None:
-    spec, expected = network
+def test_a_frozen_leader_is_fenced_after_the_standby_took_over(windowed_bids, tmp_path: Path) -> None:
+    spec, expected = windowed_bids
     ckpt = tmp_path / "ckpt"
     # the leader freezes itself (SIGSTOP) once epoch 3's plan is logged, before anything of it ran
     leader = start(spec, ckpt, "--freeze-at", "3:after_plan")
@@ -62,9 +42,9 @@ def test_a_frozen_leader_is_fenced_after_the_standby_took_over(network, tmp_path
 
 # 48 epochs half a second apart: time for the standby to start its JVM and rehearse (about 10 s)
 # before the leader ends
-@pytest.mark.parametrize("network", [48], indirect=True)
-def test_a_standby_takes_over_when_the_leader_dies(network, tmp_path: Path) -> None:
-    spec, expected = network
+@pytest.mark.parametrize("windowed_bids", [48], indirect=True)
+def test_a_standby_takes_over_when_the_leader_dies(windowed_bids, tmp_path: Path) -> None:
+    spec, expected = windowed_bids
     ckpt = tmp_path / "ckpt"
     leader = start(spec, ckpt)
     wait_for(lambda: (ckpt / "lease" / f"{1:010d}.json").exists())

@@ -26,7 +26,6 @@ from eddyline.runtime.replica import HotPair
 
 from .drivers import LEASE, commits, finish, start, wait_for
 from .helpers import Crash, CrashAt, bids_window_spec, duckdb_windows, read_windows, write_bid_files
-from .test_failover import network  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -160,12 +159,12 @@ def test_what_a_pair_cannot_replicate_is_refused_and_a_group_runs_one_network(sp
         HotPair(str(tmp_path / "group"), str(tmp_path / "b")).join(other.fingerprint())
 
 
-def test_when_the_leader_is_killed_the_warm_follower_leads_on_without_a_gap(network, tmp_path: Path) -> None:  # noqa: F811
+def test_when_the_leader_is_killed_the_warm_follower_leads_on_without_a_gap(windowed_bids, tmp_path: Path) -> None:
     """Two ``eddyline run --hot`` processes; the leader gets SIGKILL once the follower has caught
     up with it. The follower takes the lease over and goes on from its own state:
     the output is the uninterrupted run's, each window once, and the sink's output stops for
     little longer than the lease's timeout."""
-    spec, expected = network
+    spec, expected = windowed_bids
     group, a, b = tmp_path / "group", tmp_path / "a", tmp_path / "b"
     leader = start(spec, a, "--hot", str(group))
     wait_for(lambda: "leading as" in leader.errfile.read_text())

@@ -22,7 +22,7 @@ from eddyline.io.memory import MemorySink
 from eddyline.io.nexmark import Nexmark, nexmark_frame
 from eddyline.runtime.engine import Engine
 
-from .test_nexmark_queries import REFERENCE, SPECS, canonical
+from .nexmark_ref import REFERENCE, SPECS, canonical
 
 EVENTS = 12_000
 RATE = 1_000

@@ -18,19 +18,8 @@ from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.engine import Engine
 from eddyline.runtime.inbox import Inbox
 
-from .helpers import BIDS_DDL, write_bid_files
-
-
-def q2(src: Path, out: Path, predicate: str) -> dict:
-    return {
-        "name": "q2", "trigger": 0, "lanes": 2, "key_groups": 8, "history": 12,
-        "sources": [{"name": "bids", "files": {"path": str(src), "format": "json", "schema": BIDS_DDL, "max_files_per_epoch": 1}}],
-        "steps": [
-            {"name": "picked", "input": "bids", "filter": predicate},
-            {"name": "q2", "input": "picked", "select": ["auction", "price"]},
-        ],
-        "sinks": [{"name": "out", "input": "q2", "files": {"path": str(out), "format": "parquet"}}],
-    }
+from .helpers import write_bid_files
+from .replay_net import q2
 
 
 def content(out: Path) -> Counter:

@@ -21,7 +21,7 @@ from eddyline.runtime.inbox import Inbox
 from tests.io.natsread import consume, read_stream
 
 from .helpers import write_bid_files
-from .test_replay import q2
+from .replay_net import q2
 
 
 def network(src: Path, url: str, stream: str, predicate: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from eddyline.runtime.engine import Engine
 from eddyline.runtime.inbox import Inbox
 
 from .helpers import write_bid_files
-from .test_replay import q2
+from .replay_net import q2
 
 
 def network(src: Path, url: str, tables: str, predicate: str) -> dict[str, Any]:

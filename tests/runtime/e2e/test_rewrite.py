@@ -24,8 +24,7 @@ from eddyline.runtime.engine import Engine
 from eddyline.runtime.faults import FaultPoint
 from eddyline.runtime.inbox import Inbox
 
-from .helpers import Crash, CrashAt
-from .test_stateful_recovery import MEASURES, normal, read
+from .helpers import MEASURES, Crash, CrashAt, normal, read
 
 TICKS = 3_000
 TICKS_SOURCE = {"rate": 200, "unpaced": True, "keys": 6, "skew": 2.0, "seed": 5}

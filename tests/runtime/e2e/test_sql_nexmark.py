@@ -28,7 +28,7 @@ from eddyline.api.sql import compile_sql
 from eddyline.api.validate import load_spec
 from eddyline.io.memory import MemorySink
 from eddyline.runtime.engine import Engine
-from tests.api.test_sql import QUERIES, SAME_NETWORK, VARIANTS
+from tests.api.sqlcases import QUERIES, SAME_NETWORK, VARIANTS
 
 NEXMARK = Path(__file__).resolve().parents[3] / "examples" / "nexmark"
 EVENTS = 12_000

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.runtime.e2e.test_adaptive import read
+from .helpers import read
 
 BUDGET = 2 << 20  # bytes per lane
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
@@ -19,8 +18,9 @@ from eddyline.io.generator import Generator, generator_frame
 from eddyline.operators.pattern import PatternKernel, tick_pattern
 from eddyline.runtime.engine import Engine
 
+from .helpers import MEASURES, normal, read
+
 TICKS = 4_000
-MEASURES = {"a_price": ["A", "value", "first"], "b_len": ["B", None, "count"], "d_peak": ["D", "value", "max"]}
 
 
 def network(out: Path) -> dict:
@@ -50,19 +50,8 @@ def network(out: Path) -> dict:
     }
 
 
-def normal(rows: list[tuple]) -> list[tuple]:
-    """Timestamps as UTC microseconds (Parquet from Spark reads back naive, Arrow's are aware)."""
-    def fix(v: object) -> object:
-        if isinstance(v, datetime):
-            return int((v.replace(tzinfo=UTC) if v.tzinfo is None else v).timestamp() * 1_000_000)
-        return v
-    return sorted(tuple(fix(v) for v in r) for r in rows)
 
 
-def read(out: Path, what: str) -> list[tuple]:
-    return normal(duckdb.connect().execute(
-        f"SELECT * FROM read_parquet('{out}/{what}/epoch=*/*.parquet', hive_partitioning = false)"
-    ).fetchall())
 
 
 def test_pattern_and_join_queries_are_exact(spark, tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.state.test_store import PK, as_dict, store, table
+from tests.state.storerows import PK, as_dict, store, table
 
 
 def test_a_worker_warms_its_cache_with_the_other_lanes_new_state(tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ def test_a_lane_that_advances_its_watermark_after_the_rows_writes_one_exact_chan
     from eddyline.operators.window import WindowConfig, WindowKernel, partial_aggregate
     from eddyline.runtime.lanes import process
     from tests.operators.harness import Driver, exact_delta
-    from tests.operators.test_window import make_rows
+    from tests.operators.windowrows import make_rows
 
     cfg = WindowConfig(("auction",), 4_000, 2_000, (("n", "count", None), ("total", "sum", "price")),
                        allowed_lateness_ms=3_000)
