@@ -244,10 +244,6 @@ def first_line(e: BaseException) -> str:
     return text[0] if text else type(e).__name__
 
 
-def unknown_column(step: str, field: str, column: str, have: list[str]) -> SpecError:
-    return SpecError(f"step '{step}': {field}: unknown column '{column}'; input has {', '.join(have)}")
-
-
 def resolve(path: str) -> Any:
     """``"package.module:name"`` → the callable (raises ``ValueError`` with the reason)."""
     import importlib
