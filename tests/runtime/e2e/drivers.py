@@ -16,12 +16,13 @@ from eddyline.runtime.engine import Engine
 LEASE = "1.5"
 
 
-def start(spec: Path, ckpt: Path, *extra: str) -> subprocess.Popen:
+def start(spec: Path, ckpt: Path | str, *extra: str) -> subprocess.Popen:
     """``eddyline run --until-idle`` in a subprocess; its stderr goes to a file (``proc.errfile``,
-    :func:`err`) to read while it runs."""
+    :func:`err`) to read while it runs, beside the checkpoint (one on an object store: beside the
+    spec)."""
     cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec), "--checkpoint", str(ckpt), "--until-idle",
            "--no-live", "--master", "local[2]", "--lease-timeout", LEASE, *extra]
-    errfile = ckpt.parent / f"stderr-{time.monotonic_ns()}.txt"
+    errfile = (ckpt.parent if isinstance(ckpt, Path) else spec.parent) / f"stderr-{time.monotonic_ns()}.txt"
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errfile.open("w"), text=True)
     proc.errfile = errfile  # type: ignore[attr-defined]
     return proc

@@ -1,0 +1,120 @@
+"""Conditional writes on an object store: what a lease, a plan or a commit needs where there are
+no hard links and no atomic renames.
+
+A location ``s3://bucket/prefix/...`` is served by obstore (the Rust ``object_store`` crate)
+configured from the usual AWS environment: ``AWS_ENDPOINT_URL`` (an S3-compatible store; a plain
+``http://`` endpoint is allowed), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_REGION`` — the same variables pyarrow's S3 file system, which reads and writes the rest of
+a checkpoint, takes. Two writes are conditional, and the store decides them, not the writer:
+
+* :meth:`ObjectStore.create` sends ``If-None-Match: *``: of many writers creating one key,
+  exactly one succeeds (a lease generation, a plan, a commit);
+* :meth:`ObjectStore.replace` sends ``If-Match: <etag>``: it replaces only the version read.
+
+A plain :meth:`ObjectStore.put` replaces a whole object at once (readers see the old one or the
+new one), so nothing needs a rename.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+from eddyline.errors import CheckpointError
+
+SCHEMES = ("s3://",)
+
+
+def is_object_store(location: str) -> bool:
+    return location.startswith(SCHEMES)
+
+
+@dataclass(frozen=True)
+class Key:
+    """An object's store (its bucket) and key."""
+
+    bucket: str
+    key: str
+
+
+def split(location: str) -> Key:
+    """``s3://bucket/a/b`` → bucket ``bucket``, key ``a/b``."""
+    if not is_object_store(location):
+        raise ValueError(f"{location}: not an object store location (expected {' or '.join(SCHEMES)}…)")
+    bucket, _, key = location.split("://", 1)[1].partition("/")
+    if not bucket:
+        raise CheckpointError(f"{location}: no bucket; expected s3://<bucket>/<prefix>")
+    return Key(bucket, key.strip("/"))
+
+
+class ObjectStore:
+    """One bucket, with the writes a lease and a checkpoint need."""
+
+    def __init__(self, bucket: str):
+        from obstore.store import S3Store
+
+        endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or ""
+        self.bucket = bucket
+        self.store = S3Store.from_url(f"s3://{bucket}", client_options={"allow_http": endpoint.startswith("http://")})
+
+    def get(self, key: str) -> tuple[bytes, str] | None:
+        """The object's bytes and ETag; None if there is none."""
+        import obstore
+
+        try:
+            got = obstore.get(self.store, key)
+        except FileNotFoundError:
+            return None
+        return bytes(got.bytes()), str(got.meta["e_tag"])
+
+    def put(self, key: str, data: bytes) -> str:
+        """Write the whole object (replacing one that is there); its new ETag."""
+        import obstore
+
+        return str(obstore.put(self.store, key, data)["e_tag"])
+
+    def create(self, key: str, data: bytes) -> bool:
+        """Write the object unless it exists (False then): the store refuses all writers but one."""
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+        try:
+            obstore.put(self.store, key, data, mode="create")
+        except (AlreadyExistsError, PreconditionError):
+            return False
+        return True
+
+    def replace(self, key: str, data: bytes, etag: str) -> str | None:
+        """Write the object only over the version ``etag`` names; its new ETag, or None if it
+        changed since (or is gone)."""
+        import obstore
+        from obstore.exceptions import PreconditionError
+
+        try:
+            return str(obstore.put(self.store, key, data, mode={"e_tag": etag})["e_tag"])
+        except (PreconditionError, FileNotFoundError):
+            return None
+
+    def list(self, prefix: str) -> list[str]:
+        """The keys under ``prefix`` (a folder: ``prefix/``), sorted."""
+        import obstore
+
+        return sorted(str(m["path"]) for m in obstore.list(self.store, prefix=prefix.rstrip("/") + "/").collect())
+
+    def delete(self, key: str) -> None:
+        import obstore
+
+        obstore.delete(self.store, key)
+
+
+@functools.cache
+def bucket(name: str) -> ObjectStore:
+    """The store of bucket ``name`` (one per process: the client keeps its connections)."""
+    return ObjectStore(name)
+
+
+def at(location: str) -> tuple[ObjectStore, str]:
+    """The store and key of ``s3://bucket/key``."""
+    where = split(location)
+    return bucket(where.bucket), where.key
