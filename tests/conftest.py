@@ -25,12 +25,13 @@ def spark(request):
     from eddyline.runtime.session import get_spark
 
     conf = {"spark.sql.shuffle.partitions": "2"}
-    if _CHOSEN_JVM:  # JVM options chosen by whoever runs the suite are left as they are
+    cache = getattr(request.config, "cache", None)  # none under -p no:cacheprovider: no archive then
+    if _CHOSEN_JVM or cache is None:  # JVM options chosen by whoever runs the suite are left as they are
         session = get_spark("local[2]", conf)
     else:
         from tests.jvm_archive import Archive
 
-        archive = Archive(request.config.cache.mkdir("jvm-archive"), DRIVER_JVM)
+        archive = Archive(cache.mkdir("jvm-archive"), DRIVER_JVM)
         if not archive.exists():
             archive.start()  # meanwhile this session and the first tests go on without it
             _MAKING.append(archive)
