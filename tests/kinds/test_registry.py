@@ -11,7 +11,7 @@ import pytest
 
 import eddyline.kinds
 from eddyline.api.steps import STEPS
-from eddyline.api.validate import spec_from_raw
+from eddyline.api.validate import load_spec, spec_from_raw
 from eddyline.errors import SpecError
 from eddyline.kinds.base import StepKind
 
@@ -38,6 +38,49 @@ def test_each_kind_compiles_and_a_stateful_one_has_a_kernel(key: str) -> None:
     assert callable(getattr(kind, "compile", None))
     if kind.stateful:
         assert type(kind).kernel is not StepKind.kernel, f"{key} keeps state but makes no kernel"
+
+
+#: one step of each kind a user writes, over nexmark's bids (a kind added to the registry brings one)
+EXAMPLES: dict[str, dict] = {
+    "filter": {"input": "bids", "filter": "price > 1"},
+    "select": {"input": "bids", "select": ["*", "price * 2 AS twice"]},
+    "union": {"union": ["bids", "bids"]},
+    "udf": {"input": "bids", "udf": {"function": "eddyline.examples.udfs:to_euro", "schema": "auction long, price long"}},
+    "lookup": {"input": "bids", "lookup": {"table": {"path": "auctions"}, "key": "auction", "table_key": "id"}},
+    "window_aggregate": {"input": "bids", "window_aggregate": {
+        "key": "auction", "time": "date_time", "window": {"size": "10s"}, "aggregates": {"n": "count(*)"}}},
+    "session_window": {"input": "bids", "session_window": {
+        "key": ["bidder", "auction"], "time": "date_time", "gap": "10s", "aggregates": {"n": "count(*)"}}},
+    "aggregate": {"input": "bids", "aggregate": {"key": "bidder", "aggregates": {"top": "max(price)"}}},
+    "over_aggregate": {"input": "bids", "over_aggregate": {
+        "key": "auction", "time": "date_time", "preceding": 3, "aggregates": {"avg3": "avg(price)"}}},
+    "top_k": {"input": "bids", "top_k": {"partition_by": "auction", "order_by": ["price DESC"], "k": 2, "time": "date_time"}},
+    "dedup": {"input": "bids", "dedup": {"key": "bidder", "time": "date_time", "ttl": "1m"}},
+    "join": {"join": {"left": "bids", "right": "bids", "left_key": "auction", "right_key": "auction"}},
+    "pattern": {"input": "bids", "pattern": {"key": "auction", "time": "date_time", "within": "30s",
+                                             "factory": "eddyline.operators.pattern:tick_pattern",
+                                             "args": {"value_col": "price"}}},
+}
+
+
+def test_every_offered_kind_has_an_example() -> None:
+    kinds = STEPS.keys()
+    assert set(EXAMPLES) == {k for k in kinds if STEPS.get(k).offered}
+
+
+@pytest.mark.parametrize("key", sorted(EXAMPLES))
+def test_each_offered_kind_validates_its_example_and_explains_it_with_its_shuffle_if_stateful(
+        key: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # (paths in a spec are relative to the working directory)
+    (tmp_path / "auctions").mkdir()
+    raw = {"name": "n", "sources": [{"name": "bids", "nexmark": {"stream": "bid"}}],
+           "steps": [{"name": "s", **EXAMPLES[key]}], "sinks": [{"name": "out", "input": "s", "console": {}}]}
+    (step,) = load_spec(raw).steps
+    kind = STEPS.get(key)
+    assert step.kind == key and step.info is kind
+    lines = kind.describe(step, 16)
+    assert lines[0].startswith(key), lines
+    assert any("repartition(lanes" in line for line in lines) == kind.stateful, lines
 
 
 def test_an_unknown_kind_names_the_closest_offered_one_and_never_an_internal_kind() -> None:
