@@ -32,7 +32,7 @@ so for them the output depends on arrival.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -90,6 +90,25 @@ def chain_heads(seg: np.ndarray, t: np.ndarray, heads: np.ndarray, ttl_ms: int) 
     return on[:n]
 
 
+@dataclass(frozen=True)
+class _Sorted:
+    """The touched keys' state rows and remaining batch rows in :meth:`DedupKernel._sorted`'s
+    order. Per row: where it came from (``src`` 0: the state, 1: the batch), its time ``t`` (a
+    state row's ``_first_ms``), its batch row (-1: a state row), its key's id ``gid`` and (in
+    ``group_cols``) its ``_kg`` and keys. Per key: its first row, whether the state remembers
+    it and its remembered interval ``[lo, hi]`` (0 when it does not)."""
+
+    src: np.ndarray
+    t: np.ndarray
+    row: np.ndarray
+    gid: np.ndarray
+    firsts: np.ndarray
+    group_cols: list[pa.Array]
+    had: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+
 class DedupKernel:
     """Passes the first row per key and drops its duplicates within ``ttl_ms`` (a
     :class:`~eddyline.operators.base.Kernel`). See the module docstring for the exact rule.
@@ -141,11 +160,9 @@ class DedupKernel:
         head = first[seg]
         return inside | ((t > head) & (t <= head + ttl))
 
-    def _sorted(self, touched: pa.Table, rows: pa.Table, t_rows: np.ndarray) -> tuple[Any, ...]:
+    def _sorted(self, touched: pa.Table, rows: pa.Table, t_rows: np.ndarray) -> _Sorted:
         """Step 2's sort of the state rows and the remaining batch rows by ``(key, state first,
-        time, every other column)``: per sorted row where it came from (0: the state, 1: the
-        batch), its time (a state row's ``_first_ms``) and ``_last_ms``, its batch row (-1: a
-        state row); and the key's columns, sorted."""
+        time, every other column)``, with the keys they fall into (see :class:`_Sorted`)."""
         ns, nb = touched.num_rows, rows.num_rows
         src = np.concatenate([np.zeros(ns, np.int8), np.ones(nb, np.int8)])
         t = np.concatenate([touched.column(FIRST).to_numpy(), t_rows]).astype(np.int64)
@@ -157,7 +174,10 @@ class DedupKernel:
         ]
         others = [c for c in self.output_schema.names if c not in self.keys]
         other_cols = [
-            pa.concat_arrays([pa.nulls(ns, rows.schema.field(c).type), rows.column(c).combine_chunks()]) for c in others
+            pa.concat_arrays(
+                [pa.nulls(ns, rows.schema.field(c).type), rows.column(c).combine_chunks()]
+            )
+            for c in others
         ]
         order = sort_indices(
             [(c, "ascending") for c in group_cols]
@@ -166,7 +186,77 @@ class DedupKernel:
             ns + nb,
         )
         take = pa.array(order)
-        return src[order], t[order], hi[order], row[order], [c.take(take) for c in group_cols]
+        src, t, hi, row = src[order], t[order], hi[order], row[order]
+        group_cols = [c.take(take) for c in group_cols]
+        gid, firsts, _ = segments(run_starts(group_cols, ns + nb))
+        had = src[firsts] == 0  # the state row sorts first in its key
+        return _Sorted(
+            src,
+            t,
+            row,
+            gid,
+            firsts,
+            group_cols,
+            had,
+            np.where(had, t[firsts], 0),
+            np.where(had, hi[firsts], 0),
+        )
+
+    def _passing(self, s: _Sorted) -> np.ndarray:
+        """Steps 3 and 4: where the batch rows that pass stand in the sorted order. The rows inside their key's remembered
+        interval are duplicates; of the others, the chains from the heads pass (per key and side
+        of the interval, the first row, then each first row past a passing row's interval)."""
+        ttl = self.ttl_ms
+        is_row = s.src == 1
+        g_has = s.had[s.gid]
+        covered = is_row & g_has & (s.t >= s.lo[s.gid]) & (s.t <= s.hi[s.gid] + ttl)
+        cand = np.flatnonzero(is_row & ~covered)
+        cg = s.gid[cand]
+        after = g_has[cand] & (s.t[cand] > s.hi[cg] + ttl)
+        seg = cg * 2 + after
+        heads = np.flatnonzero(run_starts([pa.array(seg)], cand.size))
+        return cand[chain_heads(seg, s.t[cand], heads, ttl)]
+
+    def _remember(
+        self, s: _Sorted, passing: np.ndarray, rest: pa.Table, watermark_ms: int
+    ) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """Step 5: ``(new state, upserts, deletes)``. The touched keys' intervals widen to their
+        passing rows; every key the watermark has passed (``watermark > _last_ms + ttl``), touched
+        or not, is forgotten."""
+        wm, ttl = watermark_ms, self.ttl_ms
+        groups = s.firsts.size
+        changed = np.zeros(groups, dtype=bool)
+        changed[s.gid[passing]] = True
+        new_lo = np.where(s.had, s.lo, np.iinfo(np.int64).max)
+        new_hi = np.where(s.had, s.hi, np.iinfo(np.int64).min)
+        np.minimum.at(new_lo, s.gid[passing], s.t[passing])
+        np.maximum.at(new_hi, s.gid[passing], s.t[passing])
+        keep_g = (s.had | changed) & ~(wm > new_hi + ttl)
+        firsts_take = pa.array(s.firsts)
+        merged = pa.table(
+            {
+                KG: s.group_cols[0].take(firsts_take),
+                **{
+                    k: c.take(firsts_take) for k, c in zip(self.keys, s.group_cols[1:], strict=True)
+                },
+                FIRST: pa.array(new_lo, pa.int64()),
+                LAST: pa.array(new_hi, pa.int64()),
+            }
+        ).cast(self.state_schema)
+        rest_t = rest.column(LAST).to_numpy().astype(np.int64)
+        rest_keep = ~(wm > rest_t + ttl)
+        new_state = pa.concat_tables(
+            [rest.filter(pa.array(rest_keep)), merged.filter(pa.array(keep_g))]
+        )
+        upserts = merged.filter(pa.array(keep_g & changed))
+        pk = list(self.primary_key)
+        deletes = pa.concat_tables(
+            [
+                rest.filter(pa.array(~rest_keep)).select(pk),
+                merged.filter(pa.array(s.had & ~keep_g)).select(pk),
+            ]
+        )
+        return new_state, upserts, deletes
 
     def process(self, batch: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
         """1. drop late rows (no time, or before the watermark);
@@ -182,10 +272,9 @@ class DedupKernel:
         """
         batch = normalize(batch, self.input_schema)
         state = normalize(state, self.state_schema)
-        wm, ttl = watermark_ms, self.ttl_ms
 
         # 1. late rows
-        rows, t_rows, late = on_time(batch, self.time, wm)
+        rows, t_rows, late = on_time(batch, self.time, watermark_ms)
 
         # 2. touched state. Before sorting, a hash pass drops the rows that are settled anyway:
         #    rows inside their key's remembered interval, and rows after the first remaining row
@@ -198,58 +287,18 @@ class DedupKernel:
             if settled.any():
                 rows, t_rows = rows.filter(pa.array(~settled)), t_rows[~settled]
         #    ... then state + remaining rows, sorted
-        src, t, hi, row, group_cols = self._sorted(touched, rows, t_rows)
-        n = src.size
-        gid, firsts, _ = segments(run_starts(group_cols, n))
-        had = src[firsts] == 0  # the state row sorts first in its key
-        lo_g = np.where(had, t[firsts], 0)
-        hi_g = np.where(had, hi[firsts], 0)
+        work = self._sorted(touched, rows, t_rows)
 
-        # 3. duplicates of the remembered interval
-        is_row = src == 1
-        g_has = had[gid]
-        covered = is_row & g_has & (t >= lo_g[gid]) & (t <= hi_g[gid] + ttl)
-        cand = np.flatnonzero(is_row & ~covered)
-
-        # 4. chains from the heads
-        cg = gid[cand]
-        after = g_has[cand] & (t[cand] > hi_g[cg] + ttl)
-        seg = cg * 2 + after
-        heads = np.flatnonzero(run_starts([pa.array(seg)], cand.size))
-        passing = cand[chain_heads(seg, t[cand], heads, ttl)]
-        output = rows.take(pa.array(row[passing])).select(self.output_schema.names).cast(self.output_schema)
+        # 3., 4. duplicates of the remembered interval; chains from the heads
+        passing = self._passing(work)
+        output = (
+            rows.take(pa.array(work.row[passing]))
+            .select(self.output_schema.names)
+            .cast(self.output_schema)
+        )
 
         # 5. new intervals, forgetting
-        groups = firsts.size
-        changed = np.zeros(groups, dtype=bool)
-        changed[gid[passing]] = True
-        new_lo = np.where(had, lo_g, np.iinfo(np.int64).max)
-        new_hi = np.where(had, hi_g, np.iinfo(np.int64).min)
-        np.minimum.at(new_lo, gid[passing], t[passing])
-        np.maximum.at(new_hi, gid[passing], t[passing])
-        keep_g = (had | changed) & ~(wm > new_hi + ttl)
-        firsts_take = pa.array(firsts)
-        merged = pa.table(
-            {
-                KG: group_cols[0].take(firsts_take),
-                **{k: c.take(firsts_take) for k, c in zip(self.keys, group_cols[1:], strict=True)},
-                FIRST: pa.array(new_lo, pa.int64()),
-                LAST: pa.array(new_hi, pa.int64()),
-            }
-        ).cast(self.state_schema)
-        rest_t = rest.column(LAST).to_numpy().astype(np.int64)
-        rest_keep = ~(wm > rest_t + ttl)
-        new_state = pa.concat_tables(
-            [rest.filter(pa.array(rest_keep)), merged.filter(pa.array(keep_g))]
-        )
-        upserts = merged.filter(pa.array(keep_g & changed))
-        pk = list(self.primary_key)
-        deletes = pa.concat_tables(
-            [
-                rest.filter(pa.array(~rest_keep)).select(pk),
-                merged.filter(pa.array(had & ~keep_g)).select(pk),
-            ]
-        )
+        new_state, upserts, deletes = self._remember(work, passing, rest, watermark_ms)
         return KernelResult.of(
             output,
             new_state,
