@@ -72,8 +72,9 @@ class Falling:
 
 
 @dataclass(frozen=True)
-class RisingBelow:
-    """``prev[col] < cur[col] < bound[anchor][col]`` (C: up from the last B, still under A)."""
+class _Anchored:
+    """A comparison of ``col`` in the row, the row before it and the row bound to ``anchor``;
+    False when any of the three is null (or there is no row before)."""
 
     col: str
     anchor: str
@@ -84,23 +85,27 @@ class RisingBelow:
             None if prev is None else prev[self.col],
             bound[self.anchor][self.col],
         )
-        return v is not None and p is not None and a is not None and p < v < a
+        return v is not None and p is not None and a is not None and self.holds(v, p, a)
+
+    def holds(self, v: Any, p: Any, a: Any) -> bool:
+        """The comparison of the current value ``v``, the previous ``p`` and the anchor's ``a``."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
-class RisingAbove:
+class RisingBelow(_Anchored):
+    """``prev[col] < cur[col] < bound[anchor][col]`` (C: up from the last B, still under A)."""
+
+    def holds(self, v: Any, p: Any, a: Any) -> bool:
+        return p < v < a
+
+
+@dataclass(frozen=True)
+class RisingAbove(_Anchored):
     """``cur[col] > prev[col]`` and ``cur[col] > bound[anchor][col]`` (D+: rising, above A)."""
 
-    col: str
-    anchor: str
-
-    def __call__(self, cur: Row, prev: Row | None, bound: Bound) -> bool:
-        v, p, a = (
-            cur[self.col],
-            None if prev is None else prev[self.col],
-            bound[self.anchor][self.col],
-        )
-        return v is not None and p is not None and a is not None and v > p and v > a
+    def holds(self, v: Any, p: Any, a: Any) -> bool:
+        return v > p and v > a
 
 
 # ------------------------------------------------------------------------------------ pattern
