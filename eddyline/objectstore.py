@@ -102,6 +102,13 @@ class ObjectStore:
 
         return sorted(str(m["path"]) for m in obstore.list(self.store, prefix=prefix.rstrip("/") + "/").collect())
 
+    def probe(self, prefix: str) -> None:
+        """One LIST request of at most one key under ``prefix``: raises what the store says (no
+        such bucket, access denied) or that it cannot be reached."""
+        import obstore
+
+        next(iter(obstore.list(self.store, prefix=prefix.rstrip("/") + "/" if prefix else None, chunk_size=1)), None)
+
     def delete(self, key: str) -> None:
         import obstore
 
@@ -118,3 +125,22 @@ def at(location: str) -> tuple[ObjectStore, str]:
     """The store and key of ``s3://bucket/key``."""
     where = split(location)
     return bucket(where.bucket), where.key
+
+
+def check(location: str) -> None:
+    """Refuse, before anything starts, a location whose store cannot be used, naming why: the
+    bucket does not exist, the credentials are refused, or the store cannot be reached."""
+    where = split(location)
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or "AWS S3"
+    try:
+        bucket(where.bucket).probe(where.key)
+    except Exception as e:  # obstore's errors carry the store's answer in their text
+        text = str(e)
+        if "NoSuchBucket" in text:
+            raise CheckpointError(f"{location}: bucket '{where.bucket}' does not exist at {endpoint}; "
+                                  "create it, or name another") from None
+        if any(s in text for s in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "credential")):
+            raise CheckpointError(f"{location}: {endpoint} refused the credentials (AWS_ACCESS_KEY_ID, "
+                                  f"AWS_SECRET_ACCESS_KEY): {text.splitlines()[0][:200]}") from None
+        raise CheckpointError(f"{location}: cannot reach the object store at {endpoint} (AWS_ENDPOINT_URL): "
+                              f"{text.splitlines()[0][:200]}") from None

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from eddyline import objectstore
 from eddyline.cli.common import (
     Epochs,
     Lanes,
@@ -180,6 +181,8 @@ def start(o: RunOptions) -> None:
         faults = (KillDriver.parse(o.crash_at) if o.crash_at
                   else KillDriver.parse(o.freeze_at, signal.SIGSTOP, "--freeze-at") if o.freeze_at else None)
         net = load(o.spec)
+        if objectstore.is_object_store(o.checkpoint):  # a missing bucket or an unreachable store: said now
+            objectstore.check(o.checkpoint)
         from eddyline.runtime.checkpoint import Checkpoint
 
         Checkpoint(o.checkpoint).restart_change(net)  # a spec its state cannot follow: refused before the lease
