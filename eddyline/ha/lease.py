@@ -151,13 +151,16 @@ class Lease:
         if self.fenced is not None:
             raise self.fenced
         assert self.generation is not None, "check() before the lease was acquired"
-        newest = self._generations()
-        if newest and newest[-1] > self.generation:
+        # generations are taken one after another (the newest + 1), so a newer one exists iff the
+        # next one does: one read, not a listing, at every check (on an object store a LIST costs
+        # more, and it would be in every epoch's path)
+        if self.files.read(self._name(self.generation + 1, "json")) is not None:
             cur = self.current()
             who = f" by {cur.holder}" if cur is not None else ""
+            newest = cur.generation if cur is not None else self.generation + 1
             self.fenced = Fenced(
                 f"this driver's lease (generation {self.generation}) was taken over{who} "
-                f"(generation {newest[-1]}); stopping without writing anything more"
+                f"(generation {newest}); stopping without writing anything more"
             )
             raise self.fenced
 
