@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -66,3 +67,18 @@ def run(spec, spark, ckpt: Path, **kwargs):
     """Run ``spec`` in this process, its progress records in ``<ckpt>.progress.jsonl``."""
     with ProgressReporter(live=False, json_path=str(ckpt) + ".progress.jsonl") as rep:
         return Engine(spec, spark, str(ckpt), reporter=rep, lanes=kwargs.pop("lanes", None)).run(**kwargs)
+
+
+def kill_the_leader(leader: subprocess.Popen, standby: subprocess.Popen,
+                    commits_of: Callable[[], dict[int, dict]]) -> tuple[float, float]:
+    """Once the standby waits for the lease and the leader committed three epochs: SIGKILL the
+    leader. Returns when it died and when the standby's first commit (generation 2) was made,
+    read before the checkpoint's cleanup (10 epochs kept) deletes it."""
+    wait_for(lambda: "waiting for its lease to expire" in standby.errfile.read_text(), 300)  # type: ignore[attr-defined]
+    assert leader.poll() is None, "the leader ended before the standby was ready"
+    wait_for(lambda: len(commits_of()) >= 3)
+    leader.send_signal(signal.SIGKILL)
+    died = time.time()
+    assert leader.wait(timeout=60) == -signal.SIGKILL
+    wait_for(lambda: any(c["generation"] == 2 for c in commits_of().values()), 300)
+    return died, min(c["committed_at"] for c in commits_of().values() if c["generation"] == 2)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .drivers import LEASE, commits, finish, start, wait_for
+from .drivers import LEASE, commits, finish, kill_the_leader, start, wait_for
 from .helpers import bids_window_spec, read_windows, write_bid_files
 
 pytestmark = pytest.mark.slow
@@ -49,17 +49,9 @@ def test_a_standby_takes_over_when_the_leader_dies(windowed_bids, tmp_path: Path
     leader = start(spec, ckpt)
     wait_for(lambda: (ckpt / "lease" / f"{1:010d}.json").exists())
     standby = start(spec, ckpt, "--standby")  # its SparkSession up, an epoch rehearsed, waiting for the lease
-    wait_for(lambda: "waiting for its lease to expire" in standby.errfile.read_text(), 300)
-    assert leader.poll() is None, "the leader ended before the standby was ready"
+    died, first = kill_the_leader(leader, standby, lambda: commits(ckpt))
     ready = [x for x in standby.errfile.read_text().splitlines() if x.startswith("standby ready: ")]
     assert len(ready) == 1 and "rehearsed in" in ready[0] and "failed" not in ready[0], ready
-    wait_for(lambda: len(commits(ckpt)) >= 3)
-    leader.send_signal(signal.SIGKILL)
-    died = time.time()
-    assert leader.wait(timeout=60) == -signal.SIGKILL
-    # the standby's first commit, read before the checkpoint's cleanup (10 epochs kept) deletes it
-    wait_for(lambda: any(c["generation"] == 2 for c in commits(ckpt).values()), 300)
-    first = min(c["committed_at"] for c in commits(ckpt).values() if c["generation"] == 2)
     code, err = finish(standby)
     assert code == 0, err[-3000:]
     assert read_windows(tmp_path / "out") == expected

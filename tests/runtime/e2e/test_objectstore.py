@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import uuid
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 from eddyline import objectstore
 
-from .drivers import finish, start, wait_for
+from .drivers import finish, kill_the_leader, start, wait_for
 from .helpers import read_windows
 
 pytestmark = pytest.mark.slow
@@ -57,14 +56,7 @@ def test_a_standby_takes_the_lease_on_the_store_over_when_the_leader_dies(s3, wi
     leader = start(spec, ckpt)
     wait_for(lambda: store.get(f"{key}/lease/{1:010d}.json") is not None)
     standby = start(spec, ckpt, "--standby")
-    wait_for(lambda: "waiting for its lease to expire" in standby.errfile.read_text(), 300)
-    assert leader.poll() is None, "the leader ended before the standby was ready"
-    wait_for(lambda: len(commits(ckpt)) >= 3)
-    leader.send_signal(signal.SIGKILL)
-    died = time.time()
-    assert leader.wait(timeout=60) == -signal.SIGKILL
-    wait_for(lambda: any(c["generation"] == 2 for c in commits(ckpt).values()), 300)
-    first = min(c["committed_at"] for c in commits(ckpt).values() if c["generation"] == 2)
+    died, first = kill_the_leader(leader, standby, lambda: commits(ckpt))
     code, err = finish(standby)
     assert code == 0, err[-3000:]
     assert read_windows(tmp_path / "out") == expected
