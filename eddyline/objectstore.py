@@ -5,14 +5,11 @@ A location ``s3://bucket/prefix/...`` is served by obstore (the Rust ``object_st
 configured from the usual AWS environment: ``AWS_ENDPOINT_URL`` (an S3-compatible store; a plain
 ``http://`` endpoint is allowed), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_REGION`` — the same variables pyarrow's S3 file system, which reads and writes the rest of
-a checkpoint, takes. Two writes are conditional, and the store decides them, not the writer:
-
-* :meth:`ObjectStore.create` sends ``If-None-Match: *``: of many writers creating one key,
-  exactly one succeeds (a lease generation, a plan, a commit);
-* :meth:`ObjectStore.replace` sends ``If-Match: <etag>``: it replaces only the version read.
-
-A plain :meth:`ObjectStore.put` replaces a whole object at once (readers see the old one or the
-new one), so nothing needs a rename.
+a checkpoint, takes. :meth:`ObjectStore.create` sends ``If-None-Match: *``, and the store, not
+the writer, decides: of many writers creating one key, exactly one succeeds (a lease generation,
+a plan, a commit). A plain :meth:`ObjectStore.put` replaces a whole object at once (readers see
+the old one or the new one), so nothing needs a rename: a lease's heartbeat is one per
+generation, written only by its holder.
 """
 
 from __future__ import annotations
@@ -85,17 +82,6 @@ class ObjectStore:
             return False
         return True
 
-    def replace(self, key: str, data: bytes, etag: str) -> str | None:
-        """Write the object only over the version ``etag`` names; its new ETag, or None if it
-        changed since (or is gone)."""
-        import obstore
-        from obstore.exceptions import PreconditionError
-
-        try:
-            return str(obstore.put(self.store, key, data, mode={"e_tag": etag})["e_tag"])
-        except (PreconditionError, FileNotFoundError):
-            return None
-
     def list(self, prefix: str) -> list[str]:
         """The keys under ``prefix`` (a folder: ``prefix/``), sorted."""
         import obstore
@@ -108,11 +94,6 @@ class ObjectStore:
         import obstore
 
         next(iter(obstore.list(self.store, prefix=prefix.rstrip("/") + "/" if prefix else None, chunk_size=1)), None)
-
-    def delete(self, key: str) -> None:
-        import obstore
-
-        obstore.delete(self.store, key)
 
 
 @functools.cache
