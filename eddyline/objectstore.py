@@ -14,6 +14,7 @@ generation, written only by its holder.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 from dataclasses import dataclass
@@ -21,6 +22,39 @@ from dataclasses import dataclass
 from eddyline.errors import CheckpointError
 
 SCHEMES = ("s3://",)
+
+
+def timeout_s() -> float:
+    """How long one request to the store may take, connecting included, and it is tried twice at
+    most: ``$EDDYLINE_STORE_TIMEOUT`` seconds (default 5). A lease holder that has not renewed for
+    three quarters of its lease stops (:mod:`eddyline.ha.lease`), so with a lease timeout of at
+    least eight times this no write it sent can still reach the store once a standby could have
+    taken over."""
+    raw = os.environ.get("EDDYLINE_STORE_TIMEOUT", "5")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise CheckpointError(f"EDDYLINE_STORE_TIMEOUT={raw!r}: expected a positive number of seconds")
+    return value
+
+
+@functools.cache
+def arrow_filesystem() -> object:
+    """pyarrow's S3 file system (one per process), with the same endpoint, credentials and
+    request timeout as :class:`ObjectStore`: it reads and writes what needs no condition."""
+    import pyarrow.fs as pafs
+
+    t = timeout_s()
+    endpoint = _endpoint()
+    return pafs.S3FileSystem(request_timeout=t, connect_timeout=t, endpoint_override=endpoint or None,
+                             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
+
+
+def _endpoint() -> str:
+    """An S3-compatible store's URL from the environment ('' for AWS itself)."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
 
 
 def is_object_store(location: str) -> bool:
@@ -51,9 +85,13 @@ class ObjectStore:
     def __init__(self, bucket: str):
         from obstore.store import S3Store
 
-        endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or ""
+        endpoint = _endpoint()
         self.bucket = bucket
-        self.store = S3Store.from_url(f"s3://{bucket}", client_options={"allow_http": endpoint.startswith("http://")})
+        t = f"{timeout_s():g}s"
+        self.store = S3Store.from_url(
+            f"s3://{bucket}", client_options={"allow_http": endpoint.startswith("http://"), "timeout": t,
+                                              "connect_timeout": t},
+            retry_config={"max_retries": 1, "retry_timeout": datetime.timedelta(seconds=2 * timeout_s())})
 
     def get(self, key: str) -> tuple[bytes, str] | None:
         """The object's bytes and ETag; None if there is none."""
@@ -112,7 +150,7 @@ def check(location: str) -> None:
     """Refuse, before anything starts, a location whose store cannot be used, naming why: the
     bucket does not exist, the credentials are refused, or the store cannot be reached."""
     where = split(location)
-    endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or "AWS S3"
+    endpoint = _endpoint() or "AWS S3"
     try:
         bucket(where.bucket).probe(where.key)
     except Exception as e:  # obstore's errors carry the store's answer in their text

@@ -23,6 +23,8 @@ from eddyline.errors import Fenced
 
 def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
     """A pyarrow filesystem and path for a local path or any URI pyarrow understands."""
+    if objectstore.is_object_store(root):
+        return objectstore.arrow_filesystem(), root.split("://", 1)[1].rstrip("/")  # type: ignore[return-value]
     if "://" in root:
         fs, path = pafs.FileSystem.from_uri(root)
         return fs, path.rstrip("/")
@@ -347,11 +349,7 @@ class Gate:
         """Move ``src`` (a file or directory) to ``dst``, which must not exist, through the gate;
         False if there is nothing at ``src``."""
         if not self._local:
-            if not exists(self.fs, src):
-                return False
-            self.fs.create_dir(dst.rpartition("/")[0], recursive=True)
-            self.fs.move(src, dst)
-            return True
+            return _move_tree(self.fs, src, dst)
         parked = self._park(src)
         if parked is None:
             return False
@@ -368,8 +366,7 @@ class Gate:
         if not self._local:
             if exists(self.fs, dst):
                 self.fs.delete_dir(dst)
-            self.fs.create_dir(dst.rpartition("/")[0], recursive=True)
-            self.fs.move(staged, dst)
+            _move_tree(self.fs, staged, dst)
             return
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         while True:
@@ -409,3 +406,21 @@ class Gate:
             shutil.rmtree(path, ignore_errors=True)
         elif exists(self.fs, path):
             self.fs.delete_dir(path)
+
+
+def _move_tree(fs: pafs.FileSystem, src: str, dst: str) -> bool:
+    """Move ``src`` (a file or a directory) to ``dst`` on an object store, which renames nothing:
+    each object is copied (a server-side copy), then the originals deleted. False if ``src`` is
+    not there. Not atomic: what reads ``dst`` meanwhile may see part of it."""
+    info = fs.get_file_info(src)
+    if info.type == pafs.FileType.NotFound:
+        return False
+    if info.type == pafs.FileType.File:
+        fs.copy_file(src, dst)
+        fs.delete_file(src)
+        return True
+    for f in fs.get_file_info(pafs.FileSelector(src, recursive=True)):
+        if f.type == pafs.FileType.File:
+            fs.copy_file(f.path, f"{dst}/{f.path[len(src) + 1:]}")
+    fs.delete_dir(src)
+    return True

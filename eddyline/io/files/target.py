@@ -20,12 +20,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from eddyline.api.units import Files
 from eddyline.errors import SinkError
-from eddyline.storage import Gate, filesystem
+from eddyline.storage import Gate, filesystem, is_s3
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -142,6 +143,10 @@ def write_frame(df: DataFrame, target: FilesTarget, epoch: int, in_driver: bool 
         pq.write_table(table, f"{path}/part-00000-driver.snappy.parquet", filesystem=target.fs,
                        compression="snappy", store_decimal_as_integer=True)
         return
+    if is_s3(target.fs):
+        gate.clear(path)
+        write_in_tasks(df, fmt, path, header=target.files.header is not False)
+        return
     writer = df.write
     if fmt == "csv":  # RFC 4180: a quote inside a quoted field is doubled (Spark's default: \")
         writer = writer.option("header", target.files.header is not False).option("escape", '"')
@@ -159,6 +164,43 @@ def write_frame(df: DataFrame, target: FilesTarget, epoch: int, in_driver: bool 
         writer = writer.mode("overwrite")
     with _parquet_options(df.sparkSession, fmt):
         writer.format(fmt).save(target.spark_uri(path))
+
+
+def write_in_tasks(df: DataFrame, fmt: str, path: str, *, header: bool = True) -> None:
+    """Write ``df`` to the object-store folder ``path`` (``bucket/key``) from Spark's tasks, one
+    ``part-<partition>`` file each, with pyarrow: Spark's own S3 connector (hadoop-aws) is not
+    part of PySpark, and Spark given an ``s3://`` path it cannot open would fail or, worse, take a
+    bucket-less path as a local one. A retried task writes the same name again."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        from eddyline import objectstore
+
+        got = [b for b in batches if b.num_rows]
+        if got:
+            name = f"{path}/part-{TaskContext.get().partitionId():05d}"
+            _write_table(pa.Table.from_batches(got), fmt, objectstore.arrow_filesystem(), name, header)
+        yield pa.RecordBatch.from_pydict({"rows": [sum(b.num_rows for b in got)]})
+
+    df.mapInArrow(write, "rows BIGINT").collect()
+
+
+def _write_table(table: pa.Table, fmt: str, fs: pafs.FileSystem, name: str, header: bool) -> None:
+    if fmt == "parquet":
+        pq.write_table(table, f"{name}.snappy.parquet", filesystem=fs, compression="snappy",
+                       store_decimal_as_integer=True)
+    elif fmt == "csv":
+        import pyarrow.csv as pacsv
+
+        with fs.open_output_stream(f"{name}.csv") as out:
+            pacsv.write_csv(table, out, pacsv.WriteOptions(include_header=header))
+    else:
+        import json
+
+        lines = "".join(json.dumps(r, default=str) + "\n" for r in table.to_pylist())
+        with fs.open_output_stream(f"{name}.json") as out:
+            out.write(lines.encode())
 
 
 @contextmanager
