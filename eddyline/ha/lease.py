@@ -65,6 +65,10 @@ class Lease:
         """``info``: written with the holder when it takes the lease, for the others to read
         (:attr:`Holding.info`)."""
         self.files: _Folder
+        #: on a local or mounted path the gates (:class:`~eddyline.storage.Gate`) refuse an
+        #: older generation's writes at the store; on an object store nothing does yet, so a holder
+        #: that cannot renew stops on its own (:meth:`_check_renewed`)
+        self.self_fencing = is_object_store(checkpoint)
         if is_object_store(checkpoint):
             store, key = objectstore.at(checkpoint)
             self.files = _StoreFolder(store, f"{key}/lease" if key else "lease")
@@ -83,6 +87,9 @@ class Lease:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.fenced: Fenced | None = None  # set by the heartbeat thread
+        #: when the lease we hold could have expired, by the last heartbeat the store took
+        #: (measured from before it was sent)
+        self.valid_until: float | None = None
 
     # ------------------------------------------------------------------ reading
     def _generations(self) -> list[int]:
@@ -143,8 +150,11 @@ class Lease:
     def _beat(self, expires_at: float | None = None) -> None:
         """Set our lease's expiry (default: a timeout from now)."""
         assert self.generation is not None
-        expiry = expires_at if expires_at is not None else self.clock() + self.timeout_s
+        sent = self.clock()
+        expiry = expires_at if expires_at is not None else sent + self.timeout_s
         self.files.write(self._name(self.generation, "beat"), json.dumps({"expires_at": expiry}).encode())
+        if expires_at is None:
+            self.valid_until = expiry
 
     def check(self) -> None:
         """Raise :class:`Fenced` if a newer generation exists (or the heartbeat found one)."""
@@ -154,13 +164,36 @@ class Lease:
         # generations are taken one after another (the newest + 1), so a newer one exists iff the
         # next one does: one read, not a listing, at every check (on an object store a LIST costs
         # more, and it would be in every epoch's path)
-        if self.files.read(self._name(self.generation + 1, "json")) is not None:
+        try:
+            newer = self.files.read(self._name(self.generation + 1, "json")) is not None
+        except Exception:
+            self._check_renewed()  # the store does not answer: fenced if the lease may be lost
+            raise
+        if newer:
             cur = self.current()
             who = f" by {cur.holder}" if cur is not None else ""
             newest = cur.generation if cur is not None else self.generation + 1
             self.fenced = Fenced(
                 f"this driver's lease (generation {self.generation}) was taken over{who} "
                 f"(generation {newest}); stopping without writing anything more"
+            )
+            raise self.fenced
+        self._check_renewed()
+
+    def _check_renewed(self) -> None:
+        """Fence ourselves when the store has not taken a heartbeat for so long that the lease
+        may be about to expire: a holder cut off from the store (or too slow to reach it) must
+        stop before a standby may take over, since nothing at the store would refuse its writes
+        once it reached the store again. A quarter of the timeout is kept in hand for a write
+        already on its way (see ``EDDYLINE_STORE_TIMEOUT`` in :mod:`eddyline.objectstore`)."""
+        if self.valid_until is None or not self.self_fencing:
+            return
+        left = self.valid_until - self.clock()
+        if left < self.timeout_s / 4:
+            self.fenced = Fenced(
+                f"this driver could not renew its lease (generation {self.generation}) for "
+                f"{self.timeout_s - left:.1f}s of its {self.timeout_s:g}s: the checkpoint's store did not answer, "
+                f"so a standby may take it over; stopping without writing anything more"
             )
             raise self.fenced
 
@@ -177,8 +210,8 @@ class Lease:
                     self.renew()
                 except Fenced:
                     return
-                except OSError:  # the checkpoint's disk hiccupped: try again at the next beat
-                    continue
+                except Exception:  # noqa: BLE001 (the store did not answer: the next beat tries again,
+                    continue  # and check() fences this driver if none gets through in time)
 
         self._thread = threading.Thread(target=loop, name="eddyline-lease", daemon=True)
         self._thread.start()

@@ -78,6 +78,22 @@ def test_a_lease_on_the_store_is_taken_renewed_fenced_and_released(checkpoint: s
     assert again.try_acquire() and again.generation == 3  # released: no wait for the expiry
 
 
+def test_a_holder_whose_heartbeats_do_not_reach_the_store_fences_itself_before_its_lease_can_expire(checkpoint: str) -> None:
+    """Nothing at the store refuses an old holder's writes once it reaches the store again, so a
+    holder cut off from it must stop on its own, with a quarter of its lease in hand."""
+    clock = [1000.0]
+    leader = Lease(checkpoint, timeout_s=4, holder="a", clock=lambda: clock[0])
+    assert leader.try_acquire()  # valid until 1004
+    clock[0] += 2.9
+    leader.check()  # 1.1 s left: still leading
+    clock[0] += 0.2  # 0.9 s left: less than a quarter of the timeout
+    with pytest.raises(Fenced, match=r"could not renew its lease \(generation 1\) for 3.1s of its 4s"):
+        leader.check()
+    with pytest.raises(Fenced):
+        leader.renew()  # fenced for good: a late heartbeat does not bring it back
+    assert leader.current().expires_at == pytest.approx(1004)
+
+
 def test_threads_racing_for_each_generation_leave_exactly_one_winner(checkpoint: str) -> None:
     for generation in range(1, ROUNDS + 1):
         won = race(checkpoint, CONTENDERS)
