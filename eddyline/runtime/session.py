@@ -42,6 +42,20 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
 }
 
+# On a cluster (any master but local[...]): how fast a lost host is noticed. Spark's defaults wait
+# 120 s (spark.network.timeout) before it gives up on an executor that stopped answering, checks
+# for silent ones once a minute, and retries a shuffle fetch from a dead host 3 times 5 s apart,
+# each attempt waiting out the connection timeout; an epoch would stall for minutes. With these a
+# host that dies or drops off the network is given up on within about 10 s and its tasks run
+# elsewhere (docs/cluster.md). $EDDYLINE_SPARK_CONF overrides them (see spark_conf_from_env).
+CLUSTER_CONF: dict[str, str] = {
+    "spark.network.timeout": "10s",
+    "spark.executor.heartbeatInterval": "2s",
+    "spark.network.timeoutInterval": "2s",
+    "spark.shuffle.io.maxRetries": "1",
+    "spark.shuffle.io.retryWait": "1s",
+}
+
 # G1 regions of 16 MB instead of the 1 MB a 2 GB heap gets by default. Spark allocates 1-4 MB
 # buffers every stage (a broadcast's 4 MB chunk, 1 MB task-serialisation chunks, Parquet's
 # dictionaries, read and compression buffers); with 1 MB regions each one is a "humongous"
@@ -65,12 +79,27 @@ def get_spark(master: str | None = None, conf: dict[str, str] | None = None) -> 
     log_config = Path(__file__).with_name("log4j2.properties")
     java = f"-Dlog4j2.configurationFile={log_config.as_uri()} {JVM_OPTIONS}"
     launch = {"spark.driver.extraJavaOptions": java, "spark.executor.extraJavaOptions": JVM_OPTIONS}
-    for key, value in {**DEFAULT_CONF, **launch, **(conf or {})}.items():
+    on_cluster = {} if (master or "local").startswith("local") else CLUSTER_CONF
+    for key, value in {**DEFAULT_CONF, **on_cluster, **launch, **spark_conf_from_env(), **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     quiet_analysis_errors()
     return spark
+
+
+def spark_conf_from_env() -> dict[str, str]:
+    """Spark settings from ``$EDDYLINE_SPARK_CONF``: ``key=value`` pairs separated by spaces, e.g.
+    ``spark.network.timeout=30s spark.task.maxFailures=8``; they win over Eddyline's defaults."""
+    from eddyline.errors import EddylineError
+
+    found = {}
+    for item in os.environ.get("EDDYLINE_SPARK_CONF", "").split():
+        key, eq, value = item.partition("=")
+        if not eq or not key.startswith("spark."):
+            raise EddylineError(f"EDDYLINE_SPARK_CONF: {item!r} is not spark.KEY=VALUE")
+        found[key] = value
+    return found
 
 
 def quiet_analysis_errors() -> None:
