@@ -15,7 +15,10 @@ instance after being frozen past its expiry, stops with :class:`Fenced` and writ
 The lease lives in the checkpoint: on a local or mounted path a generation file is created
 exclusively with a hard link; on an object store (``s3://…``) with a conditional write
 (``If-None-Match: *``, :mod:`eddyline.objectstore`), which the store decides: of many standbys
-creating the same generation, on any hosts, exactly one wins.
+creating the same generation, on any hosts, exactly one wins. Nothing on an object store refuses
+an older generation's other writes yet, so there a holder whose renewals have not reached the
+store for three quarters of its timeout stops on its own (:meth:`Lease._check_renewed`), and a
+standby waits through a store that does not answer.
 """
 
 from __future__ import annotations
@@ -129,6 +132,14 @@ class Lease:
         self._beat()
         return True
 
+    def _try_acquire_or_wait(self) -> bool:
+        """:meth:`try_acquire`, where a store that does not answer means: not yet (a standby
+        waits through an outage of the checkpoint's store and takes over once it is back)."""
+        try:
+            return self.try_acquire()
+        except Exception:  # noqa: BLE001 (obstore's and pyarrow's errors alike)
+            return False
+
     def describe(self) -> dict[str, object]:
         """Who leads and since when, for the progress record."""
         return {"holder": self.holder, "generation": self.generation, "leadingSince": self.acquired_at}
@@ -137,10 +148,13 @@ class Lease:
                 on_wait: Callable[[Holding], None] | None = None) -> bool:
         """Wait until the lease is ours (True), or ``should_stop`` says so (False)."""
         poll = poll_s if poll_s is not None else min(0.5, self.timeout_s / 4)
-        while not self.try_acquire():
+        while not self._try_acquire_or_wait():
             if should_stop is not None and should_stop():
                 return False
-            cur = self.current()
+            try:
+                cur = self.current()
+            except Exception:  # noqa: BLE001 (the store is away: wait on)
+                cur = None
             if on_wait is not None and cur is not None:
                 on_wait(cur)
             time.sleep(poll)
@@ -167,8 +181,10 @@ class Lease:
         try:
             newer = self.files.read(self._name(self.generation + 1, "json")) is not None
         except Exception:
-            self._check_renewed()  # the store does not answer: fenced if the lease may be lost
-            raise
+            # the store does not answer: fenced if the lease may be lost by now; until then nobody
+            # can have taken it over, and the write that follows meets the store's answer itself
+            self._check_renewed()
+            newer = False
         if newer:
             cur = self.current()
             who = f" by {cur.holder}" if cur is not None else ""

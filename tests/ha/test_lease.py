@@ -85,3 +85,21 @@ def test_a_lease_needs_links_or_conditional_writes():
     test_lease_objectstore.py); any other URI is refused, naming both."""
     with pytest.raises(CheckpointError, match="local or mounted path or an object store"):
         Lease("hdfs://namenode/ckpt")
+
+
+def test_a_standby_waits_through_a_store_that_does_not_answer_and_takes_the_lease_once_it_does(tmp_path):
+    lease = Lease(str(tmp_path), timeout_s=5, holder="standby")
+    real, outage = lease.files, {"calls": 0}
+
+    class Away:  # the checkpoint's store, unreachable for its first 5 requests
+        def __getattr__(self, name: str):
+            def call(*args):
+                outage["calls"] += 1
+                if outage["calls"] <= 5:
+                    raise ConnectionError("the store did not answer")
+                return getattr(real, name)(*args)
+            return call
+
+    lease.files = Away()
+    assert lease.acquire(poll_s=0.01) and lease.generation == 1
+    assert outage["calls"] > 5
