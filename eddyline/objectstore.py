@@ -14,9 +14,11 @@ generation, written only by its holder.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from eddyline.errors import CheckpointError
@@ -38,6 +40,47 @@ def timeout_s() -> float:
     if value <= 0:
         raise CheckpointError(f"EDDYLINE_STORE_TIMEOUT={raw!r}: expected a positive number of seconds")
     return value
+
+
+#: what a process needs in its environment to reach the store the way this one does
+STORE_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                   "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "EDDYLINE_STORE_TIMEOUT")
+
+
+def settings() -> dict[str, str]:
+    """This process's store settings, for a Spark task to :func:`adopt`: Spark's Python workers
+    inherit the environment their JVM started with, which need not be the driver's now (a session
+    made before the variables were set, an executor on a host configured otherwise)."""
+    return {k: os.environ[k] for k in STORE_VARIABLES if k in os.environ}
+
+
+def adopt(given: dict[str, str]) -> None:
+    """In a Spark task: use the driver's store settings ``given`` (a no-op when they are this
+    process's already)."""
+    if all(os.environ.get(k) == v for k, v in given.items()):
+        return
+    os.environ.update(given)
+    arrow_filesystem.cache_clear()
+    bucket.cache_clear()
+
+
+@contextlib.contextmanager
+def using(variables: dict[str, str]) -> Iterator[None]:
+    """Reach the store through ``variables`` (``AWS_*``) inside the block, and as before after it."""
+    saved = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    arrow_filesystem.cache_clear()
+    bucket.cache_clear()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        arrow_filesystem.cache_clear()
+        bucket.cache_clear()
 
 
 @functools.cache

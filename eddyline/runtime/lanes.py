@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from eddyline import objectstore
 from eddyline.columns import KG, PROBE
 from eddyline.errors import TASK_MARK as MARK
 from eddyline.operators.base import Kernel, KernelResult, deferred_counts
@@ -67,6 +68,8 @@ class LaneTask:
     faults: Faults = NoFaults()
     #: the driver's lease generation: the lane writes through its gate (:class:`~eddyline.storage.Gate`)
     generation: int = 0
+    #: how the driver reaches an object-store checkpoint (:func:`eddyline.objectstore.settings`)
+    store: dict[str, str] = field(default_factory=objectstore.settings)
 
     @property
     def gate(self) -> Gate:
@@ -411,6 +414,7 @@ def _received(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> tuple[int, p
 
 
 def _run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    objectstore.adopt(task.store)
     watch = _Watch()
     lane, partials = _received(task, batches)
     kernel = task.kernel

@@ -170,18 +170,10 @@ def _cmdline(pid: int) -> str:
 def store_client(cluster: Cluster, bucket: str) -> Any:
     """An :class:`~eddyline.objectstore.ObjectStore` of ``bucket`` on the cluster's store, for this
     process (which may use another store through its own environment)."""
-    from eddyline.objectstore import ObjectStore
+    from eddyline import objectstore
 
-    saved = {k: os.environ.get(k) for k in cluster.env}
-    os.environ.update(cluster.env)
-    try:
-        return ObjectStore(bucket)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with objectstore.using(cluster.env):
+        return objectstore.ObjectStore(bucket)
 
 
 def download(cluster: Cluster, location: str, to: Path) -> Path:
