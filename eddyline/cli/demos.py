@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Annotated
@@ -20,9 +22,47 @@ def demo(
     ui: Annotated[bool, typer.Option(help="serve the web dashboard while it runs (its URL is printed)")] = False,
     ui_port: Annotated[int, typer.Option(help="the dashboard's port (0: any free one)")] = 8080,
     master: Master = None,
+    store: Annotated[str, typer.Option(
+        help="where the checkpoint lives: 'local' (under --out) or 's3' (a local S3-compatible server, "
+             "moto's, in memory for the demo's length; needs 'eddyline[store]')")] = "local",
 ) -> None:
     """Hot auctions: Nexmark bids through a local NATS server into PostgreSQL and Parquet, with
     live progress (the servers run from the installed packages and stop at the end)."""
+    if store not in ("local", "s3"):
+        raise typer.BadParameter(f"--store {store!r}: expected 'local' or 's3'", param_hint="--store")
+    if store == "s3":
+        with _demo_store() as checkpoint:
+            _demo(duration, out, files, ui, ui_port, master, checkpoint)
+        return
+    _demo(duration, out, files, ui, ui_port, master, None)
+
+
+@contextmanager
+def _demo_store() -> Iterator[str]:
+    """A local S3-compatible server for the demo's checkpoint; the process reaches it (and Spark's
+    workers, started after this) through the AWS variables. Yields the checkpoint's location."""
+    from eddyline import objectstore
+    from eddyline.errors import EddylineError
+    from eddyline.io.local import LocalS3
+
+    try:
+        server = LocalS3().start()
+    except EddylineError as e:
+        err.print(f"error: {e}")
+        raise typer.Exit(1) from None
+    try:
+        with objectstore.using(server.env()):
+            location = f"{server.bucket('eddyline-demo')}/checkpoint"
+            err.print(f"[bold]eddyline demo[/bold]: the checkpoint is on an S3-compatible server at "
+                      f"{server.endpoint}: {location} (in memory: it goes when the demo ends)", soft_wrap=True,
+                      highlight=False)
+            yield location
+    finally:
+        server.stop()
+
+
+def _demo(duration: float, out: str, files: bool, ui: bool, ui_port: int, master: str | None,
+          on_store: str | None) -> None:
     import yaml
 
     example = "demo.yaml" if files else "demo-broker.yaml"
@@ -42,7 +82,7 @@ def demo(
     Path(out).mkdir(parents=True, exist_ok=True)
     dashboard = UiOptions("127.0.0.1", ui_port, None) if ui else None
     spec_path = Path(out) / "demo.yaml"
-    checkpoint, progress = str(Path(out) / "checkpoint"), str(Path(out) / "progress.jsonl")
+    checkpoint, progress = on_store or str(Path(out) / "checkpoint"), str(Path(out) / "progress.jsonl")
     if files:
         spec_path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
         err.print(f"[bold]eddyline demo[/bold]: network {spec_path}, output under {out}/, {duration:.0f} s")
@@ -50,7 +90,8 @@ def demo(
     else:
         _broker_demo(raw, spec_path, out, duration, checkpoint, progress, master, dashboard)
     typer.echo(f"output: {Path(out) / 'hot-auctions'}/epoch=*/ (Parquet) · progress: {progress}")
-    typer.echo(f"look back at the run: eddyline status {checkpoint} · eddyline ui {checkpoint} (the dashboard)")
+    if on_store is None:
+        typer.echo(f"look back at the run: eddyline status {checkpoint} · eddyline ui {checkpoint} (the dashboard)")
 
 
 #: Nexmark events per second the broker demo publishes (the producer shares the machine)

@@ -167,7 +167,7 @@ class LocalS3:
     def start(self) -> LocalS3:
         server = Path(sys.executable).parent / "moto_server"
         if not server.exists():
-            raise EddylineError("moto_server not found: install 'moto[server]' (pip install 'eddyline[test]')")
+            raise EddylineError("moto_server not found: install 'moto[server]' (pip install 'eddyline[store]')")
         self.proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_for_port(self.port, self.proc, "moto_server")
@@ -185,6 +185,12 @@ class LocalS3:
             self.proc.terminate()
             self.proc.wait(timeout=10)
         self.proc = None
+
+    def __enter__(self) -> LocalS3:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 15.0) -> None:
