@@ -18,6 +18,7 @@ import contextlib
 import datetime
 import functools
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -163,6 +164,11 @@ class ObjectStore:
             return False
         return True
 
+    def delete(self, key: str) -> None:
+        import obstore
+
+        obstore.delete(self.store, key)
+
     def list(self, prefix: str) -> list[str]:
         """The keys under ``prefix`` (a folder: ``prefix/``), sorted."""
         import obstore
@@ -191,7 +197,8 @@ def at(location: str) -> tuple[ObjectStore, str]:
 
 def check(location: str) -> None:
     """Refuse, before anything starts, a location whose store cannot be used, naming why: the
-    bucket does not exist, the credentials are refused, or the store cannot be reached."""
+    bucket does not exist, the credentials are refused, the store cannot be reached, or it does
+    not honour conditional writes."""
     where = split(location)
     endpoint = _endpoint() or "AWS S3"
     try:
@@ -206,3 +213,20 @@ def check(location: str) -> None:
                                   f"AWS_SECRET_ACCESS_KEY): {text.splitlines()[0][:200]}") from None
         raise CheckpointError(f"{location}: cannot reach the object store at {endpoint} (AWS_ENDPOINT_URL): "
                               f"{text.splitlines()[0][:200]}") from None
+    _check_conditional_writes(location, where, endpoint)
+
+
+def _check_conditional_writes(location: str, where: Key, endpoint: str) -> None:
+    """Refuse a store that does not honour ``If-None-Match: *`` (some S3-compatible stores ignore
+    it): on it two drivers could both take one lease generation, or both commit one epoch."""
+    store = bucket(where.bucket)
+    probe = f"{where.key}/_probe-{uuid.uuid4().hex}" if where.key else f"_probe-{uuid.uuid4().hex}"
+    first, second = store.create(probe, b"1"), store.create(probe, b"2")
+    with contextlib.suppress(Exception):  # a probe left behind is harmless
+        store.delete(probe)
+    if not first or second:
+        raise CheckpointError(
+            f"{location}: the object store at {endpoint} does not refuse a second create of one object "
+            "(If-None-Match: *), so two drivers could both hold the lease or both commit an epoch; Eddyline "
+            "needs a store with conditional writes (AWS S3, MinIO, Ceph RGW 17+, GCS and Azure through their "
+            "S3 APIs where they support them)")

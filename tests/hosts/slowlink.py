@@ -6,7 +6,8 @@
 ``CONTROL.json`` (read every 0.1 s, absent = a plain relay): ``delay_ms`` added to every round trip
 (half on each direction, order kept), ``loss`` the share of chunks held back 200 ms as TCP's
 retransmission of a lost segment would, ``down`` true: every open connection is cut and new ones
-are closed at once.
+are closed at once, ``strip``: names of request headers to drop (``["if-none-match"]`` makes the
+store one that ignores conditional writes).
 
 It also counts the HTTP requests it relays, by kind (GET, PUT, HEAD, DELETE, POST, and LIST: a
 GET of a bucket listing), in ``CONTROL.counts.json`` next to the control file: the store's side of
@@ -39,9 +40,18 @@ def request_kind(chunk: bytes) -> str | None:
     return method.decode()
 
 
+def strip_headers(request: bytes, names: set[bytes]) -> bytes:
+    """``request`` (a chunk that starts an HTTP request) without the headers named ``names``."""
+    head, sep, body = request.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    kept = [lines[0], *(h for h in lines[1:] if h.split(b":", 1)[0].strip().lower() not in names)]
+    return b"\r\n".join(kept) + sep + body
+
+
 class Link:
     def __init__(self, control: Path):
         self.control, self.delay_s, self.loss, self.down = control, 0.0, 0.0, False
+        self.strip: set[bytes] = set()
         self.open: set[asyncio.StreamWriter] = set()
         self.counts: Counter[str] = Counter()
         self.counts_file = control.with_name(control.stem + ".counts.json")
@@ -54,6 +64,7 @@ class Link:
                 c = {}
             self.delay_s, self.loss = float(c.get("delay_ms", 0)) / 1000, float(c.get("loss", 0))
             self.down = bool(c.get("down", False))
+            self.strip = {h.lower().encode() for h in c.get("strip", [])}
             if self.down:
                 for w in list(self.open):
                     w.transport.abort()
@@ -82,6 +93,8 @@ class Link:
             while data := await reader.read(65536):
                 if count and (kind := request_kind(data)) is not None:
                     self.counts[kind] += 1
+                    if self.strip:
+                        data = strip_headers(data, self.strip)
                 held = RETRANSMIT_S if random.random() < self.loss else 0.0
                 queue.put_nowait((time.monotonic() + self.delay_s / 2 + held, data))
         except OSError:

@@ -40,3 +40,45 @@ def test_an_unreachable_store_is_named_before_anything_starts(s3, tmp_path: Path
     assert code == 3, out  # (the command line's code for a checkpoint it cannot use)
     assert "cannot reach the object store at http://127.0.0.1:9 (AWS_ENDPOINT_URL)" in out
     assert os.environ["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9"
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused_naming_why(s3, tmp_path: Path) -> None:
+    """moto's server behind a relay that drops ``If-None-Match`` from every request, as an
+    S3-compatible store without conditional writes would ignore it: refused before anything
+    starts, since two drivers could both take one lease generation there."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from eddyline import objectstore
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    control = tmp_path / "relay.json"
+    control.write_text(json.dumps({"strip": ["if-none-match"]}))
+    root = str(Path(__file__).resolve().parents[3])
+    relay = subprocess.Popen([sys.executable, "-m", "tests.hosts.slowlink", f"127.0.0.1:{port}",
+                              f"127.0.0.1:{s3.port}", str(control)], cwd=root)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and relay.poll() is None, "the relay did not start"
+                time.sleep(0.05)
+        name = s3.bucket(f"nocond-{uuid.uuid4().hex[:6]}").removeprefix("s3://")
+        with objectstore.using({**s3.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}):
+            code, out = run(tmp_path, f"s3://{name}/ckpt")
+        assert code == 3, out
+        assert "does not refuse a second create of one object (If-None-Match: *)" in out, out
+        with objectstore.using(s3.env()):  # straight to the store, conditional writes work
+            code, out = run(tmp_path, f"s3://{name}/ckpt")
+        assert code == 0, out
+    finally:
+        relay.kill()
+        relay.wait()
