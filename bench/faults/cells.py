@@ -76,7 +76,7 @@ class Ctx:
     directory: Path
     out: Outputs
     master: str = "local[2]"
-    cluster: Any = None  # tests.runtime.e2e.test_cluster.Cluster, for the executor cell
+    cluster: Any = None  # tests.runtime.e2e.standalone.Cluster, for the executor cell
     drivers: list[Driver] = field(default_factory=list)
     watches: list[Watch] = field(default_factory=list)  # of other checkpoints (a hot pair's follower)
     timed: Watch | None = None  # the checkpoint whose commits time the recovery (None: ``ckpt``'s)

@@ -5,7 +5,7 @@ and timed (from the fault to the next commit once what it took away is back).
 The network, the input and the verifier are in :mod:`bench.faults.harness`, the cells in
 :mod:`bench.faults.cells`. A NATS server and PostgreSQL are started here (``LocalNats``,
 ``LocalPostgres``, in a temporary directory), and for the executor cell the standalone two-worker
-cluster of ``tests/runtime/e2e/test_cluster.py``.
+cluster of ``tests/runtime/e2e/standalone.py``.
 
 Usage::
 
@@ -186,7 +186,7 @@ def main() -> None:
             print(f"[{i + 1}/{len(chosen)}] {c.key} ...", file=sys.stderr, flush=True)
             cluster = None
             if c.cluster:
-                from tests.runtime.e2e.test_cluster import Cluster
+                from tests.runtime.e2e.standalone import Cluster
 
                 (base / f"cluster{i:02d}").mkdir()
                 cluster = Cluster(base / f"cluster{i:02d}")

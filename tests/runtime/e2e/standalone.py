@@ -1,11 +1,6 @@
-"""The control plane on a real Spark cluster: a standalone master and two workers, started here.
-
-Locally every lane runs in one executor's Python workers. On a cluster the lanes' tasks land on
-different executors, each with its own Python workers and state cache, and Spark, not Eddyline,
-picks the executor for a lane's task in every epoch. So a key group's state must come from the
-checkpoint wherever its lane runs. The network of ``test_adaptive`` (window aggregate, dedup,
-interval join) runs there with random moves, a rescale 2 → 3 → 1 and hot-key splits, and must write
-what a static run on ``local[2]`` writes.
+"""A standalone Spark master and workers on this machine, all on 127.0.0.1 and one file system:
+the fault matrix's executor and worker cells (``bench/faults``) use it. The same on separate
+hosts, with nothing shared but the network, is :mod:`tests.hosts.cluster`.
 """
 
 from __future__ import annotations
@@ -15,20 +10,9 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
-import yaml
-
-from eddyline.api.validate import load_spec
-from eddyline.runtime.engine import Engine
-
-from .adaptive_net import CHURN, network, plans
-from .helpers import read
 
 
 def free_ports(n: int) -> list[int]:
@@ -160,91 +144,3 @@ class Cluster:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A master with two 1-core workers."""
-    c = Cluster(tmp_path_factory.mktemp("cluster"))
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
-@pytest.fixture(scope="module")
-def static_run(spark, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The network's output from a static run on ``local[2]`` (in this process)."""
-    base = tmp_path_factory.mktemp("static")
-    Engine(load_spec(network(base / "ref")), spark, str(base / "ref-ckpt")).run(until_idle=True)
-    return base / "ref"
-
-
-def cli_run(spec: Path, ckpt: Path, master: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec), "--checkpoint", str(ckpt), "--until-idle",
-           "--no-live", "--master", master]
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}  # the executors reach the driver on loopback
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-@pytest.mark.slow
-def test_moves_rescales_and_splits_on_a_two_worker_cluster_match_a_static_local_run(
-    cluster: Cluster, static_run: Path, tmp_path: Path
-) -> None:
-    url, work = cluster.url, cluster.work
-    spec_file = tmp_path / "net.yaml"
-    spec_file.write_text(yaml.safe_dump(network(tmp_path / "out", CHURN)))
-    ckpt = tmp_path / "ckpt"
-    before = set(work.glob("app-*"))
-    done = cli_run(spec_file, ckpt, url)
-    _, err = done.communicate(timeout=600)
-    assert done.returncode == 0, err[-3000:]
-
-    for what in ("windows", "firsts", "pairs"):
-        want = read(static_run, what)
-        assert len(want) > 100, what
-        assert read(tmp_path / "out", what) == want, what
-
-    # the application ran on both workers, and both executors ran tasks
-    (app,) = set(work.glob("app-*")) - before
-    executors = [d for d in app.iterdir() if d.is_dir()]
-    assert len(executors) == 2, executors
-    for d in executors:
-        assert "Running task" in (d / "stderr").read_text(), d
-    # and the control plane did move, rescale and split while it ran there
-    logged = plans(ckpt)
-    assert [p["routing"]["per_key"]["lanes"] for p in logged][2:4] == [3, 3]
-    assert any(d["kind"] == "chaos" for p in logged for d in p["decisions"])
-    assert any(p["routing"]["bids_in_auction"].get("spread") for p in logged)
-
-
-@pytest.mark.slow
-def test_a_worker_killed_mid_epoch_does_not_change_the_output(cluster: Cluster, static_run: Path, tmp_path: Path) -> None:
-    """SIGKILL one of the two workers (its JVM, its executor, their Python workers) once epoch 3's
-    plan is logged: Spark loses the executor's tasks and shuffle output and runs them again on
-    the other one; the lanes load their key groups' state from the checkpoint wherever they run,
-    so the output is the static local run's."""
-    spec_file = tmp_path / "net.yaml"
-    spec_file.write_text(yaml.safe_dump(network(tmp_path / "out", {"chaos": {"random_moves": 3, "seed": 11}})))
-    ckpt = tmp_path / "ckpt"
-    proc = cli_run(spec_file, ckpt, cluster.url)
-    try:
-        deadline = time.monotonic() + 180
-        while not (ckpt / "plans" / f"{3:010d}.json").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "no epoch 3"
-            time.sleep(0.02)
-        while not cluster.executors(0):
-            assert time.monotonic() < deadline, "worker 0 runs no executor"
-            time.sleep(0.05)
-        killed_at = time.time()
-        cluster.kill_worker(0)
-        _, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-3000:]
-    commit = json.loads((ckpt / "commits" / f"{3:010d}.json").read_text())
-    assert commit["committed_at"] > killed_at  # the kill came inside epoch 3
-    assert "Lost executor" in err or "ExecutorLost" in err, err[-3000:]
-    for what in ("windows", "firsts", "pairs"):
-        assert read(tmp_path / "out", what) == read(static_run, what), what
