@@ -45,8 +45,7 @@ def write_atomic(
     if is_s3(fs):
         if before_rename is not None:
             before_rename()
-        with fs.open_output_stream(path) as out:
-            out.write(data)
+        write_bytes(fs, path, data)
         return
     tmp = f"{path}.tmp-{os.getpid()}"
     with fs.open_output_stream(tmp) as out:
@@ -85,8 +84,38 @@ def _link_new(tmp: str, path: str) -> bool:
 
 
 def read_json(fs: pafs.FileSystem, path: str) -> object:
+    return json.loads(read_bytes(fs, path))
+
+
+def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
+    """A whole file; on an object store in one GET (pyarrow's reader asks for the size first, and
+    its random-access file reads a file in several ranges)."""
+    if is_s3(fs):
+        bucket, _, key = path.partition("/")
+        got = objectstore.bucket(bucket).get(key)
+        if got is None:
+            raise FileNotFoundError(path)
+        return got[0]
     with fs.open_input_stream(path) as f:
-        return json.loads(f.read())
+        return bytes(f.read())
+
+
+def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Write a whole file; on an object store in one PUT (pyarrow's output stream makes every
+    file a multipart upload: a request to begin, one per part, one to end)."""
+    if is_s3(fs):
+        bucket, _, key = path.partition("/")
+        objectstore.bucket(bucket).put(key, data)
+        return
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def makedirs(fs: pafs.FileSystem, path: str) -> None:
+    """Make the directory ``path`` and its parents, where there are directories: an object store
+    has none (pyarrow would write a marker object for every level, and ask for the bucket first)."""
+    if not is_s3(fs):
+        fs.create_dir(path, recursive=True)
 
 
 def exists(fs: pafs.FileSystem, path: str) -> bool:
@@ -266,7 +295,7 @@ class Gate:
     def _mkdirs(self, path: str) -> None:
         """``path`` and its parents up to (not including) the gate: a revoked gate is not made again."""
         if not self._local:
-            self.fs.create_dir(path, recursive=True)
+            makedirs(self.fs, path)
             return
         rel = os.path.relpath(path, self.dir)
         at = self.dir

@@ -37,7 +37,7 @@ from eddyline.api.network import NetworkSpec
 from eddyline.errors import CheckpointError
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan
 from eddyline.state.store import referenced_files, state_file
-from eddyline.storage import Gate, filesystem, read_json
+from eddyline.storage import Gate, filesystem, makedirs, read_json
 
 FORMAT_VERSION = 1
 #: progress records kept in the checkpoint (they are small; the dashboard shows the recent ones)
@@ -74,12 +74,12 @@ class Checkpoint:
     def fence(self, generation: int) -> None:
         """Write under lease generation ``generation`` from now on; revokes every older
         generation's writes (:class:`~eddyline.errors.Fenced` if a newer one took over)."""
-        self.fs.create_dir(self.base, recursive=True)
+        makedirs(self.fs, self.base)
         self.gate.open(generation)
 
     def _put(self, path: str, data: bytes, *, exclusive: bool = False,
              before: Callable[[], None] | None = None) -> bool:
-        self.fs.create_dir(path.rpartition("/")[0], recursive=True)
+        makedirs(self.fs, path.rpartition("/")[0])
         return self.gate.ready().put(path, data, exclusive=exclusive, before=before)
 
     def _delete(self, path: str) -> None:

@@ -39,7 +39,7 @@ from eddyline.runtime.faults import Faults, NoFaults
 from eddyline.runtime.lanes import LANE_PROPERTY, LaneTask
 from eddyline.runtime.shedding import shed_inputs
 from eddyline.runtime.shuffle import Heartbeats, to_lanes
-from eddyline.storage import Gate, filesystem
+from eddyline.storage import Gate, filesystem, makedirs
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -391,7 +391,7 @@ class EpochCompiler:
             return text
         fs, _ = filesystem(self.checkpoint)
         path = lane_run_path(self.checkpoint, epoch, step)
-        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        makedirs(fs, path.rsplit("/", 1)[0])
         self.gate.ready().put(path, text.encode())  # the same bytes again if the epoch is replayed
         return json.dumps({"path": path})
 

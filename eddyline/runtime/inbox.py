@@ -31,7 +31,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from eddyline.storage import Gate, filesystem, read_json, write_atomic
+from eddyline.storage import Gate, filesystem, makedirs, read_json, write_atomic
 
 
 class Inbox:
@@ -56,7 +56,7 @@ class Inbox:
     def _queue(self, body: dict[str, Any]) -> str:
         command_id = uuid.uuid4().hex[:12]
         command = {"id": command_id, **body, "submitted_at": time.time()}
-        self.fs.create_dir(self.inbox, recursive=True)
+        makedirs(self.fs, self.inbox)
         write_atomic(self.fs, f"{self.inbox}/{time.time_ns():020d}-{command_id}.json", json.dumps(command).encode())
         return command_id
 
@@ -78,7 +78,7 @@ class Inbox:
         record = {k: v for k, v in command.items() if k != "_path"} | {"outcome": outcome, "epoch": epoch}
         if reason is not None:
             record["reason"] = reason
-        self.fs.create_dir(self.closed, recursive=True)
+        makedirs(self.fs, self.closed)
         gate = self.gate.ready()
         gate.put(f"{self.closed}/{record['id']}.json", json.dumps(record).encode())
         path = command.get("_path")
@@ -97,7 +97,7 @@ class Inbox:
         if pause is None:
             self.gate.ready().remove(self._paused)
             return
-        self.fs.create_dir(self.inbox.rsplit("/", 1)[0], recursive=True)
+        makedirs(self.fs, self.inbox.rsplit("/", 1)[0])
         self.gate.ready().put(self._paused, json.dumps(pause).encode())
 
     @property

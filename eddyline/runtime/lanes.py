@@ -36,7 +36,7 @@ from eddyline.state.store import (
     process_cache,
     with_chains,
 )
-from eddyline.storage import Gate, filesystem, read_json
+from eddyline.storage import Gate, filesystem, is_s3, makedirs, read_json
 
 #: the Spark local property (this prefix + the step's name) carrying the epoch's part of a
 #: stateful step's lane task (see :meth:`LaneTask.for_epoch`)
@@ -218,6 +218,8 @@ def warm_other_lanes(task: LaneTask, store: KeyGroupStore, lane: int, wait_s: fl
     owners = np.asarray(task.routing)
     others = set(np.unique(owners).tolist()) - {lane}
     fs, _ = filesystem(task.checkpoint)
+    # on an object store every look is a request: look less often there
+    every = 0.25 if is_s3(fs) else 0.01
     loaded = 0
     deadline = time.monotonic() + wait_s
     while others and time.monotonic() < deadline:
@@ -235,7 +237,7 @@ def warm_other_lanes(task: LaneTask, store: KeyGroupStore, lane: int, wait_s: fl
             )
             loaded += store.load(index, list(index)).num_rows
         if others:
-            time.sleep(0.01)
+            time.sleep(every)
     return loaded
 
 
@@ -514,7 +516,7 @@ def _finish(task: LaneTask, store: KeyGroupStore, lane: int, manifest: dict[str,
     state's cache warmed for the next epoch in the background."""
     fs, _ = filesystem(task.checkpoint)
     path = manifest_path(task.checkpoint, task.epoch, task.step, lane)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    makedirs(fs, path.rsplit("/", 1)[0])
     task.gate.put(path, json.dumps(manifest).encode())
     if task.state_budget is None:
         threading.Thread(target=_warm_quietly, args=(task, store, lane), name=WARM_THREAD, daemon=True).start()

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from eddyline.columns import KG, OP
-from eddyline.storage import Gate, filesystem
+from eddyline.storage import Gate, filesystem, makedirs, read_bytes
 
 SNAPSHOT, DELTA = "s", "d"
 
@@ -158,7 +158,7 @@ def copy_state(root: str, source: str, target: str, index: Mapping[int, Chain]) 
     read (same names, so ``index`` reads the same from either step). Files already there are
     kept (a driver that died halfway copies the rest). Returns the files copied."""
     fs, base = filesystem(root)
-    fs.create_dir(f"{base}/state/{target}", recursive=True)
+    makedirs(fs, f"{base}/state/{target}")
     copied = 0
     for epoch, lane in sorted(referenced_files(index)):
         dst = state_file(base, target, epoch, lane)
@@ -223,8 +223,8 @@ class KeyGroupStore:
             path = self.path(epoch, lane)
             if isinstance(self.fs, pafs.LocalFileSystem):
                 source = pa.memory_map(path)
-            else:
-                source = self.fs.open_input_file(path)
+            else:  # the whole file in one request: it is read whole anyway
+                source = pa.BufferReader(read_bytes(self.fs, path))
             opened[key] = pa.ipc.open_file(source).read_all()
         return opened[key]
 
@@ -329,7 +329,7 @@ class KeyGroupStore:
             with pa.ipc.new_file(sink, self.file_schema) as writer:
                 writer.write_table(table)
             data = sink.getvalue().to_pybytes()
-            self.fs.create_dir(self.dir, recursive=True)
+            makedirs(self.fs, self.dir)
             self.gate.put(self.path(epoch, lane), data)
             written = len(data)
         return WriteResult(chains, written, snapshots, deltas)

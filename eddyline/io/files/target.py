@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from eddyline.api.units import Files
 from eddyline.errors import SinkError
-from eddyline.storage import Gate, filesystem, is_s3
+from eddyline.storage import Gate, filesystem, is_s3, makedirs, write_bytes
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -69,7 +69,7 @@ class FilesTarget:
     def fence(self, generation: int) -> None:
         """Write under lease generation ``generation`` from now on, revoking the older ones'
         (:class:`~eddyline.errors.Fenced` if a newer one took over)."""
-        self.fs.create_dir(self.base, recursive=True)
+        makedirs(self.fs, self.base)
         self.gate.open(generation)
 
     def staging(self, epoch: int) -> str:
@@ -140,8 +140,7 @@ def write_frame(df: DataFrame, target: FilesTarget, epoch: int, in_driver: bool 
         table = df.toArrow()
         gate.clear(path)
         gate.makedirs(path)
-        pq.write_table(table, f"{path}/part-00000-driver.snappy.parquet", filesystem=target.fs,
-                       compression="snappy", store_decimal_as_integer=True)
+        _write_table(table, "parquet", target.fs, f"{path}/part-00000-driver", header=True)
         return
     if is_s3(target.fs):
         gate.clear(path)
@@ -191,20 +190,23 @@ def write_in_tasks(df: DataFrame, fmt: str, path: str, *, header: bool = True) -
 
 
 def _write_table(table: pa.Table, fmt: str, fs: pafs.FileSystem, name: str, header: bool) -> None:
+    """``table`` as the file ``name`` + the format's suffix, serialised here and written whole
+    (on an object store in one request)."""
+    out = pa.BufferOutputStream()
     if fmt == "parquet":
-        pq.write_table(table, f"{name}.snappy.parquet", filesystem=fs, compression="snappy",
-                       store_decimal_as_integer=True)
+        pq.write_table(table, out, compression="snappy", store_decimal_as_integer=True)
+        suffix = ".snappy.parquet"
     elif fmt == "csv":
         import pyarrow.csv as pacsv
 
-        with fs.open_output_stream(f"{name}.csv") as out:
-            pacsv.write_csv(table, out, pacsv.WriteOptions(include_header=header))
+        pacsv.write_csv(table, out, pacsv.WriteOptions(include_header=header))
+        suffix = ".csv"
     else:
         import json
 
-        lines = "".join(json.dumps(r, default=str) + "\n" for r in table.to_pylist())
-        with fs.open_output_stream(f"{name}.json") as out:
-            out.write(lines.encode())
+        out.write("".join(json.dumps(r, default=str) + "\n" for r in table.to_pylist()).encode())
+        suffix = ".json"
+    write_bytes(fs, f"{name}{suffix}", out.getvalue().to_pybytes())
 
 
 @contextmanager
