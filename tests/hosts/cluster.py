@@ -152,6 +152,8 @@ class Cluster:
         import yaml
 
         (host.tmp / "net.yaml").write_text(yaml.safe_dump(spec))
+        for old in ("driver.log", "progress.jsonl"):  # an earlier run's on this host
+            (host.tmp / old).unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "eddyline.cli", "run", "/tmp/net.yaml", "--checkpoint", checkpoint, "--no-live",
                "--master", master or self.url, "--progress-json", "/tmp/progress.jsonl", *args]
         return host.start(cmd, "driver.log", env={**self._spark_env(host), **DRIVER_ENV, **(env or {})})

@@ -148,6 +148,8 @@ def test_a_leader_cut_off_from_the_store_fences_itself_and_a_standby_on_another_
     spec, ckpt = paced(Path("out"), bucket, per_epoch=250), f"s3://{bucket}/ckpt"
     lease = ("--until-idle", "--lease-timeout", str(LEASE_S))
     first = cluster.driver(leader, spec, ckpt, *lease)
+    # once the leader leads (a standby finding no lease would take it)
+    wait_for("the leader leads", lambda: "leading as" in (leader.tmp / "driver.log").read_text())
     second = cluster.driver(standby, spec, ckpt, *lease, "--standby")
     try:
         wait_for("the standby waits", lambda: "waiting for its lease" in (standby.tmp / "driver.log").read_text())
