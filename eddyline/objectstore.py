@@ -1,11 +1,11 @@
-"""Conditional writes on an object store: what a lease, a plan or a commit needs where there are
-no hard links and no atomic renames.
+"""An object store: every request Eddyline makes to one, counted, and the conditional writes a
+lease, a plan or a commit needs where there are no hard links and no atomic renames.
 
 A location ``s3://bucket/prefix/...`` is served by obstore (the Rust ``object_store`` crate)
 configured from the usual AWS environment: ``AWS_ENDPOINT_URL`` (an S3-compatible store; a plain
 ``http://`` endpoint is allowed), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
-``AWS_REGION`` — the same variables pyarrow's S3 file system, which reads and writes the rest of
-a checkpoint, takes. :meth:`ObjectStore.create` sends ``If-None-Match: *``, and the store, not
+``AWS_REGION``. The rest of a checkpoint is read and written through the same client
+(:mod:`eddyline.objectfs`), so :data:`REQUESTS` counts them all. :meth:`ObjectStore.create` sends ``If-None-Match: *``, and the store, not
 the writer, decides: of many writers creating one key, exactly one succeeds (a lease generation,
 a plan, a commit). A plain :meth:`ObjectStore.put` replaces a whole object at once (readers see
 the old one or the new one), so nothing needs a rename: a lease's heartbeat is one per
@@ -19,6 +19,7 @@ import datetime
 import functools
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -61,7 +62,6 @@ def adopt(given: dict[str, str]) -> None:
     if all(os.environ.get(k) == v for k, v in given.items()):
         return
     os.environ.update(given)
-    arrow_filesystem.cache_clear()
     bucket.cache_clear()
 
 
@@ -70,7 +70,6 @@ def using(variables: dict[str, str]) -> Iterator[None]:
     """Reach the store through ``variables`` (``AWS_*``) inside the block, and as before after it."""
     saved = {k: os.environ.get(k) for k in variables}
     os.environ.update(variables)
-    arrow_filesystem.cache_clear()
     bucket.cache_clear()
     try:
         yield
@@ -80,20 +79,7 @@ def using(variables: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        arrow_filesystem.cache_clear()
         bucket.cache_clear()
-
-
-@functools.cache
-def arrow_filesystem() -> object:
-    """pyarrow's S3 file system (one per process), with the same endpoint, credentials and
-    request timeout as :class:`ObjectStore`: it reads and writes what needs no condition."""
-    import pyarrow.fs as pafs
-
-    t = timeout_s()
-    endpoint = _endpoint()
-    return pafs.S3FileSystem(request_timeout=t, connect_timeout=t, endpoint_override=endpoint or None,
-                             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
 
 
 def _endpoint() -> str:
@@ -123,6 +109,15 @@ def split(location: str) -> Key:
     return Key(bucket, key.strip("/"))
 
 
+#: the requests this process made to object stores, by kind (GET, HEAD, PUT, COPY, DELETE, LIST)
+REQUESTS: Counter[str] = Counter()
+
+
+def requests_since(before: Counter[str]) -> dict[str, int]:
+    """The requests made since ``before`` (a copy of :data:`REQUESTS`), by kind."""
+    return {k: v for k, v in (REQUESTS - before).items() if v}
+
+
 class ObjectStore:
     """One bucket, with the writes a lease and a checkpoint need."""
 
@@ -141,16 +136,28 @@ class ObjectStore:
         """The object's bytes and ETag; None if there is none."""
         import obstore
 
+        REQUESTS["GET"] += 1
         try:
             got = obstore.get(self.store, key)
         except FileNotFoundError:
             return None
         return bytes(got.bytes()), str(got.meta["e_tag"])
 
+    def head(self, key: str) -> int | None:
+        """The object's size; None if there is none."""
+        import obstore
+
+        REQUESTS["HEAD"] += 1
+        try:
+            return int(obstore.head(self.store, key)["size"])
+        except FileNotFoundError:
+            return None
+
     def put(self, key: str, data: bytes) -> str:
         """Write the whole object (replacing one that is there); its new ETag."""
         import obstore
 
+        REQUESTS["PUT"] += 1
         return str(obstore.put(self.store, key, data)["e_tag"])
 
     def create(self, key: str, data: bytes) -> bool:
@@ -158,29 +165,63 @@ class ObjectStore:
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
+        REQUESTS["PUT"] += 1
         try:
             obstore.put(self.store, key, data, mode="create")
         except (AlreadyExistsError, PreconditionError):
             return False
         return True
 
-    def delete(self, key: str) -> None:
+    def copy(self, src: str, dst: str) -> None:
+        """A server-side copy of one object."""
         import obstore
 
-        obstore.delete(self.store, key)
+        REQUESTS["COPY"] += 1
+        obstore.copy(self.store, src, dst)
 
-    def list(self, prefix: str) -> list[str]:
+    def delete(self, keys: str | list[str]) -> None:
+        """Delete objects (up to a thousand a request)."""
+        import obstore
+
+        keys = [keys] if isinstance(keys, str) else keys
+        REQUESTS["DELETE"] += max(1, -(-len(keys) // 1000))
+        obstore.delete(self.store, keys)
+
+    def list_sized(self, prefix: str, limit: int | None = None) -> list[tuple[str, int]]:
+        """The keys under ``prefix`` (a folder: ``prefix/``) with their sizes, sorted; at most
+        ``limit`` (then in one request)."""
+        import obstore
+
+        pages = obstore.list(self.store, prefix=prefix.rstrip("/") + "/" if prefix else None,
+                             chunk_size=limit or 1000)
+        found: list[tuple[str, int]] = []
+        requests = 1  # an empty listing is a request too
+        for n, page in enumerate(pages):
+            requests = n + 1
+            found += [(str(m["path"]), int(m["size"])) for m in page]
+            if limit is not None and len(found) >= limit:
+                break
+        REQUESTS["LIST"] += requests
+        return sorted(found)[:limit] if limit is not None else sorted(found)
+
+    def list(self, prefix: str, limit: int | None = None) -> list[str]:
         """The keys under ``prefix`` (a folder: ``prefix/``), sorted."""
+        return [k for k, _ in self.list_sized(prefix, limit)]
+
+    def list_one_level(self, prefix: str) -> tuple[list[tuple[str, int]], list[str]]:
+        """The objects directly under ``prefix`` (keys and sizes) and the prefixes one level
+        down (``prefix/name``, without the trailing slash)."""
         import obstore
 
-        return sorted(str(m["path"]) for m in obstore.list(self.store, prefix=prefix.rstrip("/") + "/").collect())
+        REQUESTS["LIST"] += 1
+        got = obstore.list_with_delimiter(self.store, prefix=prefix.rstrip("/") + "/" if prefix else None)
+        objects = [(str(m["path"]), int(m["size"])) for m in got["objects"]]
+        return sorted(objects), sorted(str(p).rstrip("/") for p in got["common_prefixes"])
 
     def probe(self, prefix: str) -> None:
         """One LIST request of at most one key under ``prefix``: raises what the store says (no
         such bucket, access denied) or that it cannot be reached."""
-        import obstore
-
-        next(iter(obstore.list(self.store, prefix=prefix.rstrip("/") + "/" if prefix else None, chunk_size=1)), None)
+        self.list_sized(prefix, limit=1)
 
 
 @functools.cache

@@ -17,14 +17,14 @@ from urllib.parse import quote, unquote
 
 import pyarrow.fs as pafs
 
-from eddyline import objectstore
+from eddyline import objectfs, objectstore
 from eddyline.errors import Fenced
 
 
 def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
     """A pyarrow filesystem and path for a local path or any URI pyarrow understands."""
     if objectstore.is_object_store(root):
-        return objectstore.arrow_filesystem(), root.split("://", 1)[1].rstrip("/")  # type: ignore[return-value]
+        return objectfs.filesystem(), root.split("://", 1)[1].rstrip("/")
     if "://" in root:
         fs, path = pafs.FileSystem.from_uri(root)
         return fs, path.rstrip("/")
@@ -33,7 +33,7 @@ def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
 
 def is_s3(fs: pafs.FileSystem) -> bool:
     """Whether ``fs`` is pyarrow's S3 file system (whose paths are ``bucket/key``)."""
-    return getattr(fs, "type_name", "") == "s3"
+    return objectfs.is_object_filesystem(fs) or getattr(fs, "type_name", "") == "s3"
 
 
 def write_atomic(

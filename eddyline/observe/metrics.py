@@ -84,6 +84,9 @@ class Metrics:
                               ["state"], registry=r)
         self.tentative = Gauge("eddyline_tentative", "1 while the last epoch was tentative", registry=r)
         self.paused = Gauge("eddyline_paused", "1 while an operator's pause is in force", registry=r)
+        self.store_requests = Counter("eddyline_store_requests", "Requests to the checkpoint's object store, "
+                                      "by who made them (driver, lanes) and kind (GET, HEAD, PUT, COPY, DELETE, LIST)",
+                                      ["by", "kind"], registry=r)
 
     def observe(self, record: dict[str, Any]) -> None:
         """Count one epoch's progress record in."""
@@ -132,6 +135,9 @@ class Metrics:
             for state in ("joining", "copying", "following"):
                 self.follower.labels(state).set(int(driver.get("role") == "follower" and driver.get("state") == state))
         self.tentative.set(1 if record.get("tentative") else 0)
+        for by in ("driver", "lanes"):
+            for kind, n in ((record.get("storeRequests") or {}).get(by) or {}).items():
+                self.store_requests.labels(by, kind).inc(n)
 
     def set_paused(self, paused: bool) -> None:
         self.paused.set(1 if paused else 0)

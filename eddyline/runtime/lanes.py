@@ -417,6 +417,7 @@ def _received(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> tuple[int, p
 
 def _run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     objectstore.adopt(task.store)
+    requests = objectstore.REQUESTS.copy()
     watch = _Watch()
     lane, partials = _received(task, batches)
     kernel = task.kernel
@@ -499,6 +500,9 @@ def _run_lane(task: LaneTask, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.
         **watch.times(t_in, tally),
         "pid": os.getpid(),
     }
+    if is_s3(store.fs):  # the task's requests to the object store, its manifest's PUT included
+        made = objectstore.requests_since(requests)
+        manifest["store_requests"] = made | {"PUT": made.get("PUT", 0) + 1}
     _finish(task, store, lane, manifest)
 
 

@@ -174,13 +174,13 @@ def write_in_tasks(df: DataFrame, fmt: str, path: str, *, header: bool = True) -
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
-        from eddyline import objectstore
+        from eddyline import objectfs, objectstore
 
         objectstore.adopt(store)
         got = [b for b in batches if b.num_rows]
         if got:
             name = f"{path}/part-{TaskContext.get().partitionId():05d}"
-            _write_table(pa.Table.from_batches(got), fmt, objectstore.arrow_filesystem(), name, header)
+            _write_table(pa.Table.from_batches(got), fmt, objectfs.filesystem(), name, header)
         yield pa.RecordBatch.from_pydict({"rows": [sum(b.num_rows for b in got)]})
 
     from eddyline import objectstore

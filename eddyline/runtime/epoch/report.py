@@ -4,6 +4,7 @@ Eddyline's own sections (routing, load, decisions, overload)."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,13 +46,15 @@ def report(
     driver: dict[str, Any] | None = None,
     mode: dict[str, Any] | None = None,
     committed_at: float | None = None,
+    store_requests: dict[str, int] | None = None,
 ) -> ProgressRecord:
     """``observed_ms``: the epoch's duration as the overload controller observed it (up to the
     commit); ``wall_s``: seconds since the previous epoch started; ``status``: per source and
     sink name that talks to a server, how that server is doing; ``driver``: which driver leads
     (its lease), if it runs under one; ``mode``: the driver's mode and how it came to it
     (:meth:`eddyline.runtime.modes.Driver.to_json`); ``committed_at``: when the commit was written (Unix s),
-    the moment the epoch's outputs count as delivered."""
+    the moment the epoch's outputs count as delivered; ``store_requests``: the driver's requests to
+    an object store since the previous epoch, by kind (the lanes' come with their manifests)."""
     status = status or {}
     input_rows = sum(int(staged.observed.get(f"source:{s.name}", {}).get("rows") or 0) for s in spec.sources)
     total = ms.total
@@ -102,6 +105,11 @@ def report(
         "backlog": {n: s.get("backlog", 0) for n, s in plan.sources.items()},
         "endOfStream": plan.end_of_stream,
     }
+    lanes = _lane_requests(folded)
+    if store_requests or lanes:
+        driver_made = store_requests or {}
+        record["storeRequests"] = {"driver": driver_made, "lanes": lanes,
+                                   "total": dict(Counter(driver_made) + Counter(lanes))}
     if driver is not None:
         record["driver"] = driver
     if mode is not None:
@@ -210,6 +218,15 @@ def _routing_summary(routing: dict[str, Any]) -> dict[str, Any]:
         "spread": {str(k): [table.assignment[k], *v] for k, v in table.spread.items()},
         "assignment": list(table.assignment),  # key group -> lane (the dashboard draws it)
     }
+
+
+def _lane_requests(folded: Folded) -> dict[str, int]:
+    """The lanes' requests to an object store in the epoch, by kind, over every step."""
+    made: Counter[str] = Counter()
+    for manifests in folded.manifests.values():
+        for m in manifests:
+            made.update(m.data.get("store_requests") or {})
+    return dict(made)
 
 
 def _summed_metrics(manifests: list[LaneManifest]) -> dict[str, int]:

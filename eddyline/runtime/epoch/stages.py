@@ -8,10 +8,12 @@ pass; they change nothing in it but its :class:`EpochClock` and the cleanup they
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from eddyline import objectstore
 from eddyline.errors import EddylineError, EngineError, task_error_line
 from eddyline.runtime.epoch.commit import commit
 from eddyline.runtime.epoch.fold import fold
@@ -42,6 +44,15 @@ class EpochClock:
 
     last_start: float | None = None
     cold: bool = True  # no epoch has run in this process yet
+    #: this process's requests to object stores as of the previous epoch's report
+    requests: Counter[str] = field(default_factory=Counter)
+
+    def store_requests(self) -> dict[str, int]:
+        """The driver's requests to object stores since the previous epoch's report (its
+        background work, a cleanup or a heartbeat, included)."""
+        made = objectstore.requests_since(self.requests)
+        self.requests = objectstore.REQUESTS.copy()
+        return made
 
     def start(self) -> tuple[float, float]:
         """This epoch starts now: (now, seconds since the previous one started; 0 for the first)."""
@@ -115,6 +126,7 @@ def run_stages(parts: Parts, plan: EpochPlan, last: EpochCommit | None, replayed
     return done, report(
         parts.spec, parts.controller, plan, staged, folded, shed, ms, replayed, observed_ms, wall_s, _health(parts),
         driver=_driver(parts), mode=parts.driver.to_json(), committed_at=done.committed_at,
+        store_requests=parts.clock.store_requests(),
     )
 
 

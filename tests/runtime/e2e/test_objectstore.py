@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from eddyline import objectstore
+from eddyline import objectfs, objectstore
 
 from .drivers import finish, kill_the_leader, start, wait_for
 from .helpers import read_windows
@@ -78,6 +78,7 @@ def test_files_sinks_on_the_store_hold_what_local_ones_do(s3, spark, tmp_path: P
     import pyarrow.fs as pafs
 
     from eddyline.api.validate import load_spec
+    from eddyline.observe.progress import ProgressReporter
     from eddyline.runtime.engine import Engine
 
     from .adaptive_net import CHURN, network
@@ -88,11 +89,41 @@ def test_files_sinks_on_the_store_hold_what_local_ones_do(s3, spark, tmp_path: P
     Engine(load_spec(spec), spark, str(tmp_path / "ckpt")).run(until_idle=True)
     for sink in spec["sinks"]:
         sink["files"]["path"] = f"s3://{bucket}/out/{Path(sink['files']['path']).name}"
-    Engine(load_spec(spec), spark, f"s3://{bucket}/ckpt").run(until_idle=True)
-    pafs.copy_files(f"{bucket}/out", str(tmp_path / "store"), source_filesystem=objectstore.arrow_filesystem(),
+    reporter = ProgressReporter(live=False)
+    records: list[dict] = []
+    reporter.listeners.append(records.append)
+    before = objectstore.REQUESTS.copy()
+    Engine(load_spec(spec), spark, f"s3://{bucket}/ckpt", reporter=reporter).run(until_idle=True)
+    check_store_requests(records, objectstore.requests_since(before))
+    pafs.copy_files(f"{bucket}/out", str(tmp_path / "store"), source_filesystem=objectfs.filesystem(),
                     destination_filesystem=pafs.LocalFileSystem())
     for what in ("windows", "firsts", "pairs"):
         want = read(tmp_path / "local", what)
         assert len(want) > 100, what
         assert read(tmp_path / "store", what) == want, what
     assert not list(Path.cwd().glob(f"{bucket}*"))  # nothing written to a local path named like the bucket
+
+
+def check_store_requests(records: list[dict], by_driver: dict[str, int]) -> None:
+    """Every epoch's progress record says what it asked of the store, the driver's and the lanes'
+    requests apart: each lane of each stateful step PUTs its manifest and its state, the driver
+    PUTs its plan and its commit; over the run the driver's add up to what this process (which
+    ran the driver; its Spark workers ran the lanes) counted itself. And ``/metrics`` has them."""
+    from eddyline.observe.metrics import Metrics
+
+    assert records
+    for r in records:
+        made = r["storeRequests"]
+        lanes = sum(len(step["keyGroupsPerLane"]) for step in r["routing"].values())
+        assert made["lanes"]["PUT"] >= lanes, (r["batchId"], made, lanes)  # a manifest each (state: if any)
+        assert made["driver"]["PUT"] >= 2, (r["batchId"], made)  # the plan, the commit
+        assert made["total"] == {k: made["driver"].get(k, 0) + made["lanes"].get(k, 0)
+                                 for k in set(made["driver"]) | set(made["lanes"])}
+    counted = sum(sum(r["storeRequests"]["driver"].values()) for r in records)
+    assert 0.8 * sum(by_driver.values()) <= counted <= sum(by_driver.values()), (counted, by_driver)
+    metrics = Metrics()
+    for r in records:
+        metrics.observe(r)
+    text = metrics.exposition().decode()
+    puts = sum(r["storeRequests"]["lanes"]["PUT"] for r in records)
+    assert f'eddyline_store_requests_total{{by="lanes",kind="PUT"}} {float(puts)}' in text
