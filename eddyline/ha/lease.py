@@ -218,13 +218,18 @@ class Lease:
         self.check()
         self._beat()
 
-    def start_heartbeat(self) -> None:
-        """Renew every ``timeout / 3`` in a background thread until :meth:`release`."""
+    def start_heartbeat(self, on_fenced: Callable[[], None] | None = None) -> None:
+        """Renew every ``timeout / 3`` in a background thread until :meth:`release`;
+        ``on_fenced`` runs in that thread once it finds this holder fenced (the engine cancels
+        its Spark jobs: a driver cut off from its executors as well as from the store would
+        otherwise wait in a job and never reach the check between its steps)."""
         def loop() -> None:
             while not self._stop.wait(self.timeout_s / 3):
                 try:
                     self.renew()
                 except Fenced:
+                    if on_fenced is not None:
+                        on_fenced()
                     return
                 except Exception:  # noqa: BLE001 (the store did not answer: the next beat tries again,
                     continue  # and check() fences this driver if none gets through in time)

@@ -22,6 +22,7 @@ from the network in force, and switching to another, is :mod:`.networks`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import time
@@ -138,7 +139,7 @@ class Engine(Networks):
         last, pending, started_at = self._open()
         run, t_start = RunState(until_idle, started_at), time.monotonic()
         if self.lease is not None:
-            self.lease.start_heartbeat()
+            self.lease.start_heartbeat(self._cancel_jobs)
         try:
             for name, source in self.sources.items():  # upstream backup: start receiving (Source.attach)
                 source.attach(self.ckpt.location, last.source_ends.get(name, 0) if last else 0)
@@ -392,9 +393,15 @@ class Engine(Networks):
         assert self.pair is not None
         self.lease = self.pair.lease
         self.boundaries = UnderLease(self.faults, self.lease)
-        self.lease.start_heartbeat()
+        self.lease.start_heartbeat(self._cancel_jobs)
         self._open_gates()
         self._settle("took the hot pair's lease over")
+
+    def _cancel_jobs(self) -> None:
+        """This driver was fenced while an epoch may be waiting in a Spark job: end the job, so
+        that the epoch reaches its next check and stops there."""
+        with contextlib.suppress(Exception):  # the session may be stopping too
+            self.spark.sparkContext.cancelAllJobs()
 
     @property
     def generation(self) -> int:
