@@ -118,9 +118,11 @@ class ObjectStoreHandler(pafs.FileSystemHandler):
         pass  # prefixes need no making
 
     def copy_file(self, src: str, dest: str) -> None:
-        store, key = self._at(src)
-        store.copy(key, self._at(dest)[1]) if src.partition("/")[0] == dest.partition("/")[0] else \
-            self._at(dest)[0].put(self._at(dest)[1], self.open_input_stream(src).read())
+        (store, key), (to, to_key) = self._at(src), self._at(dest)
+        if store is to:  # within a bucket: the store copies
+            store.copy(key, to_key)
+        else:
+            to.put(to_key, self.open_input_stream(src).read())
 
     def move(self, src: str, dest: str) -> None:
         if self._info(src).type != pafs.FileType.File:

@@ -88,25 +88,13 @@ def read_json(fs: pafs.FileSystem, path: str) -> object:
 
 
 def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
-    """A whole file; on an object store in one GET (pyarrow's reader asks for the size first, and
-    its random-access file reads a file in several ranges)."""
-    if is_s3(fs):
-        bucket, _, key = path.partition("/")
-        got = objectstore.bucket(bucket).get(key)
-        if got is None:
-            raise FileNotFoundError(path)
-        return got[0]
+    """A whole file (on an object store: one GET, :mod:`eddyline.objectfs`)."""
     with fs.open_input_stream(path) as f:
         return bytes(f.read())
 
 
 def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    """Write a whole file; on an object store in one PUT (pyarrow's output stream makes every
-    file a multipart upload: a request to begin, one per part, one to end)."""
-    if is_s3(fs):
-        bucket, _, key = path.partition("/")
-        objectstore.bucket(bucket).put(key, data)
-        return
+    """Write a whole file (on an object store: one PUT)."""
     with fs.open_output_stream(path) as out:
         out.write(data)
 
