@@ -227,3 +227,22 @@ def store_requests(cluster: Cluster) -> dict[str, int]:
         return dict(json.loads((cluster.store.tmp / "slowlink.counts.json").read_text()))
     except (OSError, ValueError):
         return {}
+
+
+def wait_mid_epoch(cluster: Cluster, bucket: str, after: int = 3) -> int:
+    """Wait until an epoch past ``after`` is under way (its plan logged, no commit yet): its
+    tasks are about to run or running. That epoch."""
+    store = store_client(cluster, bucket)
+
+    def epochs(folder: str) -> set[int]:
+        return {int(k.rsplit("/", 1)[1][:-5]) for k in store.list(f"ckpt/{folder}") if k.endswith(".json")}
+
+    found: list[int] = []
+
+    def under_way() -> bool:
+        open_ = epochs("plans") - epochs("commits")
+        found[:] = [e for e in open_ if e > after]
+        return bool(found)
+
+    wait_for(f"an epoch after {after} under way", under_way, every=0.02)
+    return max(found)

@@ -20,7 +20,17 @@ from eddyline.runtime.engine import Engine
 from tests.runtime.e2e.adaptive_net import CHURN, network
 from tests.runtime.e2e.helpers import read
 
-from .cluster import Cluster, commits, documents, download, on_store, paced, store_client, wait_for
+from .cluster import (
+    Cluster,
+    commits,
+    documents,
+    download,
+    on_store,
+    paced,
+    store_client,
+    wait_for,
+    wait_mid_epoch,
+)
 
 OUTPUTS = ("windows", "firsts", "pairs")
 #: the drivers' lease timeout: a holder cut off from the store stops after three quarters of it
@@ -114,6 +124,7 @@ def test_a_worker_host_that_dies_mid_epoch_costs_seconds_and_changes_no_row(
     try:
         wait_for("epoch 4 committed", lambda: 4 in commits(cluster, bucket))
         assert set(cluster.executor_hosts()) == {"w1", "w2"}
+        wait_mid_epoch(cluster, bucket, after=4)
         victim = cluster.workers[0]
         killed_at = time.time()
         victim.down()  # off the network first, so that no process of it says goodbye

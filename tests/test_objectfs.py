@@ -1,0 +1,70 @@
+"""The object store as a pyarrow file system (:mod:`eddyline.objectfs`) against a real
+S3-compatible server (moto's): what pyarrow's callers rely on (files, prefixes as directories,
+listings, copies, deletes, Parquet through it), and one request counted for each."""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from eddyline import objectfs, objectstore
+
+
+@pytest.fixture
+def base(s3) -> str:
+    return f"{s3.bucket(f'fs-{uuid.uuid4().hex[:8]}').removeprefix('s3://')}/ck"
+
+
+def test_files_and_the_prefixes_they_make_are_files_and_directories(base: str) -> None:
+    fs = objectfs.filesystem()
+    with fs.open_output_stream(f"{base}/a/b/one.json") as out:
+        out.write(b'{"x": 1}')
+    with fs.open_output_stream(f"{base}/a/two.json") as out:
+        out.write(b"22")
+    one, a, missing = fs.get_file_info([f"{base}/a/b/one.json", f"{base}/a", f"{base}/nothing"])
+    assert (one.type, one.size) == (pafs.FileType.File, 8)
+    assert a.type == pafs.FileType.Directory
+    assert missing.type == pafs.FileType.NotFound
+    with fs.open_input_stream(f"{base}/a/b/one.json") as f:
+        assert f.read() == b'{"x": 1}'
+    level = {(i.path, i.type) for i in fs.get_file_info(pafs.FileSelector(f"{base}/a"))}
+    assert level == {(f"{base}/a/b", pafs.FileType.Directory), (f"{base}/a/two.json", pafs.FileType.File)}
+    deep = {i.path for i in fs.get_file_info(pafs.FileSelector(f"{base}/a", recursive=True))}
+    assert deep == {f"{base}/a/b", f"{base}/a/b/one.json", f"{base}/a/two.json"}
+    assert fs.get_file_info(pafs.FileSelector(f"{base}/none", allow_not_found=True)) == []
+    with pytest.raises(FileNotFoundError):
+        fs.get_file_info(pafs.FileSelector(f"{base}/none"))
+    with pytest.raises(FileNotFoundError):
+        fs.open_input_stream(f"{base}/none.json")
+
+
+def test_copies_moves_and_deletes(base: str) -> None:
+    fs = objectfs.filesystem()
+    with fs.open_output_stream(f"{base}/d/x") as out:
+        out.write(b"x")
+    fs.copy_file(f"{base}/d/x", f"{base}/e/x")
+    fs.move(f"{base}/e/x", f"{base}/f/y")
+    assert fs.get_file_info(f"{base}/e/x").type == pafs.FileType.NotFound
+    assert fs.open_input_stream(f"{base}/f/y").read() == b"x"
+    with pytest.raises(OSError, match="moves objects, not prefixes"):
+        fs.move(f"{base}/d", f"{base}/g")
+    fs.delete_dir(f"{base}/d")
+    fs.delete_file(f"{base}/f/y")
+    assert fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True)) == []
+    fs.delete_dir(f"{base}/never")  # nothing there: nothing to do
+
+
+def test_parquet_goes_through_it_and_every_request_is_counted(base: str) -> None:
+    fs = objectfs.filesystem()
+    table = pa.table({"k": [1, 2, 3], "v": ["a", "b", "c"]})
+    before = objectstore.REQUESTS.copy()
+    pq.write_table(table, f"{base}/t.parquet", filesystem=fs)
+    assert objectstore.requests_since(before) == {"PUT": 1}  # one PUT, no multipart upload
+    before = objectstore.REQUESTS.copy()
+    assert pq.read_table(f"{base}/t.parquet", filesystem=fs).equals(table)
+    made = objectstore.requests_since(before)
+    assert made.get("GET") == 1 and set(made) <= {"GET", "HEAD"}, made
