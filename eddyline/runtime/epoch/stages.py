@@ -44,8 +44,9 @@ class EpochClock:
 
     last_start: float | None = None
     cold: bool = True  # no epoch has run in this process yet
-    #: this process's requests to object stores as of the previous epoch's report
-    requests: Counter[str] = field(default_factory=Counter)
+    #: this process's requests to object stores as of the previous epoch's report (or of the
+    #: engine's making: the process may have made others before, another engine's among them)
+    requests: Counter[str] = field(default_factory=lambda: objectstore.REQUESTS.copy())
 
     def store_requests(self) -> dict[str, int]:
         """The driver's requests to object stores since the previous epoch's report (its
