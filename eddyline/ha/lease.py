@@ -88,6 +88,7 @@ class Lease:
         self.generation: int | None = None  # ours, once acquired
         self.acquired_at: float | None = None
         self._thread: threading.Thread | None = None
+        self._watch: threading.Thread | None = None
         self._stop = threading.Event()
         self.fenced: Fenced | None = None  # set by the heartbeat thread
         #: when the lease we hold could have expired, by the last heartbeat the store took
@@ -234,14 +235,32 @@ class Lease:
                 except Exception:  # noqa: BLE001 (the store did not answer: the next beat tries again,
                     continue  # and check() fences this driver if none gets through in time)
 
+        def watch() -> None:
+            """On an object store: fence this holder the moment its renewals are overdue, even
+            while the heartbeat waits on a request the store does not answer."""
+            while self.fenced is None and not self._stop.is_set():
+                left = (self.valid_until or self.clock()) - self.timeout_s / 4 - self.clock()
+                if left <= 0:
+                    try:
+                        self._check_renewed()
+                    except Fenced:
+                        if on_fenced is not None:
+                            on_fenced()
+                        return
+                self._stop.wait(min(max(left, 0.02), self.timeout_s / 8))
+
         self._thread = threading.Thread(target=loop, name="eddyline-lease", daemon=True)
         self._thread.start()
+        if self.self_fencing:
+            self._watch = threading.Thread(target=watch, name="eddyline-lease-watch", daemon=True)
+            self._watch.start()
 
     def release(self) -> None:
         """Stop renewing and, unless fenced, expire the lease now so a standby need not wait."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        for thread in (self._thread, self._watch):
+            if thread is not None:
+                thread.join()
         if self.generation is not None and self.fenced is None:
             with contextlib.suppress(Fenced, OSError):
                 self.check()

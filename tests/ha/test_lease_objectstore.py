@@ -140,3 +140,31 @@ def test_processes_racing_for_the_lease_leave_one_winner_per_generation(s3, chec
         if g is not None:
             got = store.get(f"{key}/lease/{g:010d}.json")
             assert got is not None and json.loads(got[0])["holder"] == name
+
+
+def test_a_holder_is_fenced_on_time_while_its_heartbeat_waits_on_a_store_that_does_not_answer(
+    checkpoint: str,
+) -> None:
+    """The heartbeat's request hangs (the store's answers vanish); the watch fences the holder
+    when a quarter of its lease is left, not when the request gives up."""
+    lease = Lease(checkpoint, timeout_s=1.2, holder="cut-off")
+    assert lease.try_acquire()
+    real = lease.files
+
+    class Silent:  # every request waits 3 s before the store's (late) answer
+        def __getattr__(self, name: str):
+            def call(*args):
+                time.sleep(3)
+                return getattr(real, name)(*args)
+            return call
+
+    lease.files = Silent()
+    fenced_at: list[float] = []
+    lease.start_heartbeat(on_fenced=lambda: fenced_at.append(time.time()))
+    deadline = time.time() + 5
+    while not fenced_at and time.time() < deadline:
+        time.sleep(0.02)
+    assert fenced_at, "not fenced"
+    assert lease.acquired_at + 0.85 <= fenced_at[0] <= lease.acquired_at + 1.2, fenced_at[0] - lease.acquired_at
+    with pytest.raises(Fenced, match="could not renew"):
+        lease.check()
