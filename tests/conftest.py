@@ -97,15 +97,8 @@ def postgres():
 def s3():
     """A real S3-compatible server (moto's server mode) for the test session; this process (and
     the drivers it starts, which inherit its environment) reach it through the AWS variables."""
+    from eddyline import objectstore
     from eddyline.io.local import LocalS3
 
-    server = LocalS3().start()
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
-    yield server
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    server.stop()
+    with LocalS3() as server, objectstore.using(server.env()):
+        yield server

@@ -182,10 +182,11 @@ def download(cluster: Cluster, location: str, to: Path) -> Path:
     """Copy everything under ``s3://bucket/prefix`` to the folder ``to`` (to read it with DuckDB)."""
     import pyarrow.fs as pafs
 
-    fs = pafs.S3FileSystem(access_key=CREDENTIALS["AWS_ACCESS_KEY_ID"], secret_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                           region=CREDENTIALS["AWS_REGION"], endpoint_override=cluster.env["AWS_ENDPOINT_URL"])
-    pafs.copy_files(location.removeprefix("s3://"), str(to), source_filesystem=fs,
-                    destination_filesystem=pafs.LocalFileSystem())
+    from eddyline import objectfs, objectstore
+
+    with objectstore.using(cluster.env):
+        pafs.copy_files(location.removeprefix("s3://"), str(to), source_filesystem=objectfs.filesystem(),
+                        destination_filesystem=pafs.LocalFileSystem())
     return to
 
 
