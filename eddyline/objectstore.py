@@ -172,6 +172,20 @@ class ObjectStore:
             return False
         return True
 
+    def put_if(self, key: str, data: bytes, etag: str | None) -> str | None:
+        """Write the object only if it is still the version ``etag`` names (``If-Match``; None:
+        only if there is none, ``If-None-Match: *``). Its new ETag, or None if the store refused:
+        someone wrote or deleted it since that version was read."""
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+        REQUESTS["PUT"] += 1
+        try:
+            got = obstore.put(self.store, key, data, mode="create" if etag is None else {"e_tag": etag})
+        except (AlreadyExistsError, PreconditionError, FileNotFoundError):
+            return None
+        return str(got["e_tag"])
+
     def copy(self, src: str, dst: str) -> None:
         """A server-side copy of one object."""
         import obstore

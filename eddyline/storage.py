@@ -119,6 +119,13 @@ GATES = "_staging"
 PARKED = ".moving-"
 
 
+def fenced(generation: int, newest: int, where: str) -> Fenced:
+    """What a driver of ``generation`` is told when the store ``where`` refused its write because
+    generation ``newest`` took the lease over."""
+    return Fenced(f"lease generation {generation} was taken over by generation {newest}: {where} "
+                  "refuses its writes; stopping without writing anything more")
+
+
 def gate_name(generation: int) -> str:
     return f"g={generation}"
 
@@ -224,8 +231,7 @@ class Gate:
         return max((int(n[2:]) for n in names if n.startswith("g=") and n[2:].isdigit()), default=0)
 
     def _fenced(self, newest: int) -> Fenced:
-        return Fenced(f"lease generation {self.generation} was taken over by generation {newest}: {self.root} "
-                      "refuses its writes; stopping without writing anything more")
+        return fenced(self.generation, newest, self.root)
 
     def _revoke(self, generation: int) -> None:
         """Take generation ``generation``'s gate away and leave its tombstone (none for 0)."""
@@ -441,3 +447,85 @@ def _move_tree(fs: pafs.FileSystem, src: str, dst: str) -> bool:
             fs.copy_file(f.path, f"{dst}/{f.path[len(src) + 1:]}")
     fs.delete_dir(src)
     return True
+
+
+class Guarded:
+    """JSON objects on an object store that only the newest lease generation may replace: the
+    object store's counterpart of a :class:`Gate` for the few objects that decide what the
+    checkpoint holds (its head, the latest commit; its metadata).
+
+    Each object carries the generation that wrote it, and every write is conditional on the
+    version this driver last saw (``If-Match`` on its ETag). A driver that takes the lease over
+    first rewrites each object with its generation (:meth:`fence`), which changes the version:
+    from then on the store refuses every write of an older driver (HTTP 412), whatever that driver
+    checked before, and the older driver, reading the object again, finds the newer generation in
+    it and stops with :class:`~eddyline.errors.Fenced`. Generation 0 (no lease) fences nobody and
+    checks for nobody: its writes are only conditional on the version it just read.
+    """
+
+    def __init__(self, location: str, prefix: str):
+        self.location = location
+        self.store, key = objectstore.at(location)
+        self.prefix = f"{key}/{prefix}".strip("/") if key else prefix
+        self.generation = 0
+        self._etags: dict[str, str] = {}
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def read(self, name: str) -> tuple[dict | None, str | None]:
+        """The object and its ETag (None, None: there is none)."""
+        got = self.store.get(self._key(name))
+        if got is None:
+            return None, None
+        doc = json.loads(got[0])
+        assert isinstance(doc, dict)
+        return doc, got[1]
+
+    def _check(self, doc: dict | None) -> None:
+        newest = int(doc.get("generation", 0)) if doc is not None else 0
+        if self.generation and newest > self.generation:
+            raise fenced(self.generation, newest, self.location)
+
+    def fence(self, generation: int, names: dict[str, Callable[[], dict | None]]) -> None:
+        """Write as ``generation`` from now on, and make each object of ``names`` say so (the
+        function makes an object that is not there yet; None: leave it absent). Raises
+        :class:`~eddyline.errors.Fenced` if a newer generation wrote one of them."""
+        self.generation = generation
+        self._etags.clear()
+        if not generation:
+            return
+        for name, make in names.items():
+            while True:
+                doc, etag = self.read(name)
+                self._check(doc)
+                if doc is None and (doc := make()) is None:
+                    break
+                if doc.get("generation") == generation and etag is not None:
+                    self._etags[name] = etag
+                    break
+                new = self.store.put_if(self._key(name), json.dumps({**doc, "generation": generation}).encode(), etag)
+                if new is not None:
+                    self._etags[name] = new
+                    break
+
+    def write(self, name: str, doc: dict, settled: Callable[[dict], bool] = lambda _: False) -> bool:
+        """Replace the object by ``doc`` (with this generation) if it is still the version this
+        driver last saw. When the store refuses, the object is read again: a newer generation's
+        raises :class:`~eddyline.errors.Fenced`; one for which ``settled`` holds means another
+        write of this generation made it what it should be (False); else (a write whose answer
+        was lost, then retried) it is tried again on the version read."""
+        data = json.dumps({**doc, "generation": self.generation}).encode()
+        etag = self._etags.get(name) if self.generation else None
+        if etag is None:
+            current, etag = self.read(name)
+            self._check(current)
+        while True:
+            new = self.store.put_if(self._key(name), data, etag)
+            if new is not None:
+                self._etags[name] = new
+                return True
+            current, etag = self.read(name)
+            self._check(current)
+            if current is not None and settled(current):
+                return False

@@ -18,6 +18,14 @@ forward together. Recovery: the newest plan without a commit is replayed exactly
 Every file a driver (or its lanes) writes or deletes here goes through the checkpoint's
 :class:`~eddyline.storage.Gate` for the driver's lease generation (``<checkpoint>/_staging/g=G``):
 once a newer generation opened its gate, the file system refuses an older one's writes.
+
+On an object store, which renames nothing, the epoch is committed by replacing one object,
+``<checkpoint>/head.json`` (the latest commit, whole), conditionally on the version the driver
+last saw; ``commits/<epoch>.json`` is its copy for the history. The head and the metadata are
+:class:`~eddyline.storage.Guarded`: a driver that takes the lease over rewrites them first, and
+from then on the store refuses an older generation's commit or change of network. What else an
+older generation may still write there (state files and lane manifests of an epoch whose plan is
+logged, which a replay writes again with the same bytes) is never read unless a commit names it.
 """
 
 from __future__ import annotations
@@ -35,11 +43,13 @@ import pyarrow.fs as pafs
 from eddyline.api.change import NetworkDiff
 from eddyline.api.network import NetworkSpec
 from eddyline.errors import CheckpointError
+from eddyline.objectstore import is_object_store
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan
 from eddyline.state.store import referenced_files, state_file
-from eddyline.storage import Gate, filesystem, makedirs, read_json
+from eddyline.storage import Gate, Guarded, filesystem, makedirs, read_json
 
 FORMAT_VERSION = 1
+HEAD, METADATA = "head.json", "metadata.json"
 #: progress records kept in the checkpoint (they are small; the dashboard shows the recent ones)
 PROGRESS_KEPT = 300
 
@@ -70,12 +80,30 @@ class Checkpoint:
         self.fs, self.base = filesystem(location)
         #: how this driver writes here (generation 0, no lease, until :meth:`fence`)
         self.gate = Gate(location)
+        #: on an object store: the head and the metadata, which only the newest generation replaces
+        self.guarded = Guarded(location, "") if is_object_store(location) else None
 
     def fence(self, generation: int) -> None:
         """Write under lease generation ``generation`` from now on; revokes every older
         generation's writes (:class:`~eddyline.errors.Fenced` if a newer one took over)."""
         makedirs(self.fs, self.base)
         self.gate.open(generation)
+        if self.guarded is not None:
+            self.guarded.fence(generation, {HEAD: self._first_head, METADATA: lambda: None})
+            self._keep_history()
+
+    def _first_head(self) -> dict[str, Any]:
+        """The head of a checkpoint that has none: its newest commit (one made by an Eddyline
+        that kept no head), or none."""
+        epochs = self._epochs("commits")
+        return {"epoch": epochs[-1], "commit": read_json(self.fs, self._path("commits", epochs[-1]))} if epochs \
+            else {"epoch": 0, "commit": None}
+
+    def _write_meta(self, meta: dict[str, Any]) -> None:
+        if self.guarded is not None:
+            self.guarded.write(METADATA, meta)
+        else:
+            self._put(f"{self.base}/{METADATA}", json.dumps(meta, indent=2).encode())
 
     def _put(self, path: str, data: bytes, *, exclusive: bool = False,
              before: Callable[[], None] | None = None) -> bool:
@@ -89,11 +117,11 @@ class Checkpoint:
     def open(self, fingerprint: dict[str, Any], created: str | None = None) -> dict[str, Any]:
         """Create the checkpoint, or check that an existing one belongs to this network.
         ``created``: the network's hash, remembered when the checkpoint is created."""
-        path = f"{self.base}/metadata.json"
+        path = f"{self.base}/{METADATA}"
         if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
             meta = {"format": FORMAT_VERSION, "network": fingerprint, "started_at": time.time(),
                     "id": uuid.uuid4().hex[:12], **({"created": created} if created else {})}
-            self._put(path, json.dumps(meta, indent=2).encode())
+            self._write_meta(meta)
             return meta
         meta = read_json(self.fs, path)
         assert isinstance(meta, dict)
@@ -108,7 +136,7 @@ class Checkpoint:
         return meta
 
     def metadata(self) -> dict[str, Any] | None:
-        path = f"{self.base}/metadata.json"
+        path = f"{self.base}/{METADATA}"
         if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
             return None
         meta = read_json(self.fs, path)
@@ -163,7 +191,7 @@ class Checkpoint:
         meta.update(network=fingerprint, applied={"hash": digest, **change})
         if rewrite is not None:
             meta["rewrites"] = [*(r for r in meta.get("rewrites", []) if r.get("epoch") != epoch), {**rewrite, "epoch": epoch}]
-        self._put(f"{self.base}/metadata.json", json.dumps(meta, indent=2).encode())
+        self._write_meta(meta)
 
     def record_caught_up(self, catch_up: dict[str, Any], copies: list[str], epoch: int) -> None:
         """From ``epoch`` on, the steps that caught up on ``copies`` read their sources
@@ -172,7 +200,7 @@ class Checkpoint:
         assert meta is not None and "applied" in meta
         meta["applied"]["catch_up"] = catch_up
         meta["caught_up"] = [*meta.get("caught_up", []), *({"copy": c, "epoch": epoch} for c in copies)]
-        self._put(f"{self.base}/metadata.json", json.dumps(meta, indent=2).encode())
+        self._write_meta(meta)
 
     # ---------------------------------------------------------------- plans and commits
     def _path(self, kind: str, epoch: int) -> str:
@@ -197,9 +225,36 @@ class Checkpoint:
     ) -> bool:
         """``before_rename``: runs with the commit written to a temporary file only (or, with
         ``exclusive``, just before the commit is created, which fails if the epoch was
-        committed already: False then)."""
-        return self._put(self._path("commits", commit.epoch), json.dumps(commit.to_json()).encode(),
-                         exclusive=exclusive, before=before_rename)
+        committed already: False then). On an object store the head is replaced instead (see the
+        module), which fails the same way, and raises :class:`~eddyline.errors.Fenced` if a
+        newer generation took the lease over."""
+        data = commit.to_json()
+        if self.guarded is None:
+            return self._put(self._path("commits", commit.epoch), json.dumps(data).encode(),
+                             exclusive=exclusive, before=before_rename)
+        if before_rename is not None:
+            before_rename()
+        made = self.guarded.write(HEAD, {"epoch": commit.epoch, "commit": data},
+                                  settled=lambda head: head["epoch"] >= commit.epoch)
+        if made:
+            self._put(self._path("commits", commit.epoch), json.dumps(data).encode())
+        else:
+            self._keep_history()
+        return made
+
+    def _head(self) -> tuple[int, dict[str, Any] | None]:
+        """On an object store: the epoch of the head and its commit (0, None: none yet)."""
+        assert self.guarded is not None
+        head, _ = self.guarded.read(HEAD)
+        if head is None:  # no driver kept a head here yet: the history is all there is
+            head = self._first_head()
+        return int(head["epoch"]), head["commit"]
+
+    def _keep_history(self) -> None:
+        """Copy the head's commit into the history if a driver stopped between the two writes."""
+        epoch, data = self._head()
+        if data is not None and not self.has_commit(epoch):
+            self._put(self._path("commits", epoch), json.dumps(data).encode())
 
     def read_commit(self, epoch: int) -> EpochCommit:
         data = read_json(self.fs, self._path("commits", epoch))
@@ -207,6 +262,9 @@ class Checkpoint:
         return EpochCommit.from_json(data)
 
     def latest_commit(self) -> EpochCommit | None:
+        if self.guarded is not None:
+            data = self._head()[1]
+            return EpochCommit.from_json(data) if data is not None else None
         epochs = self._epochs("commits")
         return self.read_commit(epochs[-1]) if epochs else None
 

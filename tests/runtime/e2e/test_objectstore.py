@@ -14,7 +14,7 @@ import pytest
 
 from eddyline import objectfs, objectstore
 
-from .drivers import finish, kill_the_leader, start, wait_for
+from .drivers import finish, frozen, kill_the_leader, start, wait_for
 from .helpers import read_windows
 
 pytestmark = pytest.mark.slow
@@ -68,6 +68,31 @@ def test_a_standby_takes_the_lease_on_the_store_over_when_the_leader_dies(s3, wi
     done = commits(ckpt)
     assert all(c["generation"] == (1 if c["committed_at"] < first else 2) for c in done.values())
     print(f"takeover on the store: {first - died:.1f} s from the leader's death to the standby's first commit")
+
+
+def test_a_leader_frozen_in_its_commit_has_it_refused_by_the_store(s3, windowed_bids, tmp_path: Path) -> None:
+    """``--freeze-at 3:mid_commit``: past every lease check, about to commit epoch 3 on the store
+    (its outputs published). A standby takes the lease over and commits on; then the old leader
+    wakes into its commit, which the store refuses: it stops naming the newer generation, no
+    commit of the older generation follows the takeover, and the output is the uninterrupted
+    run's."""
+    spec, expected = windowed_bids
+    ckpt = f"{s3.bucket(f'ck-{uuid.uuid4().hex[:8]}')}/net"
+    leader = start(spec, ckpt, *STORE_LEASE, "--freeze-at", "3:mid_commit")
+    wait_for(lambda: leader.poll() is None and frozen(leader), 180, "the leader to freeze in its commit")
+    standby = start(spec, ckpt, "--standby", *STORE_LEASE)
+    wait_for(lambda: max((e for e, c in commits(ckpt).items() if c["generation"] == 2), default=0) >= 5
+             or standby.poll() is not None, 300, "the standby's commit of epoch 5")
+    leader.send_signal(signal.SIGCONT)
+    code, err = finish(leader)
+    assert code != 0 and "refuses its writes" in err, err[-3000:]
+    assert "generation 1 was taken over by generation 2" in err
+    code, err = finish(standby)
+    assert code == 0, err[-3000:]
+    assert read_windows(tmp_path / "out") == expected
+    done = commits(ckpt)
+    assert sorted(done) == list(range(1, max(done) + 1))
+    assert [e for e, c in done.items() if c["generation"] == 1] == [1, 2]
 
 
 def test_files_sinks_on_the_store_hold_what_local_ones_do(s3, spark, tmp_path: Path) -> None:
