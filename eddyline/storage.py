@@ -431,6 +431,26 @@ class Gate:
             self.fs.delete_dir(path)
 
 
+def publish_objects(staged: str, dst: str, names: list[str], marker: str, data: bytes) -> None:
+    """Put the objects ``names`` staged in the folder ``staged`` (``bucket/key``) in place in the
+    folder ``dst`` of the same bucket without listing either: each copied on the server, then
+    ``marker`` written with ``data``, then the staged ones deleted in one request. Where ``dst``
+    has the marker already, an earlier attempt published there: what it holds besides ``names``
+    goes first (the one listing, on a replay only). Not atomic: what reads ``dst`` meanwhile may
+    see part of it."""
+    bucket, _, src_key = staged.partition("/")
+    dst_key = dst.partition("/")[2]
+    store = objectstore.bucket(bucket)
+    if store.head(f"{dst_key}/{marker}") is not None:
+        stale = [k for k in store.list(dst_key) if k.rsplit("/", 1)[1] not in names]
+        if stale:
+            store.delete(stale)
+    for name in names:
+        store.copy(f"{src_key}/{name}", f"{dst_key}/{name}")
+    store.put(f"{dst_key}/{marker}", data)
+    store.delete([f"{src_key}/{name}" for name in names])
+
+
 def _move_tree(fs: pafs.FileSystem, src: str, dst: str) -> bool:
     """Move ``src`` (a file or a directory) to ``dst`` on an object store, which renames nothing:
     each object is copied (a server-side copy), then the originals deleted. False if ``src`` is

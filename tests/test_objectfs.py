@@ -69,3 +69,33 @@ def test_parquet_goes_through_it_and_every_request_is_counted(base: str) -> None
     made = objectstore.requests_since(before)
     # each time pyarrow opens the file (its schema, then its rows) it is one GET of all of it
     assert made.get("GET", 0) <= 2 and set(made) <= {"GET", "HEAD"}, made
+
+
+def test_an_epoch_is_published_by_name_and_a_replay_replaces_what_an_earlier_attempt_left(base: str) -> None:
+    """:func:`~eddyline.storage.publish_objects`: the staged names are copied into place without
+    a listing; where an earlier attempt published (its marker is there), a file the replay did not
+    stage goes, so the epoch holds the replay's output alone."""
+    from eddyline.storage import publish_objects
+
+    fs = objectfs.filesystem()
+    staged, dst = f"{base}/_staging/g=1/epoch=1", f"{base}/epoch=1"
+
+    def stage(names: dict[str, bytes]) -> None:
+        for name, data in names.items():
+            with fs.open_output_stream(f"{staged}/{name}") as out:
+                out.write(data)
+
+    def held() -> dict[str, bytes]:
+        return {i.base_name: fs.open_input_file(i.path).read()
+                for i in fs.get_file_info(pafs.FileSelector(dst, recursive=True))}
+
+    stage({"part-00000.json": b"a", "part-00001.json": b"b"})
+    before = objectstore.REQUESTS.copy()
+    publish_objects(staged, dst, ["part-00000.json", "part-00001.json"], "_generation", b"1")
+    assert "LIST" not in objectstore.requests_since(before)
+    assert held() == {"part-00000.json": b"a", "part-00001.json": b"b", "_generation": b"1"}
+    assert fs.get_file_info(pafs.FileSelector(staged, allow_not_found=True)) == []
+
+    stage({"part-00000.json": b"a2"})  # the replay's rows all landed in one partition
+    publish_objects(staged, dst, ["part-00000.json"], "_generation", b"2")
+    assert held() == {"part-00000.json": b"a2", "_generation": b"2"}

@@ -57,6 +57,7 @@ class Revisions:
                 self.target.gate.makedirs(staged)
                 pq.write_table(rows, f"{staged}/{prefix}{e:010d}.parquet", filesystem=fs, compression="snappy",
                                store_decimal_as_integer=True)
+                self.target.staged(epoch, [f"{prefix}{e:010d}.parquet"], more=True)
 
     def _published(self, before: int) -> Iterator[tuple[int, pafs.FileInfo]]:
         for info in self.target.fs.get_file_info(pafs.FileSelector(self.target.base, allow_not_found=True)):

@@ -12,6 +12,10 @@ Under a lease (:mod:`eddyline.ha.lease`) the staging is the driver's generation'
 (:class:`~eddyline.storage.Gate`) and every move starts or passes there. A driver that takes the
 lease over opens its own gate before it writes, which revokes the older one's: a driver frozen
 past its lease finds, when it wakes, that the file system refuses its publish.
+
+On an object store, which renames nothing, a published epoch is copied object by object from the
+staging; the target remembers the names it staged for each epoch, so that neither staging nor
+publishing lists the store (:func:`~eddyline.storage.publish_objects`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import pyarrow.parquet as pq
 
 from eddyline.api.units import Files
 from eddyline.errors import SinkError
-from eddyline.storage import Gate, filesystem, is_s3, makedirs, write_bytes
+from eddyline.storage import Gate, filesystem, is_s3, makedirs, publish_objects, write_bytes
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -51,6 +55,15 @@ class FilesTarget:
         self.files = files
         self.fs, self.base = filesystem(files.path)
         self.gate = Gate(files.path, generation)
+        #: on an object store: the names staged for each epoch not yet published, the
+        #: epoch's directory (no name: nothing was staged)
+        self._staged: dict[int, list[str]] = {}
+
+    def staged(self, epoch: int, names: list[str], *, more: bool = False) -> None:
+        """Remember what was staged for ``epoch`` (``more``: besides what was before), on an
+        object store, where publishing copies exactly these."""
+        if is_s3(self.fs):
+            self._staged[epoch] = [*(self._staged.get(epoch, []) if more else []), *names]
 
     @property
     def generation(self) -> int:
@@ -77,6 +90,7 @@ class FilesTarget:
 
     def discard(self, epoch: int) -> None:
         """Drop what was staged for ``epoch`` (the other driver of a hot pair published it)."""
+        self._staged.pop(epoch, None)
         self.gate.clear(self.staging(epoch))
 
     def final(self, epoch: int, tentative: bool = False) -> str:
@@ -87,6 +101,14 @@ class FilesTarget:
 
     def publish(self, epoch: int, tentative: bool = False) -> None:
         src, dst = self.staging(epoch), self.final(epoch, tentative)
+        if is_s3(self.fs):
+            names = self._staged.pop(epoch, [])
+            try:
+                if names:
+                    publish_objects(src, dst, names, GENERATION_FILE, str(self.generation).encode())
+            except OSError as e:
+                raise SinkError(f"cannot publish epoch {epoch} to {dst}: {e}") from e
+            return
         if self.fs.get_file_info(src).type == pafs.FileType.NotFound:
             self.gate.check()  # gone with a revoked gate, not merely nothing staged
             return
@@ -138,13 +160,13 @@ def write_frame(df: DataFrame, target: FilesTarget, epoch: int, in_driver: bool 
     path = target.staging(epoch)
     if in_driver and fmt == "parquet":
         table = df.toArrow()
-        gate.clear(path)
-        gate.makedirs(path)
-        _write_table(table, "parquet", target.fs, f"{path}/part-00000-driver", header=True)
+        if not is_s3(target.fs):  # (on an object store only what is named is published)
+            gate.clear(path)
+            gate.makedirs(path)
+        target.staged(epoch, [_write_table(table, "parquet", target.fs, f"{path}/part-00000-driver", header=True)])
         return
     if is_s3(target.fs):
-        gate.clear(path)
-        write_in_tasks(df, fmt, path, header=target.files.header is not False)
+        target.staged(epoch, write_in_tasks(df, fmt, path, header=target.files.header is not False))
         return
     writer = df.write
     if fmt == "csv":  # RFC 4180: a quote inside a quoted field is doubled (Spark's default: \")
@@ -165,11 +187,12 @@ def write_frame(df: DataFrame, target: FilesTarget, epoch: int, in_driver: bool 
         writer.format(fmt).save(target.spark_uri(path))
 
 
-def write_in_tasks(df: DataFrame, fmt: str, path: str, *, header: bool = True) -> None:
+def write_in_tasks(df: DataFrame, fmt: str, path: str, *, header: bool = True) -> list[str]:
     """Write ``df`` to the object-store folder ``path`` (``bucket/key``) from Spark's tasks, one
     ``part-<partition>`` file each, with pyarrow: Spark's own S3 connector (hadoop-aws) is not
     part of PySpark, and Spark given an ``s3://`` path it cannot open would fail or, worse, take a
-    bucket-less path as a local one. A retried task writes the same name again."""
+    bucket-less path as a local one. A retried task writes the same name again. The names
+    written (partitions without rows write none)."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -180,18 +203,18 @@ def write_in_tasks(df: DataFrame, fmt: str, path: str, *, header: bool = True) -
         got = [b for b in batches if b.num_rows]
         if got:
             name = f"{path}/part-{TaskContext.get().partitionId():05d}"
-            _write_table(pa.Table.from_batches(got), fmt, objectfs.filesystem(), name, header)
-        yield pa.RecordBatch.from_pydict({"rows": [sum(b.num_rows for b in got)]})
+            yield pa.RecordBatch.from_pydict(
+                {"name": [_write_table(pa.Table.from_batches(got), fmt, objectfs.filesystem(), name, header)]})
 
     from eddyline import objectstore
 
     store = objectstore.settings()
-    df.mapInArrow(write, "rows BIGINT").collect()
+    return sorted(r.name for r in df.mapInArrow(write, "name STRING").collect())
 
 
-def _write_table(table: pa.Table, fmt: str, fs: pafs.FileSystem, name: str, header: bool) -> None:
+def _write_table(table: pa.Table, fmt: str, fs: pafs.FileSystem, name: str, header: bool) -> str:
     """``table`` as the file ``name`` + the format's suffix, serialised here and written whole
-    (on an object store in one request)."""
+    (on an object store in one request); the file's own name."""
     out = pa.BufferOutputStream()
     if fmt == "parquet":
         pq.write_table(table, out, compression="snappy", store_decimal_as_integer=True)
@@ -207,6 +230,7 @@ def _write_table(table: pa.Table, fmt: str, fs: pafs.FileSystem, name: str, head
         out.write("".join(json.dumps(r, default=str) + "\n" for r in table.to_pylist()).encode())
         suffix = ".json"
     write_bytes(fs, f"{name}{suffix}", out.getvalue().to_pybytes())
+    return f"{name}{suffix}".rsplit("/", 1)[-1]
 
 
 @contextmanager
