@@ -7,16 +7,33 @@ together and no line is read twice or missed."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from eddyline import objectstore
 from eddyline.io.sources import EpochSlice
 from eddyline.io.textrecords import TextSchema, file_batches
 from eddyline.storage import filesystem
+
+Read = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+def with_store(read: Read, directory: str) -> Read:
+    """``read``, run in a Spark task with the driver's object-store settings when ``directory``
+    is on an object store (a worker's environment is the one its JVM started with)."""
+    if not objectstore.is_object_store(directory):
+        return read
+    store = objectstore.settings()
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        objectstore.adopt(store)
+        yield from read(batches)
+
+    return run
 
 
 def _task_numbers(batches: Iterator[pa.RecordBatch]) -> Iterator[int]:
@@ -61,6 +78,20 @@ def text_files(
                 fmt, name, text, schema, header=header and begin == 0, ship=ship,
                 first_line=functools.partial(_line_at, fs, f"{base}/{name}", begin),
             )
+
+
+def lines(directory: str, slice_: EpochSlice, tasks: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """In a Spark task: the lines of its share of the slice's files as ``(file, line, raw)``,
+    line numbers from 1, blank lines skipped (what Spark's reader gives for a local directory,
+    for files it cannot open itself)."""
+    fs, base = filesystem(directory)
+    for name in _task_files(slice_, tasks, batches):
+        with fs.open_input_file(f"{base}/{name}") as f:
+            text = f.read().decode("utf-8", errors="replace")
+        numbered = [(n, raw) for n, raw in enumerate(text.replace("\r\n", "\n").split("\n"), 1) if raw.strip(" ")]
+        if numbered:
+            yield pa.RecordBatch.from_pydict({"file": [name] * len(numbered), "line": [n for n, _ in numbered],
+                                              "raw": [raw for _, raw in numbered]})
 
 
 def _task_pieces(planned: dict[str, Any], tasks: int, task: int) -> list[tuple[str, int, int | None]]:

@@ -9,6 +9,11 @@ own; nested JSON, and CSV with a type Arrow's reader does not take, are parsed i
 while the files' footer schema stays, since Spark's reader would need a new frame (and new
 frames behind it) every epoch; a slice of mixed footers, or of a type pyarrow and Spark read
 differently, goes to Spark's reader.
+
+A directory on an object store (``s3://``) is read by those same readers in the tasks, never by
+Spark's (PySpark has no S3 connector): Parquet files of plain types sharing one schema in each
+epoch, and the lines of text files that Spark then parses (nested JSON, CSV types Arrow's reader
+does not take).
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from eddyline import objectstore
 from eddyline.api.sources import SOURCES
 from eddyline.api.units import Files
 from eddyline.errors import SourceError
-from eddyline.io.files.slices import parquet_files, text_files
+from eddyline.io.files.slices import lines, parquet_files, text_files, with_store
 from eddyline.io.records import ddl_struct, decode, split_decoded
 from eddyline.io.sources import BadCounter, EpochSlice, Frames, Source, SourceKind, footer_facts
 from eddyline.io.textrecords import arrow_schema, shipped
@@ -47,6 +53,11 @@ class FilesSource(Source):
     @property
     def params(self) -> Files:
         return self.spec.params
+
+    @functools.cached_property
+    def _on_store(self) -> bool:
+        """Whether the directory is on an object store, which only Eddyline's readers open."""
+        return objectstore.is_object_store(self.params.path)
 
     def _listing(self) -> dict[str, int]:
         """The directory's files in name order, with their sizes."""
@@ -81,7 +92,7 @@ class FilesSource(Source):
         """The schema Spark reads Parquet files of footer schema ``schema`` with, inferred from
         ``path`` (a JVM round of 60-120 ms) and kept while the footers stay the same."""
         if self._schemas is None or not self._schemas[0].equals(schema):
-            self._schemas = (schema, spark.read.parquet(path).schema)
+            self._schemas = (schema, _as_spark_reads(schema) if self._on_store else spark.read.parquet(path).schema)
         return self._schemas[1]
 
     def _read_parquet(self, spark: SparkSession, names: list[str]) -> DataFrame:
@@ -107,12 +118,26 @@ class FilesSource(Source):
         planned every epoch: only stateless steps are planned again behind it, and Spark's
         vectorised reader keeps the rows in the JVM, where pyarrow in a Python worker hands
         them over (docs/perf-notes.md, "Parquet without state behind it")."""
-        if self.params.format == "parquet" and not self.feeds_state:
+        if self.params.format == "parquet" and not self.feeds_state and not self._on_store:
             return None
         if planned.get("files"):  # an empty slice: the frame in use reads nothing
             self._one_task = len(planned["files"]) == 1
         key = self._frame_key(planned)
+        if key is None and self._on_store and self.params.format == "parquet" and planned.get("files"):
+            raise SourceError(
+                f"source '{self.name}': the Parquet files {planned['files'][:3]} on the object store are read by "
+                "Eddyline's reader, which needs the files of one epoch to share one schema of plain types "
+                f"(integers, floats, decimals, strings, binary, dates, ms/us timestamps, lists, maps, structs); "
+                f"{self._unplain(planned['files'])}")
         return None if key is None else (key, self._one_task)
+
+    def _unplain(self, names: list[str]) -> str:
+        footers = self._footers(names)
+        if footers is None:
+            return "some cannot be read"
+        schema = _schema(footers[0])
+        odd = [f"{f.name} ({f.type})" for f in schema if not _plain(f.type)]
+        return f"columns {odd} are not" if odd else "their schemas differ"
 
     def _frame_key(self, planned: dict[str, Any]) -> Hashable | None:
         p = self.params
@@ -215,7 +240,10 @@ class FilesSource(Source):
                         f"source '{self.name}': parquet directory {p.path!r} is empty; give 'schema' "
                         "so the network can be planned before files arrive"
                     )
-                _, base = filesystem(p.path)
+                fs, base = filesystem(p.path)
+                if self._on_store:
+                    schema = _as_spark_reads(_schema(_footer(fs, f"{base}/{next(iter(known))}")))
+                    return Frames(spark.createDataFrame([], schema))
                 return Frames(spark.read.parquet(f"{base}/{next(iter(known))}").limit(0))
             return Frames(spark.createDataFrame([], ddl_struct(spark, p.schema_)))
         fs, base = filesystem(p.path)
@@ -223,10 +251,16 @@ class FilesSource(Source):
         assert p.schema_ is not None
         if arrow_schema(p.schema_) is not None:
             return self._text_frames(spark, planned, partitions, count_bad, columns)
-        lines = _read_lines(spark, [_spark_path(p.path, x) for x in paths])
+        if self._on_store:
+            names = planned.get("files", [])
+            tasks = max(1, min(len(names), partitions))
+            read = with_store(functools.partial(lines, p.path, EpochSlice(self.name, planned), tasks), p.path)
+            text = spark.range(0, tasks, 1, tasks).mapInArrow(read, "file string, line long, raw string")
+        else:
+            text = _read_lines(spark, [_spark_path(p.path, x) for x in paths])
         if p.header:
-            lines = lines.where("line > 1")
-        return decode(spark, lines, p.format, p.schema_, self.name, count_bad)
+            text = text.where("line > 1")
+        return decode(spark, text, p.format, p.schema_, self.name, count_bad)
 
     def _parquet_in_tasks(self, spark: SparkSession, partitions: int, columns: frozenset[str] | None) -> Frames:
         """The frame whose tasks read the Parquet files of the slice they are given when they run
@@ -245,7 +279,7 @@ class FilesSource(Source):
         wanted = {n.lower() for n in shipped(tuple((declared or inferred).names), columns)}
         ship = StructType([f for f in inferred.fields if f.name.lower() in wanted] or inferred.fields[:1])
         target = to_arrow_schema(ship, timezone="UTC")
-        read = functools.partial(parquet_files, p.path, EpochSlice(self.name), partitions, target)
+        read = with_store(functools.partial(parquet_files, p.path, EpochSlice(self.name), partitions, target), p.path)
         df = spark.range(0, partitions, 1, partitions).mapInArrow(read, ship)
         if declared is not None:
             df = df.select(*[F.col(f.name).cast(f.dataType) for f in declared if f.name.lower() in wanted])
@@ -269,7 +303,8 @@ class FilesSource(Source):
             if not names:
                 return split_decoded(spark.createDataFrame([], ddl), list(ship), self.name, count_bad)
             tasks, slice_ = min(len(names), partitions), EpochSlice(self.name, planned)
-        read = functools.partial(text_files, p.format, bool(p.header), p.path, slice_, tasks, schema, ship)
+        read = with_store(functools.partial(text_files, p.format, bool(p.header), p.path, slice_, tasks, schema, ship),
+                          p.path)
         df = spark.range(0, tasks, 1, tasks).mapInArrow(read, ddl)
         return split_decoded(df, list(ship), self.name, count_bad)
 
@@ -283,6 +318,14 @@ def _footer(fs: pafs.FileSystem, path: str) -> Any:
 
 def _schema(footer: Any) -> pa.Schema:
     return footer.schema.to_arrow_schema().remove_metadata()
+
+
+def _as_spark_reads(schema: pa.Schema) -> Any:
+    """The schema Spark's Parquet reader gives files of footer schema ``schema`` (of types
+    :func:`_plain` takes; every column nullable), without Spark opening one."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(pa.schema([f.with_nullable(True) for f in schema]))
 
 
 def _plain(t: pa.DataType) -> bool:

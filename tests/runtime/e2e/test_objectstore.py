@@ -152,3 +152,52 @@ def check_store_requests(records: list[dict], by_driver: dict[str, int]) -> None
     text = metrics.exposition().decode()
     puts = sum(r["storeRequests"]["lanes"]["PUT"] for r in records)
     assert f'eddyline_store_requests_total{{by="lanes",kind="PUT"}} {float(puts)}' in text
+
+
+@pytest.mark.parametrize("kind", ["json", "json-decimal", "parquet"])
+def test_a_files_source_on_the_store_reads_what_a_local_one_does(s3, spark, tmp_path: Path, kind: str) -> None:
+    """A files source whose directory is on the store: flat JSON lines (Arrow's readers in the
+    tasks), JSON with a type those do not take (the tasks hand the lines to Spark's parser) and
+    Parquet (pyarrow in the tasks), each with its dead letters, gives the windows and the dead
+    letters the same directory gives on the local disk."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from eddyline.api.validate import load_spec
+    from eddyline.runtime.engine import Engine
+
+    from .helpers import bids_window_spec, write_bid_files
+
+    local = tmp_path / "in"
+    bad = write_bid_files(local, files=4, rows=150, seed=9, bad_every=0 if kind == "parquet" else 50)
+    if kind == "parquet":
+        for f in sorted(local.glob("*.json")):
+            rows = [json.loads(line) for line in f.read_text().splitlines()]
+            table = pa.table({"auction": pa.array([r["auction"] for r in rows], pa.int64()),
+                              "price": pa.array([r["price"] for r in rows], pa.int64()),
+                              "ts": pa.array([r["ts"].replace("Z", "") for r in rows]).cast(pa.timestamp("us"))
+                              .cast(pa.timestamp("us", tz="UTC"))})
+            pq.write_table(table, f.with_suffix(".parquet"))
+            f.unlink()
+    store_dir = f"{s3.bucket(f'in-{uuid.uuid4().hex[:8]}')}/bids"
+    fs = objectfs.filesystem()
+    for f in sorted(local.iterdir()):
+        with fs.open_output_stream(f"{store_dir.removeprefix('s3://')}/{f.name}") as out:
+            out.write(f.read_bytes())
+
+    def run(where: str, out: str) -> int:
+        raw = bids_window_spec(local, tmp_path / out).model_dump(mode="json", by_alias=True, exclude_none=True)
+        source = raw["sources"][0]["files"]
+        source["path"] = where
+        if kind == "parquet":
+            source["format"] = "parquet"
+            del source["schema"]
+        elif kind == "json-decimal":
+            source["schema"] = "auction long, price decimal(10,0), ts timestamp"
+        return Engine(load_spec(raw), spark, str(tmp_path / f"ckpt-{out}")).run(until_idle=True).dead_letters
+
+    assert run(str(local), "local") == bad
+    assert run(store_dir, "store") == bad
+    windows = read_windows(tmp_path / "local")
+    assert len(windows) > 20
+    assert read_windows(tmp_path / "store") == windows
