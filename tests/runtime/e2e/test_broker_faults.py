@@ -1,7 +1,8 @@
 """Exactly once through a real broker: ``eddyline run`` reading Nexmark bids from NATS and
-writing windowed counts to NATS is killed (SIGKILL) at every stage of an epoch, including between
-a sink's publishes, and restarted; the NATS server is frozen, killed and restarted under a run.
-Every time, the output stream ends up with exactly the rows of a run nobody disturbed."""
+writing windowed counts to NATS and PostgreSQL is killed (SIGKILL) at every stage of an epoch in
+turn, including between a sink's publishes, each restart killed one epoch later, then run to the
+end; the NATS server is frozen, killed and restarted under a run. Every time, the output stream
+ends up with exactly the rows of a run nobody disturbed."""
 
 from __future__ import annotations
 
@@ -98,21 +99,23 @@ def _spec_file(tmp: Path, raw: dict) -> Path:
     return path
 
 
-#: where a cell kills the driver: epoch:moment, each stage of an epoch (and between a sink's publishes)
+#: where the runs are killed, in turn: epoch:moment, each stage of an epoch (and between a sink's
+#: publishes), each one epoch after the one before, so that every run replays what the run before
+#: it left, then dies
 MOMENTS = ["1:after_plan", "2:in_task", "3:after_stage", "4:mid_publish", "5:after_publish", "6:mid_commit",
            "7:after_commit"]
 
 
-@pytest.mark.parametrize("moment", MOMENTS)
-def test_a_sigkill_at_a_stage_then_a_restart_publishes_each_row_exactly_once(
-    nats_server, postgres, bids, expected, tmp_path, moment
+def test_a_sigkill_at_each_stage_in_turn_then_a_restart_publishes_each_row_exactly_once(
+    nats_server, postgres, bids, expected, tmp_path
 ):
     out = f"OUT{uuid.uuid4().hex[:8]}"
     spec = _spec_file(tmp_path, network(nats_server.url, bids, out, db=postgres.url))
     ckpt = tmp_path / "ckpt"
-    proc = eddyline_run(spec, ckpt, "--crash-at", moment)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == -signal.SIGKILL, (moment, err[-2000:])
+    for moment in MOMENTS:
+        proc = eddyline_run(spec, ckpt, "--crash-at", moment)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == -signal.SIGKILL, (moment, err[-2000:])
     proc = eddyline_run(spec, ckpt)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]

@@ -1,6 +1,6 @@
-"""Kill ``eddyline run`` with SIGKILL at a moment of an epoch (one test id per moment, and one
-kill from outside at a seeded random moment), restart it: the same output as a run that was never
-interrupted, no row lost, none duplicated."""
+"""Kill ``eddyline run`` with SIGKILL at each moment of an epoch in turn (each restart killed at the
+next moment, one epoch later), and once from outside at a seeded random moment; restart it: the
+same output as a run that was never interrupted, no row lost, none duplicated."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def eddyline_run(spec: Path, ckpt: Path, *extra: str, kill_after: float | None =
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-#: where a cell kills the driver: epoch:moment (each in its own epoch, so that a cell's restart
-#: replays a plan logged in the middle of a run)
+#: where the runs are killed, in turn: epoch:moment, each one epoch after the one before, so that
+#: every run replays what the run before it left (a plan logged in the middle of a run), then dies
 MOMENTS = ["1:after_plan", "2:in_task", "3:after_stage", "4:after_publish", "5:mid_commit", "6:after_commit"]
 
 
@@ -54,38 +54,50 @@ def reference(spark, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, li
     return base / "in", expected
 
 
-def restarted_run_is_exact(reference: tuple[Path, list], tmp_path: Path, *first: str, kill_after: float | None = None,
-                           ) -> tuple[subprocess.CompletedProcess, int, set[int]]:
-    """A run that is killed (``first``: its options), then a run to the end on its checkpoint:
-    the windows are the uninterrupted run's. Returns the killed run, the last epoch it
-    committed, and the epochs the restart replayed."""
-    inputs, expected = reference
-    spec_file = tmp_path / "net.yaml"
-    spec = bids_window_spec(inputs, tmp_path / "out")
-    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json", by_alias=True, exclude_none=True)))
-    ckpt = tmp_path / "ckpt"
-    killed = eddyline_run(spec_file, ckpt, *first, kill_after=kill_after)
-    commits = sorted(p.name for p in (ckpt / "commits").glob("*.json"))
-    final = eddyline_run(spec_file, ckpt)
+def spec_file(reference: tuple[Path, list], tmp_path: Path) -> Path:
+    path = tmp_path / "net.yaml"
+    spec = bids_window_spec(reference[0], tmp_path / "out")
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", by_alias=True, exclude_none=True)))
+    return path
+
+
+def committed(ckpt: Path) -> int:
+    """The checkpoint's last committed epoch (0: none)."""
+    return max((int(p.name[:-5]) for p in (ckpt / "commits").glob("*.json")), default=0)
+
+
+def progress(ckpt: Path) -> list[dict]:
+    path = Path(str(ckpt) + ".progress.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def finished_exactly(reference: tuple[Path, list], tmp_path: Path, spec: Path, ckpt: Path) -> None:
+    """A run to the end on ``ckpt`` gives the uninterrupted run's windows."""
+    final = eddyline_run(spec, ckpt)
     assert final.returncode == 0, final.stderr[-2000:]
-    assert read_windows(tmp_path / "out") == expected
+    assert read_windows(tmp_path / "out") == reference[1]
     assert staging_leftovers(tmp_path / "out") == [], "published epochs leave no staging behind"
     assert os.path.isdir(ckpt / "state")
-    records = [json.loads(line) for line in Path(str(ckpt) + ".progress.jsonl").read_text().splitlines()]
-    return killed, int(commits[-1][:-5]) if commits else 0, {r["batchId"] for r in records if r["replayed"]}
 
 
-@pytest.mark.parametrize("moment", MOMENTS)
-def test_a_sigkill_at_a_moment_of_an_epoch_then_a_restart_gives_identical_output(
-        reference: tuple[Path, list], tmp_path: Path, moment: str) -> None:
-    epoch = int(moment.split(":")[0])
-    killed, committed, replayed = restarted_run_is_exact(reference, tmp_path, "--crash-at", moment)
-    assert killed.returncode == -signal.SIGKILL, (moment, killed.returncode, killed.stderr[-2000:])
-    # the crash happened in the epoch it was aimed at: committed only if it came after the commit,
-    # else the plan it left behind is what the restart replayed
-    after_commit = moment.endswith("after_commit")
-    assert committed == (epoch if after_commit else epoch - 1), (moment, committed)
-    assert replayed == (set() if after_commit else {epoch}), (moment, replayed)
+def test_a_sigkill_at_each_moment_of_an_epoch_in_turn_then_a_restart_gives_identical_output(
+        reference: tuple[Path, list], tmp_path: Path) -> None:
+    """Killed at ``1:after_plan``; the restart replays epoch 1 and is killed at ``2:in_task``; and
+    so on to ``6:after_commit``: each kill lands in the epoch it was aimed at (committed only if
+    it came after the commit, else the plan it left is what the next run replays), and the last
+    restart ends with every window once."""
+    spec, ckpt = spec_file(reference, tmp_path), tmp_path / "ckpt"
+    for i, moment in enumerate(MOMENTS):
+        epoch, after_commit = int(moment.split(":")[0]), moment.endswith("after_commit")
+        seen = len(progress(ckpt))
+        killed = eddyline_run(spec, ckpt, "--crash-at", moment)
+        assert killed.returncode == -signal.SIGKILL, (moment, killed.returncode, killed.stderr[-2000:])
+        assert committed(ckpt) == (epoch if after_commit else epoch - 1), (moment, committed(ckpt))
+        replayed = {r["batchId"] for r in progress(ckpt)[seen:] if r["replayed"]}
+        before = MOMENTS[i - 1] if i else None  # what the run before this one left to replay
+        assert replayed == (set() if before is None or before.endswith("after_commit")
+                            else {int(before.split(":")[0])}), (moment, replayed)
+    finished_exactly(reference, tmp_path, spec, ckpt)
 
 
 def test_a_sigkill_from_outside_at_a_seeded_moment_then_a_restart_gives_identical_output(
@@ -95,5 +107,7 @@ def test_a_sigkill_from_outside_at_a_seeded_moment_then_a_restart_gives_identica
     seed = int(os.environ.get("EDDYLINE_KILL_SEED") or random.randrange(1 << 32))
     after = random.Random(seed).uniform(5, 9)
     print(f"the outside kill comes {after:.2f} s after the start (EDDYLINE_KILL_SEED={seed} repeats it)")
-    killed, _, _ = restarted_run_is_exact(reference, tmp_path, kill_after=after)
+    spec, ckpt = spec_file(reference, tmp_path), tmp_path / "ckpt"
+    killed = eddyline_run(spec, ckpt, kill_after=after)
     assert killed.returncode in (0, -signal.SIGKILL), (f"EDDYLINE_KILL_SEED={seed}", killed.stderr[-2000:])
+    finished_exactly(reference, tmp_path, spec, ckpt)
