@@ -55,6 +55,7 @@ from tests.hosts.cluster import (  # noqa: E402
     download,
     on_store,
     paced,
+    store_client,
     store_requests,
     wait_for,
     wait_mid_epoch,
@@ -142,7 +143,16 @@ def leader_cut(whole_host: bool) -> Callable[[Run], None]:
             leader.up() if whole_host else run.cluster.store.answer(leader)
         run.ended_at = time.time()
         run.notes.append(f"leader exit {run.leader.returncode}")
+        taken = taken_at(run, 2)
+        if taken is not None:  # where the takeover's time goes: the lease, then the first epoch
+            run.notes.append(f"lease taken at {taken - run.fault_at:.1f} s")
     return fault
+
+
+def taken_at(run: Run, generation: int) -> float | None:
+    """When a standby took lease generation ``generation`` (its file on the store says)."""
+    got = store_client(run.cluster, run.bucket).get(f"ckpt/lease/{generation:010d}.json")
+    return float(json.loads(got[0])["acquired_at"]) if got is not None else None
 
 
 def generation_2(run: Run) -> bool:

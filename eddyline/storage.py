@@ -130,6 +130,12 @@ def gate_name(generation: int) -> str:
     return f"g={generation}"
 
 
+def _generation_of(prefix: str) -> int:
+    """The generation of a gate's name or path (``…/g=3``); -1 if it names none."""
+    name = prefix.rstrip("/").rsplit("/", 1)[-1]
+    return int(name[2:]) if name.startswith("g=") and name[2:].isdigit() else -1
+
+
 def staging_leftovers(root: str | os.PathLike[str]) -> list[str]:
     """Files left in a local store's gates (what a driver staged and neither published nor
     cleared): anything but the empty tombstones of revoked generations. A run that ended
@@ -197,7 +203,9 @@ class Gate:
         if self.opened and (generation, writer) == (self.generation, self.writer):
             return self  # opened under these already (a later revocation shows at the next write)
         self._at(generation, writer)
-        if not self._local:  # an object store: conditional writes are a later step (no lease there yet)
+        if not self._local:
+            if self.generation:
+                self._open_on_store()
             self.opened = True
             return self
         os.makedirs(self.gates, exist_ok=True)
@@ -223,7 +231,30 @@ class Gate:
         self.opened = True
         return self
 
+    def _open_on_store(self) -> None:
+        """An object store has no renames and no directories to revoke. What stands for them:
+        the gate is an object (``_staging/g=G/_gate``) that tells older drivers who took over,
+        and what older generations staged here is deleted. A driver woken past its lease
+        (whose lease check before publishing passed) publishes by copying what it staged: the
+        store refuses those copies, their sources being gone, and the driver then finds the newer
+        gate (:meth:`_check`)."""
+        bucket, _, gates = self.gates.partition("/")
+        store = objectstore.bucket(bucket)
+        store.put(f"{gates}/{gate_name(self.generation)}/_gate", b"")
+        newest = self._newest()
+        if newest > self.generation:
+            raise self._fenced(newest)
+        _, prefixes = store.list_one_level(gates)
+        older = [p for p in prefixes if _generation_of(p) < self.generation]
+        for prefix in older:
+            keys = store.list(prefix)
+            for i in range(0, len(keys), 1000):
+                store.delete(keys[i:i + 1000])
+
     def _newest(self) -> int:
+        if not self._local:
+            bucket, _, gates = self.gates.partition("/")
+            return max(map(_generation_of, objectstore.bucket(bucket).list_one_level(gates)[1]), default=0)
         try:
             names = os.listdir(self.gates)
         except FileNotFoundError:
@@ -277,14 +308,18 @@ class Gate:
         the gate was revoked (that is why the path no longer resolved), else ``error``."""
         if self._local and self.generation and not os.path.isdir(self.own):
             return self._fenced(self._newest())
+        if not self._local and self.generation and isinstance(error, FileNotFoundError):
+            newest = self._newest()  # what this driver staged is gone: a newer gate deleted it?
+            if newest > self.generation:
+                return self._fenced(newest)
         return error
 
-    def check(self) -> None:
+    def check(self, error: OSError | None = None) -> None:
         """Raise :class:`~eddyline.errors.Fenced` if this gate was revoked (for a write that
-        found nothing to move: the revocation took it away)."""
-        error = self._check(FileNotFoundError(self.own))
-        if isinstance(error, Fenced):
-            raise error
+        found nothing to move, or failed with ``error``: the revocation took it away)."""
+        checked = self._check(error or FileNotFoundError(self.own))
+        if isinstance(checked, Fenced):
+            raise checked
 
     def _mkdirs(self, path: str) -> None:
         """``path`` and its parents up to (not including) the gate: a revoked gate is not made again."""

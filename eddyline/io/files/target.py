@@ -15,7 +15,9 @@ past its lease finds, when it wakes, that the file system refuses its publish.
 
 On an object store, which renames nothing, a published epoch is copied object by object from the
 staging; the target remembers the names it staged for each epoch, so that neither staging nor
-publishing lists the store (:func:`~eddyline.storage.publish_objects`).
+publishing lists the store (:func:`~eddyline.storage.publish_objects`). A driver that takes the
+lease over deletes what older generations staged there, so the store refuses a woken driver's
+copies (:meth:`~eddyline.storage.Gate._open_on_store`).
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ class FilesTarget:
                 if names:
                     publish_objects(src, dst, names, GENERATION_FILE, str(self.generation).encode())
             except OSError as e:
+                self.gate.check(e)  # what it staged was deleted by a newer generation: Fenced
                 raise SinkError(f"cannot publish epoch {epoch} to {dst}: {e}") from e
             return
         if self.fs.get_file_info(src).type == pafs.FileType.NotFound:
