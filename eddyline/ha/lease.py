@@ -260,7 +260,9 @@ class Lease:
         self._stop.set()
         for thread in (self._thread, self._watch):
             if thread is not None:
-                thread.join()
+                # a fenced holder does not wait for a renewal the store never answers (the thread
+                # sends nothing more: check() refuses a fenced holder first)
+                thread.join(timeout=None if self.fenced is None else 0.2)
         if self.generation is not None and self.fenced is None:
             with contextlib.suppress(Fenced, OSError):
                 self.check()
