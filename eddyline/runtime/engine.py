@@ -157,7 +157,7 @@ class Engine(Networks):
         except BaseException as e:
             if isinstance(e, Fenced):
                 self.driver.to(Mode.FENCED, str(e))
-            self.cleanups.finish(raise_error=False)
+            self.cleanups.finish(raise_error=False, wait_s=0.5 if isinstance(e, Fenced) else None)
             raise
         finally:
             self._close(run.thawed)

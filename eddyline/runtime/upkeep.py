@@ -163,11 +163,14 @@ class Cleanups:
         self._cleaner = _Cleaner(clean, epoch)
         self._cleaner.start()
 
-    def finish(self, raise_error: bool = True) -> None:
+    def finish(self, raise_error: bool = True, wait_s: float | None = None) -> None:
+        """Wait for the cleanup under way (at most ``wait_s``: a fenced driver does not wait for
+        requests to a store that may not answer; the thread is a daemon, its deletes are of files
+        no retained commit reads)."""
         cleaner, self._cleaner = self._cleaner, None
         if cleaner is None:
             return
-        cleaner.join()
+        cleaner.join(wait_s)
         if cleaner.error is not None and raise_error:
             raise CheckpointError(f"cleaning up the checkpoint after epoch {cleaner.epoch} failed: {cleaner.error}") from cleaner.error
 

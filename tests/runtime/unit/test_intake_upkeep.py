@@ -45,3 +45,35 @@ def test_a_cleanup_also_keeps_what_was_committed_lately() -> None:
     plan = cleanup_plan(10, every, retain=2, within_ms=4000, running=[], stored=lambda: [])
     assert plan is not None and plan.keep_from == 6
     assert cleanup_plan(10, [], retain=2, within_ms=None, running=[], stored=lambda: []) is None
+
+
+def test_a_fenced_driver_waits_for_a_stuck_cleanup_only_as_long_as_it_is_told() -> None:
+    """A cleanup whose requests the store does not answer holds a normal finish (which raises
+    what it met) but not a fenced driver's, which gives it ``wait_s`` and goes."""
+    import threading
+    import time
+
+    import pytest
+
+    from eddyline.errors import CheckpointError
+    from eddyline.runtime.upkeep import Cleanups
+
+    answered = threading.Event()
+
+    def stuck(epoch: int) -> None:
+        if not answered.wait(10):
+            raise OSError("the store did not answer")
+
+    cleanups = Cleanups()
+    cleanups.start(stuck, 7)
+    t0 = time.monotonic()
+    cleanups.finish(raise_error=False, wait_s=0.2)
+    assert time.monotonic() - t0 < 1.0
+    cleanups.start(stuck, 8)
+    threading.Timer(0.3, answered.set).start()
+    t0 = time.monotonic()
+    cleanups.finish()  # waits for it
+    assert time.monotonic() - t0 >= 0.25
+    cleanups.start(lambda epoch: (_ for _ in ()).throw(OSError("refused")), 9)
+    with pytest.raises(CheckpointError, match="after epoch 9 failed: refused"):
+        cleanups.finish()
