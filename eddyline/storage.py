@@ -468,21 +468,23 @@ class Gate:
 
 def publish_objects(staged: str, dst: str, names: list[str], marker: str, data: bytes) -> None:
     """Put the objects ``names`` staged in the folder ``staged`` (``bucket/key``) in place in the
-    folder ``dst`` of the same bucket without listing either: each copied on the server, then
-    ``marker`` written with ``data``, then the staged ones deleted in one request. Where ``dst``
-    has the marker already, an earlier attempt published there: what it holds besides ``names``
-    goes first (the one listing, on a replay only). Not atomic: what reads ``dst`` meanwhile may
+    folder ``dst`` of the same bucket without listing either: ``marker`` written with ``data``
+    first, then each object copied on the server, then the staged ones deleted in one request.
+    Where ``dst`` has the marker already, an earlier attempt published there, whole or in part
+    (the marker goes first): what it holds besides ``names`` goes (the one listing, on a replay
+    only; an earlier attempt may have named its files otherwise, e.g. one file written by the
+    driver where this one's tasks wrote one each). Not atomic: what reads ``dst`` meanwhile may
     see part of it."""
     bucket, _, src_key = staged.partition("/")
     dst_key = dst.partition("/")[2]
     store = objectstore.bucket(bucket)
     if store.head(f"{dst_key}/{marker}") is not None:
-        stale = [k for k in store.list(dst_key) if k.rsplit("/", 1)[1] not in names]
+        stale = [k for k in store.list(dst_key) if k.rsplit("/", 1)[1] not in (*names, marker)]
         if stale:
             store.delete(stale)
+    store.put(f"{dst_key}/{marker}", data)
     for name in names:
         store.copy(f"{src_key}/{name}", f"{dst_key}/{name}")
-    store.put(f"{dst_key}/{marker}", data)
     store.delete([f"{src_key}/{name}" for name in names])
 
 

@@ -99,3 +99,30 @@ def test_an_epoch_is_published_by_name_and_a_replay_replaces_what_an_earlier_att
     stage({"part-00000.json": b"a2"})  # the replay's rows all landed in one partition
     publish_objects(staged, dst, ["part-00000.json"], "_generation", b"2")
     assert held() == {"part-00000.json": b"a2", "_generation": b"2"}
+
+
+def test_a_replay_replaces_an_attempt_cut_in_the_middle_of_its_publish_that_named_its_files_otherwise(
+        base: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The earlier attempt (the driver wrote its epoch as one file) was cut after its first copy;
+    the replay's tasks wrote one file each. What the earlier attempt copied goes: its marker went
+    first, so the replay knows to look."""
+    from eddyline.storage import publish_objects
+
+    fs = objectfs.filesystem()
+    staged, dst = f"{base}/_staging/g=1/epoch=4", f"{base}/epoch=4"
+    for name, data in {"part-00000-driver.parquet": b"all", "part-00000.json": b"a", "part-00001.json": b"b"}.items():
+        with fs.open_output_stream(f"{staged}/{name}") as out:
+            out.write(data)
+    copy = objectstore.ObjectStore.copy
+
+    def cut(self: objectstore.ObjectStore, src: str, dst_key: str) -> None:
+        copy(self, src, dst_key)
+        raise OSError("the store stopped answering")
+
+    monkeypatch.setattr(objectstore.ObjectStore, "copy", cut)
+    with pytest.raises(OSError):
+        publish_objects(staged, dst, ["part-00000-driver.parquet"], "_generation", b"1")
+    monkeypatch.setattr(objectstore.ObjectStore, "copy", copy)
+    publish_objects(staged, dst, ["part-00000.json", "part-00001.json"], "_generation", b"2")
+    held = {i.base_name for i in fs.get_file_info(pafs.FileSelector(dst))}
+    assert held == {"part-00000.json", "part-00001.json", "_generation"}
