@@ -274,9 +274,6 @@ def _take(lease, engine, standby: bool, rehearse: bool, stopped: Callable[[], bo
                 shown.add(cur.generation)
                 err.print(f"standby: {cur.holder} leads (generation {cur.generation}); waiting for its lease to expire")
             if ready is not None:
-                again = ready.rehearse_again()
-                if again is not None:
-                    err.print(f"standby ready: {again.describe()}", highlight=False)
                 ready.keep_warm()
 
         # polled every 0.1 s (reading two small files): the lease's own default, up to 0.5 s,

@@ -22,8 +22,6 @@ that plan (a ``nats_core`` source is not attached in a standby, so it has no log
 slice fails and the rehearsal falls back to the empty epoch), a lookup table's pinned copy. No
 source is attached and nothing is planned, logged, published or committed.
 
-A standby started before the leader committed anything rehearses an empty epoch first, then,
-while it waits, the first committed epoch once there is one (:meth:`Standby.rehearse_again`).
 While the standby then waits, :meth:`Standby.keep_warm` keeps the Python workers, which Spark
 stops after a minute idle, alive. The engine needs nothing of this to lead: it reads the
 checkpoint afresh when it starts to run (after the lease is taken).
@@ -81,9 +79,6 @@ class Standby:
         self.engine = engine
         self.keepalive_s = keepalive_s
         self._used_at = time.monotonic()  # when the Python workers last ran a task of ours
-        #: whether a committed epoch's plan was rehearsed (or tried), and when one was last looked for
-        self._real = False
-        self._looked_at = 0.0
 
     def rehearse(self) -> Rehearsal:
         """Run the last committed epoch's plan again, writing only to a scratch directory; if
@@ -92,7 +87,6 @@ class Standby:
         t0 = time.monotonic()
         error = None
         plan = self._last_plan()
-        self._real = plan is not None
         try:
             if plan is not None:
                 try:
@@ -107,16 +101,6 @@ class Standby:
             return Rehearsal(None, time.monotonic() - t0, error)
         finally:
             self._used_at = time.monotonic()
-
-    def rehearse_again(self, every_s: float = 2.0) -> Rehearsal | None:
-        """If the rehearsal had no committed epoch to run (the leader had just started), look
-        again every ``every_s`` while waiting, and once there is one, rehearse it (once): an
-        empty epoch leaves the plan's shapes with data in them cold, which the first real epoch
-        after a takeover would pay for. None: nothing rehearsed now."""
-        if self._real or time.monotonic() - self._looked_at < every_s:
-            return None
-        self._looked_at = time.monotonic()
-        return self.rehearse() if self._last_plan() is not None else None
 
     def keep_warm(self, force: bool = False) -> bool:
         """Once ``keepalive_s`` passed since the Python workers last ran a task of ours (or

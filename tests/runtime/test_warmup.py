@@ -99,20 +99,3 @@ def test_a_plan_whose_input_is_gone_is_rehearsed_as_an_empty_epoch(spark, tmp_pa
     assert done.epoch is None and done.ran and done.error, done
     assert "an empty epoch rehearsed in" in done.describe()
     assert snapshot(tmp_path / "run", tmp_path / "ckpt") == before
-
-
-def test_a_standby_that_started_first_rehearses_the_first_committed_epoch_once(spark, tmp_path: Path) -> None:
-    """Started before the leader committed anything, a standby rehearses an empty epoch; while it
-    waits it looks again, rehearses the first committed epoch once there is one, and then no more."""
-    write_bid_files(tmp_path / "in", files=3, rows=50, seed=3)
-    ckpt = str(tmp_path / "ckpt")
-    ready = Standby(Engine(network(tmp_path, "run"), spark, ckpt))
-    assert ready.rehearse().epoch is None
-    assert ready.rehearse_again(every_s=0) is None  # nothing committed yet
-    Engine(network(tmp_path, "run"), spark, ckpt).run(epochs=2)
-    before = snapshot(tmp_path / "run", tmp_path / "ckpt")
-    assert ready.rehearse_again(every_s=60) is None  # looked a moment ago
-    again = ready.rehearse_again(every_s=0)
-    assert again is not None and (again.epoch, again.error) == (2, None), again
-    assert ready.rehearse_again(every_s=0) is None
-    assert snapshot(tmp_path / "run", tmp_path / "ckpt") == before
