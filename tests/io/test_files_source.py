@@ -282,3 +282,22 @@ def test_parquet_that_feeds_no_stateful_step_is_read_by_sparks_reader(spark, tmp
     df = sources["copied"].frames(spark, planned, 2).data
     assert "FileScan parquet" in df._jdf.queryExecution().executedPlan().toString()
     assert sorted(df.collect()) == [(0, 1.5), (1, 1.5), (10, 2.5), (11, 2.5)]
+
+
+def test_parquet_on_the_store_that_pyarrow_would_read_otherwise_than_spark_is_refused_naming_the_column(s3):
+    """On an object store only Eddyline's reader opens the files; a slice it cannot read as Spark
+    would (here nanosecond timestamps) is refused before the epoch runs, naming the column."""
+    import uuid
+
+    import pytest
+
+    from eddyline import objectfs
+    from eddyline.errors import SourceError
+
+    path = f"{s3.bucket(f'src-{uuid.uuid4().hex[:8]}')}/events"
+    table = pa.table({"id": pa.array([1, 2], pa.int64()), "t": pa.array([1, 2], pa.timestamp("ns"))})
+    with objectfs.filesystem().open_output_stream(f"{path.removeprefix('s3://')}/a.parquet") as out:
+        pq.write_table(table, out)
+    src = _source(path)
+    with pytest.raises(SourceError, match=r"source 'events'.*columns \['t \(timestamp\[ns\]\)'\] are not"):
+        src.run_time_key(src.plan(0, 0.0))
