@@ -466,15 +466,16 @@ class Gate:
             self.fs.delete_dir(path)
 
 
-def publish_objects(staged: str, dst: str, names: list[str], marker: str, data: bytes) -> None:
-    """Put the objects ``names`` staged in the folder ``staged`` (``bucket/key``) in place in the
-    folder ``dst`` of the same bucket without listing either: ``marker`` written with ``data``
-    first, then each object copied on the server, then the staged ones deleted in one request.
+def publish_objects(staged: str, dst: str, names: list[str], marker: str) -> None:
+    """Put the objects ``names`` and ``marker`` staged in the folder ``staged`` (``bucket/key``)
+    in place in the folder ``dst`` of the same bucket without listing either: each copied on the
+    server, ``marker`` first, then the staged ones deleted in one request. Every write is a copy
+    from the staging, so once the staging is gone (a newer generation deleted it) none lands.
     Where ``dst`` has the marker already, an earlier attempt published there, whole or in part
-    (the marker goes first): what it holds besides ``names`` goes (the one listing, on a replay
-    only; an earlier attempt may have named its files otherwise, e.g. one file written by the
-    driver where this one's tasks wrote one each). Not atomic: what reads ``dst`` meanwhile may
-    see part of it."""
+    (the marker goes first): what it holds besides these goes (the one listing, on a replay only;
+    an earlier attempt may have named its files otherwise, e.g. one file written by the driver
+    where this one's tasks wrote one each). Not atomic: what reads ``dst`` meanwhile may see part
+    of it."""
     bucket, _, src_key = staged.partition("/")
     dst_key = dst.partition("/")[2]
     store = objectstore.bucket(bucket)
@@ -482,10 +483,9 @@ def publish_objects(staged: str, dst: str, names: list[str], marker: str, data: 
         stale = [k for k in store.list(dst_key) if k.rsplit("/", 1)[1] not in (*names, marker)]
         if stale:
             store.delete(stale)
-    store.put(f"{dst_key}/{marker}", data)
-    for name in names:
+    for name in (marker, *names):
         store.copy(f"{src_key}/{name}", f"{dst_key}/{name}")
-    store.delete([f"{src_key}/{name}" for name in names])
+    store.delete([f"{src_key}/{name}" for name in (marker, *names)])
 
 
 def _move_tree(fs: pafs.FileSystem, src: str, dst: str) -> bool:

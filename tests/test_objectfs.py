@@ -89,15 +89,15 @@ def test_an_epoch_is_published_by_name_and_a_replay_replaces_what_an_earlier_att
         return {i.base_name: fs.open_input_file(i.path).read()
                 for i in fs.get_file_info(pafs.FileSelector(dst, recursive=True))}
 
-    stage({"part-00000.json": b"a", "part-00001.json": b"b"})
+    stage({"part-00000.json": b"a", "part-00001.json": b"b", "_generation": b"1"})
     before = objectstore.REQUESTS.copy()
-    publish_objects(staged, dst, ["part-00000.json", "part-00001.json"], "_generation", b"1")
+    publish_objects(staged, dst, ["part-00000.json", "part-00001.json"], "_generation")
     assert "LIST" not in objectstore.requests_since(before)
     assert held() == {"part-00000.json": b"a", "part-00001.json": b"b", "_generation": b"1"}
     assert fs.get_file_info(pafs.FileSelector(staged, allow_not_found=True)) == []
 
-    stage({"part-00000.json": b"a2"})  # the replay's rows all landed in one partition
-    publish_objects(staged, dst, ["part-00000.json"], "_generation", b"2")
+    stage({"part-00000.json": b"a2", "_generation": b"2"})  # the replay's rows all landed in one partition
+    publish_objects(staged, dst, ["part-00000.json"], "_generation")
     assert held() == {"part-00000.json": b"a2", "_generation": b"2"}
 
 
@@ -110,19 +110,26 @@ def test_a_replay_replaces_an_attempt_cut_in_the_middle_of_its_publish_that_name
 
     fs = objectfs.filesystem()
     staged, dst = f"{base}/_staging/g=1/epoch=4", f"{base}/epoch=4"
-    for name, data in {"part-00000-driver.parquet": b"all", "part-00000.json": b"a", "part-00001.json": b"b"}.items():
+    for name, data in {"part-00000-driver.parquet": b"all", "part-00000.json": b"a", "part-00001.json": b"b",
+                       "_generation": b"1"}.items():
         with fs.open_output_stream(f"{staged}/{name}") as out:
             out.write(data)
     copy = objectstore.ObjectStore.copy
 
+    copies: list[str] = []
+
     def cut(self: objectstore.ObjectStore, src: str, dst_key: str) -> None:
         copy(self, src, dst_key)
-        raise OSError("the store stopped answering")
+        copies.append(src)
+        if len(copies) == 2:  # the marker, then its one file
+            raise OSError("the store stopped answering")
 
     monkeypatch.setattr(objectstore.ObjectStore, "copy", cut)
     with pytest.raises(OSError):
-        publish_objects(staged, dst, ["part-00000-driver.parquet"], "_generation", b"1")
+        publish_objects(staged, dst, ["part-00000-driver.parquet"], "_generation")
     monkeypatch.setattr(objectstore.ObjectStore, "copy", copy)
-    publish_objects(staged, dst, ["part-00000.json", "part-00001.json"], "_generation", b"2")
+    with fs.open_output_stream(f"{staged}/_generation") as out:  # the replay's own marker
+        out.write(b"2")
+    publish_objects(staged, dst, ["part-00000.json", "part-00001.json"], "_generation")
     held = {i.base_name for i in fs.get_file_info(pafs.FileSelector(dst))}
     assert held == {"part-00000.json", "part-00001.json", "_generation"}

@@ -64,8 +64,13 @@ class FilesTarget:
     def staged(self, epoch: int, names: list[str], *, more: bool = False) -> None:
         """Remember what was staged for ``epoch`` (``more``: besides what was before), on an
         object store, where publishing copies exactly these."""
-        if is_s3(self.fs):
-            self._staged[epoch] = [*(self._staged.get(epoch, []) if more else []), *names]
+        if not is_s3(self.fs):
+            return
+        before = self._staged.get(epoch, []) if more else []
+        if names and not before:  # the first staged for the epoch: its marker with them, which
+            # publishing copies first (so that nothing lands once a newer generation took them)
+            write_bytes(self.fs, f"{self.staging(epoch)}/{GENERATION_FILE}", str(self.generation).encode())
+        self._staged[epoch] = [*before, *names]
 
     @property
     def generation(self) -> int:
@@ -107,7 +112,7 @@ class FilesTarget:
             names = self._staged.pop(epoch, [])
             try:
                 if names:
-                    publish_objects(src, dst, names, GENERATION_FILE, str(self.generation).encode())
+                    publish_objects(src, dst, names, GENERATION_FILE)
             except OSError as e:
                 self.gate.check(e)  # what it staged was deleted by a newer generation: Fenced
                 raise SinkError(f"cannot publish epoch {epoch} to {dst}: {e}") from e
