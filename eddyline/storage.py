@@ -241,15 +241,13 @@ class Gate:
         bucket, _, gates = self.gates.partition("/")
         store = objectstore.bucket(bucket)
         store.put(f"{gates}/{gate_name(self.generation)}/_gate", b"")
-        newest = self._newest()
+        _, prefixes = store.list_one_level(gates)  # (ours among them now)
+        newest = max(map(_generation_of, prefixes))
         if newest > self.generation:
             raise self._fenced(newest)
-        _, prefixes = store.list_one_level(gates)
-        older = [p for p in prefixes if _generation_of(p) < self.generation]
-        for prefix in older:
-            keys = store.list(prefix)
-            for i in range(0, len(keys), 1000):
-                store.delete(keys[i:i + 1000])
+        for prefix in prefixes:
+            if _generation_of(prefix) < self.generation and (keys := store.list(prefix)):
+                store.delete(keys)
 
     def _newest(self) -> int:
         if not self._local:

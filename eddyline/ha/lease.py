@@ -16,9 +16,10 @@ The lease lives in the checkpoint: on a local or mounted path a generation file 
 exclusively with a hard link; on an object store (``s3://…``) with a conditional write
 (``If-None-Match: *``, :mod:`eddyline.objectstore`), which the store decides: of many standbys
 creating the same generation, on any hosts, exactly one wins. There the store refuses an older
-generation's commits (:class:`~eddyline.storage.Guarded`) but not all of its other writes, so a
-holder whose renewals have not reached the store for three quarters of its timeout also stops on
-its own (:meth:`Lease._check_renewed`), and a standby waits through a store that does not answer.
+generation's commits and files-sink publishes (:class:`~eddyline.storage.Guarded`, the sinks'
+gates) but not all of its other writes, so a holder whose renewals have not reached the store for
+three quarters of its timeout also stops on its own (:meth:`Lease._check_renewed`), and a standby
+waits through a store that does not answer.
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ class Lease:
         (:attr:`Holding.info`)."""
         self.files: _Folder
         #: on a local or mounted path the gates (:class:`~eddyline.storage.Gate`) refuse an
-        #: older generation's writes at the store; on an object store only its commits are refused
-        #: there, so a holder that cannot renew stops on its own (:meth:`_check_renewed`)
+        #: older generation's writes at the store; on an object store only its commits and
+        #: publishes are refused there, so a holder that cannot renew stops on its own
+        #: (:meth:`_check_renewed`)
         self.self_fencing = is_object_store(checkpoint)
         if is_object_store(checkpoint):
             store, key = objectstore.at(checkpoint)

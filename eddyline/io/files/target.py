@@ -57,8 +57,8 @@ class FilesTarget:
         self.files = files
         self.fs, self.base = filesystem(files.path)
         self.gate = Gate(files.path, generation)
-        #: on an object store: the names staged for each epoch not yet published, the
-        #: epoch's directory (no name: nothing was staged)
+        #: on an object store: the files staged for each epoch not yet published, by name in
+        #: the epoch's staging folder (no entry: nothing was staged)
         self._staged: dict[int, list[str]] = {}
 
     def staged(self, epoch: int, names: list[str], *, more: bool = False) -> None:
