@@ -76,7 +76,7 @@ def run(
     lease_timeout: Annotated[float, typer.Option(
         help="seconds without a renewal after which a driver's lease is free", min=0.5)] = 5.0,
     hot: Annotated[str | None, typer.Option(
-        help="a hot pair's group directory: the first driver in it leads, the other runs every epoch too "
+        help="a hot pair's group (a directory or an object-store location): the first driver in it leads, the other runs every epoch too "
              "(each with its own --checkpoint) and takes the lease over once the leader's expires "
              "(at once when the leader's process on this host has exited)")] = None,
     hot_max_lag: Annotated[int, typer.Option(
@@ -181,8 +181,9 @@ def start(o: RunOptions) -> None:
         faults = (KillDriver.parse(o.crash_at) if o.crash_at
                   else KillDriver.parse(o.freeze_at, signal.SIGSTOP, "--freeze-at") if o.freeze_at else None)
         net = load(o.spec)
-        if objectstore.is_object_store(o.checkpoint):  # a missing bucket or an unreachable store: said now
-            objectstore.check(o.checkpoint)
+        for where in (o.checkpoint, o.hot):  # a missing bucket or an unreachable store: said now
+            if where is not None and objectstore.is_object_store(where):
+                objectstore.check(where)
         from eddyline.runtime.checkpoint import Checkpoint
 
         Checkpoint(o.checkpoint).restart_change(net)  # a spec its state cannot follow: refused before the lease

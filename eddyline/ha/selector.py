@@ -15,21 +15,23 @@ A **digest** is what a Spark job computed on the way while it staged the output:
 and the sum of a 64-bit hash of every row (order does not matter, a row more or less does). Two
 drivers that disagree have diverged (a non-deterministic step, a different input); the second
 one stops with :class:`Diverged`, naming the epoch, the output and both digests.
+
+The group may be a local or mounted directory or an object-store location (``s3://…``): a record
+is created exclusively either way (a hard link; a conditional write the store decides), and is
+read with one request, so the selector lists nothing in an epoch's path (only when it forgets).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import shutil
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
 from eddyline.errors import EddylineError
-from eddyline.storage import create_exclusive
+from eddyline.storage import create_exclusive, filesystem, makedirs, read_bytes, write_atomic
 
-_LOCAL = pafs.LocalFileSystem()
 #: the file holding the epoch below which records were dropped, and who "published" those
 _FLOOR = "forgotten"
 FORGOTTEN = "(records dropped)"
@@ -58,17 +60,17 @@ class Published:
 
 class Selector:
     def __init__(self, group: str, driver: str):
-        self.dir = os.path.join(os.path.abspath(group), "selector")
+        self.fs, base = filesystem(group)
+        self.dir = f"{base}/selector"
         self.driver = driver
         self.lost = 0  # outputs the other driver published first (and this one checked)
 
     def _path(self, epoch: int, output: str) -> str:
-        return os.path.join(self.dir, f"{epoch:010d}", f"{output}.json")
+        return f"{self.dir}/{epoch:010d}/{output}.json"
 
     def published(self, epoch: int, output: str) -> Published | None:
         try:
-            with open(self._path(epoch, output)) as f:
-                raw = json.load(f)
+            raw = json.loads(read_bytes(self.fs, self._path(epoch, output)))
         except FileNotFoundError:
             # an epoch whose records were dropped was published (a driver forgets only epochs
             # it committed): a driver that wakes up inside one must not publish it again
@@ -79,9 +81,9 @@ class Selector:
     def record(self, epoch: int, output: str, digest: Digest | None) -> Published | None:
         """Record that this driver published (None); if the other recorded first, its record."""
         path = self._path(epoch, output)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        makedirs(self.fs, path.rsplit("/", 1)[0])
         body = json.dumps({"by": self.driver, "digest": digest.to_json() if digest else None}).encode()
-        if create_exclusive(_LOCAL, path, body):
+        if create_exclusive(self.fs, path, body):
             return None
         return self.published(epoch, output)
 
@@ -115,8 +117,7 @@ class Selector:
     def forgotten(self) -> int:
         """Epochs below this have had their records dropped."""
         try:
-            with open(os.path.join(self.dir, _FLOOR)) as f:
-                return int(f.read().strip() or 0)
+            return int(read_bytes(self.fs, f"{self.dir}/{_FLOOR}").strip() or 0)
         except (FileNotFoundError, ValueError):
             return 0
 
@@ -125,15 +126,10 @@ class Selector:
         the other driver may be frozen inside one of them and must not publish it when it wakes
         (for a NATS sink that could be after the server's de-duplication window)."""
         if epoch > self.forgotten():  # first the floor, then the records
-            os.makedirs(self.dir, exist_ok=True)
-            tmp = os.path.join(self.dir, f".{_FLOOR}.{self.driver}.tmp")
-            with open(tmp, "w") as f:
-                f.write(str(epoch))
-            os.replace(tmp, os.path.join(self.dir, _FLOOR))
-        try:
-            names = os.listdir(self.dir)
-        except FileNotFoundError:
-            return
-        for name in names:
-            if name.isdigit() and int(name) < epoch:
-                shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)
+            makedirs(self.fs, self.dir)
+            write_atomic(self.fs, f"{self.dir}/{_FLOOR}", str(epoch).encode())
+        found = self.fs.get_file_info(pafs.FileSelector(self.dir, allow_not_found=True))
+        for info in found:
+            if info.type == pafs.FileType.Directory and info.base_name.isdigit() and int(info.base_name) < epoch:
+                with contextlib.suppress(FileNotFoundError):  # the other driver forgot it first
+                    self.fs.delete_dir(info.path)

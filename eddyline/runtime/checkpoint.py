@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -46,7 +45,7 @@ from eddyline.errors import CheckpointError
 from eddyline.objectstore import is_object_store
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan
 from eddyline.state.store import referenced_files, state_file
-from eddyline.storage import Gate, Guarded, filesystem, makedirs, read_json
+from eddyline.storage import Gate, Guarded, filesystem, is_s3, makedirs, read_json
 
 FORMAT_VERSION = 1
 HEAD, METADATA = "head.json", "metadata.json"
@@ -285,17 +284,23 @@ class Checkpoint:
         return later
 
     def adopt(self, other: Checkpoint, commit: EpochCommit) -> None:
-        """Make ``commit`` of checkpoint ``other`` (same network) this checkpoint's latest: hard
-        links to the state files it reads, then the commit itself. Both must be on one local
-        file system. Raises FileNotFoundError if ``other`` deleted one of them meanwhile."""
-        if not isinstance(self.fs, pafs.LocalFileSystem) or not isinstance(other.fs, pafs.LocalFileSystem):
-            raise CheckpointError("copying another checkpoint's state needs local or mounted paths")
+        """Make ``commit`` of checkpoint ``other`` (same network) this checkpoint's latest: the
+        state files it reads, then the commit itself. On one local file system the files are hard
+        links (they never change once written); on one object store, copies the store makes.
+        Raises FileNotFoundError if ``other`` deleted one of them meanwhile."""
+        local = isinstance(self.fs, pafs.LocalFileSystem) and isinstance(other.fs, pafs.LocalFileSystem)
+        if not local and not (is_s3(self.fs) and is_s3(other.fs)):
+            raise CheckpointError("copying another checkpoint's state needs both on local or mounted paths, "
+                                  "or both on an object store")
         gate = self.gate.ready()
         for step, part in commit.steps.items():
-            os.makedirs(f"{self.base}/state/{step}", exist_ok=True)
+            makedirs(self.fs, f"{self.base}/state/{step}")
             for epoch, lane in sorted(referenced_files(part.index)):
                 theirs, ours = state_file(other.base, step, epoch, lane), state_file(self.base, step, epoch, lane)
-                gate.link(theirs, ours)  # a file of this name from our own past is not the leader's
+                if local:
+                    gate.link(theirs, ours)  # a file of this name from our own past is not the leader's
+                else:
+                    self.fs.copy_file(theirs, ours)
         self.write_commit(commit)
 
     def pending_plan(self, last_committed: int) -> EpochPlan | None:

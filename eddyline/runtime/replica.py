@@ -1,7 +1,7 @@
 """A hot pair: two drivers that run every epoch, so that the one that survives is already warm.
 
 Each driver of the pair has a checkpoint of its own (its own copy of the state) and both share a
-**group** directory: the lease (:mod:`eddyline.ha.lease`, whose holder names its checkpoint), the
+**group** (a directory, or a location on an object store): the lease (:mod:`eddyline.ha.lease`, whose holder names its checkpoint), the
 stream selector's records (:mod:`eddyline.ha.selector`) and a heartbeat per follower::
 
     <group>/group.json                      the group's id and network (one network per group)
@@ -29,7 +29,8 @@ A follower goes through three states, in its heartbeat, its progress records' ``
 ``eddyline status`` and ``/metrics``: **joining** when it starts; **copying** when it is more
 than ``COPY_BEYOND`` epochs behind the leader's latest commit (a new replica, a former leader
 started again, one that was frozen): it copies that commit and the state files it reads (hard
-links: the files never change once written) instead of running every plan since, and the first
+links on a file system, copies by the store on an object store: the files never change once
+written) instead of running every plan since, and the first
 plan after the copy names the copied commit as its base; then **following** once it has run an
 epoch of its own (the first is slow: a cold JVM and Python workers; a follower that fell
 further behind meanwhile copies again) and is within ``max_lag`` epochs of the leader. Plans of its own that it never committed are dropped first (a
@@ -55,6 +56,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from eddyline.api.network import NetworkSpec
 from eddyline.control.controller import Controller
 from eddyline.control.state import ControllerState
@@ -64,10 +67,18 @@ from eddyline.ha.selector import Selector
 from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.epoch.plan import Planner
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan
-from eddyline.storage import create_exclusive, filesystem
+from eddyline.storage import (
+    create_exclusive,
+    filesystem,
+    makedirs,
+    read_bytes,
+    read_json,
+    write_atomic,
+)
 
-#: how often a follower looks for the leader's next plan (and whether its lease expired)
-POLL_S = 0.05
+#: how often a follower looks for the leader's next plan (and whether its lease expired); on an
+#: object store, where each look is a few requests (the lease, the leader's head, its next plan)
+POLL_S, STORE_POLL_S = 0.05, 0.2
 #: a follower further behind the leader's latest commit than this copies it instead of running
 #: the plans in between (each costs an epoch; a copy costs hard links)
 COPY_BEYOND = 3
@@ -80,16 +91,11 @@ class HotPair:
     def __init__(self, group: str, checkpoint: str, *, timeout_s: float = 5.0, max_lag: int = 1):
         """``max_lag``: how many epochs a follower that has caught up may fall behind before the
         leader waits for it."""
-        for what, where in (("--hot group", group), ("checkpoint", checkpoint)):
-            if "://" in where and not where.startswith("file://"):
-                raise CheckpointError(
-                    f"{what} {where!r}: a hot pair needs local or mounted paths (its files are created "
-                    "exclusively with hard links), not an object store"
-                )
-        self.dir = os.path.abspath(group.removeprefix("file://"))
-        self.checkpoint = os.path.abspath(checkpoint.removeprefix("file://"))
-        self.lease = Lease(self.dir, timeout_s=timeout_s, info={"checkpoint": self.checkpoint})
-        self.selector = Selector(self.dir, self.lease.holder)
+        self.fs, self.dir = filesystem(group)
+        self.location = group if "://" in group and not group.startswith("file://") else self.dir
+        self.checkpoint = _location(checkpoint)
+        self.lease = Lease(self.location, timeout_s=timeout_s, info={"checkpoint": self.checkpoint})
+        self.selector = Selector(self.location, self.lease.holder)
         #: names this driver's staging area in sinks both drivers write
         self.writer = "driver-" + hashlib.sha1(self.checkpoint.encode()).hexdigest()[:8]
         self.max_lag = max_lag
@@ -100,6 +106,10 @@ class HotPair:
         self.adopted: dict[str, Any] | None = None
         self._beating: threading.Thread | None = None
         self._stop = threading.Event()
+        self._beat_lock = threading.Lock()
+        self._said: tuple[int, str] | None = None  # what the last heartbeat said
+        self._others: list[str] = []  # the other followers' heartbeats, listed ...
+        self._listed_at = 0.0  # ... then
 
     @staticmethod
     def check(spec: NetworkSpec) -> None:
@@ -115,16 +125,15 @@ class HotPair:
 
     def join(self, fingerprint: dict[str, Any]) -> str:
         """The group's id (created by the first driver); a driver of another network is refused."""
-        path = os.path.join(self.dir, "group.json")
-        os.makedirs(self.dir, exist_ok=True)
-        fs, _ = filesystem(self.dir)
-        create_exclusive(fs, path, json.dumps({"id": os.urandom(6).hex(), "network": fingerprint}).encode())
-        with open(path) as f:
-            group = json.load(f)
+        path = f"{self.dir}/group.json"
+        makedirs(self.fs, self.dir)
+        create_exclusive(self.fs, path, json.dumps({"id": os.urandom(6).hex(), "network": fingerprint}).encode())
+        group = read_json(self.fs, path)
+        assert isinstance(group, dict)
         if group["network"] != fingerprint:
-            raise CheckpointError(f"hot group {self.dir!r} runs another network ({group['network'].get('name')!r}); "
-                                  "use another group directory")
-        if os.path.abspath(self.dir) == self.checkpoint:
+            raise CheckpointError(f"hot group {self.location!r} runs another network "
+                                  f"({group['network'].get('name')!r}); use another group directory")
+        if self.location == self.checkpoint:
             raise CheckpointError("--hot: the group directory must not be the checkpoint itself")
         return str(group["id"])
 
@@ -135,18 +144,21 @@ class HotPair:
         self._committed = committed
         if state is not None:
             self.state = state
-        self._write_beat()
+        if self._said != (committed, self.state):  # else the thread's next beat says it again
+            self._write_beat()
         if self._beating is None:
             self._beating = threading.Thread(target=self._beat_loop, name="eddyline-follower", daemon=True)
             self._beating.start()
 
     def _write_beat(self) -> None:
-        path = os.path.join(self.dir, "followers", f"{self.writer}.json")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-        with open(tmp, "w") as f:
-            json.dump({"epoch": self._committed, "at": time.time(), "holder": self.lease.holder, "state": self.state}, f)
-        os.replace(tmp, path)
+        makedirs(self.fs, f"{self.dir}/followers")
+        beat = {"epoch": self._committed, "at": time.time(), "holder": self.lease.holder, "state": self.state}
+        with self._beat_lock:  # (the thread's beat and the planner's: one at a time, in order)
+            write_atomic(self.fs, self._beat_path(self.writer), json.dumps(beat).encode())
+            self._said = (self._committed, self.state)
+
+    def _beat_path(self, writer: str) -> str:
+        return f"{self.dir}/followers/{writer}.json"
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.lease.timeout_s / 3):
@@ -160,7 +172,7 @@ class HotPair:
             self._beating.join()
             self._beating = None
             with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self.dir, "followers", f"{self.writer}.json"))
+                self.fs.delete_file(self._beat_path(self.writer))
 
     def behind(self, epoch: int) -> list[str]:
         """Live followers that have caught up and not committed ``epoch - 1 - max_lag``: the
@@ -174,18 +186,20 @@ class HotPair:
 
     def followers(self) -> list[dict[str, Any]]:
         """The other drivers' live heartbeats as followers (newer than the lease's timeout)."""
-        directory = os.path.join(self.dir, "followers")
-        try:
-            names = [n for n in os.listdir(directory) if n.endswith(".json") and n != f"{self.writer}.json"]
-        except FileNotFoundError:
-            return []
-        out, now = [], time.time()
-        for name in names:
+        now = time.time()
+        if now - self._listed_at > self.lease.timeout_s / 3:
+            # who follows changes rarely: on an object store a listing at every epoch would cost
+            # a LIST per epoch, so the names are listed at most every third of a lease
+            found = self.fs.get_file_info(pafs.FileSelector(f"{self.dir}/followers", allow_not_found=True))
+            self._others = [i.path for i in found if i.base_name.endswith(".json")
+                            and i.base_name != f"{self.writer}.json"]
+            self._listed_at = now
+        out = []
+        for path in self._others:
             try:
-                with open(os.path.join(directory, name)) as f:
-                    beat = json.load(f)
+                beat = json.loads(read_bytes(self.fs, path))
             except (OSError, ValueError):
-                continue  # being replaced
+                continue  # being replaced, or gone
             if now - float(beat["at"]) < self.lease.timeout_s:
                 out.append(beat)
         return out
@@ -249,7 +263,9 @@ class Following:
     @property
     def poll_s(self) -> float | None:
         """A follower runs a plan as soon as the leader logged it: it looks often."""
-        return None if self.leading else POLL_S
+        if self.leading:
+            return None
+        return POLL_S if isinstance(self.pair.fs, pafs.LocalFileSystem) else STORE_POLL_S
 
     @property
     def waiting_for(self) -> list[str]:
@@ -330,6 +346,13 @@ class Following:
             self.pair.beat(epoch - 1, COPYING)
             self._adopt(leader, newest)
         return None
+
+
+def _location(where: str) -> str:
+    """A checkpoint's location as both drivers name it (in the lease): an absolute path, or the URI."""
+    if "://" in where and not where.startswith("file://"):
+        return where.rstrip("/")
+    return os.path.abspath(where.removeprefix("file://"))
 
 
 def gone(holder: Holding) -> bool:

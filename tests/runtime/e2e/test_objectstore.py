@@ -67,6 +67,48 @@ def test_a_leader_frozen_in_its_commit_has_it_refused_by_the_store(s3, windowed_
     assert not local  # nothing of the checkpoint on the local disk (but the reference run's)
 
 
+# 48 epochs half a second apart: the leader still runs when the follower has started its JVM,
+# copied the leader's state and caught up
+@pytest.mark.parametrize("windowed_bids", [48], indirect=True)
+def test_a_hot_pair_on_the_store_copies_the_leaders_state_follows_and_leads_on(s3, windowed_bids, tmp_path: Path) -> None:
+    """A hot pair whose group and both checkpoints are on the store: the follower, started once the
+    leader is well ahead, copies the leader's commit and state there (the store copies), follows,
+    finds every output published with the same digest, and leads on when the leader gets SIGKILL:
+    each window once, the selector's records on the store, nothing of either driver on the disk."""
+    spec, expected = windowed_bids
+    bucket = s3.bucket(f"hot-{uuid.uuid4().hex[:8]}")
+    group, a, b = f"{bucket}/group", f"{bucket}/a", f"{bucket}/b"
+    leader = start(spec, a, *STORE_LEASE, "--hot", group)
+    wait_for(lambda: len(commits(a)) >= 6 or leader.poll() is not None, 180, "the leader's sixth commit")
+    follower = start(spec, b, *STORE_LEASE, "--hot", group, "--progress-json", str(tmp_path / "b.jsonl"))
+    progress = tmp_path / "b.jsonl"
+
+    def following() -> list[dict]:
+        lines = progress.read_text().splitlines() if progress.exists() else []
+        return [r for r in map(json.loads, lines) if r["driver"].get("state") == "following"]
+
+    wait_for(lambda: len(following()) >= 2 or follower.poll() is not None, 240, "the follower to follow")
+    assert leader.poll() is None, "the leader ended before the follower caught up"
+    leader.send_signal(signal.SIGKILL)
+    assert leader.wait(timeout=60) == -signal.SIGKILL
+    code, err = finish(follower)
+    assert code == 0, err[-3000:]
+    assert read_windows(tmp_path / "out") == expected  # nothing lost, nothing twice
+
+    records = [json.loads(x) for x in progress.read_text().splitlines()]
+    first = records[0]
+    assert first["driver"]["copied_state"] == {"checkpoint": a, "epoch": first["batchId"] - 1}
+    assert first["batchId"] > 6  # it ran none of the plans before the copy
+    roles = [r["driver"]["role"] for r in records]
+    assert roles[-1] == "leader" and roles == sorted(roles, key=["follower", "leader"].index)
+    # the windows open across the copied epoch came out right: the copied state was read
+    store, _ = objectstore.at(bucket)
+    # one record per sink and epoch the follower ran as a follower, by whichever driver published it
+    holders = {json.loads(store.get(k)[0])["by"] for k in store.list("group/selector/") if k.endswith(".json")}
+    assert len(holders) == 2, holders  # the leader published the first epochs, b the last ones
+    assert not any(p.name in ("a", "b", "group") for p in tmp_path.iterdir())
+
+
 def test_files_sinks_on_the_store_hold_what_local_ones_do(s3, spark, tmp_path: Path) -> None:
     """The adaptive network (a window, a dedup, a join; moves, a rescale, a split) with its
     checkpoint and its three files sinks on the store writes what it writes locally. Spark has no
