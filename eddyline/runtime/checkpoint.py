@@ -24,8 +24,9 @@ On an object store, which renames nothing, the epoch is committed by replacing o
 last saw; ``commits/<epoch>.json`` is its copy for the history. The head and the metadata are
 :class:`~eddyline.storage.Guarded`: a driver that takes the lease over rewrites them first, and
 from then on the store refuses an older generation's commit or change of network. What else an
-older generation may still write there (state files and lane manifests of an epoch whose plan is
-logged, which a replay writes again with the same bytes) is never read unless a commit names it.
+older generation may still write there (state files and lane manifests) is named with its
+generation (:func:`_by`, :func:`~eddyline.state.store.generation_file_id`), beside the newer
+one's files, and never read unless a commit names it.
 """
 
 from __future__ import annotations
@@ -60,17 +61,26 @@ def network_hash(raw: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def manifest_path(checkpoint: str, epoch: int, step: str, lane: int) -> str:
-    """Where a lane's task leaves its manifest (written atomically, read by the driver)."""
-    _, base = filesystem(checkpoint)
-    return f"{base}/epochs/{epoch:010d}/{step}/lane-{lane:04d}.json"
+def manifest_path(checkpoint: str, epoch: int, step: str, lane: int, generation: int = 0) -> str:
+    """Where a lane's task of lease generation ``generation`` leaves its manifest (written
+    atomically, read by the driver)."""
+    fs, base = filesystem(checkpoint)
+    return f"{base}/epochs/{epoch:010d}/{step}/lane-{lane:04d}{_by(fs, generation)}.json"
 
 
-def lane_run_path(checkpoint: str, epoch: int, step: str) -> str:
+def lane_run_path(checkpoint: str, epoch: int, step: str, generation: int = 0) -> str:
     """Where the driver leaves a stateful step's epoch for its lanes when it is too large to go
     with the tasks (see ``EpochCompiler._lane_run``)."""
-    _, base = filesystem(checkpoint)
-    return f"{base}/epochs/{epoch:010d}/{step}/run.json"
+    fs, base = filesystem(checkpoint)
+    return f"{base}/epochs/{epoch:010d}/{step}/run{_by(fs, generation)}.json"
+
+
+def _by(fs: pafs.FileSystem, generation: int) -> str:
+    """On an object store, which cannot refuse an older generation's writes, a driver's files
+    that others read are named for its generation, as its state files are
+    (:func:`~eddyline.state.store.generation_file_id`): a driver woken past its lease writes
+    beside the newer one's, never over them."""
+    return f"-g{generation}" if generation and is_s3(fs) else ""
 
 
 class Checkpoint:
@@ -336,7 +346,7 @@ class Checkpoint:
     def lane_manifests(self, epoch: int, step: str, lanes: int) -> list[dict[str, Any]]:
         out = []
         for lane in range(lanes):
-            path = manifest_path(self.location, epoch, step, lane)
+            path = manifest_path(self.location, epoch, step, lane, self.gate.generation)
             try:
                 m = read_json(self.fs, path)
             except FileNotFoundError as e:

@@ -390,7 +390,7 @@ class EpochCompiler:
         if len(text) <= LANE_RUN_INLINE:
             return text
         fs, _ = filesystem(self.checkpoint)
-        path = lane_run_path(self.checkpoint, epoch, step)
+        path = lane_run_path(self.checkpoint, epoch, step, self.gate.generation)
         makedirs(fs, path.rsplit("/", 1)[0])
         self.gate.ready().put(path, text.encode())  # the same bytes again if the epoch is replayed
         return json.dumps({"path": path})

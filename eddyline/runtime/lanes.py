@@ -225,7 +225,7 @@ def warm_other_lanes(task: LaneTask, store: KeyGroupStore, lane: int, wait_s: fl
     while others and time.monotonic() < deadline:
         for other in sorted(others):
             try:
-                manifest = read_json(fs, manifest_path(task.checkpoint, task.epoch, task.step, other))
+                manifest = read_json(fs, manifest_path(task.checkpoint, task.epoch, task.step, other, task.generation))
             except OSError:  # not written yet
                 continue
             others.discard(other)
@@ -519,7 +519,7 @@ def _finish(task: LaneTask, store: KeyGroupStore, lane: int, manifest: dict[str,
     """The lane's manifest written (the driver folds it into the epoch's state index), its
     state's cache warmed for the next epoch in the background."""
     fs, _ = filesystem(task.checkpoint)
-    path = manifest_path(task.checkpoint, task.epoch, task.step, lane)
+    path = manifest_path(task.checkpoint, task.epoch, task.step, lane, task.generation)
     makedirs(fs, path.rsplit("/", 1)[0])
     task.gate.put(path, json.dumps(manifest).encode())
     if task.state_budget is None:

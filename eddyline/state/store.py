@@ -1,7 +1,8 @@
 """Versioned key-group state under the checkpoint location.
 
 Layout: one Arrow IPC file per (step, epoch, lane) at
-``<root>/state/<step>/<epoch:010d>-<lane:04d>.arrow``. It holds, sorted by key group, one
+``<root>/state/<step>/<epoch:010d>-<lane:04d>.arrow`` (on an object store, under a lease:
+``…-<lane:04d>-g<generation>.arrow``, see :func:`state_file`). It holds, sorted by key group, one
 *segment* per key group the lane changed in that epoch: either a **snapshot** (every row of the
 group) or a **delta** (upserted rows, and deleted primary keys marked ``_op = 1``).
 
@@ -31,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from eddyline.columns import KG, OP
-from eddyline.storage import Gate, filesystem, makedirs, read_bytes
+from eddyline.storage import Gate, filesystem, is_s3, makedirs, read_bytes
 
 SNAPSHOT, DELTA = "s", "d"
 
@@ -116,9 +117,36 @@ class WriteResult:
     deltas: int
 
 
+#: a state file's id (a chain segment's second field): the lane's file in the low bits, the lease
+#: generation that wrote it above them (0 on a file system)
+_GENERATION_SHIFT = 32
+
+
 def state_file(base: str, step: str, epoch: int, lane: int) -> str:
-    """The file a lane wrote its changes of ``step`` to in ``epoch``, under checkpoint path ``base``."""
-    return f"{base}/state/{step}/{epoch:010d}-{lane:04d}.arrow"
+    """The file a lane wrote its changes of ``step`` to in ``epoch``, under checkpoint path ``base``.
+    ``lane`` is the file's id: with a generation in it (:func:`generation_file_id`) the name says
+    which generation wrote it."""
+    generation, lane = lane >> _GENERATION_SHIFT, lane & ((1 << _GENERATION_SHIFT) - 1)
+    return f"{base}/state/{step}/{epoch:010d}-{lane:04d}{f'-g{generation}' if generation else ''}.arrow"
+
+
+def generation_file_id(lane: int, generation: int) -> int:
+    """The id of a state file that lease generation ``generation`` writes on an object store. A
+    store cannot refuse an older generation's write there as a gate on a file system does, so a
+    driver frozen past its lease and woken must not write under the names the newer one writes:
+    each generation writes its own files, and a commit (which the store does refuse) names the
+    ones it reads, so a former holder's files are never read."""
+    return lane | (generation << _GENERATION_SHIFT)
+
+
+def parse_state_file(name: str) -> tuple[int, int] | None:
+    """A state file's (epoch, id) from its name (None: not a state file)."""
+    stem = name.removesuffix(".arrow")
+    epoch_s, _, rest = stem.partition("-")
+    lane_s, _, gen_s = rest.partition("-g")
+    if not (name.endswith(".arrow") and epoch_s.isdigit() and lane_s.isdigit() and (gen_s.isdigit() or not gen_s)):
+        return None
+    return int(epoch_s), generation_file_id(int(lane_s), int(gen_s or 0))
 
 
 def referenced_files(index: Mapping[int, Chain]) -> set[tuple[int, int]]:
@@ -138,9 +166,8 @@ def history_floor(
     sizes: dict[tuple[str, int, int], int] = {}
     for step in sorted({s for _, indexes in commits for s in indexes}):
         for info in fs.get_file_info(pafs.FileSelector(f"{base}/state/{step}", allow_not_found=True)):
-            epoch_s, _, lane_s = info.base_name.removesuffix(".arrow").partition("-")
-            if info.base_name.endswith(".arrow") and epoch_s.isdigit() and lane_s.isdigit():
-                sizes[(step, int(epoch_s), int(lane_s))] = info.size or 0
+            if (key := parse_state_file(info.base_name)) is not None:
+                sizes[(step, *key)] = info.size or 0
     ordered = sorted(commits, key=lambda c: c[0])
 
     def files(of: Sequence[tuple[int, Mapping[str, Mapping[int, Chain]]]]) -> set[tuple[str, int, int]]:
@@ -290,6 +317,8 @@ class KeyGroupStore:
         changed. A group gets a snapshot when it has none yet, when its chain is long, or when the
         delta would be at least half the snapshot's size; otherwise a delta.
         """
+        if is_s3(self.fs) and self.gate.generation:
+            lane = generation_file_id(lane, self.gate.generation)
         new_state = _sorted_by_kg(new_state.cast(self.schema))
         upserts = _sorted_by_kg(upserts.cast(self.schema))
         deletes = _sorted_by_kg(deletes.select(self.primary_key))
@@ -344,14 +373,8 @@ class KeyGroupStore:
             return 0
         removed = 0
         for info in infos:
-            name = info.base_name
-            if not name.endswith(".arrow") or "-" not in name:
-                continue
-            epoch_s, lane_s = name[: -len(".arrow")].split("-", 1)
-            if not (epoch_s.isdigit() and lane_s.isdigit()):
-                continue
-            key = (int(epoch_s), int(lane_s))
-            if key[0] < below_epoch and key not in live:
+            key = parse_state_file(info.base_name)
+            if key is not None and key[0] < below_epoch and key not in live:
                 self.fs.delete_file(info.path)
                 removed += 1
         return removed
