@@ -136,10 +136,18 @@ class Engine(Networks):
     ) -> RunSummary:
         if self.driver.mode is Mode.STOPPED:
             self.driver.to(Mode.STARTING, "run() called again")
-        last, pending, started_at = self._open()
-        run, t_start = RunState(until_idle, started_at), time.monotonic()
         if self.lease is not None:
+            # renewed from the start: opening the checkpoint (fencing it, reading its head) is a
+            # few round trips to the store, and on a loaded host or a slow store they could take
+            # long enough for the lease to lapse before its first renewal
             self.lease.start_heartbeat(self._cancel_jobs)
+        try:
+            last, pending, started_at = self._open()
+        except BaseException:
+            if self.lease is not None:
+                self.lease.release()
+            raise
+        run, t_start = RunState(until_idle, started_at), time.monotonic()
         try:
             for name, source in self.sources.items():  # upstream backup: start receiving (Source.attach)
                 source.attach(self.ckpt.location, last.source_ends.get(name, 0) if last else 0)

@@ -215,3 +215,31 @@ def test_a_files_source_on_the_store_reads_what_a_local_one_does(s3, spark, tmp_
     windows = read_windows(tmp_path / "local")
     assert len(windows) > 20
     assert read_windows(tmp_path / "store") == windows
+
+
+def test_a_lease_is_renewed_while_the_driver_opens_the_checkpoint(s3, spark, tmp_path: Path, monkeypatch) -> None:
+    """Opening a checkpoint on a store (fencing it, reading its head) is a few round trips; on a
+    loaded host or a slow store they may take most of a lease. The lease is renewed from the
+    moment the engine starts, so a driver whose opening took longer than three quarters of its
+    lease runs on (it stopped itself as soon as it had opened, before)."""
+    from eddyline.ha.lease import Lease
+    from eddyline.runtime.engine import Engine
+
+    from .helpers import bids_window_spec, duckdb_windows, write_bid_files
+
+    write_bid_files(tmp_path / "in", files=2, rows=100, seed=3)
+    ckpt = f"{s3.bucket(f'open-{uuid.uuid4().hex[:8]}')}/net"
+    lease = Lease(ckpt, timeout_s=2.0)
+    assert lease.try_acquire()
+    engine = Engine(bids_window_spec(tmp_path / "in", tmp_path / "out"), spark, ckpt, lease=lease)
+    opened = engine._open
+
+    def slow_open():  # noqa: ANN202
+        import time
+
+        time.sleep(2.0)  # the store answering slowly
+        return opened()
+
+    monkeypatch.setattr(engine, "_open", slow_open)
+    engine.run(until_idle=True)
+    assert read_windows(tmp_path / "out") == duckdb_windows(tmp_path / "in")
