@@ -52,6 +52,7 @@ if str(ROOT) not in sys.path:  # run as a script: `tests` importable
 from tests.hosts.cluster import (  # noqa: E402
     Cluster,
     commits,
+    documents,
     download,
     on_store,
     paced,
@@ -146,7 +147,29 @@ def leader_cut(whole_host: bool) -> Callable[[Run], None]:
         taken = taken_at(run, 2)
         if taken is not None:  # where the takeover's time goes: the lease, then the first epoch
             run.notes.append(f"lease taken at {taken - run.fault_at:.1f} s")
+            run.notes.append(first_epoch(run))
     return fault
+
+
+def first_epoch(run: Run) -> str:
+    """The standby's first epoch: how long it took and in what (its progress record), and how
+    long after it took the lease it began."""
+    done = commits(run.cluster, run.bucket)
+    epoch = min(e for e, c in done.items() if c["generation"] == 2)
+    record = documents(run.cluster, run.bucket, "progress").get(epoch)
+    if record is None:
+        return f"first epoch {epoch}: no progress record"
+    ms = record["durationMs"]
+    began = done[epoch]["committed_at"] - ms["triggerExecution"] / 1000 - (taken_at(run, 2) or 0)
+    parts = ", ".join(f"{k} {ms[k] / 1000:.1f}" for k in ("planning", "execution", "publish", "commit") if ms.get(k))
+    lanes = []  # the slowest lane of each stateful step, and where its time went
+    for op in record.get("stateOperators", []):
+        slowest = max(op["customMetrics"]["laneMs"], key=lambda m: sum(m.values()), default={})
+        top = sorted(slowest.items(), key=lambda kv: -kv[1])[:2]
+        lanes.append(f"{op['operatorName']} {sum(slowest.values()) / 1000:.1f} s "
+                     f"({', '.join(f'{k} {v / 1000:.1f}' for k, v in top)})")
+    return (f"first epoch began {began:.1f} s after the lease, took {ms['triggerExecution'] / 1000:.1f} s ({parts}); "
+            f"slowest lanes: {'; '.join(lanes)}")
 
 
 def taken_at(run: Run, generation: int) -> float | None:

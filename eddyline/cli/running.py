@@ -265,7 +265,7 @@ def _take(lease, engine, standby: bool, rehearse: bool, stopped: Callable[[], bo
     elif not lease.try_acquire():  # nobody leads: no time to rehearse
         from eddyline.runtime.warmup import Standby
 
-        ready = Standby(engine) if rehearse else None
+        ready = Standby(engine, say=lambda line: err.print(line, highlight=False)) if rehearse else None
         if ready is not None:
             err.print(f"standby ready: {ready.rehearse().describe()}", highlight=False)
         shown: set[int] = set()
@@ -275,12 +275,17 @@ def _take(lease, engine, standby: bool, rehearse: bool, stopped: Callable[[], bo
                 shown.add(cur.generation)
                 err.print(f"standby: {cur.holder} leads (generation {cur.generation}); waiting for its lease to expire")
             if ready is not None:
+                ready.catch_up()  # the first committed epoch, once there is one (in a thread)
                 ready.keep_warm()
 
         # polled every 0.1 s (reading two small files): the lease's own default, up to 0.5 s,
         # would add half of that to a takeover on average
-        if not lease.acquire(poll_s=0.1, should_stop=stopped, on_wait=waiting):
-            return False
+        try:
+            if not lease.acquire(poll_s=0.1, should_stop=stopped, on_wait=waiting):
+                return False
+        finally:
+            if ready is not None:
+                ready.stop()
     err.print(f"leading as {lease.holder} (lease generation {lease.generation})")
     return True
 

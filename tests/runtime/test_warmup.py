@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,84 @@ def test_a_plan_whose_input_is_gone_is_rehearsed_as_an_empty_epoch(spark, tmp_pa
     assert done.epoch is None and done.ran and done.error, done
     assert "an empty epoch rehearsed in" in done.describe()
     assert snapshot(tmp_path / "run", tmp_path / "ckpt") == before
+
+
+def test_a_standby_that_rehearsed_an_empty_epoch_rehearses_the_first_commit_beside_its_wait(
+    spark, tmp_path: Path
+) -> None:
+    """Started before the leader committed anything, a standby can only rehearse an empty epoch;
+    once there is a commit, :meth:`Standby.catch_up` rehearses it in a thread (the caller, which
+    polls the lease, goes on at once), once; a takeover's :meth:`Standby.stop` cancels one still
+    running, which then reports nothing."""
+    write_bid_files(tmp_path / "in", files=4, rows=150, seed=11)
+    ckpt = str(tmp_path / "run" / "ckpt")
+    said: list[str] = []
+    standby = Standby(Engine(network(tmp_path, "run"), spark, ckpt), say=said.append)
+    standby.LOOK_S = 0.0
+    assert standby.rehearse().epoch is None  # nothing committed yet: an empty epoch
+    assert not standby.catch_up()  # still nothing to rehearse
+    Engine(network(tmp_path, "run"), spark, ckpt).run(epochs=2)
+    before = snapshot(tmp_path / "run")
+    assert standby.catch_up()
+    assert not standby.catch_up()  # one at a time
+    standby._behind.join(120)
+    assert standby.last.epoch == 2 and standby.last.ran, standby.last
+    assert said == [f"standby ready: {standby.last.describe()}"]
+    assert not standby.catch_up()  # a committed epoch was rehearsed: no more
+    assert snapshot(tmp_path / "run") == before
+
+    # a takeover while a rehearsal runs: its jobs are cancelled and it says nothing
+    other = Standby(Engine(network(tmp_path, "run"), spark, ckpt), say=said.append)
+    other.LOOK_S = 0.0
+    assert other.catch_up()
+    sc = spark.sparkContext
+    tagged = sc._jsc.sc().statusTracker()
+
+    def running() -> list[int]:
+        ids = list(tagged.getJobIdsForTag(Standby.JOB_TAG))
+        return [i for i in ids if (info := sc.statusTracker().getJobInfo(i)) and info.status == "RUNNING"]
+
+    deadline = time.monotonic() + 60
+    while not running():  # inside one of its Spark jobs
+        assert time.monotonic() < deadline and other._behind.is_alive()
+        time.sleep(0.02)
+    cut = running()
+    other.stop(wait_s=30)
+    assert not other._behind.is_alive() and other.last is None
+    assert {sc.statusTracker().getJobInfo(i).status for i in cut} == {"FAILED"}  # cancelled
+    assert len(said) == 1 and snapshot(tmp_path / "run") == before
+
+
+def test_on_an_object_store_the_rehearsal_writes_beside_the_checkpoint_and_drops_it(
+    s3, spark, tmp_path: Path, monkeypatch
+) -> None:
+    """A checkpoint on the store: the rehearsal's scratch is on the store too (on a cluster the
+    driver and the executors see it; a local directory would be the driver's only), and nothing of
+    it is left; the checkpoint's objects are as they were."""
+    from eddyline import objectstore
+
+    write_bid_files(tmp_path / "in", files=3, rows=150, seed=5)
+    ckpt = f"{s3.bucket(f'warm-{uuid.uuid4().hex[:8]}')}/net"
+    Engine(network(tmp_path, "run"), spark, ckpt).run(epochs=2)
+    store, key = objectstore.at(ckpt)
+
+    def objects() -> dict[str, bytes]:
+        return {k: store.get(k)[0] for k in store.list(f"{key}/")}
+
+    before = objects()
+    dropped: list[str] = []  # what the rehearsal deleted when it ended
+    real_delete = objectstore.ObjectStore.delete
+
+    def delete(self, keys):  # noqa: ANN001, ANN202
+        dropped.extend([keys] if isinstance(keys, str) else keys)
+        return real_delete(self, keys)
+
+    monkeypatch.setattr(objectstore.ObjectStore, "delete", delete)
+    done = Standby(Engine(network(tmp_path, "run"), spark, ckpt)).rehearse()
+    assert (done.epoch, done.error, done.ran) == (2, None, True), done
+    # the lanes (in Spark's workers) wrote their state and manifests, and the sink its files, in
+    # the scratch on the store; the rehearsal deleted them there
+    assert any(k.startswith(f"{key}/_rehearsal/") and "/state/" in k for k in dropped), dropped
+    assert any(k.startswith(f"{key}/_rehearsal/") and "/lane-" in k for k in dropped), dropped
+    assert any(k.startswith(f"{key}/_rehearsal/") and "/sinks/" in k for k in dropped), dropped
+    assert objects() == before  # the checkpoint as it was, and no scratch left
