@@ -300,7 +300,7 @@ class Engine(Networks):
         if isinstance(self.planner, Following):
             return []  # a follower runs its leader's plans, settings included
         taken: list[dict[str, Any]] = []
-        for command in self.inbox.pending():
+        for command in self.inbox.waiting():
             step = next_step(command, taken=bool(taken), paused=self.paused)
             if step is Step.STOP:
                 return taken

@@ -15,6 +15,12 @@ Besides settings and changes of network, a command may ask the distribution mana
 routing change (``"route": {"step", "rebalance" | "lanes" | "move"}``) or pause (``"pause": true``)
 and resume (``"resume": true``) the network.
 
+On an object store a listing is the dearest request there is, so the driver does not list the
+inbox at every epoch: whoever queues a command rings a bell after it (rewrites
+``control/bell.json``), and the driver lists the inbox when the bell's version changed, while
+commands it listed are still open, and at least every :data:`RELIST_S` seconds (for a command
+put there by other means, or whose bell was never rung).
+
 A command is closed only after the plan that applies it is logged: a driver that dies in
 between finds it in the inbox again and applies the same setting again, which changes nothing.
 What the driver writes here (closing a command, pausing) goes through the checkpoint's gate, so
@@ -31,7 +37,11 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from eddyline.storage import Gate, filesystem, makedirs, read_json, write_atomic
+from eddyline import objectstore
+from eddyline.storage import Gate, filesystem, is_s3, makedirs, read_json, write_atomic
+
+#: on an object store, the longest a driver goes without listing the inbox
+RELIST_S = 30.0
 
 
 class Inbox:
@@ -40,6 +50,12 @@ class Inbox:
         self.fs, base = filesystem(checkpoint)
         self.inbox, self.closed = f"{base}/control/inbox", f"{base}/control/done"
         self.gate = gate if gate is not None else Gate(checkpoint)
+        #: on an object store: the bell (bucket, key), the version last seen, when last listed, and
+        #: whether that listing found commands
+        self._bell = objectstore.split(f"s3://{base}/control/bell.json") if is_s3(self.fs) else None
+        self._rung: str | None = None
+        self._listed_at = float("-inf")
+        self._open = True
 
     def submit(self, settings: dict[str, Any], origin: str = "cli") -> str:
         """Queue ``settings`` for the next epoch; returns the command's id."""
@@ -58,7 +74,23 @@ class Inbox:
         command = {"id": command_id, **body, "submitted_at": time.time()}
         makedirs(self.fs, self.inbox)
         write_atomic(self.fs, f"{self.inbox}/{time.time_ns():020d}-{command_id}.json", json.dumps(command).encode())
+        if self._bell is not None:  # after the command: a driver that hears the bell finds it listed
+            objectstore.bucket(self._bell.bucket).put(self._bell.key, json.dumps({"id": command_id}).encode())
         return command_id
+
+    def waiting(self) -> list[dict[str, Any]]:
+        """The driver's look at the inbox before it plans an epoch: :meth:`pending`, listed on an
+        object store only when the bell rang since the last listing, when that listing found
+        commands (they stay until closed), or :data:`RELIST_S` after it; else nothing."""
+        if self._bell is not None:
+            got = objectstore.bucket(self._bell.bucket).get(self._bell.key)
+            rung = got[1] if got is not None else None
+            if rung == self._rung and not self._open and time.monotonic() - self._listed_at < RELIST_S:
+                return []
+            self._rung, self._listed_at = rung, time.monotonic()
+        found = self.pending()
+        self._open = bool(found)
+        return found
 
     def pending(self) -> list[dict[str, Any]]:
         """The queued commands, oldest first; a file that is not a command is refused as one."""

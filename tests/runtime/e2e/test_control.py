@@ -6,6 +6,7 @@ refused, reported and changes nothing."""
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import duckdb
@@ -46,6 +47,19 @@ def spec(src: Path, out: Path) -> dict:
 
 
 
+
+
+def test_on_an_object_store_the_driver_hears_a_command_by_its_bell(s3, spark, tmp_path: Path) -> None:
+    """The checkpoint on the store, where the driver lists the inbox only when a command's bell
+    rang: a command queued while the network runs takes effect at the next epoch all the same."""
+    write_bid_files(tmp_path / "in", files=FILES, rows=60)
+    ckpt = f"{s3.bucket(f'ctl-{uuid.uuid4().hex[:8]}')}/net"
+    engine = Engine(load_spec(spec(tmp_path / "in", tmp_path / "out")), spark, ckpt)
+    engine.run(epochs=3)  # (its inbox listed once, and heard no bell since)
+    command = Inbox(ckpt).submit({"expensive.filter": "price >= 500", "top.k": 2})
+    engine.run(until_idle=True)
+    assert per_epoch(tmp_path / "out") == expected(tmp_path / "in", switch_at=4)
+    assert [(d["id"], d["outcome"], d["epoch"]) for d in Inbox(ckpt).done()] == [(command, "applied", 4)]
 
 
 @pytest.mark.parametrize("crash", [FaultPoint.PLANNED])
