@@ -45,6 +45,10 @@ class SourceUnreachable(SourceError):
         super().__init__(message)
 
 
+class StoreUnreachable(EddylineError):
+    """An object store did not answer a request in time (or its connection failed)."""
+
+
 class SinkError(EddylineError):
     """A sink could not be written or published."""
 

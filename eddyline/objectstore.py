@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from eddyline.errors import CheckpointError
+from eddyline.errors import CheckpointError, StoreUnreachable
 
 SCHEMES = ("s3://",)
 
@@ -132,16 +132,34 @@ class ObjectStore:
                                               "connect_timeout": t},
             retry_config={"max_retries": 1, "retry_timeout": datetime.timedelta(seconds=2 * timeout_s())})
 
+    @contextlib.contextmanager
+    def _answered(self, method: str, key: str) -> Iterator[None]:
+        """A request the store did not answer (a timeout, a connection refused or cut) as an
+        error that says so and names the request; the store's other answers pass through."""
+        from obstore.exceptions import GenericError
+
+        try:
+            yield
+        except GenericError as e:
+            text = str(e)
+            if not any(s in text for s in ("error sending request", "TimedOut", "timed out", "Connect")):
+                raise
+            raise StoreUnreachable(
+                f"{method} s3://{self.bucket}/{key}: the object store at {_endpoint() or 'AWS S3'} did not answer "
+                f"(each request waits up to {timeout_s():g} s, EDDYLINE_STORE_TIMEOUT): {text.splitlines()[0][:200]}"
+            ) from e
+
     def get(self, key: str) -> tuple[bytes, str] | None:
         """The object's bytes and ETag; None if there is none."""
         import obstore
 
         REQUESTS["GET"] += 1
         try:
-            got = obstore.get(self.store, key)
+            with self._answered("GET", key):
+                got = obstore.get(self.store, key)
+                return bytes(got.bytes()), str(got.meta["e_tag"])
         except FileNotFoundError:
             return None
-        return bytes(got.bytes()), str(got.meta["e_tag"])
 
     def head(self, key: str) -> int | None:
         """The object's size; None if there is none."""
@@ -149,7 +167,8 @@ class ObjectStore:
 
         REQUESTS["HEAD"] += 1
         try:
-            return int(obstore.head(self.store, key)["size"])
+            with self._answered("HEAD", key):
+                return int(obstore.head(self.store, key)["size"])
         except FileNotFoundError:
             return None
 
@@ -158,7 +177,8 @@ class ObjectStore:
         import obstore
 
         REQUESTS["PUT"] += 1
-        return str(obstore.put(self.store, key, data)["e_tag"])
+        with self._answered("PUT", key):
+            return str(obstore.put(self.store, key, data)["e_tag"])
 
     def create(self, key: str, data: bytes) -> bool:
         """Write the object unless it exists (False then): the store refuses all writers but one."""
@@ -167,7 +187,8 @@ class ObjectStore:
 
         REQUESTS["PUT"] += 1
         try:
-            obstore.put(self.store, key, data, mode="create")
+            with self._answered("PUT", key):
+                obstore.put(self.store, key, data, mode="create")
         except (AlreadyExistsError, PreconditionError):
             return False
         return True
@@ -181,7 +202,8 @@ class ObjectStore:
 
         REQUESTS["PUT"] += 1
         try:
-            got = obstore.put(self.store, key, data, mode="create" if etag is None else {"e_tag": etag})
+            with self._answered("PUT", key):
+                got = obstore.put(self.store, key, data, mode="create" if etag is None else {"e_tag": etag})
         except (AlreadyExistsError, PreconditionError, FileNotFoundError):
             return None
         return str(got["e_tag"])
@@ -191,7 +213,8 @@ class ObjectStore:
         import obstore
 
         REQUESTS["COPY"] += 1
-        obstore.copy(self.store, src, dst)
+        with self._answered("COPY", dst):
+            obstore.copy(self.store, src, dst)
 
     def delete(self, keys: str | list[str]) -> None:
         """Delete objects (up to a thousand a request)."""
@@ -199,7 +222,8 @@ class ObjectStore:
 
         keys = [keys] if isinstance(keys, str) else keys
         REQUESTS["DELETE"] += max(1, -(-len(keys) // 1000))
-        obstore.delete(self.store, keys)
+        with self._answered("DELETE", keys[0] if keys else ""):
+            obstore.delete(self.store, keys)
 
     def list_sized(self, prefix: str, limit: int | None = None) -> list[tuple[str, int]]:
         """The keys under ``prefix`` (a folder: ``prefix/``) with their sizes, sorted; at most
@@ -210,11 +234,12 @@ class ObjectStore:
                              chunk_size=limit or 1000)
         found: list[tuple[str, int]] = []
         requests = 1  # an empty listing is a request too
-        for n, page in enumerate(pages):
-            requests = n + 1
-            found += [(str(m["path"]), int(m["size"])) for m in page]
-            if limit is not None and len(found) >= limit:
-                break
+        with self._answered("LIST", prefix):
+            for n, page in enumerate(pages):
+                requests = n + 1
+                found += [(str(m["path"]), int(m["size"])) for m in page]
+                if limit is not None and len(found) >= limit:
+                    break
         REQUESTS["LIST"] += requests
         return sorted(found)[:limit] if limit is not None else sorted(found)
 
@@ -228,7 +253,8 @@ class ObjectStore:
         import obstore
 
         REQUESTS["LIST"] += 1
-        got = obstore.list_with_delimiter(self.store, prefix=prefix.rstrip("/") + "/" if prefix else None)
+        with self._answered("LIST", prefix):
+            got = obstore.list_with_delimiter(self.store, prefix=prefix.rstrip("/") + "/" if prefix else None)
         objects = [(str(m["path"]), int(m["size"])) for m in got["objects"]]
         return sorted(objects), sorted(str(p).rstrip("/") for p in got["common_prefixes"])
 

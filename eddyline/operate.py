@@ -156,7 +156,7 @@ def _leader(checkpoint: str) -> dict[str, Any] | None:
 
     try:
         cur = Lease(checkpoint).current()
-    except CheckpointError:  # an object-store checkpoint has no lease
+    except CheckpointError:  # a URI of another file system has no lease
         return None
     if cur is None:
         return None

@@ -249,7 +249,7 @@ def _lease(checkpoint: str, standby: bool, timeout_s: float):  # noqa: ANN202
 
     try:
         return Lease(checkpoint, timeout_s=timeout_s)
-    except CheckpointError:  # an object-store checkpoint: no lease, so no standby either
+    except CheckpointError:  # a URI of another file system (no conditional writes): no lease, so no standby
         if standby:
             raise
         return None

@@ -178,7 +178,10 @@ def test_a_leader_cut_off_from_the_store_fences_itself_and_a_standby_on_another_
             if p.poll() is None:
                 p.kill()
     log = (leader.tmp / "driver.log").read_text()
-    assert first.returncode == 1 and "could not renew its lease (generation 1)" in log, log[-3000:]
+    # it stops on its own lease watch, or on the first write the store leaves unanswered: either
+    # way with one line that says why
+    said = ("could not renew its lease (generation 1)", "did not answer")
+    assert first.returncode == 1 and any(s in log for s in said) and "Traceback" not in log, log[-3000:]
     took = json.loads(store_client(cluster, bucket).get(f"ckpt/lease/{2:010d}.json")[0])["acquired_at"]
     # it fences itself with a quarter of its lease left (tests/ha: the watch), later when the machine
     # is starved (CI runs eight JVMs on two cores here), and its process then ends (Spark's stop);

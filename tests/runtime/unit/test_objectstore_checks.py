@@ -82,3 +82,24 @@ def test_a_store_that_ignores_conditional_writes_is_refused_naming_why(s3, tmp_p
     finally:
         relay.kill()
         relay.wait()
+
+
+def test_a_request_the_store_does_not_answer_is_named_with_the_store_and_its_timeout(monkeypatch) -> None:
+    """Once running, a store that stops answering (a host cut off from it): each kind of request
+    fails with one error naming the request, the store and the time it waited, which the command
+    line prints as one line (not a traceback of the client's internals)."""
+    from eddyline import objectstore
+    from eddyline.errors import EddylineError, StoreUnreachable
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("EDDYLINE_STORE_TIMEOUT", "0.5")
+    store = objectstore.ObjectStore("ckb")  # (not the process's cached client)
+    calls = [("GET", lambda: store.get("ck/head.json")), ("PUT", lambda: store.create("ck/plans/4.json", b"{}")),
+             ("PUT", lambda: store.put_if("ck/head.json", b"{}", "etag")), ("LIST", lambda: store.list("ck/plans")),
+             ("COPY", lambda: store.copy("ck/a", "ck/b")), ("DELETE", lambda: store.delete(["ck/a"]))]
+    for method, call in calls:
+        with pytest.raises(StoreUnreachable) as caught:
+            call()
+        text = str(caught.value)
+        assert text.startswith(f"{method} s3://ckb/ck") and "the object store at http://127.0.0.1:9 did not answer" in text
+        assert "up to 0.5 s, EDDYLINE_STORE_TIMEOUT" in text and isinstance(caught.value, EddylineError)
