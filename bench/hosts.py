@@ -152,8 +152,8 @@ def leader_cut(whole_host: bool) -> Callable[[Run], None]:
 
 
 def first_epoch(run: Run) -> str:
-    """The standby's first epoch: how long it took and in what (its progress record), and how
-    long after it took the lease it began."""
+    """The standby's first epoch: how long it took, how much of it Spark's execution (its
+    progress record), and how long after it took the lease it began."""
     done = commits(run.cluster, run.bucket)
     epoch = min(e for e, c in done.items() if c["generation"] == 2)
     record = documents(run.cluster, run.bucket, "progress").get(epoch)
@@ -161,15 +161,8 @@ def first_epoch(run: Run) -> str:
         return f"first epoch {epoch}: no progress record"
     ms = record["durationMs"]
     began = done[epoch]["committed_at"] - ms["triggerExecution"] / 1000 - (taken_at(run, 2) or 0)
-    parts = ", ".join(f"{k} {ms[k] / 1000:.1f}" for k in ("planning", "execution", "publish", "commit") if ms.get(k))
-    lanes = []  # the slowest lane of each stateful step, and where its time went
-    for op in record.get("stateOperators", []):
-        slowest = max(op["customMetrics"]["laneMs"], key=lambda m: sum(m.values()), default={})
-        top = sorted(slowest.items(), key=lambda kv: -kv[1])[:2]
-        lanes.append(f"{op['operatorName']} {sum(slowest.values()) / 1000:.1f} s "
-                     f"({', '.join(f'{k} {v / 1000:.1f}' for k, v in top)})")
-    return (f"first epoch began {began:.1f} s after the lease, took {ms['triggerExecution'] / 1000:.1f} s ({parts}); "
-            f"slowest lanes: {'; '.join(lanes)}")
+    return (f"first epoch {ms['triggerExecution'] / 1000:.1f} s (execution {ms['execution'] / 1000:.1f}), "
+            f"began {began:.1f} s after the lease")
 
 
 def taken_at(run: Run, generation: int) -> float | None:
