@@ -1,0 +1,309 @@
+"""The ``kafka`` sink: each epoch's rows in one Kafka transaction, exactly once.
+
+The rows are collected in the driver (as the ``nats`` sink does) and produced as JSON objects,
+revisions' ``_op``/``_diff`` among their fields, keyed by the ``key`` columns (one column: its
+value as text; several: a JSON array of them; none: no key), so that the producer's partitioner
+puts equal keys in one partition (``murmur2_random``, the Java client's); the headers
+``eddyline-epoch`` and ``eddyline-writer`` say which epoch of which network wrote a record.
+
+Exactly once. :meth:`KafkaSink.publish` runs one transaction per epoch: the rows, then the epoch
+number as the committed offset of a consumer group of the sink's own (``eddyline.sink.<network>.
+<checkpoint>.<sink>``, on partition 0 of the topic, the lease generation in the offset's metadata;
+``send_offsets_to_transaction``), then the commit. A reader with ``isolation.level=read_committed``
+sees the records and the group sees the epoch at once, or neither. A driver killed after the
+transaction committed but before the checkpoint did replays the epoch: publish finds the epoch in
+the group's offset and writes nothing. One killed in the middle left a transaction open, which
+the broker aborts when the next producer of the same transactional id starts (or after
+``transaction.timeout.ms``); meanwhile ``read_committed`` readers wait at it.
+
+Fencing. The transactional id is ``eddyline.<network>.<checkpoint>.<sink>.g<generation>``: it
+depends on the lease generation, so that only the newer generation can fence the older and not
+the other way round. (With one id for every generation, a zombie driver that opened its
+producer again would fence the driver that holds the lease.) Opening under generation G, the
+sink starts its producer, then starts the producers of the generations since the one in the
+group's metadata (which bumps their epochs: the broker aborts their open transactions and refuses
+everything more from them), records G in the group's metadata in a transaction of its own, and
+fences those generations once more (one that started its producer meanwhile). A zombie that opens
+finds a newer generation in the group's metadata and stops; one that was open already is refused
+by the broker (``PRODUCER_FENCED``): :class:`~eddyline.errors.Fenced` either way.
+
+Brokers without abort filtering. Tansu 0.6.0 keeps the records of aborted transactions visible
+to ``read_committed`` readers (its Fetch responses list no aborted transactions), so on it a
+transaction cut in the middle by a crash or a fence leaves its records behind; on Apache Kafka
+they are never seen. Neither the sink nor a client can tell them apart there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pydantic import Field
+
+from eddyline.api.sinks import SINKS, SinkSpec
+from eddyline.api.units import Duration, Model
+from eddyline.errors import Fenced, SinkError
+from eddyline.io.kafka.client import REQUEST_S, settings, unreachable
+from eddyline.io.records import to_json_column
+from eddyline.io.retry import Health
+from eddyline.io.sinks import Sink, SinkKind
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer, Producer
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+#: how many generations before its own a sink fences when it opens, at most (generations that
+#: never wrote anything are cheap to fence, but a long gap would be a long start)
+FENCE_BACK = 16
+
+
+class KafkaOut(Model):
+    """A Kafka topic to write: each row a JSON object, one epoch a transaction."""
+
+    brokers: str = Field(default="127.0.0.1:9092", min_length=1)
+    topic: str = Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    key: list[str] = []  # the columns that make a record's key (and so its partition)
+    partitions: int = Field(default=1, gt=0)  # for a topic the sink creates
+    wait: Duration = Field(default=30_000, gt=0)  # how long a transaction may wait for the brokers
+    options: dict[str, str] = {}  # librdkafka settings (security.protocol, sasl.*, ...)
+
+
+class KafkaSink(Sink):
+    counts_itself = True
+
+    def __init__(self, spec: SinkSpec):
+        super().__init__(spec)
+        self.health = Health()
+        self.writer = ""
+        self._producer: Producer | None = None
+        self._group: Consumer | None = None
+
+    @property
+    def params(self) -> KafkaOut:
+        return self.spec.params
+
+    def status(self) -> dict[str, Any]:
+        return self.health.to_json()
+
+    def _settings(self, **extra: Any) -> dict[str, Any]:
+        return settings(self.params.brokers, self.params.options, **extra)
+
+    @property
+    def group_id(self) -> str:
+        return f"eddyline.sink.{self.writer.replace('/', '.')}.{self.name}"
+
+    def transactional_id(self, generation: int) -> str:
+        """The id of generation ``generation``'s producer (see the module: it must depend on the generation)."""
+        return f"eddyline.{self.writer.replace('/', '.')}.{self.name}.g{generation}"
+
+    # ------------------------------------------------------------------ opening and fencing
+    def open(self, network: str, checkpoint: str, schema: StructType, tentative: bool = False) -> None:
+        if tentative:
+            raise SinkError(f"sink '{self.name}': a kafka sink cannot take back tentative epochs (max_delay): "
+                            "what a transaction committed stays in the topic")
+        missing = [k for k in self.params.key if k not in schema.fieldNames()]
+        if missing:
+            raise SinkError(f"sink '{self.name}': key: no column(s) {missing} in its input (columns: {schema.fieldNames()})")
+        self.writer = f"{network}/{checkpoint}"
+        self._ensure_topic()
+        self._start()
+
+    def fence(self, generation: int) -> None:
+        renewed = generation != self.generation
+        super().fence(generation)
+        if renewed and self._producer is not None:  # took a lease over while open: a producer of the new id
+            self._close()
+            self._start()
+
+    def _ensure_topic(self) -> None:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        p = self.params
+        admin = AdminClient(self._settings())
+        try:
+            md = admin.list_topics(timeout=p.wait / 1000)
+        except KafkaException as e:
+            raise SinkError(f"sink '{self.name}': Kafka brokers {p.brokers} unreachable: {e.args[0]}") from e
+        if p.topic in md.topics and md.topics[p.topic].error is None:
+            return
+        try:
+            for future in admin.create_topics([NewTopic(p.topic, p.partitions)], request_timeout=REQUEST_S).values():
+                future.result()
+        except KafkaException as e:
+            if e.args[0].code() != e.args[0].TOPIC_ALREADY_EXISTS:
+                raise SinkError(f"sink '{self.name}': cannot create topic {p.topic} ({p.partitions} partition(s)) "
+                                f"at Kafka brokers {p.brokers}: {e.args[0]}") from e
+
+    def _marker(self) -> tuple[int, int]:
+        """(the last epoch the sink's transactions committed, the newest generation recorded),
+        read from the sink's consumer group; (0, 0) before any."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            [tp] = self._group_consumer().committed([TopicPartition(self.params.topic, 0)], timeout=self.params.wait / 1000)
+        except KafkaException as e:
+            raise SinkError(f"sink '{self.name}': reading consumer group {self.group_id}'s offset: {e.args[0]}") from e
+        if tp.offset < 0:
+            return 0, 0
+        meta = json.loads(tp.metadata) if tp.metadata else {}
+        return tp.offset, int(meta.get("generation", 0))
+
+    def _group_consumer(self) -> Consumer:
+        from confluent_kafka import Consumer
+
+        if self._group is None:
+            self._group = Consumer(self._settings(**{"group.id": self.group_id, "enable.auto.commit": False}))
+        return self._group
+
+    def _fenced(self, newer: int | None = None) -> Fenced:
+        by = f"generation {newer}" if newer else "a newer generation"
+        return Fenced(f"sink '{self.name}': lease generation {self.generation} was taken over by {by}: Kafka refuses "
+                      f"the transactions of producer {self.transactional_id(self.generation)}; stopping without "
+                      "writing anything more")
+
+    def _start(self) -> None:
+        """Start this generation's producer and fence the older ones (see the module)."""
+        from confluent_kafka import KafkaException, Producer
+
+        wait = self.params.wait / 1000
+        producer = Producer(self._settings(**{
+            "transactional.id": self.transactional_id(self.generation), "enable.idempotence": True,
+            "partitioner": "murmur2_random", "transaction.timeout.ms": max(60_000, self.params.wait * 2),
+            "linger.ms": 5,
+        }))
+        try:
+            producer.init_transactions(wait)
+        except KafkaException as e:
+            raise SinkError(f"sink '{self.name}': starting transactional producer "
+                            f"{self.transactional_id(self.generation)} at {self.params.brokers}: {e.args[0]}") from e
+        self._producer = producer
+        _, recorded = self._marker()
+        if recorded > self.generation:
+            self._close()
+            raise self._fenced(recorded)
+        if self.generation:
+            older = range(max(recorded, self.generation - FENCE_BACK, 0), self.generation)
+            self._fence_older(older)
+            epoch, _ = self._marker()
+            self._transaction(lambda: None, epoch)  # records this generation in the group's metadata
+            self._fence_older(older)
+
+    def _fence_older(self, generations: range) -> None:
+        """Start a producer of each of ``generations``' ids and close it: the broker bumps the
+        id's epoch, aborting its open transaction and refusing its older producer from then on."""
+        from confluent_kafka import KafkaException, Producer
+
+        for g in generations:
+            old = Producer(self._settings(**{"transactional.id": self.transactional_id(g)}))
+            try:
+                old.init_transactions(self.params.wait / 1000)
+            except KafkaException as e:
+                raise SinkError(f"sink '{self.name}': fencing producer {self.transactional_id(g)}: {e.args[0]}") from e
+            finally:
+                old.flush(0)
+
+    def _close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(0)
+            self._producer = None
+
+    # ------------------------------------------------------------------ writing
+    def stage(self, df: DataFrame, epoch: int) -> None:
+        keys = self.params.key
+        if not keys:
+            key = "CAST(NULL AS STRING) AS k"
+        elif len(keys) == 1:
+            key = f"CAST(`{keys[0]}` AS STRING) AS k"
+        else:
+            key = f"to_json(array({', '.join(f'`{k}`' for k in keys)})) AS k"
+        table = to_json_column(df, also=(key,)).toArrow()
+        pairs = sorted(zip(table.column("k").to_pylist(), table.column("v").to_pylist(), strict=True),
+                       key=lambda kv: (kv[0] or "", kv[1]))  # a replay produces the same records in the same order
+        self.collected[epoch] = pa.table({"k": pa.array([k for k, _ in pairs], pa.string()),
+                                          "v": pa.array([v for _, v in pairs], pa.string())})
+
+    def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
+        staged = self.collected.get(epoch)
+        if staged is None:
+            return
+        done, recorded = self._marker()
+        if recorded > self.generation:
+            raise self._fenced(recorded)
+        if done >= epoch:  # committed in Kafka before a crash kept it from the checkpoint
+            self.collected.pop(epoch, None)
+            return
+        rows = list(zip(staged.column("k").to_pylist(), staged.column("v").to_pylist(), strict=True))
+        headers = [("eddyline-epoch", str(epoch).encode()), ("eddyline-writer", self.writer.encode())]
+        topic = self.params.topic
+
+        def produce(part: list[tuple[str | None, str]]) -> None:
+            assert self._producer is not None
+            for key, value in part:
+                self._producer.produce(topic, value.encode(), None if key is None else key.encode(), headers=headers)
+                self._producer.poll(0)
+
+        half = len(rows) // 2  # two steps, so that a crash test can cut the transaction between them
+
+        def body() -> None:
+            produce(rows[:half])
+            assert self._producer is not None
+            self._producer.flush(self.params.wait / 1000)
+            midway()
+            produce(rows[half:])
+
+        self._transaction(body, epoch)
+        self.collected.pop(epoch, None)
+
+    def _transaction(self, body: Callable[[], None], epoch: int) -> None:
+        """One transaction: ``body``'s records and ``epoch`` as the sink's group offset, under this
+        generation; aborted on an error (Fenced when the broker fenced this producer)."""
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+        producer = self._producer
+        assert producer is not None, "open() first"
+        wait = self.params.wait / 1000
+        marker = TopicPartition(self.params.topic, 0, epoch, json.dumps({"generation": self.generation}))
+        try:
+            producer.begin_transaction()
+            body()
+            producer.send_offsets_to_transaction([marker], self._group_consumer().consumer_group_metadata(), wait)
+            producer.commit_transaction(wait)
+            if self.health.since is not None:
+                self.health.recovered()
+        except KafkaException as e:
+            err: KafkaError = e.args[0]
+            if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+                self._close()
+                raise self._fenced() from e
+            self.health.failing(RuntimeError(str(err)))
+            if err.txn_requires_abort():
+                with contextlib.suppress(KafkaException):  # the error above is what to report
+                    producer.abort_transaction(wait)
+            if err.fatal():
+                self._close()
+            what = "unreachable" if unreachable(err) else "refused the transaction"
+            raise SinkError(f"sink '{self.name}': Kafka brokers {self.params.brokers} {what} (epoch {epoch}, "
+                            f"topic {self.params.topic}): {err}") from e
+
+    def staged_rows(self, epoch: int) -> int:
+        staged = self.collected.get(epoch)
+        return staged.num_rows if staged is not None else 0
+
+
+@SINKS.register
+class KafkaSinkKind(SinkKind):
+    key = "kafka"
+    params = KafkaOut
+    live_params = ("brokers", "topic", "key")
+
+    def describe(self, params: Any) -> str:
+        key = f", key {params.key}" if params.key else ""
+        return f"Kafka topic {params.topic} at {params.brokers}{key} (JSON, a transaction an epoch)"
+
+    def make(self, spec: SinkSpec, console: Any = None) -> KafkaSink:
+        return KafkaSink(spec)
