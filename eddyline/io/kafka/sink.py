@@ -8,8 +8,9 @@ puts equal keys in one partition (``murmur2_random``, the Java client's); the he
 
 Exactly once. :meth:`KafkaSink.publish` runs one transaction per epoch: the rows, then the epoch
 number as the committed offset of a consumer group of the sink's own (``eddyline.sink.<network>.
-<checkpoint>.<sink>``, on partition 0 of the topic, the lease generation in the offset's metadata;
-``send_offsets_to_transaction``), then the commit. A reader with ``isolation.level=read_committed``
+<checkpoint>.<sink>.epochs``, on partition 0 of the topic; ``send_offsets_to_transaction``) and
+the lease generation as the offset of another (``... .generation``), then the commit. (Not in the
+offset's metadata: Tansu 0.6.0 drops the metadata of committed offsets.) A reader with ``isolation.level=read_committed``
 sees the records and the group sees the epoch at once, or neither. A driver killed after the
 transaction committed but before the checkpoint did replays the epoch: publish finds the epoch in
 the group's offset and writes nothing. One killed in the middle left a transaction open, which
@@ -20,11 +21,11 @@ Fencing. The transactional id is ``eddyline.<network>.<checkpoint>.<sink>.g<gene
 depends on the lease generation, so that only the newer generation can fence the older and not
 the other way round. (With one id for every generation, a zombie driver that opened its
 producer again would fence the driver that holds the lease.) Opening under generation G, the
-sink starts its producer, then starts the producers of the generations since the one in the
-group's metadata (which bumps their epochs: the broker aborts their open transactions and refuses
-everything more from them), records G in the group's metadata in a transaction of its own, and
+sink starts its producer, then starts the producers of the generations since the one the
+group records (which bumps their epochs: the broker aborts their open transactions and refuses
+everything more from them), records G in a transaction of its own, and
 fences those generations once more (one that started its producer meanwhile). A zombie that opens
-finds a newer generation in the group's metadata and stops; one that was open already is refused
+finds a newer generation recorded and stops; one that was open already is refused
 by the broker (``PRODUCER_FENCED``): :class:`~eddyline.errors.Fenced` either way.
 
 Brokers without abort filtering. Tansu 0.6.0 keeps the records of aborted transactions visible
@@ -36,7 +37,6 @@ they are never seen. Neither the sink nor a client can tell them apart there.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +80,7 @@ class KafkaSink(Sink):
         self.health = Health()
         self.writer = ""
         self._producer: Producer | None = None
-        self._group: Consumer | None = None
+        self._group: dict[str, Consumer] = {}  # the consumers of the sink's two groups
 
     @property
     def params(self) -> KafkaOut:
@@ -92,9 +92,10 @@ class KafkaSink(Sink):
     def _settings(self, **extra: Any) -> dict[str, Any]:
         return settings(self.params.brokers, self.params.options, **extra)
 
-    @property
-    def group_id(self) -> str:
-        return f"eddyline.sink.{self.writer.replace('/', '.')}.{self.name}"
+    def group_id(self, what: str) -> str:
+        """The consumer group whose offset on partition 0 of the topic records ``what``
+        (``epochs``: the last epoch committed; ``generation``: the newest lease generation)."""
+        return f"eddyline.sink.{self.writer.replace('/', '.')}.{self.name}.{what}"
 
     def transactional_id(self, generation: int) -> str:
         """The id of generation ``generation``'s producer (see the module: it must depend on the generation)."""
@@ -141,24 +142,25 @@ class KafkaSink(Sink):
 
     def _marker(self) -> tuple[int, int]:
         """(the last epoch the sink's transactions committed, the newest generation recorded),
-        read from the sink's consumer group; (0, 0) before any."""
+        read from the sink's consumer groups; 0 before any."""
         from confluent_kafka import KafkaException, TopicPartition
 
-        try:
-            [tp] = self._group_consumer().committed([TopicPartition(self.params.topic, 0)], timeout=self.params.wait / 1000)
-        except KafkaException as e:
-            raise SinkError(f"sink '{self.name}': reading consumer group {self.group_id}'s offset: {e.args[0]}") from e
-        if tp.offset < 0:
-            return 0, 0
-        meta = json.loads(tp.metadata) if tp.metadata else {}
-        return tp.offset, int(meta.get("generation", 0))
+        out = []
+        for what in ("epochs", "generation"):
+            try:
+                [tp] = self._groups(what).committed([TopicPartition(self.params.topic, 0)], timeout=self.params.wait / 1000)
+            except KafkaException as e:
+                raise SinkError(f"sink '{self.name}': reading consumer group {self.group_id(what)}'s offset: "
+                                f"{e.args[0]}") from e
+            out.append(max(tp.offset, 0))
+        return out[0], out[1]
 
-    def _group_consumer(self) -> Consumer:
+    def _groups(self, what: str) -> Consumer:
         from confluent_kafka import Consumer
 
-        if self._group is None:
-            self._group = Consumer(self._settings(**{"group.id": self.group_id, "enable.auto.commit": False}))
-        return self._group
+        if what not in self._group:
+            self._group[what] = Consumer(self._settings(**{"group.id": self.group_id(what), "enable.auto.commit": False}))
+        return self._group[what]
 
     def _fenced(self, newer: int | None = None) -> Fenced:
         by = f"generation {newer}" if newer else "a newer generation"
@@ -267,11 +269,12 @@ class KafkaSink(Sink):
         producer = self._producer
         assert producer is not None, "open() first"
         wait = self.params.wait / 1000
-        marker = TopicPartition(self.params.topic, 0, epoch, json.dumps({"generation": self.generation}))
         try:
             producer.begin_transaction()
             body()
-            producer.send_offsets_to_transaction([marker], self._group_consumer().consumer_group_metadata(), wait)
+            for what, offset in (("epochs", epoch), ("generation", self.generation)):
+                producer.send_offsets_to_transaction([TopicPartition(self.params.topic, 0, offset)],
+                                                     self._groups(what).consumer_group_metadata(), wait)
             producer.commit_transaction(wait)
             if self.health.since is not None:
                 self.health.recovered()

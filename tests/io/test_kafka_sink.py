@@ -1,0 +1,109 @@
+"""The ``kafka`` sink against a real Kafka-protocol broker (Tansu): one transaction an epoch, a
+replayed epoch that Kafka committed written no more, and a zombie driver fenced by the broker.
+A plain ``read_committed`` consumer reads the topic back. No Spark but where a frame is staged."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from eddyline.api.sinks import SinkSpec
+from eddyline.errors import Fenced, SinkError
+from eddyline.io.kafka.sink import KafkaSink
+
+from ..kafkaref import read_committed, topic_name
+
+SCHEMA = StructType([StructField("k", StringType()), StructField("n", LongType())])
+
+
+def _sink(bootstrap: str, topic: str, generation: int, network: str = "net", **params) -> KafkaSink:
+    spec = SinkSpec.model_validate({"name": "counts", "input": "x",
+                                    "kafka": {"brokers": bootstrap, "topic": topic, "wait": "10s", **params}})
+    sink = KafkaSink(spec)
+    sink.fence(generation)  # as the engine does, before it opens the sink
+    sink.open(network, "ckpt", SCHEMA)
+    return sink
+
+
+def _stage(sink: KafkaSink, epoch: int, rows: list[int]) -> None:
+    sink.collected[epoch] = pa.table({"k": pa.array([str(r % 3) for r in rows], pa.string()),
+                                      "v": pa.array([json.dumps({"n": r}) for r in rows], pa.string())})
+
+
+def _values(bootstrap: str, topic: str) -> list[int]:
+    return sorted(json.loads(v)["n"] for _, _, _, v, _ in read_committed(bootstrap, topic))
+
+
+def test_each_epoch_is_one_transaction_and_a_replay_of_a_committed_epoch_writes_nothing(tansu):
+    topic = topic_name("out")
+    sink = _sink(tansu.bootstrap, topic, 0, partitions=2)
+    _stage(sink, 1, [1, 2, 3])
+    sink.publish(1)
+    records = read_committed(tansu.bootstrap, topic)
+    assert sorted(json.loads(v)["n"] for *_, v, _ in records) == [1, 2, 3]
+    assert all(dict(h) == {"eddyline-epoch": b"1", "eddyline-writer": b"net/ckpt"} for *_, h in records)
+    by_key = {}
+    for p, _, k, _, _ in records:
+        by_key.setdefault(k, set()).add(p)
+    assert all(len(parts) == 1 for parts in by_key.values())  # a key stays in one partition
+
+    # the driver died after Kafka committed epoch 1 but before the checkpoint did: a new one replays it
+    again = _sink(tansu.bootstrap, topic, 0)
+    _stage(again, 1, [1, 2, 3])
+    again.publish(1)
+    _stage(again, 2, [4])
+    again.publish(2)
+    assert _values(tansu.bootstrap, topic) == [1, 2, 3, 4]
+    assert again.staged_rows(2) == 0  # published: nothing left staged
+
+
+def test_a_zombie_drivers_transaction_is_fenced_by_the_broker(tansu):
+    topic = topic_name("out")
+    old = _sink(tansu.bootstrap, topic, 1)
+    _stage(old, 1, [1])
+    old.publish(1)
+    _stage(old, 2, [2])  # staged, then the driver froze; a standby took the lease over
+    new = _sink(tansu.bootstrap, topic, 2)
+    with pytest.raises(Fenced, match="lease generation 1 was taken over"):
+        old.publish(2)
+    _stage(new, 2, [20])
+    new.publish(2)
+    # the zombie wakes and opens its sink again: it finds the newer generation and stops, and
+    # the producer it started does not fence the one of the generation that holds the lease
+    with pytest.raises(Fenced, match="taken over by generation 2"):
+        _sink(tansu.bootstrap, topic, 1)
+    _stage(new, 3, [30])
+    new.publish(3)
+    assert _values(tansu.bootstrap, topic) == [1, 20, 30]
+
+
+def test_the_transactional_id_depends_on_the_generation(tansu):
+    """If every generation shared one id, the zombie's reopened producer (above) would have
+    fenced the newer generation's: this pins the id to the generation."""
+    topic = topic_name("out")
+    sink = _sink(tansu.bootstrap, topic, 3)
+    assert sink.transactional_id(3) != sink.transactional_id(4)
+    assert sink.transactional_id(3) == "eddyline.net.ckpt.counts.g3"
+
+
+def test_a_sink_that_cannot_write_says_why(tansu):
+    with pytest.raises(SinkError, match=r"key: no column\(s\) \['nope'\]"):
+        _sink(tansu.bootstrap, topic_name("out"), 0, key=["nope"])
+    with pytest.raises(SinkError, match="Kafka brokers 127.0.0.1:1 unreachable"):
+        _sink("127.0.0.1:1", topic_name("out"), 0, wait="1s")
+    with pytest.raises(SinkError, match="cannot take back tentative epochs"):
+        spec = SinkSpec.model_validate({"name": "c", "input": "x", "kafka": {"brokers": tansu.bootstrap, "topic": "t"}})
+        KafkaSink(spec).open("net", "ckpt", SCHEMA, tentative=True)
+
+
+def test_rows_staged_from_a_frame_carry_key_and_revision_fields(spark, tansu):
+    topic = topic_name("out")
+    sink = _sink(tansu.bootstrap, topic, 0, key=["k"])
+    df = spark.createDataFrame([("a", 1, "+", 1), ("b", 2, "-", -1)], "k string, n long, _op string, _diff int")
+    sink.stage(df, 1)
+    sink.publish(1)
+    got = sorted((k, json.loads(v)) for _, _, k, v, _ in read_committed(tansu.bootstrap, topic))
+    assert got == [(b"a", {"k": "a", "n": 1, "_op": "+", "_diff": 1}), (b"b", {"k": "b", "n": 2, "_op": "-", "_diff": -1})]
