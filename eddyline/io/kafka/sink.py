@@ -31,12 +31,15 @@ by the broker (``PRODUCER_FENCED``): :class:`~eddyline.errors.Fenced` either way
 Brokers without abort filtering. Tansu 0.6.0 keeps the records of aborted transactions visible
 to ``read_committed`` readers (its Fetch responses list no aborted transactions), so on it a
 transaction cut in the middle by a crash or a fence leaves its records behind; on Apache Kafka
-they are never seen. Neither the sink nor a client can tell them apart there.
+they are never seen. The header ``eddyline-attempt`` (random, one per transaction) lets a reader
+there keep, of each writer's epoch, the records of its last attempt only: an earlier attempt at
+an epoch was aborted, since one that committed is never tried again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -240,7 +243,11 @@ class KafkaSink(Sink):
             self.collected.pop(epoch, None)
             return
         rows = list(zip(staged.column("k").to_pylist(), staged.column("v").to_pylist(), strict=True))
-        headers = [("eddyline-epoch", str(epoch).encode()), ("eddyline-writer", self.writer.encode())]
+        # the attempt tells two tries at one epoch apart where a broker hands aborted records to
+        # read_committed readers (see the module)
+        attempt = os.urandom(6).hex().encode()
+        headers = [("eddyline-epoch", str(epoch).encode()), ("eddyline-writer", self.writer.encode()),
+                   ("eddyline-attempt", attempt)]
         topic = self.params.topic
 
         def produce(part: list[tuple[str | None, str]]) -> None:
