@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from eddyline.api.sources import SourceSpec
 from eddyline.errors import SourceError, SourceUnreachable
 from eddyline.io.kafka.client import read_ends, watermarks
-from eddyline.io.kafka.source import KafkaSource, pieces, share_out
+from eddyline.io.kafka.source import KafkaSource, pieces, share_out, slice_of
 
 from ..kafkaref import create_topic, produce, topic_name
 
@@ -170,3 +170,15 @@ def test_shares_and_pieces_are_even_and_cover_every_offset():
     got = pieces([["t", 0, 0, 100], ["t", 1, 5, 12]], 3, 30)
     assert sorted(r for task in got for r in task) == [("t", 0, 0, 33), ("t", 0, 33, 66), ("t", 0, 66, 100), ("t", 1, 5, 12)]
     assert [len(t) for t in got] == [2, 1, 1]
+
+
+def test_offsets_retention_removed_before_they_were_read_are_discarded_not_skipped_in_silence():
+    """Pure planning (Tansu cannot remove records: it has no DeleteRecords nor retention here)."""
+    read = {"t/0": 5, "t/1": 40}
+    planned = slice_of(45, read, lows={"t/0": 12, "t/1": 0, "t/2": 3}, ends={"t/0": 20, "t/1": 50, "t/2": 4},
+                       budget=100, per_partition=None)
+    assert planned["discarded"] == 7  # offsets 5..11 of t/0
+    assert planned["ranges"] == [["t", 0, 12, 20], ["t", 1, 40, 50], ["t", 2, 3, 4]]  # t/2 is new: from its first
+    assert json.loads(planned["cursor"]) == {"t/0": 20, "t/1": 50, "t/2": 4}
+    assert planned["end"] == 74 and planned["backlog"] == 0
+    assert "discarded" not in slice_of(0, {}, {"t/0": 3}, {"t/0": 3}, 10, None)

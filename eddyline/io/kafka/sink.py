@@ -39,7 +39,9 @@ an epoch was aborted, since one that committed is never tried again.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -182,7 +184,7 @@ class KafkaSink(Sink):
             "linger.ms": 5,
         }))
         try:
-            producer.init_transactions(wait)
+            self._patiently(producer.init_transactions, time.monotonic() + wait)
         except KafkaException as e:
             raise SinkError(f"sink '{self.name}': starting transactional producer "
                             f"{self.transactional_id(self.generation)} at {self.params.brokers}: {e.args[0]}") from e
@@ -276,13 +278,15 @@ class KafkaSink(Sink):
         producer = self._producer
         assert producer is not None, "open() first"
         wait = self.params.wait / 1000
+        deadline = time.monotonic() + wait
         try:
             producer.begin_transaction()
             body()
             for what, offset in (("epochs", epoch), ("generation", self.generation)):
-                producer.send_offsets_to_transaction([TopicPartition(self.params.topic, 0, offset)],
-                                                     self._groups(what).consumer_group_metadata(), wait)
-            producer.commit_transaction(wait)
+                send = functools.partial(producer.send_offsets_to_transaction, [TopicPartition(self.params.topic, 0, offset)],
+                                         self._groups(what).consumer_group_metadata())
+                self._patiently(send, deadline)
+            self._patiently(producer.commit_transaction, deadline)
             if self.health.since is not None:
                 self.health.recovered()
         except KafkaException as e:
@@ -299,6 +303,21 @@ class KafkaSink(Sink):
             what = "unreachable" if unreachable(err) else "refused the transaction"
             raise SinkError(f"sink '{self.name}': Kafka brokers {self.params.brokers} {what} (epoch {epoch}, "
                             f"topic {self.params.topic}): {err}") from e
+
+    def _patiently(self, call: Callable[[float], None], deadline: float) -> None:
+        """``call(seconds left)`` again while librdkafka says its error is retriable (a broker that
+        does not answer in time: librdkafka allows calling again) until ``deadline``."""
+        from confluent_kafka import KafkaException
+
+        while True:
+            try:
+                call(max(0.1, deadline - time.monotonic()))
+                return
+            except KafkaException as e:
+                if not e.args[0].retriable() or time.monotonic() >= deadline:
+                    raise
+                self.health.failing(RuntimeError(str(e.args[0])))
+                time.sleep(0.2)
 
     def staged_rows(self, epoch: int) -> int:
         staged = self.collected.get(epoch)

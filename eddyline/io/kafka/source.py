@@ -150,6 +150,39 @@ def share_out(available: dict[str, int], total: int) -> dict[str, int]:
     return take
 
 
+def slice_of(
+    start: int, read: dict[str, int], lows: dict[str, int], ends: dict[str, int], budget: int, per_partition: int | None,
+) -> dict[str, Any]:
+    """An epoch's slice, from what was read (``read``: each partition's next offset, ``topic/p``
+    keys) and what the partitions hold now (their first offsets ``lows`` and ends ``ends``):
+    at most ``per_partition`` offsets of each and ``budget`` in all (see :func:`share_out`). A
+    partition not read before starts at its first offset; one read before whose first offset has
+    moved past where it was (retention) starts there, the offsets in between ``discarded``."""
+    cursor: dict[str, int] = {}
+    available: dict[str, int] = {}
+    discarded = 0
+    for key, low in lows.items():
+        at = read.get(key)
+        if at is None:
+            at = low
+        elif at < low:
+            discarded += low - at
+            at = low
+        cursor[key] = at
+        available[key] = max(0, ends[key] - at)
+    capped = {k: min(n, per_partition) if per_partition else n for k, n in available.items()}
+    take = share_out(capped, budget) if sum(capped.values()) > budget else capped
+    ranges = [[*_split_key(k), cursor[k], cursor[k] + n] for k, n in sorted(take.items()) if n > 0]
+    for k, n in take.items():
+        cursor[k] += n
+    out: dict[str, Any] = {
+        "start": start, "end": max(start, sum(cursor.values())), "ranges": ranges,
+        "cursor": json.dumps(cursor, sort_keys=True), "backlog": sum(available.values()) - sum(take.values()),
+        "lag": {k: available[k] - take[k] for k in sorted(available)},
+    }
+    return {**out, "discarded": discarded} if discarded else out
+
+
 class KafkaSource(Source):
     min_per_task = MIN_PER_TASK
 
@@ -244,36 +277,17 @@ class KafkaSource(Source):
             return topics, marks, read_ends(consumer, begin, self.params.wait / 1000)
 
         _, marks, ends = self._call(look)
-        cursor_out: dict[str, int] = {}
-        available: dict[str, int] = {}
-        discarded = 0
-        for tp, (low, _) in marks.items():
-            key = _key(*tp)
-            if ends[tp] < 0:
-                raise SourceError(f"source '{self.name}': topic {tp[0]} partition {tp[1]} ends before offset "
-                                  f"{read.get(key)}, which this source read up to: the broker lost records it had")
-            at = read.get(key)
-            if at is None:
-                at = low  # a partition not read before: from its first record
-            elif at < low:
-                discarded += low - at  # removed by retention before they were read
-                at = low
-            cursor_out[key] = at
-            available[key] = max(0, ends[tp] - at)
-        total = sum(available.values())
+        lost = [(tp, read.get(_key(*tp))) for tp in marks if ends[tp] < 0]
+        if lost:
+            (topic, part), at = lost[0]
+            raise SourceError(f"source '{self.name}': topic {topic} partition {part} ends before offset {at}, "
+                              "which this source read up to: the broker lost records it had")
         budget = min(self.batch_limit(), cap if cap is not None else 2**62)
-        per = self.params.max_records_per_partition
-        capped = {k: min(n, per) if per else n for k, n in available.items()}
-        take = share_out(capped, budget) if sum(capped.values()) > budget else capped
-        ranges = [[*_split_key(k), cursor_out[k], cursor_out[k] + n] for k, n in sorted(take.items()) if n > 0]
-        for k, n in take.items():
-            cursor_out[k] += n
-        lag = {k: available[k] - take[k] for k in sorted(available)}
-        out: dict[str, Any] = {
-            "start": start, "end": max(start, sum(cursor_out.values())), "ranges": ranges,
-            "cursor": json.dumps(cursor_out, sort_keys=True), "backlog": total - sum(take.values()), "lag": lag,
-        }
-        return {**out, "discarded": discarded} if discarded else out
+        if self.spec.limit is not None:
+            budget = min(budget, max(0, self.spec.limit - start))
+        lows = {_key(*tp): low for tp, (low, _) in marks.items()}
+        return slice_of(start, read, lows, {_key(*tp): end for tp, end in ends.items()}, budget,
+                        self.params.max_records_per_partition)
 
     def committed(self, end: int, cursor: str | None = None) -> None:
         """Commit the offsets the checkpoint reached for the consumer group (see the module)."""

@@ -15,6 +15,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,40 @@ def test_a_sigkill_at_each_stage_in_turn_then_a_restart_writes_each_row_exactly_
     assert {dict(r[4])["eddyline-epoch"] for r in aborted} == {b"4"}
     epoch4 = [r for r in keep if dict(r[4])["eddyline-epoch"] == b"4"]
     assert len(aborted) == len(epoch4) // 2
+
+
+def _wait_for_epochs(progress: Path, n: int, proc: subprocess.Popen, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if progress.exists() and len(progress.read_text().splitlines()) >= n:
+            return
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.1)
+    raise AssertionError(f"no {n} epochs within {timeout_s}s")
+
+
+@pytest.mark.timeout(900)
+def test_a_broker_frozen_longer_than_the_clients_timeouts_delays_the_run_and_loses_nothing(tansu, tmp_path):
+    rows = bids(ROWS)
+    topic, out = topic_name("bids"), topic_name("windows")
+    produce_bids(tansu.bootstrap, topic, rows)
+    spec = tmp_path / "net.yaml"
+    spec.write_text(yaml.safe_dump(network(tansu.bootstrap, topic, out, per_epoch=300)))
+    ckpt = tmp_path / "ckpt"
+    progress = Path(f"{ckpt}.progress.jsonl")
+    proc = eddyline_run(spec, ckpt)
+    try:
+        _wait_for_epochs(progress, 3, proc)
+        tansu.pause()  # SIGSTOP: requests hang past the clients' 5 s request timeout; the run waits (wait: 20s)
+        before = len(progress.read_text().splitlines())
+        time.sleep(8)
+        tansu.resume()
+        _, err = proc.communicate(timeout=600)
+    finally:
+        tansu.resume()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert len(progress.read_text().splitlines()) > before + 2  # the freeze came in the middle of the run
+    records = read_committed(tansu.bootstrap, out)
+    assert windows(records) == reference(rows)  # no transaction was cut: nothing to drop
