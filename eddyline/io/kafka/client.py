@@ -34,6 +34,14 @@ _UNREACHABLE = {
 REQUEST_S = 5.0
 
 
+#: librdkafka's log (see :func:`settings`), kept out of stderr (it logs every refused connection
+#: several times a second, where the source's or sink's status says it once); a handler added
+#: to this logger shows it
+LOG = logging.getLogger("eddyline.kafka")
+LOG.addHandler(logging.NullHandler())
+LOG.propagate = False
+
+
 class KafkaUnreachable(Exception):
     """No broker answered."""
 
@@ -43,7 +51,7 @@ def settings(brokers: str, options: dict[str, str], **extra: Any) -> dict[str, A
     say), then what the source or sink needs (``extra``, which wins)."""
     # librdkafka's own log (each refused connection, every 50 ms) goes to Python's logging, not
     # stderr: the source's and sink's status says what is wrong in one line
-    return {"bootstrap.servers": brokers, "logger": logging.getLogger("eddyline.kafka"), **options, **extra}
+    return {"bootstrap.servers": brokers, "logger": LOG, **options, **extra}
 
 
 def unreachable(error: KafkaError | None) -> bool:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -175,20 +176,7 @@ class KafkaSink(Sink):
 
     def _start(self) -> None:
         """Start this generation's producer and fence the older ones (see the module)."""
-        from confluent_kafka import KafkaException, Producer
-
-        wait = self.params.wait / 1000
-        producer = Producer(self._settings(**{
-            "transactional.id": self.transactional_id(self.generation), "enable.idempotence": True,
-            "partitioner": "murmur2_random", "transaction.timeout.ms": max(60_000, self.params.wait * 2),
-            "linger.ms": 5,
-        }))
-        try:
-            self._patiently(producer.init_transactions, time.monotonic() + wait)
-        except KafkaException as e:
-            raise SinkError(f"sink '{self.name}': starting transactional producer "
-                            f"{self.transactional_id(self.generation)} at {self.params.brokers}: {e.args[0]}") from e
-        self._producer = producer
+        self._producer = self._new_producer(time.monotonic() + self.params.wait / 1000)
         _, recorded = self._marker()
         if recorded > self.generation:
             self._close()
@@ -197,8 +185,25 @@ class KafkaSink(Sink):
             older = range(max(recorded, self.generation - FENCE_BACK, 0), self.generation)
             self._fence_older(older)
             epoch, _ = self._marker()
-            self._transaction(lambda: None, epoch)  # records this generation in the group's metadata
+            self._transaction(lambda: None, epoch, again=True)  # records this generation
             self._fence_older(older)
+
+    def _new_producer(self, deadline: float) -> Producer:
+        """This generation's transactional producer, started (which aborts a transaction an earlier
+        producer of the id left open, and fences that producer)."""
+        from confluent_kafka import KafkaException, Producer
+
+        producer = Producer(self._settings(**{
+            "transactional.id": self.transactional_id(self.generation), "enable.idempotence": True,
+            "partitioner": "murmur2_random", "transaction.timeout.ms": max(60_000, self.params.wait * 2),
+            "linger.ms": 5,
+        }))
+        try:
+            self._patiently(producer.init_transactions, deadline)
+        except (KafkaException, _Stuck) as e:
+            raise SinkError(f"sink '{self.name}': starting transactional producer "
+                            f"{self.transactional_id(self.generation)} at {self.params.brokers}: {e}") from e
+        return producer
 
     def _fence_older(self, generations: range) -> None:
         """Start a producer of each of ``generations``' ids and close it: the broker bumps the
@@ -270,48 +275,78 @@ class KafkaSink(Sink):
         self._transaction(body, epoch)
         self.collected.pop(epoch, None)
 
-    def _transaction(self, body: Callable[[], None], epoch: int) -> None:
+    def _transaction(self, body: Callable[[], None], epoch: int, again: bool = False) -> None:
         """One transaction: ``body``'s records and ``epoch`` as the sink's group offset, under this
-        generation; aborted on an error (Fenced when the broker fenced this producer)."""
-        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+        generation; aborted on an error (Fenced when the broker fenced this producer).
+
+        librdkafka can block for good in a transactional call, its timeout notwithstanding (seen
+        with a transaction open while Tansu was killed and restarted): a call still blocked after
+        its time is left to its thread, and the transaction tried again from the start with a
+        fresh producer of the same id, whose start aborts the stuck one, until ``wait`` has
+        passed. ``again``: try it again even if the sink's group already shows ``epoch`` (a
+        transaction that records no epoch of its own)."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        wait = self.params.wait / 1000
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self._attempt(body, epoch, deadline)
+                break
+            except _Stuck as e:
+                self.health.failing(RuntimeError(str(e)))
+                self._producer = None  # its thread holds it; the new one fences it
+                if time.monotonic() >= deadline:
+                    raise SinkError(f"sink '{self.name}': Kafka brokers {self.params.brokers} did not finish the "
+                                    f"transaction of epoch {epoch} within {wait:.0f}s (wait): {e}") from e
+                self._producer = self._new_producer(deadline)
+                done, recorded = self._marker()
+                if recorded > self.generation:
+                    raise self._fenced(recorded) from e
+                if done >= epoch and not again:
+                    break  # the stuck one committed after all
+            except KafkaException as e:
+                err: KafkaError = e.args[0]
+                if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+                    self._close()
+                    raise self._fenced() from e
+                self.health.failing(RuntimeError(str(err)))
+                if err.txn_requires_abort() and self._producer is not None:
+                    with contextlib.suppress(KafkaException, _Stuck):  # the error above is what to report
+                        _bounded(self._producer.abort_transaction, wait)
+                if err.fatal():
+                    self._close()
+                what = "unreachable" if unreachable(err) else "refused the transaction"
+                raise SinkError(f"sink '{self.name}': Kafka brokers {self.params.brokers} {what} (epoch {epoch}, "
+                                f"topic {self.params.topic}): {err}") from e
+        if self.health.since is not None:
+            self.health.recovered()
+
+    def _attempt(self, body: Callable[[], None], epoch: int, deadline: float) -> None:
+        from confluent_kafka import TopicPartition
 
         producer = self._producer
         assert producer is not None, "open() first"
-        wait = self.params.wait / 1000
-        deadline = time.monotonic() + wait
-        try:
-            producer.begin_transaction()
-            body()
-            for what, offset in (("epochs", epoch), ("generation", self.generation)):
-                send = functools.partial(producer.send_offsets_to_transaction, [TopicPartition(self.params.topic, 0, offset)],
-                                         self._groups(what).consumer_group_metadata())
-                self._patiently(send, deadline)
-            self._patiently(producer.commit_transaction, deadline)
-            if self.health.since is not None:
-                self.health.recovered()
-        except KafkaException as e:
-            err: KafkaError = e.args[0]
-            if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
-                self._close()
-                raise self._fenced() from e
-            self.health.failing(RuntimeError(str(err)))
-            if err.txn_requires_abort():
-                with contextlib.suppress(KafkaException):  # the error above is what to report
-                    producer.abort_transaction(wait)
-            if err.fatal():
-                self._close()
-            what = "unreachable" if unreachable(err) else "refused the transaction"
-            raise SinkError(f"sink '{self.name}': Kafka brokers {self.params.brokers} {what} (epoch {epoch}, "
-                            f"topic {self.params.topic}): {err}") from e
+        producer.begin_transaction()
+        body()
+        for what, offset in (("epochs", epoch), ("generation", self.generation)):
+            send = functools.partial(producer.send_offsets_to_transaction, [TopicPartition(self.params.topic, 0, offset)],
+                                     self._groups(what).consumer_group_metadata())
+            self._patiently(send, deadline)
+        self._patiently(producer.commit_transaction, deadline)
 
     def _patiently(self, call: Callable[[float], None], deadline: float) -> None:
         """``call(seconds left)`` again while librdkafka says its error is retriable (a broker that
-        does not answer in time: librdkafka allows calling again) until ``deadline``."""
+        does not answer in time: librdkafka allows calling again) until ``deadline``;
+        :class:`_Stuck` if a call blocks past its time."""
         from confluent_kafka import KafkaException
 
         while True:
+            # a call at a time gets a request's time, not all that is left: one that blocks for good
+            # is then found while there is time left to try again
+            left = max(0.1, min(REQUEST_S, deadline - time.monotonic()))
             try:
-                call(max(0.1, deadline - time.monotonic()))
+                _bounded(call, left)
                 return
             except KafkaException as e:
                 if not e.args[0].retriable() or time.monotonic() >= deadline:
@@ -322,6 +357,36 @@ class KafkaSink(Sink):
     def staged_rows(self, epoch: int) -> int:
         staged = self.collected.get(epoch)
         return staged.num_rows if staged is not None else 0
+
+
+class _Stuck(Exception):
+    """A librdkafka call still blocked well after its timeout."""
+
+
+#: how long past its own timeout a librdkafka call may block before it counts as stuck
+GRACE_S = 5.0
+
+
+def _bounded(call: Callable[[float], Any], timeout_s: float) -> Any:
+    """``call(timeout_s)`` in a thread of its own, its result or error; :class:`_Stuck` when it
+    has not returned :data:`GRACE_S` after ``timeout_s`` (the thread is left to it)."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = call(timeout_s)
+        except BaseException as e:  # noqa: BLE001 (handed to the caller)
+            out["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True, name="kafka-call")
+    thread.start()
+    thread.join(timeout_s + GRACE_S)
+    if thread.is_alive():
+        name = getattr(getattr(call, "func", call), "__name__", "a call")
+        raise _Stuck(f"{name} blocked past its {timeout_s:.0f}s timeout")
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
 
 
 @SINKS.register
