@@ -97,7 +97,8 @@ def read_ends(consumer: Consumer, start: dict[tuple[str, int], int], timeout_s: 
             if time.monotonic() > deadline:
                 missing = sorted(set(start) - set(ends))[:5]
                 raise KafkaUnreachable(f"no fetch answered for partitions {missing} within {timeout_s:.0f}s")
-            for m in consumer.consume(10_000, timeout=0.2):
+            # a short timeout: consume waits all of it unless 10,000 events came, and the EOFs are few
+            for m in consumer.consume(10_000, timeout=0.02):
                 err = m.error()
                 if err is None:
                     continue

@@ -378,10 +378,13 @@ def _read_range(
     tp = TopicPartition(topic, p, a)
     consumer.assign([tp])
     chunk: list[Any] = []
+    nxt = a  # the offset after the last record yielded
     last_progress = time.monotonic()
     done = a >= b
     while not done:
-        msgs = consumer.consume(CHUNK, timeout=0.5)
+        # librdkafka's consume waits its whole timeout unless the batch fills: ask for no more than
+        # the range still holds, so that the last records do not wait
+        msgs = consumer.consume(max(1, min(CHUNK - len(chunk), b - position(chunk, nxt))), timeout=0.5)
         for m in msgs:
             err = m.error()
             if err is not None:
@@ -403,16 +406,25 @@ def _read_range(
                 break
             chunk.append(m)
             last_progress = time.monotonic()
+            if m.offset() == b - 1:
+                done = True
+                break
         if not done and not msgs:
-            position = consumer.position([TopicPartition(topic, p)])[0].offset
-            done = position >= b
+            at = consumer.position([TopicPartition(topic, p)])[0].offset
+            done = at >= b
             if not done and time.monotonic() - last_progress > max(wait_s, REQUEST_S):
                 raise SourceError(f"source '{source}': Kafka brokers {brokers} gave nothing of topic {topic} "
-                                  f"partition {p} from offset {position} for {wait_s:.0f}s (range [{a}, {b}))")
+                                  f"partition {p} from offset {at} for {wait_s:.0f}s (range [{a}, {b}))")
         if len(chunk) >= CHUNK or (done and chunk):
+            nxt = chunk[-1].offset() + 1
             yield chunk
             chunk = []
     consumer.unassign()
+
+
+def position(chunk: list[Any], first: int) -> int:
+    """The offset after the last record of ``chunk`` (``first`` if it is empty)."""
+    return chunk[-1].offset() + 1 if chunk else first
 
 
 def _decoded(
