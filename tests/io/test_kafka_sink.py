@@ -59,6 +59,8 @@ def test_each_epoch_is_one_transaction_and_a_replay_of_a_committed_epoch_writes_
     again.publish(2)
     assert _values(tansu.bootstrap, topic) == [1, 2, 3, 4]
     assert again.staged_rows(2) == 0  # published: nothing left staged
+    again.close()
+    sink.close()
 
 
 def test_a_zombie_drivers_transaction_is_fenced_by_the_broker(tansu):

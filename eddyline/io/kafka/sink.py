@@ -115,9 +115,18 @@ class KafkaSink(Sink):
         missing = [k for k in self.params.key if k not in schema.fieldNames()]
         if missing:
             raise SinkError(f"sink '{self.name}': key: no column(s) {missing} in its input (columns: {schema.fieldNames()})")
+        self.close()  # opened again: the clients start anew
         self.writer = f"{network}/{checkpoint}"
         self._ensure_topic()
         self._start()
+
+    def close(self) -> None:
+        """Let go of the producer and the groups' consumers (the runtime calls it when a live
+        change moves the sink to another target)."""
+        self._close()
+        for consumer in self._group.values():
+            consumer.close()
+        self._group.clear()
 
     def fence(self, generation: int) -> None:
         renewed = generation != self.generation
