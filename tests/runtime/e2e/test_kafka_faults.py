@@ -52,6 +52,24 @@ def last_attempts(records: list) -> tuple[list, list]:
     return keep, dropped
 
 
+def group_offsets(bootstrap: str, topic: str) -> dict[str, int]:
+    """The source's consumer group's committed offsets (``topic/partition``), where it has any."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "eddyline.bids"})
+    got = c.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=10)
+    c.close()
+    return {f"{tp.topic}/{tp.partition}": tp.offset for tp in got if tp.offset >= 0}
+
+
+def checkpoint_cursor(ckpt: Path) -> dict[str, int]:
+    """The ``bids`` source's cursor in the checkpoint's last commit (none: empty)."""
+    commits = sorted((ckpt / "commits").glob("*.json"))
+    if not commits:
+        return {}
+    return json.loads(json.loads(commits[-1].read_text())["cursors"]["bids"])
+
+
 def windows(records: list) -> list[tuple]:
     from datetime import datetime
 
@@ -71,10 +89,16 @@ def test_a_sigkill_at_each_stage_in_turn_then_a_restart_writes_each_row_exactly_
     spec = tmp_path / "net.yaml"
     spec.write_text(yaml.safe_dump(network(tansu.bootstrap, topic, out, per_epoch=600)))
     ckpt = tmp_path / "ckpt"
+    compared = 0
     for moment in MOMENTS:
         proc = eddyline_run(spec, ckpt, "--crash-at", moment)
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == -signal.SIGKILL, (moment, err[-2000:])
+        # the consumer group's offsets follow the checkpoint's commits, never run ahead of them
+        group, checkpoint = group_offsets(tansu.bootstrap, topic), checkpoint_cursor(ckpt)
+        assert all(group[k] <= checkpoint.get(k, 0) for k in group), (moment, group, checkpoint)
+        compared += bool(group)
+    assert compared >= 4  # the group had offsets to compare after most of the kills
     proc = eddyline_run(spec, ckpt)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
