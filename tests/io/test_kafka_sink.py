@@ -110,3 +110,48 @@ def test_rows_staged_from_a_frame_carry_key_and_revision_fields(spark, tansu):
     sink.publish(1)
     got = sorted((k, json.loads(v)) for _, _, k, v, _ in read_committed(tansu.bootstrap, topic))
     assert got == [(b"a", {"k": "a", "n": 1, "_op": "+", "_diff": 1}), (b"b", {"k": "b", "n": 2, "_op": "-", "_diff": -1})]
+
+
+def test_the_two_drivers_of_a_hot_pair_publish_each_epoch_once_racing_for_it(tansu):
+    """Both drivers of a hot pair publish every epoch at the same moment (the selector's record
+    comes after a publish, so both may get there): each epoch's rows land once, and neither is
+    stopped as fenced though they share the transactional id. Tansu shows a transaction one
+    took from the other (aborted) too: the reader keeps each epoch's last attempt."""
+    import threading
+
+    from ..runtime.e2e.test_kafka_faults import last_attempts
+
+    topic = topic_name("out")
+    pair = []
+    for driver in ("driver-a", "driver-b"):
+        spec = SinkSpec.model_validate({"name": "counts", "input": "x",
+                                        "kafka": {"brokers": tansu.bootstrap, "topic": topic, "wait": "20s"}})
+        sink = KafkaSink(spec)
+        sink.writer = driver  # as the runtime names a pair's drivers, before it opens the sinks
+        sink.fence(3)
+        pair.append(sink)
+    opened = [threading.Thread(target=s.open, args=("net", "group", SCHEMA)) for s in pair]
+    for t in opened:
+        t.start()
+    for t in opened:
+        t.join()
+    errors = []
+
+    def run(sink: KafkaSink) -> None:
+        try:
+            for epoch in range(1, 6):
+                _stage(sink, epoch, [10 * epoch, 10 * epoch + 1])
+                sink.publish(epoch)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in pair]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    keep, _ = last_attempts(read_committed(tansu.bootstrap, topic))
+    assert sorted(json.loads(v)["n"] for *_, v, _ in keep) == sorted(n for e in range(1, 6) for n in (10 * e, 10 * e + 1))
+    for s in pair:
+        s.close()

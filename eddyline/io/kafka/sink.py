@@ -28,6 +28,13 @@ fences those generations once more (one that started its producer meanwhile). A 
 finds a newer generation recorded and stops; one that was open already is refused
 by the broker (``PRODUCER_FENCED``): :class:`~eddyline.errors.Fenced` either way.
 
+A hot pair. Its two drivers write under one generation and share the id (the sink knows the
+pair by the group's id, as every sink does), so each takes the id over with a fresh producer
+before an epoch's transaction (which fences the other's producer and aborts the other's open
+transaction), then looks whether the epoch is in the sink's group already (the other committed it:
+nothing to do). One whose transaction the other took over looks again, after a pause, and takes it
+back if the epoch is still not there.
+
 Brokers without abort filtering. Tansu 0.6.0 keeps the records of aborted transactions visible
 to ``read_committed`` readers (its Fetch responses list no aborted transactions), so on it a
 transaction cut in the middle by a crash or a fence leaves its records behind; on Apache Kafka
@@ -41,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -86,6 +94,8 @@ class KafkaSink(Sink):
         self.health = Health()
         self.writer = ""
         self._producer: Producer | None = None
+        #: the driver's name in a hot pair (the runtime sets ``writer`` to it before opening), or ""
+        self._pair: str | None = None
         self._group: dict[str, Consumer] = {}  # the consumers of the sink's two groups
 
     @property
@@ -116,6 +126,8 @@ class KafkaSink(Sink):
         if missing:
             raise SinkError(f"sink '{self.name}': key: no column(s) {missing} in its input (columns: {schema.fieldNames()})")
         self.close()  # opened again: the clients start anew
+        if self._pair is None:
+            self._pair = self.writer
         self.writer = f"{network}/{checkpoint}"
         self._ensure_topic()
         self._start()
@@ -193,8 +205,14 @@ class KafkaSink(Sink):
         if self.generation:
             older = range(max(recorded, self.generation - FENCE_BACK, 0), self.generation)
             self._fence_older(older)
-            epoch, _ = self._marker()
-            self._transaction(lambda: None, epoch, again=True)  # records this generation
+            for _ in range(PAIR_TRIES):
+                try:
+                    epoch, _ = self._marker()
+                    self._transaction(lambda: None, epoch, again=True)  # records this generation
+                    break
+                except _PartnerClaimed:  # the other driver of a hot pair took the id: take it back
+                    time.sleep(random.uniform(0.2, 1.0))
+                    self._producer = self._new_producer(time.monotonic() + self.params.wait / 1000)
             self._fence_older(older)
 
     def _new_producer(self, deadline: float) -> Producer:
@@ -252,21 +270,10 @@ class KafkaSink(Sink):
         staged = self.collected.get(epoch)
         if staged is None:
             return
-        done, recorded = self._marker()
-        if recorded > self.generation:
-            raise self._fenced(recorded)
-        if done >= epoch:  # committed in Kafka before a crash kept it from the checkpoint
-            self.collected.pop(epoch, None)
-            return
         rows = list(zip(staged.column("k").to_pylist(), staged.column("v").to_pylist(), strict=True))
-        # the attempt tells two tries at one epoch apart where a broker hands aborted records to
-        # read_committed readers (see the module)
-        attempt = os.urandom(6).hex().encode()
-        headers = [("eddyline-epoch", str(epoch).encode()), ("eddyline-writer", self.writer.encode()),
-                   ("eddyline-attempt", attempt)]
         topic = self.params.topic
 
-        def produce(part: list[tuple[str | None, str]]) -> None:
+        def produce(part: list[tuple[str | None, str]], headers: list[tuple[str, bytes]]) -> None:
             assert self._producer is not None
             for key, value in part:
                 self._producer.produce(topic, value.encode(), None if key is None else key.encode(), headers=headers)
@@ -275,14 +282,41 @@ class KafkaSink(Sink):
         half = len(rows) // 2  # two steps, so that a crash test can cut the transaction between them
 
         def body() -> None:
-            produce(rows[:half])
+            # a new attempt each try: it tells two tries at one epoch apart where a broker hands
+            # aborted records to read_committed readers (see the module)
+            headers = [("eddyline-epoch", str(epoch).encode()), ("eddyline-writer", self.writer.encode()),
+                       ("eddyline-attempt", os.urandom(6).hex().encode())]
+            produce(rows[:half], headers)
             assert self._producer is not None
             self._producer.flush(self.params.wait / 1000)
             midway()
-            produce(rows[half:])
+            produce(rows[half:], headers)
 
-        self._transaction(body, epoch)
+        for tries in range(PAIR_TRIES):
+            if self._done(epoch):
+                break
+            try:
+                self._transaction(body, epoch)
+                break
+            except _PartnerClaimed:  # the other driver of a hot pair is publishing: it may finish
+                if tries == PAIR_TRIES - 1:
+                    raise SinkError(f"sink '{self.name}': the two drivers of the hot pair kept taking epoch {epoch}'s "
+                                    "transaction from each other") from None
+                time.sleep(random.uniform(0.2, 1.0))
         self.collected.pop(epoch, None)
+
+    def _done(self, epoch: int) -> bool:
+        """Whether ``epoch``'s transaction committed already (before a crash kept it from the
+        checkpoint, or by the other driver of a hot pair); :class:`Fenced` for a newer generation.
+        A driver of a hot pair first takes the transactional id over with a fresh producer (the
+        two share it: see the module)."""
+        if self._pair:
+            self._close()
+            self._producer = self._new_producer(time.monotonic() + self.params.wait / 1000)
+        done, recorded = self._marker()
+        if recorded > self.generation:
+            raise self._fenced(recorded)
+        return done >= epoch
 
     def _transaction(self, body: Callable[[], None], epoch: int, again: bool = False) -> None:
         """One transaction: ``body``'s records and ``epoch`` as the sink's group offset, under this
@@ -318,6 +352,8 @@ class KafkaSink(Sink):
                 err: KafkaError = e.args[0]
                 if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
                     self._close()
+                    if self._pair and self._marker()[1] <= self.generation:
+                        raise _PartnerClaimed() from e
                     raise self._fenced() from e
                 self.health.failing(RuntimeError(str(err)))
                 if err.txn_requires_abort() and self._producer is not None:
@@ -366,6 +402,14 @@ class KafkaSink(Sink):
     def staged_rows(self, epoch: int) -> int:
         staged = self.collected.get(epoch)
         return staged.num_rows if staged is not None else 0
+
+
+class _PartnerClaimed(Exception):
+    """The other driver of a hot pair started a producer of the shared transactional id."""
+
+
+#: how often a driver of a hot pair takes an epoch's transaction back from the other before it gives up
+PAIR_TRIES = 8
 
 
 class _Stuck(Exception):
