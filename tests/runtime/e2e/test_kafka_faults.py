@@ -193,3 +193,43 @@ def test_a_broker_killed_and_restarted_on_its_log_delays_the_run_and_loses_nothi
     assert len({dict(r[4])["eddyline-epoch"] for r in aborted}) <= 1
     records = [json.loads(line) for line in progress.read_text().splitlines()]
     assert any(s.get("retries", 0) > 0 for r in records for s in r["sources"] + r["sinks"]), "no retry was shown"
+
+
+def test_a_hot_pair_with_a_kafka_sink_publishes_each_window_once_and_the_follower_leads_on(spark, tansu, tmp_path):
+    """The hot pair of test_hot_pair, on a kafka sink, one driver after the other: the leader runs
+    and publishes, the follower runs the same plans with the sink's shared transactional id, finds
+    every epoch published, and takes the lease over at the end: each window once in the topic.
+    (Two drivers racing for an epoch: tests/io/test_kafka_sink.py.)"""
+    from eddyline.api.validate import load_spec
+    from eddyline.runtime import replica
+    from eddyline.runtime.engine import Engine
+    from eddyline.runtime.replica import HotPair
+
+    from .helpers import bids_window_spec, duckdb_windows, write_bid_files
+
+    replica_copy_beyond, replica.COPY_BEYOND = replica.COPY_BEYOND, 100  # (runs every plan)
+    try:
+        write_bid_files(tmp_path / "in", files=4, rows=100, seed=11)
+        raw = bids_window_spec(tmp_path / "in", tmp_path / "unused").model_dump(mode="json", by_alias=True,
+                                                                                exclude_none=True)
+        out = topic_name("pair")
+        raw["sinks"] = [{"name": "out", "input": "per_auction", "kafka": {"brokers": tansu.bootstrap, "topic": out}}]
+        spec = load_spec(raw)
+        group = tmp_path / "group"
+        a = HotPair(str(group), str(tmp_path / "a"), timeout_s=1.0)
+        assert a.lease.try_acquire()
+        led = Engine(spec, spark, str(tmp_path / "a"), lease=a.lease, pair=a).run(until_idle=True)
+        b = HotPair(str(group), str(tmp_path / "b"), timeout_s=1.0)
+        followed = Engine(spec, spark, str(tmp_path / "b"), pair=b).run(until_idle=True)
+        assert followed.last_epoch == led.last_epoch and b.lease.generation == 2
+    finally:
+        replica.COPY_BEYOND = replica_copy_beyond
+    keep, aborted = last_attempts(read_committed(tansu.bootstrap, out))
+    assert not aborted
+    from datetime import datetime
+
+    def ms(text: str) -> int:
+        return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+    got = sorted((v["auction"], ms(v["window_start"]), v["n"], v["total"], v["hi"]) for v in (json.loads(r[3]) for r in keep))
+    assert got == [(a_, ws, n, total, hi) for a_, ws, n, total, hi, _, _ in duckdb_windows(tmp_path / "in")]
