@@ -4,6 +4,7 @@ fixture); confluent-kafka, used plainly, writes the input topics."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -182,3 +183,13 @@ def test_offsets_retention_removed_before_they_were_read_are_discarded_not_skipp
     assert json.loads(planned["cursor"]) == {"t/0": 20, "t/1": 50, "t/2": 4}
     assert planned["end"] == 74 and planned["backlog"] == 0
     assert "discarded" not in slice_of(0, {}, {"t/0": 3}, {"t/0": 3}, 10, None)
+
+
+def test_keys_headers_and_timestamps_are_columns(spark, tansu):
+    topic = create_topic(tansu.bootstrap, topic_name())
+    produce(tansu.bootstrap, topic, _rows(2), partition=0, keys=[b"k0", None], headers=[("trace", b"t-1"), ("v", b"2")])
+    src = _source(tansu.bootstrap, topics=[topic], metadata=["topic", "key", "headers", "timestamp"])
+    rows = sorted(src.frames(spark, src.plan(0, 0.0), 1).data.collect(), key=lambda r: r.id)
+    assert [(r.kafka_topic, r.kafka_key) for r in rows] == [(topic, b"k0"), (topic, None)]
+    assert all(dict(r.kafka_headers) == {"trace": b"t-1", "v": b"2"} for r in rows)
+    assert all(abs(r.kafka_timestamp.timestamp() - time.time()) < 600 for r in rows)  # the producer's time
