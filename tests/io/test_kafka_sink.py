@@ -97,6 +97,10 @@ def test_a_sink_that_cannot_write_says_why(tansu):
         _sink(tansu.bootstrap, topic_name("out"), 0, key=["nope"])
     with pytest.raises(SinkError, match="Kafka brokers 127.0.0.1:1 unreachable"):
         _sink("127.0.0.1:1", topic_name("out"), 0, wait="1s")
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"topic\n.*expected a Kafka topic name .*got 'bad topic'"):
+        SinkSpec.model_validate({"name": "c", "input": "x", "kafka": {"topic": "bad topic"}})
     with pytest.raises(SinkError, match="cannot take back tentative epochs"):
         spec = SinkSpec.model_validate({"name": "c", "input": "x", "kafka": {"brokers": tansu.bootstrap, "topic": "t"}})
         KafkaSink(spec).open("net", "ckpt", SCHEMA, tentative=True)

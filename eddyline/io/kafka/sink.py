@@ -49,13 +49,14 @@ import contextlib
 import functools
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from eddyline.api.sinks import SINKS, SinkSpec
 from eddyline.api.units import Duration, Model
@@ -79,11 +80,18 @@ class KafkaOut(Model):
     """A Kafka topic to write: each row a JSON object, one epoch a transaction."""
 
     brokers: str = Field(default="127.0.0.1:9092", min_length=1)
-    topic: str = Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    topic: str
     key: list[str] = []  # the columns that make a record's key (and so its partition)
     partitions: int = Field(default=1, gt=0)  # for a topic the sink creates
     wait: Duration = Field(default=30_000, gt=0)  # how long a transaction may wait for the brokers
     options: dict[str, str] = {}  # librdkafka settings (security.protocol, sasl.*, ...)
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, topic: str) -> str:
+        if not re.match(r"^[A-Za-z0-9._-]{1,249}$", topic):
+            raise ValueError(f"expected a Kafka topic name (1-249 letters, digits, '.', '_', '-'), got {topic!r}")
+        return topic
 
 
 class KafkaSink(Sink):
