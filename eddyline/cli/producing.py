@@ -1,4 +1,4 @@
-"""``produce``: a built-in generator's rows published to a NATS JetStream stream."""
+"""``produce``: a built-in generator's rows published to a NATS JetStream stream or Kafka topics."""
 
 from __future__ import annotations
 
@@ -12,13 +12,19 @@ from eddyline.errors import EddylineError, SpecError
 
 
 def _target(to: str) -> tuple[str, str]:
-    """``nats://host:port/STREAM`` (or ``tls://host:port/STREAM?ca=…``) → (server URL, stream)."""
+    """``nats://host:port/STREAM`` (or ``tls://host:port/STREAM?ca=…``) → (server URL, stream);
+    ``kafka://host:port[,host:port]/TOPIC`` → (``kafka://`` and the brokers, topic)."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(to)
     stream = parts.path.strip("/")
+    if parts.scheme == "kafka":
+        if not parts.netloc or not stream or "/" in stream:
+            raise SpecError(f"--to: expected kafka://host:port[,host:port]/TOPIC, got {to!r}")
+        return f"kafka://{parts.netloc}", stream
     if parts.scheme not in ("nats", "tls") or not parts.netloc or not stream or "/" in stream:
-        raise SpecError(f"--to: expected nats://host:port/STREAM or tls://host:port/STREAM[?ca=FILE], got {to!r}")
+        raise SpecError(f"--to: expected nats://host:port/STREAM, tls://host:port/STREAM[?ca=FILE] or "
+                        f"kafka://host:port/TOPIC, got {to!r}")
     return f"{parts.scheme}://{parts.netloc}" + (f"?{parts.query}" if parts.query else ""), stream
 
 
@@ -53,8 +59,8 @@ def _yaml_value(text: str) -> object:
 
 def produce(
     what: Annotated[str, typer.Argument(help="the built-in generator: nexmark or generator")],
-    to: Annotated[str, typer.Option(help="nats://host:port/STREAM (created if missing)")],
-    subject: Annotated[str | None, typer.Option(help="subject; nexmark publishes SUBJECT.person/.auction/.bid; default: the stream name in lower case")] = None,
+    to: Annotated[str, typer.Option(help="nats://host:port/STREAM or kafka://host:port/TOPIC (created if missing)")],
+    subject: Annotated[str | None, typer.Option(help="subject; nexmark publishes SUBJECT.person/.auction/.bid; default: the stream name in lower case; Kafka: nexmark writes the topics TOPIC.person/.auction/.bid")] = None,
     only: Annotated[str | None, typer.Option(help="nexmark: which of person,auction,bid")] = None,
     rate: Annotated[float | None, typer.Option(help="offsets (nexmark: events) per second of wall time; default: as fast as possible")] = None,
     events: Annotated[int | None, typer.Option(help="how many offsets to publish; default: until Ctrl-C")] = None,
@@ -62,24 +68,38 @@ def produce(
     set_: Annotated[list[str] | None, typer.Option("--set", help="a generator parameter, key=value (e.g. seed=3)")] = None,
     records_per_message: Annotated[int, typer.Option(
         min=1, help="rows a message, one JSON object a line (a nats source reads them with records: lines)")] = 1,
+    partitions: Annotated[int, typer.Option(min=1, help="Kafka: partitions of a topic it creates")] = 1,
     master: Master = None,
 ) -> None:
     """Publish a built-in generator's rows to a NATS JetStream stream, one JSON object a message
-    (or --records-per-message of them, one a line)."""
+    (or --records-per-message of them, one a line), or to Kafka topics, one JSON object a record."""
     from eddyline.io.produce import produce as run_producer
+    from eddyline.io.produce import produce_kafka
 
     stop = {"now": False}
     signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("now", True))
     try:
         url, stream = _target(to)
-        feeds = _feeds(what, subject or stream.lower(), only, set_ or [])
+        kafka = url.startswith("kafka://")
+        feeds = _feeds(what, subject or (stream if kafka else stream.lower()), only, set_ or [])
         if events is None and rate is None:
             err.print("[dim]no --events: publishing until Ctrl-C[/dim]")
-        reached = run_producer(
-            spark(master), url, stream, feeds, start=start, end=None if events is None else start + events,
-            rate=rate, should_stop=lambda: stop["now"], records_per_message=records_per_message,
-            on_chunk=lambda done, n: err.print(f"[dim]offset {done:,}: {n:,} messages[/dim]"),
-        )
+        end = None if events is None else start + events
+        if kafka:
+            if records_per_message != 1:
+                raise SpecError("--records-per-message: Kafka takes one record a message")
+            reached = produce_kafka(
+                spark(master), url.removeprefix("kafka://"), feeds, start=start, end=end, rate=rate,
+                should_stop=lambda: stop["now"], partitions=partitions,
+                on_chunk=lambda done, n: err.print(f"[dim]offset {done:,}: {n:,} records[/dim]"),
+            )
+        else:
+            reached = run_producer(
+                spark(master), url, stream, feeds, start=start, end=end,
+                rate=rate, should_stop=lambda: stop["now"], records_per_message=records_per_message,
+                on_chunk=lambda done, n: err.print(f"[dim]offset {done:,}: {n:,} messages[/dim]"),
+            )
     except EddylineError as e:
         raise fail(e) from None
-    typer.echo(f"published offsets {start:,}..{reached:,} to stream {stream} at {url}")
+    where = f"topic(s) {', '.join(f.subject for f in feeds)} at {url}" if kafka else f"stream {stream} at {url}"
+    typer.echo(f"published offsets {start:,}..{reached:,} to {where}")

@@ -8,6 +8,7 @@ from eddyline.io import (  # noqa: F401  (each registers its kind)
     files,
     generator,
     jetstream,
+    kafka,
     memory,
     nexmark,
     postgres,

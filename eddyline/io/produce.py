@@ -11,12 +11,16 @@ from the same offset again (a restarted producer) adds nothing within the stream
 de-duplication window. The last message may be short; its id then ends in ``.rows``. A producer
 stopped in the middle (Ctrl-C) sends such a short message, and one started again from the same
 offset sends the full message with that number as well, so the rows of the short one arrive twice.
+
+To Kafka (:func:`produce_kafka`) each feed's rows go to the topic its ``subject`` names, one JSON
+object a record, through an idempotent producer (no duplicates from its own retries); Kafka has
+no de-duplication window, so a producer started again from the same offset sends those rows again.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -62,30 +66,89 @@ def produce(
     far)`` after each chunk. Returns the offset reached."""
     if records_per_message < 1:
         raise ValueError(f"records_per_message: expected at least 1, got {records_per_message}")
-    sources = [(make_source(f.source), f.subject) for f in feeds]
-    published, done, t0 = 0, start, time.monotonic()
-    outs = [_Messages(subject, f"{source.name}/{start}/", records_per_message) for source, subject in sources]
+    published, done = 0, start
+    outs = [_Messages(f.subject, f"{f.source.name}/{start}/", records_per_message) for f in feeds]
     with NatsConnection(url) as conn:
-        ensure_stream(conn, stream, sorted({s for _, s in sources}), duplicate_window_ms=DEDUP_WINDOW_MS)
-        while (end is None or done < end) and not (should_stop is not None and should_stop()):
-            if rate is None:
-                upto = done + UNPACED_CHUNK
-            else:
-                upto = start + int(rate * (time.monotonic() - t0))
-                if upto <= done:
-                    time.sleep(TICK_S)
-                    continue
-            if end is not None:
-                upto = min(upto, end)
-            for (source, _), out in zip(sources, outs, strict=True):
-                df = source.frames(spark, {"start": done, "end": upto}, spark.sparkContext.defaultParallelism).data
-                published += out.send(conn, to_json_column(df).toArrow().column(0).to_pylist())
-            done = upto
+        ensure_stream(conn, stream, sorted({f.subject for f in feeds}), duplicate_window_ms=DEDUP_WINDOW_MS)
+        for done, rows in _chunks(spark, feeds, start, end, rate, should_stop):
+            for out, chunk in zip(outs, rows, strict=True):
+                published += out.send(conn, chunk)
             if on_chunk is not None:
                 on_chunk(done, published)
         for out in outs:
             published += out.send(conn, [], last=True)
     return done
+
+
+def produce_kafka(
+    spark: SparkSession,
+    brokers: str,
+    feeds: list[Feed],
+    *,
+    start: int = 0,
+    end: int | None = None,
+    rate: float | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    on_chunk: Callable[[int, int], None] | None = None,
+    partitions: int = 1,
+) -> int:
+    """:func:`produce` to Kafka: each feed's rows to the topic its ``subject`` names (created with
+    ``partitions`` partitions if missing), one JSON object a record. Returns the offset reached."""
+    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from eddyline.errors import EddylineError
+
+    admin = AdminClient({"bootstrap.servers": brokers})
+    try:
+        have = admin.list_topics(timeout=10).topics
+        missing = sorted({f.subject for f in feeds} - set(have))
+        for future in (admin.create_topics([NewTopic(t, partitions) for t in missing]).values() if missing else []):
+            future.result()
+    except KafkaException as e:
+        raise EddylineError(f"produce: Kafka brokers {brokers}: {e.args[0]}") from e
+    producer = Producer({"bootstrap.servers": brokers, "enable.idempotence": True, "linger.ms": 20})
+    published, done = 0, start
+    for done, rows in _chunks(spark, feeds, start, end, rate, should_stop):
+        for feed, chunk in zip(feeds, rows, strict=True):
+            for row in chunk:
+                while True:
+                    try:
+                        producer.produce(feed.subject, row.encode())
+                        break
+                    except BufferError:  # the producer's queue is full: let it drain
+                        producer.poll(0.1)
+            published += len(chunk)
+        if producer.flush(60) > 0:
+            raise EddylineError(f"produce: Kafka brokers {brokers} did not take the records within 60s")
+        if on_chunk is not None:
+            on_chunk(done, published)
+    return done
+
+
+def _chunks(
+    spark: SparkSession, feeds: list[Feed], start: int, end: int | None, rate: float | None,
+    should_stop: Callable[[], bool] | None,
+) -> Iterator[tuple[int, list[list[str]]]]:
+    """The feeds' rows as JSON text, chunk by chunk: (the offset reached, each feed's rows)."""
+    sources = [make_source(f.source) for f in feeds]
+    done, t0 = start, time.monotonic()
+    while (end is None or done < end) and not (should_stop is not None and should_stop()):
+        if rate is None:
+            upto = done + UNPACED_CHUNK
+        else:
+            upto = start + int(rate * (time.monotonic() - t0))
+            if upto <= done:
+                time.sleep(TICK_S)
+                continue
+        if end is not None:
+            upto = min(upto, end)
+        rows = []
+        for source in sources:
+            df = source.frames(spark, {"start": done, "end": upto}, spark.sparkContext.defaultParallelism).data
+            rows.append(to_json_column(df).toArrow().column(0).to_pylist())
+        done = upto
+        yield done, rows
 
 
 @dataclass

@@ -17,11 +17,12 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
-def to_json_column(df: DataFrame) -> DataFrame:
+def to_json_column(df: DataFrame, also: tuple[str, ...] = ()) -> DataFrame:
     """Each row of ``df`` as one JSON object (column ``v``), timestamps to the microsecond (Spark's
-    default format stops at the millisecond) so that decoding gives back the very same values."""
+    default format stops at the millisecond) so that decoding gives back the very same values.
+    ``also``: SQL expressions over the row selected before ``v`` (a record's key, say)."""
     cols = ", ".join(f"`{c}`" for c in df.columns)
-    return df.selectExpr(f"to_json(struct({cols}), map('timestampFormat', \"{_TIMESTAMP}\")) AS v")
+    return df.selectExpr(*also, f"to_json(struct({cols}), map('timestampFormat', \"{_TIMESTAMP}\")) AS v")
 
 
 _TIMESTAMP = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"

@@ -143,9 +143,11 @@ class Source:
         """A run starts on ``checkpoint`` (its location), where this source's committed end
         offset is ``committed`` (0: none yet): start receiving, into a log in the checkpoint."""
 
-    def committed(self, end: int) -> None:
-        """An epoch committed, with this source's end offset ``end``: offsets before it will not
-        be read again (a log may delete them)."""
+    def committed(self, end: int, cursor: str | None = None) -> None:
+        """An epoch committed, with this source's end offset ``end`` (and ``cursor``, what its
+        plan kept for the next one): offsets before it will not be read again (a log may delete
+        them; a source that reports progress to its server, as ``kafka`` commits its consumer
+        group's offsets, does it here, after the checkpoint's commit)."""
 
     def detach(self) -> None:
         """The run ends (also on an error): stop receiving, release what :meth:`attach` took."""

@@ -249,8 +249,19 @@ def decoded_batch(
     ``_reason``; a record that fits has nulls in these four (only dead letters need them), one
     that does not has nulls in the schema's columns. ``ship``: the schema's columns the batch
     holds (default: all; see :meth:`TextSchema.shipped`)."""
+    return decoded_rows(fmt, where, positions, payloads, schema, ship)[0]
+
+
+def decoded_rows(
+    fmt: Format, where: str, positions: list[int], payloads: list[bytes], schema: TextSchema,
+    ship: tuple[str, ...] | None = None, why: Callable[[int, str], str] | None = None,
+) -> tuple[pa.RecordBatch, list[int]]:
+    """:func:`decoded_batch`, and the payloads' indexes in the order of the batch's rows (those
+    that fit, then the others), for a source that adds columns of its own to each row.
+    ``why(position, reason)``: the reason a dead letter gives (default: ``reason``)."""
     d = decode(fmt, payloads, schema)
-    return _batch(d.rows, schema, where, [(positions[i], payloads[i], reason) for i, reason in d.bad], ship)
+    bad = [(positions[i], payloads[i], why(positions[i], reason) if why else reason) for i, reason in d.bad]
+    return _batch(d.rows, schema, where, bad, ship), d.good + [i for i, _ in d.bad]
 
 
 def _batch(

@@ -21,6 +21,8 @@ name                                    type         from the progress record
 ``eddyline_last_epoch``                 gauge        ``batchId``
 ``eddyline_watermark_seconds``          gauge        ``eventTime.watermark`` (Unix seconds)
 ``eddyline_backlog_rows``               gauge        ``backlog``, label ``source``
+``eddyline_partition_lag``              gauge        ``sources[].lag`` (kafka): offsets a partition holds
+                                                     beyond what was read, ``source``, ``partition``
 ``eddyline_state_rows``                 gauge        ``stateOperators[].numRowsTotal``, ``step``
 ``eddyline_state_bytes``                gauge        ``stateOperators[].memoryUsedBytes``, ``step``
 ``eddyline_lanes``                      gauge        ``routing.<step>.lanes``
@@ -67,6 +69,8 @@ class Metrics:
         self.last_epoch = Gauge("eddyline_last_epoch", "The last epoch reported", registry=r)
         self.watermark = Gauge("eddyline_watermark_seconds", "The smallest watermark (Unix seconds)", registry=r)
         self.backlog = Gauge("eddyline_backlog_rows", "Input not read yet, per source", ["source"], registry=r)
+        self.lag = Gauge("eddyline_partition_lag", "Offsets a partition holds beyond what was read (topic/partition)",
+                         ["source", "partition"], registry=r)
         self.state_rows = Gauge("eddyline_state_rows", "State rows per stateful step", ["step"], registry=r)
         self.state_bytes = Gauge("eddyline_state_bytes", "State bytes per stateful step", ["step"], registry=r)
         self.lanes = Gauge("eddyline_lanes", "Lanes per stateful step", ["step"], registry=r)
@@ -103,6 +107,8 @@ class Metrics:
             self.source_rows.labels(s["description"]).inc(s.get("numInputRows", 0))
             if s.get("discarded"):
                 self.discarded.labels(s["description"]).inc(s["discarded"])
+            for partition, lag in (s.get("lag") or {}).items():
+                self.lag.labels(s["description"], partition).set(lag)
         for source, rows in (record.get("backlog") or {}).items():
             self.backlog.labels(source).set(rows)
         for s in record.get("sinks", []):

@@ -3,6 +3,7 @@ message or several a message, and read back by the ``nats`` source."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -71,3 +72,23 @@ def test_a_stopped_producer_sends_its_short_last_message_and_a_restart_sends_tho
     rows = [line for _, p, _ in read_stream(nats_server.url, stream) for line in p.split(b"\n")]
     bids = _bids(spark)
     assert len(rows) == len(bids) + 3 and len(set(rows)) == len(bids)
+
+
+def test_nexmark_bids_produced_to_a_kafka_topic_are_read_back_by_the_kafka_source(spark, tansu):
+    from eddyline.cli.producing import _target
+    from eddyline.errors import SpecError
+    from eddyline.io.kafka import KafkaSource
+    from eddyline.io.produce import produce_kafka
+
+    topic = f"bids-{uuid.uuid4().hex[:8]}"
+    assert _target(f"kafka://{tansu.bootstrap}/{topic}") == (f"kafka://{tansu.bootstrap}", topic)
+    with pytest.raises(SpecError, match="expected kafka://host:port"):
+        _target("kafka://host:9092/")
+    feeds = [Feed(SourceSpec.model_validate({"name": "bid", "nexmark": BID}), topic)]
+    assert produce_kafka(spark, tansu.bootstrap, feeds, end=EVENTS, partitions=2) == EVENTS
+    source = KafkaSource(SourceSpec.model_validate({"name": "bids", "kafka": {
+        "brokers": tansu.bootstrap, "topics": [topic], "schema": nexmark_schema("bid")}}))
+    planned = source.plan(0, 0.0)
+    assert sorted(json.loads(planned["cursor"])) == [f"{topic}/0", f"{topic}/1"]  # made with two partitions
+    got = source.frames(spark, planned, 2).data.toArrow().to_pylist()
+    assert sorted(got, key=lambda r: (r["date_time"], r["auction"], r["bidder"], r["price"])) == _bids(spark)

@@ -118,6 +118,8 @@ def test_sources_and_sinks_show_their_servers_health() -> None:
     earlier["sources"][0]["discarded"] = 20
     r["sources"][0]["discarded"] = 5
     assert "25 discarded by the stream before they were read" in views.io_html([earlier, r])
+    r["sources"][0]["lag"] = {"t/0": 0, "t/1": 900, "t/2": 300, "t/3": 5, "t/4": 1}
+    assert "(t/1 900, t/2 300, t/3 5, 1 more)" in views.io_html([r])  # the partitions lagging most
 
 
 def test_the_shedding_section_shows_keep_fractions_quality_and_the_lps_utility() -> None:

@@ -12,7 +12,8 @@ def record(epoch: int, rows: int, ms: float, busy: list[float], decisions: list[
     return {
         "batchId": epoch, "numInputRows": rows, "deadLetters": epoch % 2, "lateRows": 3,
         "durationMs": {"triggerExecution": ms}, "eventTime": {"watermark": "2026-01-01T00:00:05.000Z"},
-        "sources": [{"description": "bids", "numInputRows": rows, **({"discarded": 7} if epoch == 2 else {})}],
+        "sources": [{"description": "bids", "numInputRows": rows, **({"discarded": 7} if epoch == 2 else {}),
+                     "lag": {"bids/0": 10 * epoch, "bids/1": 0}}],
         "backlog": {"bids": 100 * epoch},
         "sinks": [{"description": "out", "numOutputRows": rows // 10}],
         "stateOperators": [{"operatorName": "agg", "numRowsTotal": 50 * epoch, "memoryUsedBytes": 4096 * epoch}],
@@ -59,6 +60,7 @@ def test_metrics_follow_the_records() -> None:
     assert s[("eddyline_epoch_duration_seconds_bucket", (("le", "0.5"),))] == 2
     # gauges: the last epoch's values
     assert s[("eddyline_last_epoch", ())] == 3 and s[("eddyline_backlog_rows", (("source", "bids"),))] == 300
+    assert s[("eddyline_partition_lag", (("partition", "bids/0"), ("source", "bids")))] == 30
     assert s[("eddyline_watermark_seconds", ())] == 1767225605.0
     assert s[("eddyline_state_rows", (("step", "agg"),))] == 150 and s[("eddyline_state_bytes", (("step", "agg"),))] == 3 * 4096
     assert s[("eddyline_lanes", (("step", "agg"),))] == 2

@@ -336,6 +336,15 @@ def _pct(ratio: float | None) -> str:
     return "-" if ratio is None else f"{100 * ratio:.2f} %"
 
 
+def _lag(lag: dict[str, int] | None, shown: int = 3) -> str:
+    """A partitioned source's most lagging partitions (kafka: ``topic/partition``), if any lag."""
+    behind = sorted(((n, part) for part, n in (lag or {}).items() if n > 0), reverse=True)
+    if not behind:
+        return ""
+    more = f", {len(behind) - shown} more" if len(behind) > shown else ""
+    return f' <span class="dim">({", ".join(f"{_e(part)} {_human(n)}" for n, part in behind[:shown])}{more})</span>'
+
+
 def io_html(records: list[dict[str, Any]]) -> str:
     if not records:
         return '<p class="dim">no epochs yet</p>'
@@ -353,7 +362,7 @@ def io_html(records: list[dict[str, Any]]) -> str:
         gone = discarded.get(s["description"], 0)
         lost = f'; <span class="error">{gone:,} discarded by the stream before they were read</span>' if gone else ""
         rows.append(f'<tr><td>source</td><td>{_e(s["description"])}</td><td>{_human(s.get("numInputRows", 0))}</td>'
-                    f'<td>{_human(s.get("backlog", 0))}</td><td>{_e(status(s))}{lost}</td></tr>')
+                    f'<td>{_human(s.get("backlog", 0))}{_lag(s.get("lag"))}</td><td>{_e(status(s))}{lost}</td></tr>')
     for s in last.get("sinks", []):
         rows.append(f'<tr><td>sink</td><td>{_e(s["description"])}</td><td>{_human(s.get("numOutputRows", 0))}</td>'
                     f'<td></td><td>{_e(status(s))}</td></tr>')

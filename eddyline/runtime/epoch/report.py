@@ -89,6 +89,7 @@ def report(
                 "numInputRows": int(staged.observed.get(f"source:{n}", {}).get("rows") or 0),
                 **({"backlog": s.get("backlog", 0), **status[n]} if n in status else {}),
                 **({"discarded": s["discarded"]} if s.get("discarded") else {}),
+                **({"lag": s["lag"]} if s.get("lag") else {}),  # per partition (kafka)
             }
             for n, s in plan.sources.items()
         ],

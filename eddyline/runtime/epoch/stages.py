@@ -112,7 +112,7 @@ def run_stages(parts: Parts, plan: EpochPlan, last: EpochCommit | None, replayed
     # re-reads from the last stable commit (eddyline.ha.dpc)
     stable = done if not done.tentative else parts.ckpt.read_commit(done.stable) if done.stable else None
     for name, source in parts.sources.items():
-        source.committed(stable.source_ends.get(name, 0) if stable else 0)
+        source.committed(stable.source_ends.get(name, 0) if stable else 0, stable.cursors.get(name) if stable else None)
     t_commit = time.monotonic()
     if plan.epoch % parts.retain_epochs == 0 or parts.spec.history_bytes is not None:  # a cap: every epoch
         parts.cleanups.start(parts.cleanup, plan.epoch)

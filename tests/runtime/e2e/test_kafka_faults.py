@@ -1,0 +1,235 @@
+"""Exactly once from Kafka to Kafka through SIGKILLs: ``eddyline run`` reading bids from a topic
+of a real Kafka-protocol broker (Tansu) and writing windowed counts to another topic is killed
+at every stage of an epoch in turn, including in the middle of the sink's transaction, each
+restart killed one epoch later, then run to the end. A ``read_committed`` reader then sees
+exactly the rows of DuckDB's reference.
+
+Tansu hands the records of aborted transactions to ``read_committed`` readers (docs/perf-notes.md),
+so the transaction cut by the kill in the middle of the publish stays visible there; the reader
+drops it by the sink's ``eddyline-attempt`` header (of each epoch, the last attempt only) and
+the test checks that it is the only thing dropped."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ...io.test_kafka_network import bids, network, produce_bids, reference
+from ...kafkaref import read_committed, topic_name
+
+pytestmark = pytest.mark.slow
+
+ROWS = 6_000
+#: where the runs are killed, in turn: epoch:moment, one epoch after the run before
+MOMENTS = ["1:after_plan", "2:in_task", "3:after_stage", "4:mid_publish", "5:after_publish", "6:mid_commit",
+           "7:after_commit"]
+
+
+def eddyline_run(spec: Path, ckpt: Path, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec), "--checkpoint", str(ckpt), "--until-idle",
+           "--no-live", "--master", "local[2]", "--progress-json", f"{ckpt}.progress.jsonl", *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def last_attempts(records: list) -> tuple[list, list]:
+    """``records`` split into those of each epoch's last attempt and the others (earlier,
+    aborted attempts), the order of attempts being the order of their records' offsets."""
+    last: dict[bytes, bytes] = {}
+    for _, _, _, _, headers in sorted(records, key=lambda r: r[1]):  # offsets grow with time in each partition
+        h = dict(headers)
+        last[h["eddyline-epoch"]] = h["eddyline-attempt"]
+    keep, dropped = [], []
+    for r in records:
+        h = dict(r[4])
+        (keep if last[h["eddyline-epoch"]] == h["eddyline-attempt"] else dropped).append(r)
+    return keep, dropped
+
+
+def group_offsets(bootstrap: str, topic: str) -> dict[str, int]:
+    """The source's consumer group's committed offsets (``topic/partition``), where it has any."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "eddyline.bids"})
+    got = c.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=10)
+    c.close()
+    return {f"{tp.topic}/{tp.partition}": tp.offset for tp in got if tp.offset >= 0}
+
+
+def checkpoint_cursor(ckpt: Path) -> dict[str, int]:
+    """The ``bids`` source's cursor in the checkpoint's last commit (none: empty)."""
+    commits = sorted((ckpt / "commits").glob("*.json"))
+    if not commits:
+        return {}
+    return json.loads(json.loads(commits[-1].read_text())["cursors"]["bids"])
+
+
+def windows(records: list) -> list[tuple]:
+    from datetime import datetime
+
+    got = []
+    for r in records:
+        v = json.loads(r[3])
+        start = datetime.fromisoformat(v["window_start"].replace("Z", "+00:00"))
+        got.append((v["auction"], int(start.timestamp() * 1000), v["n"], v["top"]))
+    return sorted(got)
+
+
+@pytest.mark.timeout(1800)
+def test_a_sigkill_at_each_stage_in_turn_then_a_restart_writes_each_row_exactly_once(tansu, tmp_path):
+    rows = bids(ROWS)
+    topic, out = topic_name("bids"), topic_name("windows")
+    produce_bids(tansu.bootstrap, topic, rows)
+    spec = tmp_path / "net.yaml"
+    spec.write_text(yaml.safe_dump(network(tansu.bootstrap, topic, out, per_epoch=600)))
+    ckpt = tmp_path / "ckpt"
+    compared = 0
+    for moment in MOMENTS:
+        proc = eddyline_run(spec, ckpt, "--crash-at", moment)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == -signal.SIGKILL, (moment, err[-2000:])
+        # the consumer group's offsets follow the checkpoint's commits, never run ahead of them
+        group, checkpoint = group_offsets(tansu.bootstrap, topic), checkpoint_cursor(ckpt)
+        assert all(group[k] <= checkpoint.get(k, 0) for k in group), (moment, group, checkpoint)
+        compared += bool(group)
+    assert compared >= 4  # the group had offsets to compare after most of the kills
+    proc = eddyline_run(spec, ckpt)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    records = read_committed(tansu.bootstrap, out)
+    keep, aborted = last_attempts(records)
+    assert windows(keep) == reference(rows)
+    # what was dropped is the transaction the kill cut in the middle of epoch 4's publish, and it
+    # was the first half of that epoch's records (the sink flushes half, then the kill)
+    assert {dict(r[4])["eddyline-epoch"] for r in aborted} == {b"4"}
+    epoch4 = [r for r in keep if dict(r[4])["eddyline-epoch"] == b"4"]
+    assert len(aborted) == len(epoch4) // 2
+
+
+def _wait_for_epochs(progress: Path, n: int, proc: subprocess.Popen, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if progress.exists() and len(progress.read_text().splitlines()) >= n:
+            return
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.1)
+    raise AssertionError(f"no {n} epochs within {timeout_s}s")
+
+
+@pytest.mark.timeout(900)
+def test_a_broker_frozen_longer_than_the_clients_timeouts_delays_the_run_and_loses_nothing(tansu, tmp_path):
+    rows = bids(ROWS)
+    topic, out = topic_name("bids"), topic_name("windows")
+    produce_bids(tansu.bootstrap, topic, rows)
+    spec = tmp_path / "net.yaml"
+    spec.write_text(yaml.safe_dump(network(tansu.bootstrap, topic, out, per_epoch=300)))
+    ckpt = tmp_path / "ckpt"
+    progress = Path(f"{ckpt}.progress.jsonl")
+    proc = eddyline_run(spec, ckpt)
+    try:
+        _wait_for_epochs(progress, 3, proc)
+        tansu.pause()  # SIGSTOP: requests hang past the clients' 5 s request timeout; the run waits (wait: 20s)
+        before = len(progress.read_text().splitlines())
+        time.sleep(8)
+        tansu.resume()
+        _, err = proc.communicate(timeout=600)
+    finally:
+        tansu.resume()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert len(progress.read_text().splitlines()) > before + 2  # the freeze came in the middle of the run
+    records = read_committed(tansu.bootstrap, out)
+    assert windows(records) == reference(rows)  # no transaction was cut: nothing to drop
+
+
+@pytest.fixture
+def tansu_on_s3(s3):
+    """A Tansu broker whose log is on the S3-compatible server, so that it survives a kill."""
+    from eddyline.io.local import LocalTansu
+
+    s3.bucket("tansu-log")
+    env = {"AWS_ENDPOINT": s3.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_DEFAULT_REGION": "us-east-1"}
+    broker = LocalTansu(storage="s3://tansu-log/", env=env).start()
+    yield broker
+    broker.stop()
+
+
+@pytest.mark.timeout(900)
+def test_a_broker_killed_and_restarted_on_its_log_delays_the_run_and_loses_nothing(tansu_on_s3, tmp_path):
+    broker = tansu_on_s3
+    rows = bids(ROWS)
+    topic, out = topic_name("bids"), topic_name("windows")
+    produce_bids(broker.bootstrap, topic, rows)
+    spec = tmp_path / "net.yaml"
+    spec.write_text(yaml.safe_dump(network(broker.bootstrap, topic, out, per_epoch=300)))
+    ckpt = tmp_path / "ckpt"
+    progress = Path(f"{ckpt}.progress.jsonl")
+    proc = eddyline_run(spec, ckpt)
+    try:
+        _wait_for_epochs(progress, 3, proc)
+        broker.kill()  # SIGKILL: connections refused until it is back on the same port and log
+        before = len(progress.read_text().splitlines())
+        time.sleep(3)
+        broker.start()
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if broker.proc is None:
+            broker.start()
+    assert proc.returncode == 0, err[-3000:]
+    assert len(progress.read_text().splitlines()) > before + 2
+    keep, aborted = last_attempts(read_committed(broker.bootstrap, out))
+    assert windows(keep) == reference(rows)
+    # a transaction the kill cut (if it came in the middle of one) was aborted, and only that one:
+    # Tansu leaves its records visible
+    assert len({dict(r[4])["eddyline-epoch"] for r in aborted}) <= 1
+    records = [json.loads(line) for line in progress.read_text().splitlines()]
+    assert any(s.get("retries", 0) > 0 for r in records for s in r["sources"] + r["sinks"]), "no retry was shown"
+
+
+def test_a_hot_pair_with_a_kafka_sink_publishes_each_window_once_and_the_follower_leads_on(spark, tansu, tmp_path):
+    """The hot pair of test_hot_pair, on a kafka sink, one driver after the other: the leader runs
+    and publishes, the follower runs the same plans with the sink's shared transactional id, finds
+    every epoch published, and takes the lease over at the end: each window once in the topic.
+    (Two drivers racing for an epoch: tests/io/test_kafka_sink.py.)"""
+    from eddyline.api.validate import load_spec
+    from eddyline.runtime import replica
+    from eddyline.runtime.engine import Engine
+    from eddyline.runtime.replica import HotPair
+
+    from .helpers import bids_window_spec, duckdb_windows, write_bid_files
+
+    replica_copy_beyond, replica.COPY_BEYOND = replica.COPY_BEYOND, 100  # (runs every plan)
+    try:
+        write_bid_files(tmp_path / "in", files=4, rows=100, seed=11)
+        raw = bids_window_spec(tmp_path / "in", tmp_path / "unused").model_dump(mode="json", by_alias=True,
+                                                                                exclude_none=True)
+        out = topic_name("pair")
+        raw["sinks"] = [{"name": "out", "input": "per_auction", "kafka": {"brokers": tansu.bootstrap, "topic": out}}]
+        spec = load_spec(raw)
+        group = tmp_path / "group"
+        a = HotPair(str(group), str(tmp_path / "a"), timeout_s=1.0)
+        assert a.lease.try_acquire()
+        led = Engine(spec, spark, str(tmp_path / "a"), lease=a.lease, pair=a).run(until_idle=True)
+        b = HotPair(str(group), str(tmp_path / "b"), timeout_s=1.0)
+        followed = Engine(spec, spark, str(tmp_path / "b"), pair=b).run(until_idle=True)
+        assert followed.last_epoch == led.last_epoch and b.lease.generation == 2
+    finally:
+        replica.COPY_BEYOND = replica_copy_beyond
+    keep, aborted = last_attempts(read_committed(tansu.bootstrap, out))
+    assert not aborted
+    from datetime import datetime
+
+    def ms(text: str) -> int:
+        return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+    got = sorted((v["auction"], ms(v["window_start"]), v["n"], v["total"], v["hi"]) for v in (json.loads(r[3]) for r in keep))
+    assert got == [(a_, ws, n, total, hi) for a_, ws, n, total, hi, _, _ in duckdb_windows(tmp_path / "in")]
