@@ -35,7 +35,28 @@ def nats_server_binary() -> str:
     return found
 
 
-class LocalNats:
+class _ServerProcess:
+    """A local server's process, which fault tests freeze, thaw and kill."""
+
+    proc: subprocess.Popen[bytes] | None = None
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+class LocalNats(_ServerProcess):
     """``nats-server -js`` on 127.0.0.1 and a free port, storing streams under ``directory``
     (a temporary one by default). It can be paused (SIGSTOP), killed and started again on the
     same port and store, which is what the fault tests do to it."""
@@ -63,20 +84,7 @@ class LocalNats:
         _wait_for_port(self.port, self.proc, "nats-server")
         return self
 
-    def pause(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
 
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -112,7 +120,7 @@ def tansu_binary() -> str:
     return found
 
 
-class LocalTansu:
+class LocalTansu(_ServerProcess):
     """A Tansu broker (the Kafka protocol) on 127.0.0.1 and a free port. Its storage is
     ``memory://`` unless ``storage`` says otherwise (``s3://bucket/`` keeps the log across a
     restart); memory storage loses every topic when the broker stops. It can be paused
@@ -138,13 +146,6 @@ class LocalTansu:
         _wait_for_port(self.port, self.proc, "tansu")
         return self
 
-    def pause(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -157,12 +158,6 @@ class LocalTansu:
                 self.proc.wait()
         self.proc = None
 
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
 
     def __enter__(self) -> LocalTansu:
         return self.start()
