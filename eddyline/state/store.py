@@ -66,6 +66,8 @@ class StateCache:
             return entry[1]
 
     def put(self, key: tuple[str, str, int], tip: tuple, table: pa.Table) -> None:
+        if self.budget <= 0:  # holds nothing (a resident lane keeps its state itself): not even a
+            return            # table's size is worth working out, a slice's costs a walk of its buffers
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
