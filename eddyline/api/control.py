@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from eddyline.api.units import ByteSize, Files, Model
+from eddyline.api.units import ByteSize, Duration, Files, Model
 
 
 class Balance(Model):
@@ -136,6 +136,22 @@ class Overload(Model):
     probe_rows: int = Field(default=10_000, gt=0)
 
 
+class CatchUp(Model):
+    """Epochs sized by the backlog (:mod:`eddyline.control.catchup`): a source without a
+    per-epoch cap of its own takes what is waiting when that fits one epoch; further behind, an
+    epoch takes what the fitted cost model says fits ``target`` (and a sink's latency bound),
+    at most ``max_rows``, growing at most ``growth`` times an epoch from ``first_rows``."""
+
+    #: how long an epoch that catches up may take (the latency it adds to its results)
+    target: Duration = Field(default=2_000, gt=0)
+    #: the most source rows one epoch reads (what it holds in memory at once)
+    max_rows: int = Field(default=2_000_000, gt=0)
+    #: what the first epoch that is behind takes, before any epoch was measured
+    first_rows: int = Field(default=100_000, gt=0)
+    #: an epoch takes at most this many times what the last one read within the target
+    growth: float = Field(default=4.0, ge=1.0)
+
+
 class Control(Model):
     """How the running query is kept balanced and sized (see ``eddyline.control``)."""
 
@@ -153,6 +169,9 @@ class Control(Model):
     chaos: Chaos | None = None
     rewrite: Rewrite | None = None
     overload: Overload | None = None
+    #: Epochs sized by the backlog; ``null`` turns it off (a source without a cap of its own then
+    #: takes everything that is waiting in one epoch).
+    catch_up: CatchUp | None = CatchUp()
     #: Memory budget for one lane's state; state beyond it stays on disk and is processed in
     #: slices of key groups that fit.
     state_budget: ByteSize | None = Field(default=None, gt=0)

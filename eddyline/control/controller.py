@@ -10,6 +10,7 @@ from the commit (or the plan being replayed) when a driver starts."""
 from __future__ import annotations
 
 from eddyline.api.network import NetworkSpec
+from eddyline.control.catchup import CatchUpSizer
 from eddyline.control.manager import DistributionManager
 from eddyline.control.overload import OverloadController
 from eddyline.control.state import ControllerState
@@ -20,6 +21,12 @@ class Controller:
         self.spec = spec
         self.manager = DistributionManager(spec, max_lanes=max_lanes)
         self.overload = OverloadController(spec) if spec.control.overload is not None else None
+        self.catch_up = self._sizer(spec)
+
+    @staticmethod
+    def _sizer(spec: NetworkSpec) -> CatchUpSizer | None:
+        cfg = spec.control.catch_up
+        return None if cfg is None else CatchUpSizer(cfg, float(spec.latency_bound) if spec.latency_bound else None)
 
     @property
     def lanes_cap(self) -> int:
@@ -33,6 +40,10 @@ class Controller:
         self.manager.reconfigure(spec)
         if self.overload is not None and spec.control.overload is not None:
             self.overload.spec, self.overload.cfg = spec, spec.control.overload
+        sizer = self._sizer(spec)
+        if sizer is not None and self.catch_up is not None:
+            sizer.history = self.catch_up.history
+        self.catch_up = sizer
 
     def snapshot(self, statistics: bool = True) -> ControllerState:
         """The whole state, as data (copies: it does not change as the controller goes on).
@@ -44,6 +55,7 @@ class Controller:
         return ControllerState(
             manager=self.manager.state(statistics),
             overload=self.overload.state() if self.overload is not None and statistics else None,
+            catch_up=self.catch_up.state() if self.catch_up is not None and statistics else None,
         )
 
     def restore(self, state: ControllerState) -> None:
@@ -51,3 +63,5 @@ class Controller:
         self.manager.restore(state.manager)
         if self.overload is not None and state.overload is not None:
             self.overload.restore(state.overload)
+        if self.catch_up is not None and state.catch_up is not None:
+            self.catch_up.restore(state.catch_up)

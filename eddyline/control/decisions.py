@@ -2,7 +2,8 @@
 with why (the statistics), what it expected and, a few epochs later, what was measured.
 
 The kinds are typed; in JSON (plans, progress records) a kind is its plain string value, as
-before: ``placement``, ``rescale``, ``balance``, ``spread``, ``chaos``, ``overload``, ``rewrite``.
+before: ``placement``, ``rescale``, ``balance``, ``spread``, ``chaos``, ``overload``, ``rewrite``,
+``catch_up``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class DecisionKind(StrEnum):
     CHAOS = "chaos"
     OVERLOAD = "overload"  # made by the overload controller, logged beside the routing decisions
     REWRITE = "rewrite"  # a rule rewrote the network (eddyline.kinds.rewrite)
+    CATCH_UP = "catch_up"  # an epoch sized by the backlog (eddyline.control.catchup)
 
 
 @dataclass

@@ -129,6 +129,24 @@ class OverloadState(_Data):
     model_check: dict[str, Any] | None = None
 
 
+# ---------------------------------------------------------------------- epochs sized by the backlog
+class TakenRecord(_Data):
+    """One :class:`~eddyline.control.catchup.Taken` (what one epoch read)."""
+
+    epoch: int
+    duration_ms: Number
+    rows: dict[str, Number]
+    offsets: dict[str, Number]
+    bytes: dict[str, Number] = {}
+
+
+class CatchUpState(_Data):
+    """The backlog sizer's (:class:`~eddyline.control.catchup.CatchUpSizer`): the epochs its
+    model is fitted to, oldest first."""
+
+    history: list[TakenRecord] = []
+
+
 # ---------------------------------------------------------------------- the whole
 class ControllerState(_Data):
     """Everything the control plane needs to continue after a restart as if there was none."""
@@ -137,6 +155,8 @@ class ControllerState(_Data):
     manager: ManagerState = ManagerState()
     #: when the network has ``control.overload``
     overload: OverloadState | None = None
+    #: when the network has ``control.catch_up``
+    catch_up: CatchUpState | None = None
 
 
 def fields_plain(obj: Any) -> dict[str, Any]:

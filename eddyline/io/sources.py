@@ -163,6 +163,11 @@ class Source:
     def batch_limit(self) -> int:
         return self.spec.max_rows_per_epoch or DEFAULT_UNPACED_BATCH
 
+    def capped(self) -> bool:
+        """Whether the spec bounds what one epoch takes of this source; if not, the backlog sizes
+        its epochs (:mod:`eddyline.control.catchup`)."""
+        return self.spec.max_rows_per_epoch is not None
+
     def peek(self, planned: dict[str, Any], columns: tuple[str, ...]) -> Any:
         """``columns`` of the planned slice as an Arrow table, read in the driver before the epoch
         runs, or None when this source cannot do that cheaply (the balancer's look-ahead)."""

@@ -166,6 +166,9 @@ class FilesSource(Source):
     def batch_limit(self) -> int:
         return self.spec.max_rows_per_epoch or self.params.max_files_per_epoch or 2**62
 
+    def capped(self) -> bool:
+        return super().capped() or self.params.max_files_per_epoch is not None
+
     def peek(self, planned: dict[str, Any], columns: tuple[str, ...]) -> Any:
         """Parquet files without a declared schema: the key columns of the slice's files, read
         with pyarrow (a few ms for a few hundred thousand keys). Anything unreadable: None, and
@@ -210,7 +213,8 @@ class FilesSource(Source):
                 f"{cursor!r}, which was already read; files must arrive in name order "
                 "(e.g. names that start with a timestamp or a sequence number)"
             )
-        take = pending[: self.batch_limit()]  # files: admission control does not cut inside files
+        # whole files: a cap (the backlog's sizing) counts files, nothing cuts inside one
+        take = pending[: min(self.batch_limit(), cap if cap is not None else 2**62)]
         return {"start": start, "end": start + len(take), "files": take, "sizes": [listing[n] for n in take],
                 "cursor": take[-1] if take else cursor, "backlog": len(pending) - len(take)}
 

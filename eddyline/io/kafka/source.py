@@ -196,6 +196,9 @@ class KafkaSource(Source):
     def params(self) -> KafkaIn:
         return self.spec.params
 
+    def capped(self) -> bool:
+        return super().capped() or self.params.max_records_per_partition is not None
+
     @property
     def group(self) -> str:
         return self.params.group or f"eddyline.{self.name}"

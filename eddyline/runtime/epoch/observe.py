@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eddyline.api.network import NetworkSpec
+from eddyline.control.catchup import Taken
 from eddyline.control.controller import Controller
 from eddyline.control.overload import EpochCost
 from eddyline.runtime.epoch.records import EpochPlan, Folded, Staged
@@ -52,10 +53,14 @@ def observe(
     overload model leaves out). Returns what was shed, when overload control is on."""
     for name, load in folded.loads.items():
         controller.manager.observe(name, load)
+    read = {n.name: int(staged.observed.get(f"source:{n.name}", {}).get("rows") or 0) for n in spec.sources}
+    if controller.catch_up is not None:
+        controller.catch_up.observe(Taken(
+            plan.epoch, duration_ms, read, {n: s["end"] - s["start"] for n, s in plan.sources.items()},
+            {n: sum(s["sizes"]) for n, s in plan.sources.items() if "sizes" in s}), cold=cold)
     if controller.overload is None:
         return None
     shed = shedding(spec, staged)
-    read = {n.name: int(staged.observed.get(f"source:{n.name}", {}).get("rows") or 0) for n in spec.sources}
     controller.overload.observe(
         EpochCost(
             plan.epoch,

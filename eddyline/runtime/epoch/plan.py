@@ -26,6 +26,7 @@ import numpy as np
 from eddyline.api.network import NetworkSpec
 from eddyline.api.steps import StepSpec
 from eddyline.control import policies
+from eddyline.control.catchup import Waiting
 from eddyline.control.controller import Controller
 from eddyline.control.state import ControllerState
 from eddyline.errors import SourceUnreachable
@@ -93,6 +94,7 @@ class Planner:
             last, ended = self._commit(rewind_to), False
             self.controller.restore(ControllerState.model_validate(last.control if last and last.control else {}))
         slices, down = self._slices(last, elapsed_s, ended)
+        sized = None if ended or rewind_to is not None else self._catch_up(epoch, last, elapsed_s, slices, down)
         if self.dpc is not None and not ended:
             missing = last.tentative if last else []
             verdict = self.dpc.verdict(down, missing)
@@ -128,6 +130,8 @@ class Planner:
             elif not (moved and has_state):
                 return None
         routing, decisions = self._route(epoch, last, slices, end_of_stream)
+        if sized is not None:
+            decisions.append(sized)
         if overload is not None:
             decisions.append(overload)
         return EpochPlan(
@@ -178,6 +182,25 @@ class Planner:
         start = last.source_ends.get(name, 0) if last else 0
         cursor = last.cursors.get(name) if last else None
         return self.sources[name].plan(start, elapsed_s, cursor, cap=cap)
+
+    def _catch_up(
+        self, epoch: int, last: EpochCommit | None, elapsed_s: float, slices: dict[str, dict[str, Any]], down: list[str]
+    ) -> dict[str, Any] | None:
+        """Epochs sized by the backlog (:mod:`eddyline.control.catchup`): the slices of sources
+        without a cap of their own cut to what one epoch should take, in place. Returns the
+        decision to log, if any was cut."""
+        sizer = self.controller.catch_up
+        if sizer is None:
+            return None
+        waiting = {
+            name: Waiting(s["end"] - s["start"], tuple(s["sizes"]) if "sizes" in s else None)
+            for name, s in slices.items()
+            if s["end"] > s["start"] and name not in down and not self.sources[name].capped()
+        }
+        sizing = sizer.size(epoch, waiting)
+        for name, cap in sizing.caps.items():
+            slices[name] = self._slice(name, last, elapsed_s, cap)
+        return sizing.decision.to_json() if sizing.decision is not None else None
 
     def _admit(
         self, epoch: int, last: EpochCommit | None, elapsed_s: float, slices: dict[str, dict[str, Any]],
