@@ -313,11 +313,9 @@ def eddyline_spec(
     raw["lanes"] = lanes
     for src in raw["sources"]:
         stream = src.pop("nexmark")["stream"]
-        src["files"] = {
-            "path": str(data / stream),
-            "format": fmt,
-            "max_files_per_epoch": per_epoch,
-        }
+        src["files"] = {"path": str(data / stream), "format": fmt}
+        if per_epoch:  # 0: no cap, the engine sizes its epochs by the backlog
+            src["files"]["max_files_per_epoch"] = per_epoch
         if fmt != "parquet":  # text files need their schema (Spark DDL)
             src["files"]["schema"] = nexmark_schema(stream)
     for target in raw["sinks"]:
@@ -687,9 +685,9 @@ def run_native(
 
     def S(stream: str) -> Any:
         if stream not in readers:
-            reader = spark.readStream.schema(schemas[stream]).option(
-                "maxFilesPerTrigger", per_epoch
-            )
+            reader = spark.readStream.schema(schemas[stream])
+            if per_epoch:  # 0: Spark's default, every file waiting in one micro-batch
+                reader = reader.option("maxFilesPerTrigger", per_epoch)
             path = str(data / stream)
             readers[stream] = (
                 reader.parquet(path) if fmt == "parquet" else read_text(reader, fmt, path)
@@ -1165,8 +1163,11 @@ def tables_md(result: dict[str, Any]) -> str:
     )
     head = (
         f"Run {result['when'][:16]} · {commit} · {m['events']:,} events ({result['rate']:,.0f} events/s of event time, "
-        f"{m['events'] / result['rate']:.0f} s), {m['files']} files per stream, {result['files_per_epoch']} files "
-        f"per stream per epoch (≈ {m['events_per_file'] * result['files_per_epoch']:,} events) · best of "
+        f"{m['events'] / result['rate']:.0f} s), {m['files']} files per stream, "
+        + (f"{result['files_per_epoch']} files per stream per epoch (≈ {m['events_per_file'] * result['files_per_epoch']:,} "
+           "events)" if result["files_per_epoch"] else "the backlog run: every file waits at the start, each engine "
+           "chooses what an epoch reads")
+        + " · best of "
         f"{result.get('repeat', 1)} runs per engine · whole run "
         f"{result['total_s'] / 60:.1f} min\n\n"
     )
@@ -1244,7 +1245,16 @@ TABLE_START, TABLE_END = "<!-- nexmark-table:start -->", "<!-- nexmark-table:end
 
 
 def write_results_md(result: dict[str, Any]) -> None:
-    """Replace the generated tables inside the nexmark section; create the section if absent."""
+    """Replace the generated tables inside the nexmark section (the backlog run's: its own);
+    create the section if absent."""
+    if not result["files_per_epoch"]:
+        write_section(
+            ("<!-- nexmark-backlog:start -->", "<!-- nexmark-backlog:end -->"),
+            ("<!-- nexmark-backlog-table:start -->", "<!-- nexmark-backlog-table:end -->"),
+            tables_md(result),
+            "### The backlog run (`run_nexmark.py --backlog`, issue #55)\n\n",
+        )
+        return
     write_section(
         (SECTION_START, SECTION_END),
         (TABLE_START, TABLE_END),
@@ -1321,6 +1331,11 @@ def main() -> None:
     ap.add_argument(
         "--files-per-epoch", type=int, default=5, help="files per stream per epoch / micro-batch"
     )
+    ap.add_argument(
+        "--backlog", action="store_true",
+        help="the backlog run: no files-per-epoch cap for any engine (Eddyline sizes its epochs by the backlog, "
+        "Structured Streaming reads every file waiting, PyFlink streams)",
+    )
     ap.add_argument("--rate", type=float, default=10_000, help="events per second of event time")
     ap.add_argument(
         "--queries", default=None, help="comma-separated, default: every examples/nexmark/q*.yaml"
@@ -1371,6 +1386,8 @@ def main() -> None:
         "--md-from", default=None, help="only rewrite bench/RESULTS.md from this results JSON"
     )
     args = ap.parse_args()
+    if args.backlog:
+        args.files_per_epoch = 0
     if args.md_from:
         saved = json.loads(Path(args.md_from).read_text())
         profiled = any("profile" in r for v in format_entries(saved).values() for e in v.values()
@@ -1506,7 +1523,7 @@ def main() -> None:
         "by_format": {fmt: v for fmt, v in out.items() if fmt != "parquet"},
         "total_s": time.perf_counter() - t_all,
     }
-    path = RESULTS / f"nexmark-{when[:19].replace(':', '')}.json"
+    path = RESULTS / f"nexmark{'-backlog' if args.backlog else ''}-{when[:19].replace(':', '')}.json"
     results_io.write(path, result)
     print(f"wrote {path} · whole run {result['total_s'] / 60:.1f} min")
     if args.no_md:
