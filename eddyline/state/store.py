@@ -332,7 +332,12 @@ class KeyGroupStore:
         chain_len = np.array([len(index.get(int(kg)) or []) for kg in groups], dtype=np.int64)
         # A delta costs a join when it is loaded cold (another worker process, a restart, a
         # relocated key group); it pays off only when it is much smaller than the snapshot.
-        snapshot = (chain_len == 0) | (chain_len >= self.snapshot_every) | (2 * (ups_n + dels_n) >= full_n)
+        # Groups born in the same epoch would reach the chain limit together, every one of them
+        # written whole in that one epoch (its slowest). So a group also takes its snapshot in
+        # the epochs of its own phase ((epoch + kg) mod snapshot_every = 0): the snapshots of a
+        # lane's groups spread evenly over the epochs, and a chain is never longer than before.
+        phase = (epoch + groups) % self.snapshot_every == 0
+        snapshot = (chain_len == 0) | (chain_len >= self.snapshot_every) | phase | (2 * (ups_n + dels_n) >= full_n)
         live = full_n > 0
         # One table for the lane's file, each group's rows contiguous: a snapshot's rows, or a
         # delta's upserts then deletes (the concatenation order, kept by a stable sort on _kg).

@@ -59,8 +59,28 @@ def test_deltas_then_snapshot(tmp_path: Path) -> None:
         res = s.write(epoch, 0, index, table(base), table({(0, 0): epoch}), table({}).select(list(PK)), [0])
         index[0] = res.chains[0]
         kinds.append(index[0][-1][2])
-    assert kinds == ["s", "d", "d", "s", "d"]
+    # new, then deltas, a snapshot in the group's phase ((epoch + kg) mod 3 = 0), deltas
+    assert kinds == ["s", "d", "s", "d", "d"]
     assert as_dict(store(tmp_path).load(index, [0])) == base
+
+
+def test_groups_born_together_take_their_snapshots_in_turns(tmp_path: Path) -> None:
+    """Not all at once when their chains reach the limit: each epoch writes a quarter of them whole."""
+    s = store(tmp_path, snapshot_every=4)
+    groups = list(range(12))
+    base = {(kg, k): k for kg in groups for k in range(20)}
+    index: dict[int, list] = {}
+    per_epoch = []
+    for epoch in range(1, 14):
+        for kg in groups:
+            base[(kg, 0)] = epoch
+        res = s.write(epoch, 0, index, table(base), table({(kg, 0): epoch for kg in groups}),
+                      table({}).select(list(PK)), groups)
+        index.update(res.chains)
+        per_epoch.append(res.snapshots)
+        assert max(len(c) for c in index.values()) <= 4
+    assert per_epoch[0] == 12 and per_epoch[1:] == [3] * 12
+    assert as_dict(store(tmp_path).load(index, groups)) == base
 
 
 def test_cache_budget_is_respected_and_misses_reload(tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ from eddyline.control.catchup import ROWS_PER_BYTE_PRIOR
 from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.engine import Engine
 
-
 FIRST_ROWS, FILES = 1_000, 20
 
 
