@@ -43,6 +43,9 @@ import pyarrow.parquet as pq
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+import results_io  # noqa: E402
+from run_bench import write_section  # noqa: E402
+
 from eddyline.columns import KG  # noqa: E402
 from eddyline.hashing import spark_xxhash64  # noqa: E402
 from eddyline.operators.dedup import DedupKernel  # noqa: E402
@@ -202,32 +205,77 @@ def run_per_epoch(spark: Any, rows: int, epochs: int, warmup: int, tmp: Path) ->
             "p99_ms": round(pct(ms, 0.99), 2), "max_ms": round(max(ms), 2), "epoch_ms": ms}
 
 
+def table(result: dict[str, Any]) -> str:
+    """The results page's table: each workload's runs, side by side with the per-epoch-job peer."""
+    runs = result["runs"]
+    lines = [
+        f"Run {result['when'][:16]} · {result['rows']:,} rows an epoch · {result['epochs']:,} resident epochs per run, "
+        f"{result['peer_epochs']} per-epoch-job epochs (after 20 unmeasured) · {result['repeat']} runs · "
+        f"load average at the start {result['load']}",
+        "",
+        "| workload | mode | epoch median ms (runs) | p99 ms (runs) | the lanes' own work, median ms | "
+        "per-epoch job / resident, median (p99) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in dict.fromkeys(r["workload"] for r in runs):
+        for mode in ("resident", "per-epoch job"):
+            mine = [r for r in runs if r["workload"] == name and r["mode"] == mode]
+            if not mine:
+                continue
+            ratio = "–"
+            if mode == "per-epoch job":
+                res = [r for r in runs if r["workload"] == name and r["mode"] == "resident"]
+                ratio = ", ".join(f"{p['median_ms'] / q['median_ms']:.1f}× ({p['p99_ms'] / q['p99_ms']:.1f}×)"
+                                  for p, q in zip(mine, res, strict=False))
+            work = ", ".join(f"{r['lane_work_median_ms']:.0f}" for r in mine if "lane_work_median_ms" in r) or "–"
+            medians = ", ".join(f"{r['median_ms']:.0f}" for r in mine)
+            p99s = ", ".join(f"{r['p99_ms']:.0f}" for r in mine)
+            lines.append(f"| {name} | {mode} | {medians} | {p99s} | {work} | {ratio} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=16_000)
     ap.add_argument("--epochs", type=int, default=1_000)
     ap.add_argument("--workloads", default="dedup,join")
     ap.add_argument("--peer-epochs", type=int, default=200, help="epochs of the per-epoch-job peer (after 20 unmeasured)")
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--render", default=None, help="only rewrite bench/RESULTS.md from this results JSON")
     args = ap.parse_args()
+    if args.render:
+        write_md(json.loads(Path(args.render).read_text()))
+        return
     from eddyline.runtime.session import get_spark
 
     spark = get_spark("local[2]")
+    load = round(os.getloadavg()[0], 1)
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.workloads.split(","):
-            r = run(spark, name, args.rows, args.epochs, Path(tmp))
-            results.append(r)
-            print(json.dumps({k: v for k, v in r.items() if k != "epoch_ms"}), flush=True)
-            if name == "dedup" and args.peer_epochs:
-                peer = run_per_epoch(spark, args.rows, args.peer_epochs, 20, Path(tmp))
-                results.append(peer)
-                print(json.dumps({k: v for k, v in peer.items() if k != "epoch_ms"}), flush=True)
-                print(f"per-epoch job / resident, median: {peer['median_ms'] / r['median_ms']:.2f}x, "
-                      f"p99: {peer['p99_ms'] / r['p99_ms']:.2f}x", flush=True)
+    for _ in range(args.repeat):
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in args.workloads.split(","):
+                r = run(spark, name, args.rows, args.epochs, Path(tmp))
+                results.append(r)
+                print(json.dumps({k: v for k, v in r.items() if k != "epoch_ms"}), flush=True)
+                if name == "dedup" and args.peer_epochs:
+                    peer = run_per_epoch(spark, args.rows, args.peer_epochs, 20, Path(tmp))
+                    results.append(peer)
+                    print(json.dumps({k: v for k, v in peer.items() if k != "epoch_ms"}), flush=True)
+                    print(f"per-epoch job / resident, median: {peer['median_ms'] / r['median_ms']:.2f}x, "
+                          f"p99: {peer['p99_ms'] / r['p99_ms']:.2f}x", flush=True)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%S")
+    result = {"benchmark": "resident", "when": stamp, "rows": args.rows, "epochs": args.epochs,
+              "peer_epochs": args.peer_epochs, "repeat": args.repeat, "load": load, "runs": results}
+    print(table(result))
     if not args.no_write:
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%S")
-        (HERE / "results" / f"resident-{stamp}.json").write_text(json.dumps({"when": stamp, "runs": results}, indent=1))
+        results_io.write(HERE / "results" / f"resident-{stamp}.json", result)
+        write_md(result)
+
+
+def write_md(result: dict[str, Any]) -> None:
+    write_section(("<!-- resident:start -->", "<!-- resident:end -->"), ("<!-- resident-table:start -->", "<!-- resident-table:end -->"),
+                  table(result), "## Resident lanes (`bench/resident.py`, issue #55)\n\n")
 
 
 if __name__ == "__main__":
