@@ -62,6 +62,19 @@ JOB_TAG = "eddyline-resident"
 _ATTEMPT_SHIFT = 24
 
 
+def next_attempt(checkpoint: str, gate: Gate | None = None, limit: int = (1 << 7) - 1) -> int:
+    """A stage attempt number no stage on ``checkpoint`` had before (from 1): the lowest free one,
+    claimed by creating ``resident/attempt-<n>`` exclusively, so two drivers (or a driver and its
+    restart) never write under the same attempt's names."""
+    gate = gate or Gate(checkpoint)
+    folder = f"{gate.base}/resident"
+    makedirs(gate.fs, folder)
+    for n in range(1, limit + 1):
+        if gate.put(f"{folder}/attempt-{n}", b"", exclusive=True):
+            return n
+    raise RuntimeError(f"{checkpoint}: all {limit} resident stage attempts are used; clean resident/ up")
+
+
 def attempt_file_id(lane: int, attempt: int) -> int:
     """The id of the state file lane ``lane`` of stage attempt ``attempt`` (from 1) writes."""
     if not 0 <= lane < 1 << 16 or not 0 < attempt < 1 << 7:
@@ -232,6 +245,16 @@ class StageEnded(RuntimeError):
     start a new one from the last commit."""
 
 
+def checked(done: list[dict[str, Any]], attempt: int, epoch: int) -> list[dict[str, Any]]:
+    """The lanes' manifests of ``epoch``, if every one is of stage attempt ``attempt`` and that
+    epoch: only those may reach a commit (:class:`StageEnded` otherwise)."""
+    for d in done:
+        if d.get("attempt") != attempt or d.get("epoch") != epoch:
+            raise StageEnded(f"resident lane {d.get('lane')} answered for attempt {d.get('attempt')}, epoch "
+                             f"{d.get('epoch')}; expected attempt {attempt}, epoch {epoch}")
+    return done
+
+
 class ResidentStage:
     """The driver's end of a resident stage of ``lanes`` lanes: started with the state index of
     the commit of epoch ``after``, then fed one epoch at a time by :meth:`run`."""
@@ -330,7 +353,8 @@ class ResidentStage:
                 send(out, header, parts[lane])
         except OSError as e:
             raise StageEnded(f"sending epoch {epoch}: {e}") from e
-        done = [self._expect(lane, src, "done") for lane, (_, src, _) in sorted(self._conns.items())]
+        done = checked([self._expect(lane, src, "done") for lane, (_, src, _) in sorted(self._conns.items())],
+                       self.spec.attempt, epoch)
         self.epoch = epoch
         return done
 

@@ -16,7 +16,7 @@ from eddyline.hashing import spark_xxhash64
 from eddyline.operators.dedup import DedupKernel
 from eddyline.plan.keygroups import RoutingTable
 from eddyline.runtime.lanes import process
-from eddyline.runtime.resident import ResidentStage, StageEnded
+from eddyline.runtime.resident import ResidentStage, StageEnded, next_attempt
 from eddyline.state.store import with_chains
 
 SCHEMA = pa.schema([("key", pa.int64()), ("t", pa.timestamp("ms"))])
@@ -59,7 +59,7 @@ def test_resident_lanes_serve_epochs_and_a_killed_lane_is_replayed_by_a_new_atte
     args = {"step": "d", "checkpoint": str(tmp_path / "ckpt"), "kernel": kernel, "routing": routing, "lanes": 2,
             "output": str(tmp_path / "out")}
     committed: dict[int, tuple[dict, list]] = {0: ({}, [])}  # epoch -> (state index, its output files)
-    stage = ResidentStage(spark, attempt=1, **args)
+    stage = ResidentStage(spark, attempt=next_attempt(args["checkpoint"]), **args)
     assert len(set(stage.pids.values())) == 2  # two lanes, two Python workers
     killed_at = 7
     try:
@@ -78,7 +78,7 @@ def test_resident_lanes_serve_epochs_and_a_killed_lane_is_replayed_by_a_new_atte
         stage.close()
     last = max(committed)
     assert last == killed_at - 1
-    stage = ResidentStage(spark, attempt=2, after=last, index=committed[last][0], **args)
+    stage = ResidentStage(spark, attempt=next_attempt(args["checkpoint"]), after=last, index=committed[last][0], **args)
     try:
         for e in range(last + 1, EPOCHS + 1):
             done = stage.run(e, epoch_rows(e), watermark(e))
@@ -94,3 +94,30 @@ def test_resident_lanes_serve_epochs_and_a_killed_lane_is_replayed_by_a_new_atte
     expected = reference(kernel)
     assert {e: outputs(committed[e][1]) for e in range(1, EPOCHS + 1)} == expected
     assert sum(len(v) for v in expected.values()) > 0
+
+
+@pytest.mark.timeout(300)
+def test_a_move_of_key_groups_ends_the_stage_and_the_next_one_runs_with_the_new_routing(spark, tmp_path):
+    """Key groups moved between epochs: the lanes that now own them load their state from the
+    commit, and the output is that of one lane holding everything."""
+    kernel = DedupKernel(SCHEMA, ["key"], "t", 2_000)
+    before = RoutingTable.uniform(KEY_GROUPS, 2)
+    after = before.moved({kg: 1 for kg in before.key_groups_of(0)[:5]})
+    assert after.owners().tolist() != before.owners().tolist()
+    ckpt = str(tmp_path / "ckpt")
+    committed: dict[int, tuple[dict, list]] = {0: ({}, [])}
+    for routing, epochs in ((before, range(1, 7)), (after, range(7, EPOCHS + 1))):
+        last = epochs.start - 1
+        stage = ResidentStage(spark, step="d", checkpoint=ckpt, kernel=kernel, routing=tuple(int(x) for x in routing.owners()),
+                              lanes=2, output=str(tmp_path / "out"), attempt=next_attempt(ckpt), after=last,
+                              index=committed[last][0])
+        try:
+            for e in epochs:
+                index, outs = committed[e - 1][0], []
+                for d in stage.run(e, epoch_rows(e), watermark(e)):
+                    index = with_chains(index, d["chains"])
+                    outs.append(d["output"])
+                committed[e] = (index, outs)
+        finally:
+            stage.close()
+    assert {e: outputs(committed[e][1]) for e in range(1, EPOCHS + 1)} == reference(kernel)

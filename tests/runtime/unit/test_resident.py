@@ -15,7 +15,16 @@ from eddyline.columns import KG
 from eddyline.hashing import spark_xxhash64
 from eddyline.operators.dedup import DedupKernel
 from eddyline.runtime.lanes import process
-from eddyline.runtime.resident import Lane, ResidentLanes, attempt_file_id, receive, send
+from eddyline.runtime.resident import (
+    Lane,
+    ResidentLanes,
+    StageEnded,
+    attempt_file_id,
+    checked,
+    next_attempt,
+    receive,
+    send,
+)
 from eddyline.state.store import KeyGroupStore, parse_state_file, state_file, with_chains
 
 SCHEMA = pa.schema([("key", pa.int64()), ("t", pa.timestamp("ms"))])
@@ -121,3 +130,35 @@ def test_a_lane_serves_until_told_to_stop_over_a_socket(tmp_path):
     send(out, {"op": "stop"})
     server.join(5)
     assert not server.is_alive()
+
+
+def test_an_idle_lane_still_gets_its_epoch_and_the_watermark_expires_its_state(tmp_path):
+    """A lane with no rows in an epoch is sent the epoch anyway (its tick): the dedup forgets keys
+    older than its TTL once the watermark passes them, rows or not."""
+    lane = Lane(lanes_spec(tmp_path), 0)
+    lane.run({"epoch": 1, "watermark_ms": 0}, rows([1, 2, 3], 0))
+    assert lane.state.num_rows == 3
+    tick = lane.run({"epoch": 2, "watermark_ms": 10_000}, None)
+    assert tick["input_rows"] == 0 and tick["state_rows"] == 0 and lane.state.num_rows == 0
+    assert any(chain is None for chain in tick["chains"].values())  # the forgotten groups leave the index
+
+
+def test_each_stage_gets_an_attempt_of_its_own_even_when_two_ask_at_once(tmp_path):
+    import concurrent.futures
+
+    ckpt = str(tmp_path / "ckpt")
+    assert [next_attempt(ckpt) for _ in range(3)] == [1, 2, 3]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: next_attempt(ckpt), range(16)))
+    assert sorted(got) == list(range(4, 20))
+    with pytest.raises(RuntimeError, match="attempts are used"):
+        next_attempt(ckpt, limit=19)
+
+
+def test_only_the_current_attempts_manifests_of_the_epoch_are_taken():
+    done = [{"lane": 0, "attempt": 2, "epoch": 5}, {"lane": 1, "attempt": 2, "epoch": 5}]
+    assert checked(done, 2, 5) == done
+    with pytest.raises(StageEnded, match="attempt 1, epoch 5; expected attempt 2"):
+        checked([*done[:1], {"lane": 1, "attempt": 1, "epoch": 5}], 2, 5)
+    with pytest.raises(StageEnded, match="epoch 4; expected attempt 2, epoch 5"):
+        checked([{"lane": 0, "attempt": 2, "epoch": 4}], 2, 5)
