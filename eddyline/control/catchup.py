@@ -18,7 +18,9 @@ what is waiting when that fits one epoch, and otherwise as much as fits ``target
   together; a source's share becomes offsets by the rows per offset it has shown (files: rows
   per byte, whole files, at least one).
 
-Once the sources have caught up, what is waiting fits again and epochs are small. Each capped
+Once the sources have caught up, what is waiting fits again and epochs are small. A network
+with ``control.overload`` is sized by its admission control instead (which may shed rather than
+defer), so the two never cap the same epoch. Each capped
 epoch logs a decision naming the backlog, the model and the rows taken. Pure: no Spark; its
 state goes into the controller's (:class:`~eddyline.control.state.CatchUpState`).
 """

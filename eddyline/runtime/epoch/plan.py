@@ -190,8 +190,8 @@ class Planner:
         without a cap of their own cut to what one epoch should take, in place. Returns the
         decision to log, if any was cut."""
         sizer = self.controller.catch_up
-        if sizer is None:
-            return None
+        if sizer is None or self.controller.overload is not None:
+            return None  # overload control's admission sizes epochs against the latency bound itself
         waiting = {
             name: Waiting(s["end"] - s["start"], tuple(s["sizes"]) if "sizes" in s else None)
             for name, s in slices.items()

@@ -91,3 +91,18 @@ def test_a_source_with_a_cap_of_its_own_keeps_it(spark, tmp_path: Path):
     plans = [c.read_plan(e) for e in range(1, c.latest_commit().epoch + 1)]
     assert [len(p.sources["in"].get("files", [])) for p in plans if p.sources["in"].get("files")] == [3, 3]
     assert not [d for p in plans for d in p.decisions if d["kind"] == "catch_up"]
+
+
+def test_with_overload_control_its_admission_sizes_the_epochs_instead(spark, tmp_path: Path):
+    data, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
+    data.mkdir()
+    write_files(data, 0, 6)
+    raw = spec(data, out).as_dict()
+    raw["control"]["overload"] = {"shedding": "off"}
+    raw["sinks"][0]["qos"] = {"latency": "60s"}
+    Engine(load_spec(raw), spark, str(ckpt)).run(until_idle=True)
+    c = Checkpoint(str(ckpt))
+    plans = [c.read_plan(e) for e in range(1, c.latest_commit().epoch + 1)]
+    assert [len(p.sources["in"].get("files", [])) for p in plans if p.sources["in"].get("files")] == [6]
+    assert not [d for p in plans for d in p.decisions if d["kind"] == "catch_up"]
+    assert totals(str(out / "epoch=*" / "*.parquet")) == totals(str(data / "*.parquet"))
