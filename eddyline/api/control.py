@@ -147,7 +147,7 @@ class CatchUp(Model):
     #: the most source rows one epoch reads (what it holds in memory at once)
     max_rows: int = Field(default=2_000_000, gt=0)
     #: what the first epoch that is behind takes, before any epoch was measured
-    first_rows: int = Field(default=100_000, gt=0)
+    first_rows: int = Field(default=250_000, gt=0)
     #: an epoch takes at most this many times what the last one read within the target
     growth: float = Field(default=4.0, ge=1.0)
 

@@ -8,7 +8,8 @@ what is waiting when that fits one epoch, and otherwise as much as fits ``target
 
 * the epoch's cost is modelled as ``D = F + a × rows`` milliseconds, fitted by least squares to
   the recent epochs that read rows (the first epoch of a process, slow while the JVM and the
-  Python workers warm up, is left out);
+  Python workers warm up, is left out of the fit; an epoch that met the target cold would have
+  met it warm, so it counts for the growth below);
 * an epoch takes at most ``(target - F) / a`` rows, at most ``max_rows`` (what one epoch may
   hold in memory), and at most ``growth`` times what the last epoch read if that one met the
   target (from ``first_rows``, before anything was measured): the model is never extrapolated
@@ -37,9 +38,10 @@ from eddyline.api.control import CatchUp
 from eddyline.control.decisions import Decision, DecisionKind
 from eddyline.control.state import CatchUpState, TakenRecord
 
-#: rows per byte of a files source before one was measured: small enough that a first epoch over
-#: files of unknown content is not larger than ``first_rows`` (Parquet holds a few bytes a row)
-ROWS_PER_BYTE_PRIOR = 1 / 8
+#: rows per byte of a files source before one was measured. Parquet holds a row in ~10 bytes,
+#: CSV and JSON lines in 50–500: a first epoch then reads ~3 times first_rows of Parquet (well
+#: within max_rows) or a small slice of text, and the next one knows
+ROWS_PER_BYTE_PRIOR = 1 / 32
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ class Taken:
     rows: dict[str, int]
     offsets: dict[str, int]
     bytes: dict[str, int] = field(default_factory=dict)
+    #: the first epoch of a process: slow while the JVM and the Python workers warm up, so its
+    #: time stays out of the model (its rows per offset are as good as any)
+    cold: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,10 +92,8 @@ class CatchUpSizer:
         return float(min(self.cfg.target, self.bound_ms) if self.bound_ms else self.cfg.target)
 
     # ------------------------------------------------------------------ monitor
-    def observe(self, taken: Taken, *, cold: bool = False) -> None:
-        """An epoch ran; a ``cold`` one (the first of a process) does not enter the model."""
-        if cold:
-            return
+    def observe(self, taken: Taken) -> None:
+        """An epoch ran."""
         while self.history and self.history[-1].epoch >= taken.epoch:  # a replayed epoch
             self.history.pop()
         self.history.append(taken)
@@ -98,7 +101,7 @@ class CatchUpSizer:
     def model(self) -> tuple[float, float] | None:
         """``(F, a)``: fixed milliseconds an epoch and milliseconds a row, or None before two
         epochs with rows were seen."""
-        seen = [(sum(t.rows.values()), t.duration_ms) for t in self.history if sum(t.rows.values()) > 0]
+        seen = [(sum(t.rows.values()), t.duration_ms) for t in self.history if sum(t.rows.values()) > 0 and not t.cold]
         if len(seen) < 2:
             return None
         n = np.array([s[0] for s in seen], dtype=float)
@@ -179,11 +182,12 @@ class CatchUpSizer:
     # ------------------------------------------------------------------ state
     def state(self) -> CatchUpState:
         return CatchUpState(history=[TakenRecord(epoch=t.epoch, duration_ms=t.duration_ms, rows=t.rows,
-                                                 offsets=t.offsets, bytes=t.bytes) for t in self.history])
+                                                 offsets=t.offsets, bytes=t.bytes, cold=t.cold) for t in self.history])
 
     def restore(self, state: CatchUpState) -> None:
         self.history = deque((Taken(r.epoch, float(r.duration_ms), {k: int(v) for k, v in r.rows.items()},
-                                    {k: int(v) for k, v in r.offsets.items()}, {k: int(v) for k, v in r.bytes.items()})
+                                    {k: int(v) for k, v in r.offsets.items()}, {k: int(v) for k, v in r.bytes.items()},
+                                    r.cold)
                               for r in state.history), maxlen=self.depth)
 
 

@@ -138,6 +138,7 @@ class TakenRecord(_Data):
     rows: dict[str, Number]
     offsets: dict[str, Number]
     bytes: dict[str, Number] = {}
+    cold: bool = False
 
 
 class CatchUpState(_Data):

@@ -16,7 +16,7 @@ def sizer(**cfg) -> CatchUpSizer:
 def test_what_fits_one_epoch_is_taken_whole():
     s = sizer()
     assert s.size(1, {"a": Waiting(60_000), "b": Waiting(40_000)}).caps == {}
-    assert s.size(1, {"f": Waiting(3, sizes=(10_000, 10_000, 10_000))}).caps == {}  # ~3,750 rows by the prior
+    assert s.size(1, {"f": Waiting(3, sizes=(10_000, 10_000, 10_000))}).caps == {}  # ~940 rows by the prior
 
 
 def test_a_first_epoch_behind_takes_first_rows_shared_by_what_each_source_has_waiting():
@@ -31,8 +31,8 @@ def test_a_first_epoch_behind_takes_first_rows_shared_by_what_each_source_has_wa
 
 def test_files_are_taken_whole_by_their_bytes_and_the_rows_per_byte_they_showed():
     s = sizer()
-    sizes = tuple([800_000] * 10)  # 100,000 rows a file by the prior of 1/8 row a byte
-    assert ROWS_PER_BYTE_PRIOR * 800_000 == 100_000
+    sizes = tuple([3_200_000] * 10)  # 100,000 rows a file by the prior of 1/32 row a byte
+    assert ROWS_PER_BYTE_PRIOR * 3_200_000 == 100_000
     assert s.size(1, {"f": Waiting(10, sizes)}).caps == {"f": 1}
     # measured: 1 row per 80 bytes, so a file is 10,000 rows; grown to 400,000 rows = 40 files
     s.observe(Taken(1, 500.0, {"f": 10_000}, {"f": 1}, {"f": 800_000}))
@@ -73,10 +73,19 @@ def test_a_sink_latency_bound_below_the_target_is_aimed_at_instead():
     assert why == "target" and rows == pytest.approx(150_000, abs=1)
 
 
-def test_a_cold_epoch_is_left_out_and_a_replayed_one_replaces_what_it_had_recorded():
+def test_a_cold_epoch_counts_for_growth_and_rows_but_not_for_the_model():
     s = sizer()
-    s.observe(Taken(1, 50_000.0, {"a": 100}, {"a": 100}), cold=True)
-    assert not s.history
+    s.observe(Taken(1, 1_500.0, {"f": 20_000}, {"f": 2}, {"f": 2_000_000}, cold=True))
+    assert s.model() is None and s.rows_per_offset("f", files=True) == 0.01
+    assert s.allowance() == (400_000, "growth")  # it met the target even cold
+    s.observe(Taken(2, 400.0, {"f": 100_000}, {"f": 10}, {"f": 10_000_000}))
+    assert s.model() is None  # one warm epoch: no fit yet
+    s.observe(Taken(3, 700.0, {"f": 200_000}, {"f": 20}, {"f": 20_000_000}))
+    assert s.model() == (pytest.approx(100.0), pytest.approx(0.003))
+
+
+def test_a_replayed_epoch_replaces_what_it_had_recorded():
+    s = sizer()
     s.observe(Taken(1, 100.0, {"a": 100}, {"a": 100}))
     s.observe(Taken(2, 100.0, {"a": 200}, {"a": 200}))
     s.observe(Taken(2, 150.0, {"a": 300}, {"a": 300}))
@@ -85,7 +94,7 @@ def test_a_cold_epoch_is_left_out_and_a_replayed_one_replaces_what_it_had_record
 
 def test_its_state_goes_through_the_controllers_json_and_back():
     s = sizer()
-    s.observe(Taken(1, 600.0, {"a": 100_000, "f": 20}, {"a": 100_000, "f": 2}, {"f": 160}))
+    s.observe(Taken(1, 600.0, {"a": 100_000, "f": 20}, {"a": 100_000, "f": 2}, {"f": 160}, cold=True))
     s.observe(Taken(2, 900.0, {"a": 300_000}, {"a": 300_000}))
     state = ControllerState.model_validate_json(ControllerState(catch_up=s.state()).model_dump_json())
     t = sizer()

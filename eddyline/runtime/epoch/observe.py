@@ -57,7 +57,7 @@ def observe(
     if controller.catch_up is not None:
         controller.catch_up.observe(Taken(
             plan.epoch, duration_ms, read, {n: s["end"] - s["start"] for n, s in plan.sources.items()},
-            {n: sum(s["sizes"]) for n, s in plan.sources.items() if "sizes" in s}), cold=cold)
+            {n: sum(s["sizes"]) for n, s in plan.sources.items() if "sizes" in s}, cold))
     if controller.overload is None:
         return None
     shed = shedding(spec, staged)
