@@ -142,14 +142,10 @@ class CatchUpSizer:
 
     def size(self, epoch: int, waiting: Mapping[str, Waiting]) -> Sizing:
         """Caps for the sources in ``waiting`` (those without a cap of their own) in ``epoch``."""
-        est: dict[str, float] = {}
-        for name, w in waiting.items():
-            files = w.sizes is not None
-            per = self.rows_per_offset(name, files)
-            if files:
-                est[name] = sum(w.sizes or ()) * (per if per is not None else ROWS_PER_BYTE_PRIOR)
-            else:
-                est[name] = w.offsets * (per if per is not None else 1.0)
+        # rows per offset (files: per byte), as measured or the prior
+        per = {name: self.rows_per_offset(name, w.sizes is not None) or (ROWS_PER_BYTE_PRIOR if w.sizes is not None else 1.0)
+               for name, w in waiting.items()}
+        est = {name: (sum(w.sizes) if w.sizes is not None else w.offsets) * per[name] for name, w in waiting.items()}
         total = sum(est.values())
         allowed, why = self.allowance()
         if total <= allowed:
@@ -159,14 +155,11 @@ class CatchUpSizer:
             if est[name] <= 0:
                 continue
             share = allowed * est[name] / total
-            files = w.sizes is not None
-            per = self.rows_per_offset(name, files)
-            if files:
-                rows_per_byte = per if per is not None else ROWS_PER_BYTE_PRIOR
-                running = np.cumsum(np.asarray(w.sizes, dtype=float)) * rows_per_byte
+            if w.sizes is not None:  # whole files, at least one
+                running = np.cumsum(np.asarray(w.sizes, dtype=float)) * per[name]
                 caps[name] = max(1, int(np.searchsorted(running, share, side="right")))
             else:
-                caps[name] = max(1, int(share / (per if per is not None else 1.0)))
+                caps[name] = max(1, int(share / per[name]))
             caps[name] = min(caps[name], w.offsets)
         m = self.model()
         decision = Decision(
