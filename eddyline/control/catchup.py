@@ -17,7 +17,7 @@ what is waiting when that fits one epoch, and otherwise as much as fits ``target
 * the rows are shared among the sources that are behind in proportion to what each has waiting,
   so sources that are read together (the two sides of a join, files aligned in event time) stay
   together; a source's share becomes offsets by the rows per offset it has shown (files: rows
-  per byte, whole files, at least one).
+  per byte, whole files, at least one; before the first epoch, a guess by format).
 
 Once the sources have caught up, what is waiting fits again and epochs are small. A network
 with ``control.overload`` is sized by its admission control instead (which may shed rather than
@@ -38,10 +38,10 @@ from eddyline.api.control import CatchUp
 from eddyline.control.decisions import Decision, DecisionKind
 from eddyline.control.state import CatchUpState, TakenRecord
 
-#: rows per byte of a files source before one was measured. Parquet holds a row in ~10 bytes,
-#: CSV and JSON lines in 50–500: a first epoch then reads ~3 times first_rows of Parquet (well
-#: within max_rows) or a small slice of text, and the next one knows
-ROWS_PER_BYTE_PRIOR = 1 / 32
+#: rows per byte of files before any were measured, by format: Parquet holds a row in 10–40
+#: bytes, CSV and JSON lines in 50–500. Too many rows a byte only makes the first epoch small;
+#: the next one knows.
+ROWS_PER_BYTE_PRIOR = {"parquet": 1 / 16, "text": 1 / 128}
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,8 @@ class Waiting:
 
     offsets: int
     sizes: tuple[int, ...] | None = None
+    #: rows a byte of these files is taken to hold until measured (ROWS_PER_BYTE_PRIOR)
+    prior: float = ROWS_PER_BYTE_PRIOR["parquet"]
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,7 @@ class CatchUpSizer:
     def size(self, epoch: int, waiting: Mapping[str, Waiting]) -> Sizing:
         """Caps for the sources in ``waiting`` (those without a cap of their own) in ``epoch``."""
         # rows per offset (files: per byte), as measured or the prior
-        per = {name: self.rows_per_offset(name, w.sizes is not None) or (ROWS_PER_BYTE_PRIOR if w.sizes is not None else 1.0)
+        per = {name: self.rows_per_offset(name, w.sizes is not None) or (w.prior if w.sizes is not None else 1.0)
                for name, w in waiting.items()}
         est = {name: (sum(w.sizes) if w.sizes is not None else w.offsets) * per[name] for name, w in waiting.items()}
         total = sum(est.values())

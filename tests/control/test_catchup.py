@@ -16,7 +16,7 @@ def sizer(**cfg) -> CatchUpSizer:
 def test_what_fits_one_epoch_is_taken_whole():
     s = sizer()
     assert s.size(1, {"a": Waiting(60_000), "b": Waiting(40_000)}).caps == {}
-    assert s.size(1, {"f": Waiting(3, sizes=(10_000, 10_000, 10_000))}).caps == {}  # ~940 rows by the prior
+    assert s.size(1, {"f": Waiting(3, sizes=(10_000, 10_000, 10_000))}).caps == {}  # ~1,900 rows by the prior
 
 
 def test_a_first_epoch_behind_takes_first_rows_shared_by_what_each_source_has_waiting():
@@ -31,9 +31,10 @@ def test_a_first_epoch_behind_takes_first_rows_shared_by_what_each_source_has_wa
 
 def test_files_are_taken_whole_by_their_bytes_and_the_rows_per_byte_they_showed():
     s = sizer()
-    sizes = tuple([3_200_000] * 10)  # 100,000 rows a file by the prior of 1/32 row a byte
-    assert ROWS_PER_BYTE_PRIOR * 3_200_000 == 100_000
+    sizes = tuple([1_600_000] * 10)  # 100,000 rows a file by Parquet's prior of 1/16 row a byte
+    assert ROWS_PER_BYTE_PRIOR["parquet"] * 1_600_000 == 100_000
     assert s.size(1, {"f": Waiting(10, sizes)}).caps == {"f": 1}
+    assert s.size(1, {"f": Waiting(10, sizes, prior=ROWS_PER_BYTE_PRIOR["text"])}).caps == {"f": 8}  # text: 12,500 a file
     # measured: 1 row per 80 bytes, so a file is 10,000 rows; grown to 400,000 rows = 40 files
     s.observe(Taken(1, 500.0, {"f": 10_000}, {"f": 1}, {"f": 800_000}))
     assert s.rows_per_offset("f", files=True) == pytest.approx(1 / 80)

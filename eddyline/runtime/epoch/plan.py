@@ -26,7 +26,7 @@ import numpy as np
 from eddyline.api.network import NetworkSpec
 from eddyline.api.steps import StepSpec
 from eddyline.control import policies
-from eddyline.control.catchup import Waiting
+from eddyline.control.catchup import ROWS_PER_BYTE_PRIOR, Waiting
 from eddyline.control.controller import Controller
 from eddyline.control.state import ControllerState
 from eddyline.errors import SourceUnreachable
@@ -193,7 +193,9 @@ class Planner:
         if sizer is None or self.controller.overload is not None:
             return None  # overload control's admission sizes epochs against the latency bound itself
         waiting = {
-            name: Waiting(s["end"] - s["start"], tuple(s["sizes"]) if "sizes" in s else None)
+            name: Waiting(s["end"] - s["start"], tuple(s["sizes"]) if "sizes" in s else None,
+                          ROWS_PER_BYTE_PRIOR["parquet" if getattr(self.sources[name].spec.params, "format", None)
+                                              == "parquet" else "text"])
             for name, s in slices.items()
             if s["end"] > s["start"] and name not in down and not self.sources[name].capped()
         }

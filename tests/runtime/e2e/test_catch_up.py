@@ -54,7 +54,7 @@ def test_a_backlog_of_files_is_read_in_growing_epochs_each_file_once_and_then_sm
     # The first epoch takes the files whose bytes, at the prior's rows per byte, add up to
     # first_rows; then each may read twice the rows of the one before (1,000 a file), as many
     # whole files as the rows per byte measured so far say fit, until the rest fits one epoch.
-    sizes = np.cumsum([f.stat().st_size for f in sorted(data.iterdir())]) * ROWS_PER_BYTE_PRIOR
+    sizes = np.cumsum([f.stat().st_size for f in sorted(data.iterdir())]) * ROWS_PER_BYTE_PRIOR["parquet"]
     first = max(1, int(np.searchsorted(sizes, FIRST_ROWS, side="right")))
     rows = [1_000 * n for n in taken]
     decided = [d for p in plans for d in p.decisions if d["kind"] == "catch_up"]
