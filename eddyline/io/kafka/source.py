@@ -326,9 +326,14 @@ class KafkaSource(Source):
         meta = tuple(p.metadata)
         ddl = ", ".join([schema.ddl(ship), *(f"kafka_{m} {METADATA[m][1]}" for m in meta)])
         tasks = self._run_time_tasks(partitions) if planned is None else partitions
+        # a task reads its ranges one after the other; the fetch a range leaves in flight (a long poll
+        # of the partition just read) holds back the next range's first fetch for up to
+        # fetch.wait.max.ms (librdkafka sends one fetch to a broker at a time): 500 ms by default,
+        # paid by every task of every epoch. The task knows its records are there, so it never needs
+        # a long poll.
         conf = self._settings(**{
             "group.id": f"{self.group}.reader", "enable.auto.commit": False, "isolation.level": "read_committed",
-            "enable.partition.eof": True, "auto.offset.reset": "error",
+            "enable.partition.eof": True, "auto.offset.reset": "error", "fetch.wait.max.ms": 10,
         })
         read = functools.partial(read_task, conf, p.format, schema, ship, meta, EpochSlice(self.name, planned), tasks,
                                  self.min_per_task, p.wait / 1000, self.name)
