@@ -21,6 +21,9 @@ field with presence (proto2, ``optional``, a message) that is absent is null, on
 presence is its default (0, "") as Protobuf has it.
 
 A dead letter's raw text is the record in base64 (it is binary).
+
+Writing: :func:`avro_schema_of` and :func:`avro_writer` give the Avro schema of rows of an Arrow
+schema and plain Avro records of such rows (``eddyline produce --format avro``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import base64
 import functools
 import io
 import json
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -348,3 +352,49 @@ def decoded_binary(
 @functools.cache
 def _decoder(codec: Codec) -> Callable[[bytes], dict[str, Any]]:
     return codec.decoder()
+
+
+def avro_schema_of(schema: pa.Schema, name: str) -> dict[str, Any]:
+    """The Avro record schema of rows of ``schema`` (flat, of the types a column takes), each
+    field nullable, named after ``name`` (a topic, say: what Avro does not take in a name
+    becomes ``_``). Decoding it back gives the same values (timestamps to the microsecond)."""
+    fields = []
+    for f in schema:
+        t = f.type
+        avro_type: Any
+        if pa.types.is_int64(t):
+            avro_type = "long"
+        elif pa.types.is_int32(t) or pa.types.is_int16(t) or pa.types.is_int8(t):
+            avro_type = "int"
+        elif pa.types.is_float64(t):
+            avro_type = "double"
+        elif pa.types.is_float32(t):
+            avro_type = "float"
+        elif pa.types.is_string(t) or pa.types.is_large_string(t):
+            avro_type = "string"
+        elif pa.types.is_boolean(t):
+            avro_type = "boolean"
+        elif pa.types.is_timestamp(t):
+            avro_type = {"type": "long", "logicalType": "timestamp-micros" if t.tz else "local-timestamp-micros"}
+        elif pa.types.is_date32(t):
+            avro_type = {"type": "int", "logicalType": "date"}
+        else:
+            raise ValueError(f"column '{f.name}': {t} has no Avro type here (flat columns of scalar types only)")
+        fields.append({"name": f.name, "type": ["null", avro_type], "default": None})
+    record = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return {"type": "record", "name": record if record[:1].isalpha() or record[:1] == "_" else f"_{record}",
+            "fields": fields}
+
+
+def avro_writer(schema: dict[str, Any]) -> Callable[[dict[str, Any]], bytes]:
+    """A function from a row (field → value) to its plain Avro record of ``schema``."""
+    import fastavro
+
+    parsed = fastavro.parse_schema(schema)
+
+    def write(row: dict[str, Any]) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, parsed, row)
+        return out.getvalue()
+
+    return write

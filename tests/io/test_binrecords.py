@@ -159,3 +159,26 @@ def test_a_bad_message_name_or_column_is_refused_naming_it():
         Codec("protobuf", _descriptors(), "shop.Bid").check(arrow_schema("auction int"))
     with pytest.raises(ValueError, match="descriptors: not a FileDescriptorSet"):
         Codec("protobuf", base64.b64encode(b"\xff\xff").decode(), "shop.Bid").check(arrow_schema("auction long"))
+
+
+def test_rows_written_with_the_avro_schema_of_their_columns_decode_to_the_same_values():
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from eddyline.io.binrecords import avro_schema_of, avro_writer
+
+    table = pa.table({
+        "id": pa.array([1, None], pa.int64()), "n": pa.array([2, 3], pa.int32()), "x": pa.array([0.5, 1.5]),
+        "name": pa.array(["a", None]), "ok": pa.array([True, False]),
+        "at": pa.array([T, None], pa.timestamp("us", tz="UTC")), "day": pa.array([dt.date(2026, 1, 2), None]),
+    })
+    schema = avro_schema_of(table.schema, "nexmark.bid-1")
+    assert schema["name"] == "nexmark_bid_1"
+    write = avro_writer(schema)
+    codec = Codec("avro", json.dumps(schema))
+    got = rows(codec, [write(r) for r in table.to_pylist()], "id long, n int, x double, name string, ok boolean, "
+                                                            "at timestamp, day date")
+    assert [{k: r[k] for k in table.column_names} for r in got] == table.to_pylist()
+    with pytest.raises(ValueError, match="column 'tags': list<item: int64> has no Avro type here"):
+        avro_schema_of(pa.schema([pa.field("tags", pa.list_(pa.int64()))]), "t")
