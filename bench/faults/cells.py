@@ -270,26 +270,27 @@ def worker_restart(ctx: Ctx) -> None:
 
 def server_fault(server: str, sig: int) -> Callable[[Ctx], None]:
     """SIGKILL (then started again on the same port and store) or SIGSTOP (then SIGCONT) to the
-    NATS server or to every PostgreSQL process, for ``DOWN_S`` seconds inside an epoch."""
+    NATS server, the Kafka broker or every PostgreSQL process, for ``DOWN_S`` seconds inside an epoch."""
 
     def run(ctx: Ctx) -> None:
         s = ctx.servers
         leader = ctx.leader()
         e = ctx.mid_epoch(leader)
         ctx.fault()
-        if server == "nats":
+        broker = s.nats if server == "nats" else s.kafka if server == "kafka" else None
+        if broker is not None:
             if sig == signal.SIGKILL:
-                s.nats.kill()
+                broker.kill()
             else:
-                s.nats.pause()
+                broker.pause()
         elif not s.pg_signal(sig):
             raise CellError("no PostgreSQL process to signal")
         time.sleep(DOWN_S)
-        if server == "nats":
+        if broker is not None:
             if sig == signal.SIGKILL:
-                s.nats.start()
+                broker.start()
             else:
-                s.nats.resume()
+                broker.resume()
         elif sig == signal.SIGKILL:
             s.pg.restart()  # crash recovery from its WAL
         else:
@@ -545,6 +546,8 @@ class Cell:
     how: str
     run: Callable[[Ctx], None]
     cluster: bool = False
+    #: the Kafka network: input from a Kafka topic, Kafka sinks (see :mod:`.harness`)
+    kafka: bool = False
     #: read the input at a third of the rate (the same records, so the same output): the cell
     #: starts a second driver whose JVM and first, cold epoch must come before the input ends
     slow_input: bool = False
@@ -588,6 +591,16 @@ CELLS: list[Cell] = [
     Cell("publish", f"{STOP} (standby)", f"`--freeze-at {PUBLISH_EPOCH}:after_stage` (its lease checked, every "
          "output staged, nothing published); a `--standby` takes over and publishes the epoch; SIGCONT: the old "
          "leader wakes straight into its publish, which every store must refuse", point_freeze(PUBLISH_EPOCH, "after_stage")),
+    Cell("Kafka → Kafka: driver", KILL, "the Kafka network (a topic in, a Kafka sink of each output, one transaction "
+         "an epoch): SIGKILL to the leader inside an epoch, then `eddyline run` again", driver_kill, kafka=True),
+    Cell("Kafka → Kafka: publish", KILL, f"the Kafka network: `--crash-at {PUBLISH_EPOCH}:mid_publish` (a Kafka "
+         "sink's transaction cut in the middle), then `eddyline run` again", point_crash(PUBLISH_EPOCH, "mid_publish"),
+         kafka=True),
+    Cell("Kafka broker (Tansu, log on S3)", KILL, f"the Kafka network: SIGKILL to the broker inside an epoch, "
+         f"started again {DOWN_S:.0f} s later (same port and log)", server_fault("kafka", signal.SIGKILL), kafka=True),
+    Cell("Kafka broker (Tansu, log on S3)", STOP, f"the Kafka network: SIGSTOP to the broker inside an epoch, "
+         f"SIGCONT {DOWN_S:.0f} s later (past the clients' 5 s request timeout)", server_fault("kafka", signal.SIGSTOP),
+         kafka=True),
     Cell("hot leader", "SIGKILL (follower takes over)", "a hot pair (`--hot`, a checkpoint each); once the follower "
          "has caught up, SIGKILL to the leader's process tree inside an epoch; the follower takes the lease over "
          "(timed to the follower's next commit)", hot_leader_kill, slow_input=True),
@@ -677,7 +690,10 @@ def run_cell(c: Cell, setup: Setup, servers: Servers, directory: Path, reference
     if error:
         result.notes.append(f"harness: {error}")
         result.notes += [f"{d.name} exit {d.proc.poll()}: {d.last_error()}" for d in ctx.drivers]
-    result.checks = verify(read_outputs(setup, ctx.out), setup.n, expected, reference)
+    outputs = read_outputs(setup, ctx.out)
+    result.checks = verify(outputs, setup.n, expected, reference)
+    if setup.kafka:
+        result.notes.append(f"{outputs.aborted} records of aborted Kafka transactions dropped by the reader (Tansu shows them)")
     try:
         result.zombie_writes = zombie_writes(setup, ctx.out, ctx.ckpt)
     except Exception as e:  # the harness could not count them: said, not passed over

@@ -2,12 +2,19 @@
 
 **Input.** ``n`` JSON records ``{"seq", "key", "ts"}`` in a NATS JetStream stream, ``seq`` = 1..n
 (unique and increasing), ``key`` = a hash of ``seq`` over 13 keys, ``ts`` = 2026-01-01 + 5 ms × seq.
+The Kafka cells read the same records from a Kafka topic of two partitions (odd and even ``seq``).
 
 **Network.** The stream, read ``per_epoch`` sequences an epoch (one epoch a second), goes
 
 * as it is (``seq, key, ts``) into a files sink, a PostgreSQL table (append) and a NATS stream;
 * through a tumbling 2 s window per key (``n`` = count, ``s`` = sum(seq), ``lo`` / ``hi`` =
   min / max(seq)) into a files sink, a PostgreSQL table (append) and a NATS stream.
+
+The Kafka cells' network reads the topic and writes a files sink and a Kafka topic of each
+(``kafka`` sinks: one transaction an epoch); a ``read_committed`` reader reads those back. Tansu,
+the broker, hands aborted transactions' records to such readers too (docs/perf-notes.md): the
+reader keeps, of each epoch, the records of the sink's last attempt only (its
+``eddyline-attempt`` header) and the cell's notes say how many it dropped.
 
 A relocation drill moves 2 random key groups every third epoch (``control.chaos``), so epochs 3, 6,
 9, ... change the routing: the lanes that receive a group load its state from the checkpoint.
@@ -95,6 +102,26 @@ def publish_input(url: str, stream: str, n: int) -> None:
         raise RuntimeError(f"input stream {stream} holds {held} messages, expected {n}")
 
 
+def publish_kafka_input(bootstrap: str, topic: str, n: int) -> None:
+    """Records 1..n to ``topic`` (created with two partitions), keyed by ``key``, odd and even
+    sequence numbers in a partition each: an epoch reads the partitions evenly, so their event
+    times stay together (the windows' watermark has no delay: a partition ahead of the other
+    would make the other's records late)."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # (kept: a client gone aborts its requests)
+    for f in admin.create_topics([NewTopic(topic, 2)]).values():
+        f.result()
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    for s in range(1, n + 1):
+        producer.produce(topic, json.dumps({"seq": s, "key": key_of(s), "ts": iso(T0_MS + s * STEP_MS)}).encode(),
+                         str(key_of(s)).encode(), partition=s % 2)
+        producer.poll(0)
+    if producer.flush(60):
+        raise RuntimeError(f"input topic {topic}: the broker did not take every record")
+
+
 def expected_windows(n: int) -> list[Window]:
     """Every window the input makes, computed without Eddyline."""
     acc: dict[tuple[int, int], list[int]] = {}
@@ -125,6 +152,10 @@ class Outputs:
     def streams(self) -> dict[str, str]:
         return {"raw": f"{self.name.upper()}RAW", "win": f"{self.name.upper()}WIN"}
 
+    @property
+    def topics(self) -> dict[str, str]:
+        return {"raw": f"{self.name}-raw", "win": f"{self.name}-win"}
+
 
 @dataclass(frozen=True)
 class Setup:
@@ -136,10 +167,19 @@ class Setup:
     n: int
     per_epoch: int = 2_000
     trigger_ms: int = 1_000
+    kafka: str | None = None  # the broker's bootstrap address: the Kafka cells' network
+    input_topic: str = "seqin"
 
 
 def network(setup: Setup, out: Outputs) -> dict[str, Any]:
     def sinks(kind: str, step: str) -> list[dict[str, Any]]:
+        if setup.kafka:
+            return [
+                {"name": f"{kind}_files", "input": step, "files": {"path": str(out.directory / kind), "format": "parquet"}},
+                {"name": f"{kind}_kafka", "input": step,
+                 "kafka": {"brokers": setup.kafka, "topic": out.topics[kind], "key": ["key"], "partitions": 2,
+                           "wait": "60s"}},
+            ]
         return [
             {"name": f"{kind}_files", "input": step, "files": {"path": str(out.directory / kind), "format": "parquet"}},
             {"name": f"{kind}_pg", "input": step,
@@ -149,10 +189,12 @@ def network(setup: Setup, out: Outputs) -> dict[str, Any]:
                       "wait": "60s"}},
         ]
 
+    source = ({"kafka": {"brokers": setup.kafka, "topics": [setup.input_topic], "schema": SCHEMA, "wait": "60s"}}
+              if setup.kafka else
+              {"nats": {"url": setup.nats_url, "stream": setup.input_stream, "schema": SCHEMA, "wait": "60s"}})
     return {
         "name": "fault-matrix", "trigger": setup.trigger_ms, "lanes": 2, "key_groups": 16,
-        "sources": [{"name": "seqs", "max_rows_per_epoch": setup.per_epoch,
-                     "nats": {"url": setup.nats_url, "stream": setup.input_stream, "schema": SCHEMA, "wait": "60s"}}],
+        "sources": [{"name": "seqs", "max_rows_per_epoch": setup.per_epoch, **source}],
         "steps": [
             {"name": "rows", "input": "seqs", "select": ["seq", "key", "ts"]},
             {"name": "windows", "input": "seqs", "window_aggregate": {
@@ -237,20 +279,68 @@ def read_stream(url: str, stream: str) -> list[dict[str, Any]]:
     return [json.loads(m) for m in asyncio.run(read())]
 
 
+def read_topic(bootstrap: str, topic: str) -> tuple[list[dict[str, Any]], int]:
+    """The records of ``topic`` a ``read_committed`` reader sees, less those of aborted attempts
+    (see the module), as rows; and how many were dropped as aborted."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"verify-{os.getpid()}-{time.monotonic_ns()}",
+                  "isolation.level": "read_committed", "enable.partition.eof": True, "enable.auto.commit": False})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        if not parts:
+            raise RuntimeError(f"no topic {topic}")
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        records, eof, last = [], set(), time.monotonic()
+        while len(eof) < len(parts) and time.monotonic() - last < 10:
+            for m in c.consume(1000, 0.2):
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        eof.add(m.partition())
+                    continue
+                last = time.monotonic()
+                h = {k: v.decode() for k, v in m.headers() or []}
+                records.append((m.partition(), m.offset(), h.get("eddyline-epoch"), h.get("eddyline-attempt"), m.value()))
+    finally:
+        c.close()
+    # an attempt is superseded when a later record (in some partition) belongs to another attempt at its epoch
+    superseded: set[tuple[str | None, str | None]] = set()
+    for part in parts:
+        seen: list[tuple[str | None, str | None]] = []
+        for _, _, epoch, attempt, _ in sorted(r for r in records if r[0] == part):
+            if seen and seen[-1] != (epoch, attempt):
+                superseded.update(x for x in seen if x[0] == epoch and x[1] != attempt)
+            seen.append((epoch, attempt))
+    kept = [json.loads(r[4]) for r in records if (r[2], r[3]) not in superseded]
+    return kept, len(records) - len(kept)
+
+
 @dataclass
 class SinkRows:
     """One run's outputs, in canonical form."""
 
     raw: dict[str, list[tuple[int, int, int]]]  # sink kind -> (seq, key, ts ms), sorted
     win: dict[str, list[Window]]  # sink kind -> windows, sorted
+    aborted: int = 0  # Kafka sinks: records of aborted attempts dropped (see read_topic)
 
 
 def read_outputs(setup: Setup, out: Outputs) -> SinkRows:
+    aborted = [0]
+
+    def topic(kind: str) -> list[dict[str, Any]]:
+        assert setup.kafka is not None
+        rows, dropped = read_topic(setup.kafka, out.topics[kind])
+        aborted[0] += dropped
+        return rows
+
     def each(kind: str) -> dict[str, list[dict[str, Any]]]:
         got: dict[str, list[dict[str, Any]]] = {}
-        for where, read in (("files", lambda: read_files(out.directory / kind)),
-                            ("pg", lambda: read_table(setup.pg_url, out.tables[kind])),
-                            ("nats", lambda: read_stream(setup.nats_url, out.streams[kind]))):
+        readers = ((("files", lambda: read_files(out.directory / kind)), ("kafka", lambda: topic(kind)))
+                   if setup.kafka else
+                   (("files", lambda: read_files(out.directory / kind)),
+                    ("pg", lambda: read_table(setup.pg_url, out.tables[kind])),
+                    ("nats", lambda: read_stream(setup.nats_url, out.streams[kind]))))
+        for where, read in readers:
             try:
                 got[where] = read()
             except Exception as e:  # a sink that wrote nothing (its table or stream missing)
@@ -260,7 +350,7 @@ def read_outputs(setup: Setup, out: Outputs) -> SinkRows:
 
     raw = {k: sorted(_raw(r) for r in rows) for k, rows in each("raw").items()}
     win = {k: sorted(_window(r) for r in rows) for k, rows in each("win").items()}
-    return SinkRows(raw, win)
+    return SinkRows(raw, win, aborted[0])
 
 
 # ---------------------------------------------------------------------------- zombie writes
@@ -272,7 +362,7 @@ def zombie_writes(setup: Setup, out: Outputs, ckpt: Path) -> int | None:
     rows of ``eddyline_epochs`` (its ``generation``, ``committed_at``), NATS messages (the
     ``Eddyline-Generation`` header, the server's time). None: nobody took a lease over."""
     leases = sorted((ckpt / "lease").glob("*.json")) if (ckpt / "lease").is_dir() else []
-    if len(leases) < 2:
+    if len(leases) < 2 or setup.kafka:  # (the Kafka cells kill drivers and brokers: nobody takes a lease from a live one)
         return None
     taken = json.loads(leases[1].read_text())["acquired_at"]  # generation 2 took it from 1 (the cells' case)
     count = 0
@@ -530,8 +620,9 @@ class Servers:
     ``LocalPostgres``, started), and the faults applied to them. Both come back on the same port
     (NATS) or socket (PostgreSQL) with the same store."""
 
-    def __init__(self, nats: Any, pg: Any):
+    def __init__(self, nats: Any, pg: Any, kafka: Any = None):
         self.nats, self.pg = nats, pg
+        self.kafka = kafka  # LocalTansu, its log on an S3 server, for the Kafka cells
 
     def pg_processes(self) -> list[Any]:
         """The postmaster and every backend (from ``postmaster.pid``)."""
@@ -573,6 +664,12 @@ class Servers:
         else:
             self.nats.kill()
             self.nats.start()
+        if self.kafka is not None:
+            if self.kafka.proc is not None and self.kafka.proc.poll() is None:
+                self.kafka.resume()
+            else:
+                self.kafka.kill()
+                self.kafka.start()
         self.pg_signal(signal.SIGCONT)
         if not self.pg_up():
             self.pg_signal(signal.SIGKILL)

@@ -5,7 +5,9 @@ and timed (from the fault to the next commit once what it took away is back).
 The network, the input and the verifier are in :mod:`bench.faults.harness`, the cells in
 :mod:`bench.faults.cells`. A NATS server and PostgreSQL are started here (``LocalNats``,
 ``LocalPostgres``, in a temporary directory), and for the executor cell the standalone two-worker
-cluster of ``tests/runtime/e2e/standalone.py``.
+cluster of ``tests/runtime/e2e/standalone.py``. The Kafka cells run a network of their own (a
+Kafka topic in, Kafka sinks), with a reference run of their own, on a Tansu broker whose log is
+on an S3 server (``LocalS3``), so that it survives a kill.
 
 Usage::
 
@@ -20,6 +22,7 @@ section of ``bench/RESULTS.md``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -48,6 +51,7 @@ from bench.faults.harness import (  # noqa: E402
     code_root,
     expected_windows,
     publish_input,
+    publish_kafka_input,
     read_outputs,
     verify,
     write_spec,
@@ -169,18 +173,37 @@ def main() -> None:
         (base / d).mkdir(exist_ok=True)
     nats = LocalNats(str(base / "nats")).start()
     pg = LocalPostgres(str(base / "pg")).start()
-    servers = Servers(nats, pg)
+    s3 = broker = None
+    if any(c.kafka for c in chosen):
+        from eddyline.io.local import LocalS3, LocalTansu
+
+        s3 = LocalS3().start()
+        s3.bucket("tansu-log")
+        broker = LocalTansu(storage="s3://tansu-log/", env={
+            **s3.env(), "AWS_ENDPOINT": s3.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_DEFAULT_REGION": "us-east-1"}).start()
+    servers = Servers(nats, pg, broker)
     t_start = time.monotonic()
     results: list[Result] = []
     try:
         setup = Setup(nats.url, pg.url, "SEQIN", args.n)
-        publish_input(setup.nats_url, setup.input_stream, setup.n)
         expected = expected_windows(setup.n)
         ref_rows, ref_meta = None, {"epochs": None, "median_commit_gap_s": None}
-        if not args.no_reference:
-            print(f"reference run ({setup.n:,} records, {len(expected):,} windows) ...", file=sys.stderr)
-            ref_rows, ref_meta = reference(setup, base / "reference", expected)
-            print(f"  {ref_meta}", file=sys.stderr)
+        kafka_setup, kafka_rows = None, None
+        if any(not c.kafka for c in chosen):
+            publish_input(setup.nats_url, setup.input_stream, setup.n)
+            if not args.no_reference:
+                print(f"reference run ({setup.n:,} records, {len(expected):,} windows) ...", file=sys.stderr)
+                ref_rows, ref_meta = reference(setup, base / "reference", expected)
+                print(f"  {ref_meta}", file=sys.stderr)
+        if broker is not None:
+            kafka_setup = dataclasses.replace(setup, kafka=broker.bootstrap)
+            publish_kafka_input(broker.bootstrap, kafka_setup.input_topic, setup.n)
+            if not args.no_reference:
+                print("reference run of the Kafka network ...", file=sys.stderr)
+                kafka_rows, kafka_meta = reference(kafka_setup, base / "reference-kafka", expected)
+                print(f"  {kafka_meta}", file=sys.stderr)
+                if ref_rows is None:  # only Kafka cells: theirs is the run's reference
+                    ref_meta = kafka_meta
         t_cells = time.monotonic()
         for i, c in enumerate(chosen):
             print(f"[{i + 1}/{len(chosen)}] {c.key} ...", file=sys.stderr, flush=True)
@@ -191,7 +214,11 @@ def main() -> None:
                 (base / f"cluster{i:02d}").mkdir()
                 cluster = Cluster(base / f"cluster{i:02d}")
             try:
-                r = run_cell(c, setup, servers, base / f"cell{i:02d}", ref_rows, expected, cluster=cluster)
+                if c.kafka:
+                    assert kafka_setup is not None
+                    r = run_cell(c, kafka_setup, servers, base / f"cell{i:02d}", kafka_rows, expected, cluster=cluster)
+                else:
+                    r = run_cell(c, setup, servers, base / f"cell{i:02d}", ref_rows, expected, cluster=cluster)
             finally:
                 if cluster is not None:
                     cluster.stop()
@@ -203,6 +230,10 @@ def main() -> None:
     finally:
         nats.stop()
         pg.stop()
+        if broker is not None:
+            broker.stop()
+        if s3 is not None:
+            s3.stop()
     print(table(results))
     meta = {"benchmark": "faults", "when": datetime.now(UTC).isoformat(timespec="seconds"),
             "commit": git("rev-parse", "--short", "HEAD"), "dirty": " + uncommitted changes" if git("status", "--porcelain",

@@ -69,6 +69,8 @@ def produce(
     records_per_message: Annotated[int, typer.Option(
         min=1, help="rows a message, one JSON object a line (a nats source reads them with records: lines)")] = 1,
     partitions: Annotated[int, typer.Option(min=1, help="Kafka: partitions of a topic it creates")] = 1,
+    format_: Annotated[str, typer.Option("--format", help="Kafka: json, or avro (plain Avro records; each topic's schema written to DIR/TOPIC.avsc, see --avro-schemas)")] = "json",
+    avro_schemas: Annotated[str, typer.Option(help="Kafka, --format avro: the directory the schemas are written to")] = ".",
     master: Master = None,
 ) -> None:
     """Publish a built-in generator's rows to a NATS JetStream stream, one JSON object a message
@@ -85,12 +87,26 @@ def produce(
         if events is None and rate is None:
             err.print("[dim]no --events: publishing until Ctrl-C[/dim]")
         end = None if events is None else start + events
+        if format_ not in ("json", "avro"):
+            raise SpecError(f"--format: expected json or avro, got {format_!r}")
+        if format_ != "json" and not kafka:
+            raise SpecError("--format avro: Kafka only (kafka://...); NATS messages are JSON")
         if kafka:
             if records_per_message != 1:
                 raise SpecError("--records-per-message: Kafka takes one record a message")
+
+            def schema_file(topic: str, schema: dict) -> None:
+                import json
+                from pathlib import Path
+
+                path = Path(avro_schemas) / f"{topic}.avsc"
+                path.write_text(json.dumps(schema, indent=1))
+                err.print(f"[dim]topic {topic}: Avro schema in {path}[/dim]")
+
             reached = produce_kafka(
                 spark(master), url.removeprefix("kafka://"), feeds, start=start, end=end, rate=rate,
-                should_stop=lambda: stop["now"], partitions=partitions,
+                should_stop=lambda: stop["now"], partitions=partitions, value_format=format_,
+                on_schema=schema_file,
                 on_chunk=lambda done, n: err.print(f"[dim]offset {done:,}: {n:,} records[/dim]"),
             )
         else:

@@ -13,7 +13,8 @@ stopped in the middle (Ctrl-C) sends such a short message, and one started again
 offset sends the full message with that number as well, so the rows of the short one arrive twice.
 
 To Kafka (:func:`produce_kafka`) each feed's rows go to the topic its ``subject`` names, one JSON
-object a record, through an idempotent producer (no duplicates from its own retries); Kafka has
+object (or plain Avro record, of the schema :func:`eddyline.io.binrecords.avro_schema_of` gives
+its columns) a record, through an idempotent producer (no duplicates from its own retries); Kafka has
 no de-duplication window, so a producer started again from the same offset sends those rows again.
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from eddyline.api.sources import SourceSpec
 from eddyline.io.natswire import DEDUP_WINDOW_MS, NatsConnection, ensure_stream
@@ -91,9 +92,13 @@ def produce_kafka(
     should_stop: Callable[[], bool] | None = None,
     on_chunk: Callable[[int, int], None] | None = None,
     partitions: int = 1,
+    value_format: str = "json",
+    on_schema: Callable[[str, dict], None] | None = None,
 ) -> int:
     """:func:`produce` to Kafka: each feed's rows to the topic its ``subject`` names (created with
-    ``partitions`` partitions if missing), one JSON object a record. Returns the offset reached."""
+    ``partitions`` partitions if missing), one JSON object a record, or with ``value_format``
+    ``"avro"`` one plain Avro record (``on_schema(topic, schema)`` is told each topic's Avro
+    schema before its first record). Returns the offset reached."""
     from confluent_kafka import KafkaException, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -107,14 +112,26 @@ def produce_kafka(
             future.result()
     except KafkaException as e:
         raise EddylineError(f"produce: Kafka brokers {brokers}: {e.args[0]}") from e
+    if value_format not in ("json", "avro"):
+        raise EddylineError(f"produce: value format: expected json or avro, got {value_format!r}")
     producer = Producer({"bootstrap.servers": brokers, "enable.idempotence": True, "linger.ms": 20})
     published, done = 0, start
-    for done, rows in _chunks(spark, feeds, start, end, rate, should_stop):
+    writers: dict[str, Callable[[dict], bytes]] = {}
+    for done, rows in _chunks(spark, feeds, start, end, rate, should_stop, typed=value_format == "avro"):
         for feed, chunk in zip(feeds, rows, strict=True):
-            for row in chunk:
+            if value_format == "avro" and feed.subject not in writers:
+                from eddyline.io.binrecords import avro_schema_of, avro_writer
+
+                schema = avro_schema_of(chunk.schema, feed.subject)
+                writers[feed.subject] = avro_writer(schema)
+                if on_schema is not None:
+                    on_schema(feed.subject, schema)
+            values = ([writers[feed.subject](r) for r in chunk.to_pylist()] if value_format == "avro"
+                      else [row.encode() for row in chunk])
+            for value in values:
                 while True:
                     try:
-                        producer.produce(feed.subject, row.encode())
+                        producer.produce(feed.subject, value)
                         break
                     except BufferError:  # the producer's queue is full: let it drain
                         producer.poll(0.1)
@@ -128,9 +145,10 @@ def produce_kafka(
 
 def _chunks(
     spark: SparkSession, feeds: list[Feed], start: int, end: int | None, rate: float | None,
-    should_stop: Callable[[], bool] | None,
-) -> Iterator[tuple[int, list[list[str]]]]:
-    """The feeds' rows as JSON text, chunk by chunk: (the offset reached, each feed's rows)."""
+    should_stop: Callable[[], bool] | None, typed: bool = False,
+) -> Iterator[tuple[int, list[Any]]]:
+    """The feeds' rows as JSON text (``typed``: as an Arrow table), chunk by chunk: (the offset
+    reached, each feed's rows)."""
     sources = [make_source(f.source) for f in feeds]
     done, t0 = start, time.monotonic()
     while (end is None or done < end) and not (should_stop is not None and should_stop()):
@@ -146,7 +164,7 @@ def _chunks(
         rows = []
         for source in sources:
             df = source.frames(spark, {"start": done, "end": upto}, spark.sparkContext.defaultParallelism).data
-            rows.append(to_json_column(df).toArrow().column(0).to_pylist())
+            rows.append(df.toArrow() if typed else to_json_column(df).toArrow().column(0).to_pylist())
         done = upto
         yield done, rows
 

@@ -193,3 +193,129 @@ def test_keys_headers_and_timestamps_are_columns(spark, tansu):
     assert [(r.kafka_topic, r.kafka_key) for r in rows] == [(topic, b"k0"), (topic, None)]
     assert all(dict(r.kafka_headers) == {"trace": b"t-1", "v": b"2"} for r in rows)
     assert all(abs(r.kafka_timestamp.timestamp() - time.time()) < 600 for r in rows)  # the producer's time
+
+
+def test_a_byte_budget_per_partition_ends_each_range_after_the_last_record_that_fits(spark, tansu):
+    """Ranges planned under ``max_bytes_per_partition`` hold the records whose keys and values
+    fit (at least one), and a replay of a plan reads exactly its records."""
+    topic = create_topic(tansu.bootstrap, topic_name(), partitions=2)
+    small = [json.dumps({"id": i, "name": "x" * (48 - len(str(i))), "price": 1.0}).encode() for i in range(30)]
+    produce(tansu.bootstrap, topic, small, partition=0, keys=[b"k"] * 30)  # 82 + 1 bytes a record
+    big = [json.dumps({"id": 100 + i, "name": "y" * 300, "price": 2.0}).encode() for i in range(3)]
+    produce(tansu.bootstrap, topic, big, partition=1)  # 337 bytes a record, above the budget
+    assert {len(v) + 1 for v in small} == {83} and {len(v) for v in big} == {337}
+    src = _source(tansu.bootstrap, topics=[topic], max_bytes_per_partition=300, metadata=["partition", "offset"])
+    first = src.plan(0, 0.0)
+    assert first["ranges"] == [[topic, 0, 0, 3], [topic, 1, 0, 1]]  # 3 × 83 = 249 ≤ 300 < 332; one big alone
+    assert first["backlog"] == 27 + 2 and first["lag"] == {f"{topic}/0": 27, f"{topic}/1": 2}
+    got = sorted((r.kafka_partition, r.kafka_offset) for r in src.frames(spark, first, 2).data.collect())
+    assert got == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    again = sorted((r.kafka_partition, r.kafka_offset) for r in src.frames(spark, first, 3).data.collect())
+    assert again == got
+    # with a record budget as well, the smaller bound wins; planning goes on from the cursor
+    both = _source(tansu.bootstrap, topics=[topic], max_bytes_per_partition=1000, max_records_per_partition=5)
+    second = both.plan(first["end"], 0.0, first["cursor"])
+    assert second["ranges"] == [[topic, 0, 3, 8], [topic, 1, 1, 3]]  # 5 records of 83; 2 of 337 = 674
+    # over the whole topic, every offset is planned once
+    cursor, start, seen = None, 0, []
+    while True:
+        p = src.plan(start, 0.0, cursor)
+        if not p["ranges"]:
+            break
+        seen += [(t, part, o) for t, part, a, b in p["ranges"] for o in range(a, b)]
+        cursor, start = p["cursor"], p["end"]
+    assert sorted(seen) == sorted([(topic, 0, o) for o in range(30)] + [(topic, 1, o) for o in range(3)])
+
+
+AVRO_BID = {"type": "record", "name": "Bid", "fields": [
+    {"name": "id", "type": "long"}, {"name": "name", "type": ["null", "string"]},
+    {"name": "price", "type": "double"}, {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-micros"}}]}
+
+
+def _avro(record: dict) -> bytes:
+    import io
+
+    import fastavro
+
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(AVRO_BID), record)
+    return out.getvalue()
+
+
+def test_avro_values_plain_and_confluent_framed_are_decoded_and_bad_ones_are_dead_letters(spark, tansu, tmp_path):
+    import struct
+    from datetime import UTC, datetime
+
+    t = datetime(2026, 3, 1, tzinfo=UTC)
+    topic = create_topic(tansu.bootstrap, topic_name())
+    produce(tansu.bootstrap, topic, [_avro({"id": 1, "name": "a", "price": 1.5, "ts": t}),
+                                      _avro({"id": 2, "name": None, "price": 2.5, "ts": t}), b"\x02"], partition=0)
+    schema_file = tmp_path / "bid.avsc"
+    schema_file.write_text(json.dumps(AVRO_BID))
+    src = _source(tansu.bootstrap, topics=[topic], format="avro", avro={"schema": str(schema_file)},
+                  schema="id long, name string, price double, ts timestamp")
+    frames = src.frames(spark, src.plan(0, 0.0), 2)
+    got = sorted(tuple(r.values()) for r in frames.data.toArrow().to_pylist())  # (Arrow: timestamps in UTC)
+    assert got == [(1, "a", 1.5, t), (2, None, 2.5, t)]
+    assert [(r.file, r.line, r.reason) for r in frames.dead_letters.collect()] == [
+        (f"{topic}/0", 2, f"not an Avro record of the schema (the value ends inside the record) (topic {topic}, "
+                          "partition 0, offset 2)")]
+
+    framed = create_topic(tansu.bootstrap, topic_name())
+    wire = b"\x00" + struct.pack(">I", 42)
+    produce(tansu.bootstrap, framed, [wire + _avro({"id": 3, "name": "c", "price": 3.0, "ts": t}), _avro(
+        {"id": 4, "name": "d", "price": 4.0, "ts": t})], partition=0)
+    src = _source(tansu.bootstrap, topics=[framed], format="avro", schema="id long, price double",
+                  avro={"schema": json.dumps(AVRO_BID), "confluent": True, "schema_id": 42})
+    frames = src.frames(spark, src.plan(0, 0.0), 1)
+    assert [tuple(r) for r in frames.data.collect()] == [(3, 3.0)]
+    assert [r.reason for r in frames.dead_letters.collect()] == [
+        f"not in Confluent's wire format (a zero byte, then a 4-byte schema id) (topic {framed}, partition 0, offset 1)"]
+
+
+def test_protobuf_values_are_decoded_with_the_descriptors(spark, tansu, tmp_path):
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    fds = descriptor_pb2.FileDescriptorSet()
+    f = fds.file.add(name="bid.proto", package="shop", syntax="proto3")
+    m = f.message_type.add(name="Bid")
+    F = descriptor_pb2.FieldDescriptorProto
+    m.field.add(name="id", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+    m.field.add(name="name", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    (tmp_path / "bid.desc").write_bytes(fds.SerializeToString())
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    Bid = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Bid"))
+    topic = create_topic(tansu.bootstrap, topic_name())
+    produce(tansu.bootstrap, topic, [Bid(id=7, name="p").SerializeToString(), Bid(id=8).SerializeToString(), b"\x0a\xff"],
+            partition=0)
+    src = _source(tansu.bootstrap, topics=[topic], format="protobuf", schema="id long, name string",
+                  protobuf={"descriptors": str(tmp_path / "bid.desc"), "message": "shop.Bid"})
+    frames = src.frames(spark, src.plan(0, 0.0), 1)
+    assert sorted(tuple(r) for r in frames.data.collect()) == [(7, "p"), (8, "")]
+    [dead] = frames.dead_letters.collect()
+    assert dead.line == 2 and dead.reason.startswith("not a Protobuf shop.Bid (")
+    assert dead.reason.endswith(f"(topic {topic}, partition 0, offset 2)")
+
+
+def test_bad_avro_and_protobuf_settings_are_refused_naming_the_field(tmp_path):
+    good = json.dumps(AVRO_BID)
+    (tmp_path / "junk.desc").write_bytes(b"\xff\xff")
+    cases = [
+        ({"format": "avro"}, "format: avro needs 'avro'"),
+        ({"avro": {"schema": good}}, "avro: given, but format is 'json'"),
+        ({"format": "avro", "avro": {"schema": "{nope"}}, "avro.schema: not JSON"),
+        ({"format": "avro", "avro": {"schema": str(tmp_path / "missing.avsc")}}, "avro.schema: neither inline Avro JSON nor a readable file"),
+        ({"format": "avro", "avro": {"schema": '{"type": "enum"}'}}, "avro.schema: not an Avro schema"),
+        ({"format": "avro", "avro": {"schema": good}, "schema": "id long, size long"}, "column 'size' is no field of the Avro schema"),
+        ({"format": "avro", "avro": {"schema": good}, "schema": "name long"}, "column 'name' is bigint, but the Avro schema has it as string"),
+        ({"format": "protobuf", "protobuf": {"descriptors": str(tmp_path / "nope.desc"), "message": "a.B"}},
+         "protobuf.descriptors: cannot read"),
+        ({"format": "protobuf", "protobuf": {"descriptors": str(tmp_path / "junk.desc"), "message": "a.B"}},
+         "protobuf.descriptors: not a FileDescriptorSet"),
+        ({"format": "protobuf", "protobuf": {"descriptors": "x.desc"}}, r"protobuf.message\n  Field required"),
+        ({"max_bytes_per_partition": 0}, "max_bytes_per_partition"),
+    ]
+    for params, message in cases:
+        with pytest.raises(ValidationError, match=message):
+            SourceSpec.model_validate({"name": "s", "kafka": {"schema": "id long", "topics": ["a"], **params}})

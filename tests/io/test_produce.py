@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from eddyline.api.sources import SourceSpec
+from eddyline.errors import EddylineError
 from eddyline.io import produce as producing
 from eddyline.io.jetstream import NatsSource
 from eddyline.io.nexmark import Nexmark, nexmark_frame, nexmark_schema
@@ -92,3 +93,26 @@ def test_nexmark_bids_produced_to_a_kafka_topic_are_read_back_by_the_kafka_sourc
     assert sorted(json.loads(planned["cursor"])) == [f"{topic}/0", f"{topic}/1"]  # made with two partitions
     got = source.frames(spark, planned, 2).data.toArrow().to_pylist()
     assert sorted(got, key=lambda r: (r["date_time"], r["auction"], r["bidder"], r["price"])) == _bids(spark)
+
+
+def test_nexmark_bids_produced_as_avro_are_read_back_by_the_kafka_source_with_the_schema_written(
+    spark, tansu, tmp_path
+):
+    from eddyline.io.kafka import KafkaSource
+    from eddyline.io.produce import produce_kafka
+
+    topic = f"bids-{uuid.uuid4().hex[:8]}"
+    feeds = [Feed(SourceSpec.model_validate({"name": "bid", "nexmark": BID}), topic)]
+    schemas: dict[str, dict] = {}
+    assert produce_kafka(spark, tansu.bootstrap, feeds, end=EVENTS, value_format="avro",
+                         on_schema=schemas.__setitem__) == EVENTS
+    (tmp_path / "bid.avsc").write_text(json.dumps(schemas[topic]))
+    source = KafkaSource(SourceSpec.model_validate({"name": "bids", "kafka": {
+        "brokers": tansu.bootstrap, "topics": [topic], "schema": nexmark_schema("bid"), "format": "avro",
+        "avro": {"schema": str(tmp_path / "bid.avsc")}}}))
+    frames = source.frames(spark, source.plan(0, 0.0), 2)
+    got = frames.data.toArrow().to_pylist()
+    assert sorted(got, key=lambda r: (r["date_time"], r["auction"], r["bidder"], r["price"])) == _bids(spark)
+    assert frames.dead_letters.count() == 0
+    with pytest.raises(EddylineError, match="value format: expected json or avro, got 'xml'"):
+        produce_kafka(spark, tansu.bootstrap, feeds, end=1, value_format="xml")

@@ -117,3 +117,64 @@ def read_ends(consumer: Consumer, start: dict[tuple[str, int], int], timeout_s: 
     finally:
         consumer.unassign()
     return ends
+
+
+def budget_ends(
+    consumer: Consumer, spans: dict[tuple[str, int], tuple[int, int]], budget: int, timeout_s: float,
+) -> dict[tuple[str, int], int]:
+    """For each partition's span ``[first, end)`` of offsets, the end of the offsets from
+    ``first`` whose records' keys and values hold at most ``budget`` bytes together: the offset
+    after the last record that fits, ``end`` if all do. The first record is always taken (a
+    record larger than the budget is read alone, not never). Offsets that deliver no record
+    (transaction markers, aborted records under ``read_committed``) weigh nothing. Read with
+    ``consumer`` (``enable.partition.eof``), which is left unassigned."""
+    from confluent_kafka import TopicPartition
+
+    spans = {tp: (a, b) for tp, (a, b) in spans.items() if b > a}
+    if not spans:
+        return {}
+    consumer.assign([TopicPartition(t, p, a) for (t, p), (a, _) in spans.items()])
+    used = dict.fromkeys(spans, 0)
+    taken = dict.fromkeys(spans, 0)  # records
+    out: dict[tuple[str, int], int] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(out) < len(spans):
+            if time.monotonic() > deadline:
+                missing = sorted(set(spans) - set(out))[:5]
+                raise KafkaUnreachable(f"no fetch answered for partitions {missing} within {timeout_s:.0f}s")
+            done = []
+            for m in consumer.consume(10_000, timeout=0.05):
+                key = (m.topic(), m.partition())
+                if key in out or key not in spans:
+                    continue
+                end = spans[key][1]
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:  # the end of what is there: every record fit
+                        out[key] = end
+                        done.append(key)
+                    elif err.fatal() or not (err.retriable() or unreachable(err)):
+                        raise KafkaException(err)
+                    continue
+                at = m.offset()
+                size = len(m.key() or b"") + len(m.value() or b"")
+                if at >= end:
+                    out[key] = end
+                elif taken[key] and used[key] + size > budget:
+                    out[key] = at  # this record would pass the budget: the range ends before it
+                else:
+                    used[key] += size
+                    taken[key] += 1
+                    if at + 1 >= end:
+                        out[key] = end
+                if key in out:
+                    done.append(key)
+            if done:  # no more fetches of the partitions that are done
+                consumer.pause([TopicPartition(*key) for key in done])
+    finally:
+        # librdkafka keeps a partition paused through unassign and the next assign: the consumer's
+        # next reads (read_ends, this) would wait on it for ever
+        consumer.resume([TopicPartition(*key) for key in spans])
+        consumer.unassign()
+    return out

@@ -17,6 +17,14 @@ the group's offset and writes nothing. One killed in the middle left a transacti
 the broker aborts when the next producer of the same transactional id starts (or after
 ``transaction.timeout.ms``); meanwhile ``read_committed`` readers wait at it.
 
+One transaction an epoch, from the driver, not one a lane from the lanes' tasks: Kafka commits
+the transactions of several transactional ids one by one, never together, nor together with
+the checkpoint, so per-lane transactions would show readers epochs in part, and would write
+each row once only with a marker per lane, every lane id of every older generation and lane
+count fenced, and replays that give each lane the very rows it had (docs/io.md, "One
+transaction an epoch, not one a lane"). The cost is every output row through the driver
+(docs/perf-notes.md).
+
 Fencing. The transactional id is ``eddyline.<network>.<checkpoint>.<sink>.g<generation>``: it
 depends on the lease generation, so that only the newer generation can fence the older and not
 the other way round. (With one id for every generation, a zombie driver that opened its

@@ -10,9 +10,11 @@ the offsets an epoch passes over, records and the transaction markers between th
 Reading. Spark's tasks read the ranges themselves, each range cut into pieces of at least
 :data:`MIN_PER_TASK` offsets dealt to the tasks in turn, each task with a consumer of its own
 (``isolation.level=read_committed``, no group, nothing committed). A record's value is one JSON
-object or CSV line, decoded like a file's line (:mod:`eddyline.io.textrecords`); one that does not
-decode is a dead letter whose ``file`` is ``topic/partition``, ``line`` its offset, and whose
-reason ends with the topic, partition and offset. ``metadata`` adds the record's topic,
+object or CSV line, decoded like a file's line (:mod:`eddyline.io.textrecords`), or an Avro or
+Protobuf record decoded with the schema the source is given (``avro``, ``protobuf``: plain or in
+Confluent's wire format, :mod:`eddyline.io.binrecords`); one that does not decode is a dead
+letter whose ``file`` is ``topic/partition``, ``line`` its offset, and whose reason ends with the
+topic, partition and offset. ``metadata`` adds the record's topic,
 partition, offset, timestamp, key and headers as columns ``kafka_<name>``.
 
 Planning. Each plan lists the topics (``topics``, or every topic matching ``pattern``) and their
@@ -26,6 +28,17 @@ passed over in silence. ``max_records_per_partition`` bounds what an epoch takes
 a cap on the whole (``max_rows_per_epoch``, admission control) is shared out evenly among the
 partitions that have records. The progress shows ``backlog`` and the ``lag`` of each partition.
 
+A byte budget. ``max_bytes_per_partition`` bounds the bytes (keys and values) an epoch takes of
+a partition, and it too must be in the plan's ranges, or a replay would read other records than
+the first try. Kafka tells no record's size before the record is fetched, so the planner reads
+them: from the partition's cursor, the records up to the budget (at least one, so that a record
+larger than the budget is still read, alone), and the range ends after the last one that fits
+(:func:`eddyline.io.kafka.client.budget_ends`). What a given offset holds never changes in a
+partition (a transaction below the last stable offset is decided, and the range never passes
+it), so the sizes the planner saw are the sizes the tasks read; the plan logs the range's end
+either way. The cost: the planner fetches each record once more, up to the budget a partition,
+in the driver (the records, not their decoding; none at all without the option).
+
 Consumer group. After each commit of the checkpoint the offsets the epoch reached are committed
 for the consumer group ``group`` (default ``eddyline.<source>``), so that Kafka's own tools show the
 lag. The checkpoint stays the truth: the group's offsets are never read back, and a failure to
@@ -34,11 +47,13 @@ commit them is shown in the source's ``status`` and tried again at the next comm
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import re
 import time
 from collections.abc import Hashable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -47,9 +62,11 @@ from pydantic import Field, model_validator
 from eddyline.api.sources import SOURCES, SourceSpec
 from eddyline.api.units import Duration, Model, format_duration_ms
 from eddyline.errors import SourceError, SourceUnreachable
+from eddyline.io.binrecords import Codec, decoded_binary, read_text_or_file
 from eddyline.io.kafka.client import (
     REQUEST_S,
     KafkaUnreachable,
+    budget_ends,
     partition_counts,
     read_ends,
     settings,
@@ -83,18 +100,38 @@ Metadata = Literal["topic", "partition", "offset", "timestamp", "key", "headers"
 _TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
 
 
+class AvroValues(Model):
+    """How ``format: avro`` values decode."""
+
+    schema_: str = Field(alias="schema", min_length=1)  # the writer's schema: Avro JSON inline, or a file holding it
+    confluent: bool = False  # Confluent's wire format: a zero byte and a 4-byte schema id before each record
+    schema_id: int | None = Field(default=None, ge=0)  # with confluent: records of another id are dead letters
+
+
+class ProtobufValues(Model):
+    """How ``format: protobuf`` values decode."""
+
+    descriptors: str = Field(min_length=1)  # a FileDescriptorSet file (protoc --include_imports --descriptor_set_out)
+    message: str = Field(min_length=1)  # the message type's full name, package.Message
+    confluent: bool = False  # Confluent's wire format: zero byte, 4-byte schema id, message indexes, record
+    schema_id: int | None = Field(default=None, ge=0)
+
+
 class KafkaIn(Model):
     """Kafka topics to read: JSON (or CSV) values with a declared schema, one record a value."""
 
     brokers: str = Field(default="127.0.0.1:9092", min_length=1)  # bootstrap servers, host:port[,host:port]
     topics: list[str] | None = Field(default=None, min_length=1)
     pattern: str | None = None  # a regular expression every topic to read matches whole
-    format: Literal["json", "csv"] = "json"
-    schema_: str = Field(alias="schema", min_length=1)
+    format: Literal["json", "csv", "avro", "protobuf"] = "json"
+    schema_: str = Field(alias="schema", min_length=1)  # the columns (Spark DDL); avro/protobuf: fields of the record
+    avro: AvroValues | None = None  # format: avro
+    protobuf: ProtobufValues | None = None  # format: protobuf
     metadata: list[Metadata] = []
     group: str | None = Field(default=None, min_length=1)  # default: eddyline.<source>
     commit_offsets: bool = True  # commit the group's offsets after each checkpoint commit
     max_records_per_partition: int | None = Field(default=None, gt=0)
+    max_bytes_per_partition: int | None = Field(default=None, gt=0)  # keys and values, per partition and epoch
     wait: Duration = Field(default=30_000, gt=0)  # how long to retry brokers that do not answer
     options: dict[str, str] = {}  # librdkafka settings (security.protocol, sasl.*, ...)
 
@@ -114,6 +151,20 @@ class KafkaIn(Model):
         if schema is None:
             raise ValueError(f"schema: expected flat Spark DDL of scalar types (e.g. 'id long, name string'), "
                              f"got {self.schema_!r}")
+        binary = {"avro": self.avro, "protobuf": self.protobuf}
+        for name, given in binary.items():
+            if given is not None and self.format != name:
+                raise ValueError(f"{name}: given, but format is {self.format!r} (set format: {name})")
+        if self.format in binary:
+            if binary[self.format] is None:
+                raise ValueError(f"format: {self.format} needs '{self.format}' (the writer's schema)")
+            try:
+                codec = self.codec()
+                assert codec is not None
+                codec.load()
+            except ValueError as e:
+                raise ValueError(f"{self.format}.{e}") from None
+            codec.check(schema)
         clash = {f"kafka_{m}" for m in self.metadata} & {n.lower() for n in schema.arrow.names}
         if clash:
             raise ValueError(f"metadata: the column(s) {sorted(clash)} are fields of the schema too")
@@ -121,6 +172,21 @@ class KafkaIn(Model):
             if key in _OWN:
                 raise ValueError(f"options: {key!r} is set by the source itself")
         return self
+
+    def codec(self) -> Codec | None:
+        """How ``avro``/``protobuf`` values decode (their schema files read now); None for text."""
+        if self.format == "avro" and self.avro is not None:
+            a = self.avro
+            return Codec("avro", read_text_or_file(a.schema_, "schema"), confluent=a.confluent, schema_id=a.schema_id)
+        if self.format == "protobuf" and self.protobuf is not None:
+            pb = self.protobuf
+            try:
+                data = Path(pb.descriptors).read_bytes()
+            except OSError as e:
+                raise ValueError(f"descriptors: cannot read the FileDescriptorSet: {e}") from e
+            return Codec("protobuf", base64.b64encode(data).decode(), pb.message, confluent=pb.confluent,
+                         schema_id=pb.schema_id)
+        return None
 
 
 #: librdkafka settings the source sets itself
@@ -150,27 +216,28 @@ def share_out(available: dict[str, int], total: int) -> dict[str, int]:
     return take
 
 
+def starts(read: dict[str, int], lows: dict[str, int]) -> dict[str, int]:
+    """Where each partition's next range starts: where it was read to, or its first offset if it
+    was not read before or retention has removed offsets since (see :func:`slice_of`)."""
+    return {key: max(read.get(key, low), low) for key, low in lows.items()}
+
+
 def slice_of(
     start: int, read: dict[str, int], lows: dict[str, int], ends: dict[str, int], budget: int, per_partition: int | None,
+    fits: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """An epoch's slice, from what was read (``read``: each partition's next offset, ``topic/p``
     keys) and what the partitions hold now (their first offsets ``lows`` and ends ``ends``):
-    at most ``per_partition`` offsets of each and ``budget`` in all (see :func:`share_out`). A
+    at most ``per_partition`` offsets of each, up to ``fits`` (a partition's end of the offsets
+    its byte budget takes, where there is one) and ``budget`` in all (see :func:`share_out`). A
     partition not read before starts at its first offset; one read before whose first offset has
     moved past where it was (retention) starts there, the offsets in between ``discarded``."""
-    cursor: dict[str, int] = {}
-    available: dict[str, int] = {}
-    discarded = 0
-    for key, low in lows.items():
-        at = read.get(key)
-        if at is None:
-            at = low
-        elif at < low:
-            discarded += low - at
-            at = low
-        cursor[key] = at
-        available[key] = max(0, ends[key] - at)
+    cursor = starts(read, lows)
+    discarded = sum(low - read[key] for key, low in lows.items() if key in read and read[key] < low)
+    available = {key: max(0, ends[key] - at) for key, at in cursor.items()}
     capped = {k: min(n, per_partition) if per_partition else n for k, n in available.items()}
+    for k, end in (fits or {}).items():
+        capped[k] = min(capped[k], max(0, end - cursor[k]))
     take = share_out(capped, budget) if sum(capped.values()) > budget else capped
     ranges = [[*_split_key(k), cursor[k], cursor[k] + n] for k, n in sorted(take.items()) if n > 0]
     for k, n in take.items():
@@ -289,8 +356,15 @@ class KafkaSource(Source):
         if self.spec.limit is not None:
             budget = min(budget, max(0, self.spec.limit - start))
         lows = {_key(*tp): low for tp, (low, _) in marks.items()}
-        return slice_of(start, read, lows, {_key(*tp): end for tp, end in ends.items()}, budget,
-                        self.params.max_records_per_partition)
+        by_key = {_key(*tp): end for tp, end in ends.items()}
+        fits = None
+        if self.params.max_bytes_per_partition is not None and budget > 0:
+            per = self.params.max_records_per_partition
+            spans = {_split_key(k): (at, min(by_key[k], at + per) if per else by_key[k])
+                     for k, at in starts(read, lows).items() if by_key[k] > at}
+            fitting = self._call(lambda c: budget_ends(c, spans, self.params.max_bytes_per_partition, self.params.wait / 1000))
+            fits = {_key(*tp): end for tp, end in fitting.items()}
+        return slice_of(start, read, lows, by_key, budget, self.params.max_records_per_partition, fits)
 
     def committed(self, end: int, cursor: str | None = None) -> None:
         """Commit the offsets the checkpoint reached for the consumer group (see the module)."""
@@ -329,11 +403,16 @@ class KafkaSource(Source):
         meta = tuple(p.metadata)
         ddl = ", ".join([schema.ddl(ship), *(f"kafka_{m} {METADATA[m][1]}" for m in meta)])
         tasks = self._run_time_tasks(partitions) if planned is None else partitions
+        # a task reads its ranges one after the other; the fetch a range leaves in flight (a long poll
+        # of the partition just read) holds back the next range's first fetch for up to
+        # fetch.wait.max.ms (librdkafka sends one fetch to a broker at a time): 500 ms by default,
+        # paid by every task of every epoch. The task knows its records are there, so it never needs
+        # a long poll.
         conf = self._settings(**{
             "group.id": f"{self.group}.reader", "enable.auto.commit": False, "isolation.level": "read_committed",
-            "enable.partition.eof": True, "auto.offset.reset": "error",
+            "enable.partition.eof": True, "auto.offset.reset": "error", "fetch.wait.max.ms": 10,
         })
-        read = functools.partial(read_task, conf, p.format, schema, ship, meta, EpochSlice(self.name, planned), tasks,
+        read = functools.partial(read_task, conf, p.codec() or p.format, schema, ship, meta, EpochSlice(self.name, planned), tasks,
                                  self.min_per_task, p.wait / 1000, self.name)
         df = spark.range(0, tasks, 1, tasks).mapInArrow(read, ddl)
         return split_decoded(df, [*ship, *(f"kafka_{m}" for m in meta)], self.name, count_bad)
@@ -438,7 +517,11 @@ def _decoded(
     def why(offset: int, reason: str) -> str:
         return f"{reason} (topic {topic}, partition {p}, offset {offset})"
 
-    batch, order = decoded_rows(fmt, f"{topic}/{p}", offsets, [m.value() or b"" for m in msgs], schema, ship, why)
+    values = [m.value() or b"" for m in msgs]
+    if isinstance(fmt, Codec):
+        batch, order = decoded_binary(fmt, f"{topic}/{p}", offsets, values, schema, ship, why)
+    else:
+        batch, order = decoded_rows(fmt, f"{topic}/{p}", offsets, values, schema, ship, why)
     if not meta:
         return batch
     columns = list(batch.columns)
