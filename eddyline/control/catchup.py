@@ -3,7 +3,7 @@
 Every epoch pays a fixed price (planning, Spark's jobs, the commit) before its first row, so a
 query that is behind catches up faster in fewer, larger epochs; one that keeps up wants small
 ones (a result waits for its epoch). A source with no per-epoch cap of its own
-(``max_rows_per_epoch``, ``max_files_per_epoch``, ``max_records_per_partition``) therefore takes
+(``max_rows_per_epoch``, ``max_files_per_epoch``, a Kafka partition's budget) therefore takes
 what is waiting when that fits one epoch, and otherwise as much as fits ``target``:
 
 * the epoch's cost is modelled as ``D = F + a × rows`` milliseconds, fitted by least squares to

@@ -264,7 +264,8 @@ class KafkaSource(Source):
         return self.spec.params
 
     def capped(self) -> bool:
-        return super().capped() or self.params.max_records_per_partition is not None
+        return (super().capped() or self.params.max_records_per_partition is not None
+                or self.params.max_bytes_per_partition is not None)
 
     @property
     def group(self) -> str:
