@@ -9,7 +9,9 @@ what is waiting when that fits one epoch, and otherwise as much as fits ``target
 * the epoch's cost is modelled as ``D = F + a × rows`` milliseconds, fitted by least squares to
   the recent epochs that read rows (the first epoch of a process, slow while the JVM and the
   Python workers warm up, is left out of the fit; an epoch that met the target cold would have
-  met it warm, so it counts for the growth below);
+  met it warm, so it counts for the growth below); before two such epochs exist, a row is
+  charged the whole time of the epochs seen (the cold one too, if it is all there is), an
+  overestimate that keeps the first large epochs within the target;
 * an epoch takes at most ``(target - F) / a`` rows, at most ``max_rows`` (what one epoch may
   hold in memory), and at most ``growth`` times what the last epoch read if that one met the
   target (from ``first_rows``, before anything was measured): the model is never extrapolated
@@ -101,20 +103,24 @@ class CatchUpSizer:
         self.history.append(taken)
 
     def model(self) -> tuple[float, float] | None:
-        """``(F, a)``: fixed milliseconds an epoch and milliseconds a row, or None before two
-        epochs with rows were seen."""
-        seen = [(sum(t.rows.values()), t.duration_ms) for t in self.history if sum(t.rows.values()) > 0 and not t.cold]
-        if len(seen) < 2:
+        """``(F, a)``: fixed milliseconds an epoch and milliseconds a row, or None before an
+        epoch with rows was seen. Fitted to the warm epochs when two of different sizes exist;
+        otherwise all of an epoch's time is charged to its rows (F = 0), which overstates what a
+        row costs and so errs towards smaller epochs: from one warm epoch, or the cold first one
+        (slower still) while there is no other."""
+        seen = [(sum(t.rows.values()), t.duration_ms, t.cold) for t in self.history if sum(t.rows.values()) > 0]
+        warm = [(n, d) for n, d, cold in seen if not cold]
+        if len(warm) >= 2:
+            n = np.array([w[0] for w in warm], dtype=float)
+            d = np.array([w[1] for w in warm], dtype=float)
+            if np.ptp(n) > 0.2 * n.mean():
+                a, f = np.polyfit(n, d, 1)
+                if a > 0 and f >= 0:
+                    return float(f), float(a)
+        use = warm or [(n, d) for n, d, _ in seen]
+        if not use:
             return None
-        n = np.array([s[0] for s in seen], dtype=float)
-        d = np.array([s[1] for s in seen], dtype=float)
-        if np.ptp(n) > 0.2 * n.mean():
-            a, f = np.polyfit(n, d, 1)
-            if a > 0 and f >= 0:
-                return float(f), float(a)
-        # one size of epoch (or a fit that makes no sense): all of the time is charged to the
-        # rows, which overestimates their cost, so it errs towards smaller epochs
-        return 0.0, float(d.sum() / n.sum())
+        return 0.0, sum(d for _, d in use) / sum(n for n, _ in use)
 
     def rows_per_offset(self, source: str, files: bool) -> float | None:
         """Rows a source's offset (files: its byte) has held lately, None if not seen yet."""
@@ -137,8 +143,8 @@ class CatchUpSizer:
             options["growth"] = grown
         if fit is not None:
             options["target"] = fit
-        if grown is None and fit is None:  # the last epoch overran and there is no model yet
-            options["last"] = max(1, last_rows // 2)
+        if grown is None and fit is None:  # an epoch without rows overran: start again
+            options["first_rows"] = self.cfg.first_rows
         why = min(options, key=lambda k: options[k])
         return max(1, options[why]), why
 
@@ -190,5 +196,5 @@ _BOUNDS = {
     "max_rows": "max_rows (an epoch's memory)",
     "growth": "growth from the last epoch (the model is not extrapolated further)",
     "target": "the target epoch time by the fitted cost model",
-    "last": "half the last epoch, which overran the target",
+    "first_rows": "first_rows (nothing measured to go by)",
 }

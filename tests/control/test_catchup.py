@@ -36,7 +36,7 @@ def test_files_are_taken_whole_by_their_bytes_and_the_rows_per_byte_they_showed(
     assert s.size(1, {"f": Waiting(10, sizes)}).caps == {"f": 1}
     assert s.size(1, {"f": Waiting(10, sizes, prior=ROWS_PER_BYTE_PRIOR["text"])}).caps == {"f": 8}  # text: 12,500 a file
     # measured: 1 row per 80 bytes, so a file is 10,000 rows; grown to 400,000 rows = 40 files
-    s.observe(Taken(1, 500.0, {"f": 10_000}, {"f": 1}, {"f": 800_000}))
+    s.observe(Taken(1, 40.0, {"f": 10_000}, {"f": 1}, {"f": 800_000}))
     assert s.rows_per_offset("f", files=True) == pytest.approx(1 / 80)
     assert s.size(2, {"f": Waiting(100, tuple([800_000] * 100))}).caps == {"f": 40}
     # never fewer than one file, however large
@@ -45,21 +45,22 @@ def test_files_are_taken_whole_by_their_bytes_and_the_rows_per_byte_they_showed(
 
 def test_an_epoch_within_the_target_lets_the_next_grow_and_the_model_then_bounds_it():
     s = sizer(max_rows=10_000_000)
-    s.observe(Taken(1, 600.0, {"a": 100_000}, {"a": 100_000}))
+    s.observe(Taken(1, 450.0, {"a": 100_000}, {"a": 100_000}))
+    assert s.model() == (0.0, 0.0045)  # one epoch: all its time charged to its rows, 444,444 fit
     assert s.allowance() == (400_000, "growth")
-    s.observe(Taken(2, 1_800.0, {"a": 400_000}, {"a": 400_000}))
+    s.observe(Taken(2, 1_650.0, {"a": 400_000}, {"a": 400_000}))
     f, a = s.model()
-    assert f == pytest.approx(200.0) and a == pytest.approx(0.004)
+    assert f == pytest.approx(50.0) and a == pytest.approx(0.004)
     rows, why = s.allowance()
-    assert why == "target" and rows == 450_000  # (2,000 - 200) / 0.004
+    assert why == "target" and rows == pytest.approx(487_500, abs=1)  # (2,000 - 50) / 0.004
     d = s.size(3, {"a": Waiting(5_000_000)}).decision
     assert d is not None and d.expected["epochMs"] == pytest.approx(2_000.0, abs=1)
 
 
-def test_an_overrun_epoch_without_a_model_halves_and_max_rows_always_bounds():
+def test_an_overrun_epoch_charges_its_rows_its_whole_time_and_max_rows_always_bounds():
     s = sizer()
-    s.observe(Taken(1, 9_000.0, {"a": 100_000}, {"a": 100_000}))
-    assert s.allowance() == (50_000, "last")
+    s.observe(Taken(1, 9_000.0, {"a": 100_000}, {"a": 100_000}, cold=True))  # even a cold one
+    assert s.model() == (0.0, 0.09) and s.allowance() == (22_222, "target")  # 2,000 / 0.09
     big = sizer(max_rows=150_000)
     big.observe(Taken(1, 100.0, {"a": 100_000}, {"a": 100_000}))
     assert big.allowance() == (150_000, "max_rows")
@@ -76,11 +77,11 @@ def test_a_sink_latency_bound_below_the_target_is_aimed_at_instead():
 
 def test_a_cold_epoch_counts_for_growth_and_rows_but_not_for_the_model():
     s = sizer()
-    s.observe(Taken(1, 1_500.0, {"f": 20_000}, {"f": 2}, {"f": 2_000_000}, cold=True))
-    assert s.model() is None and s.rows_per_offset("f", files=True) == 0.01
+    s.observe(Taken(1, 50.0, {"f": 20_000}, {"f": 2}, {"f": 2_000_000}, cold=True))
+    assert s.model() == (0.0, 0.0025) and s.rows_per_offset("f", files=True) == 0.01
     assert s.allowance() == (400_000, "growth")  # it met the target even cold
     s.observe(Taken(2, 400.0, {"f": 100_000}, {"f": 10}, {"f": 10_000_000}))
-    assert s.model() is None  # one warm epoch: no fit yet
+    assert s.model() == (0.0, 0.004)  # the warm one alone, all of its time charged to its rows
     s.observe(Taken(3, 700.0, {"f": 200_000}, {"f": 20}, {"f": 20_000_000}))
     assert s.model() == (pytest.approx(100.0), pytest.approx(0.003))
 
