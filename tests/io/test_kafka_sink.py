@@ -159,3 +159,42 @@ def test_the_two_drivers_of_a_hot_pair_publish_each_epoch_once_racing_for_it(tan
     assert sorted(json.loads(v)["n"] for *_, v, _ in keep) == sorted(n for e in range(1, 6) for n in (10 * e, 10 * e + 1))
     for s in pair:
         s.close()
+
+
+def test_a_pair_driver_whose_transaction_is_taken_over_with_a_state_error_looks_again(tansu):
+    """The other driver of a hot pair takes the shared transactional id over in the middle of
+    this one's transaction and commits the epoch; librdkafka reports that to this producer's next
+    call as a local ``_STATE`` ("Erroneous state") rather than as a fence (seen in
+    tests/runtime/e2e/test_kafka_faults.py's hot pair, where it stopped the leader). This driver
+    looks again, finds the epoch committed, and goes on: the epoch's rows are in the topic once."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from ..runtime.e2e.test_kafka_faults import last_attempts
+
+    topic = topic_name("out")
+    pair = []
+    for driver in ("driver-a", "driver-b"):
+        spec = SinkSpec.model_validate({"name": "counts", "input": "x",
+                                        "kafka": {"brokers": tansu.bootstrap, "topic": topic, "wait": "20s"}})
+        sink = KafkaSink(spec)
+        sink.writer = driver
+        sink.fence(3)
+        sink.open("net", "group", SCHEMA)
+        pair.append(sink)
+    a, b = pair
+    for s in pair:
+        _stage(s, 1, [10, 11, 12, 13])
+
+    def taken_over() -> None:
+        b.publish(1)  # takes the id over (a's open transaction is aborted) and commits epoch 1
+        raise KafkaException(KafkaError(KafkaError._STATE, "Failed to commit offsets to transaction on broker "
+                                        "(none): Local: Erroneous state"))
+
+    a.publish(1, midway=taken_over)
+    keep, _ = last_attempts(read_committed(tansu.bootstrap, topic))
+    assert sorted(json.loads(v)["n"] for *_, v, _ in keep) == [10, 11, 12, 13]
+    _stage(a, 2, [20])
+    a.publish(2)  # and it goes on
+    assert _values(tansu.bootstrap, topic)[-1] == 20
+    for s in pair:
+        s.close()

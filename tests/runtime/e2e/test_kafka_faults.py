@@ -2,7 +2,8 @@
 of a real Kafka-protocol broker (Tansu) and writing windowed counts to another topic is killed
 at every stage of an epoch in turn, including in the middle of the sink's transaction, each
 restart killed one epoch later on the same checkpoint, then run to the end; another run has its
-broker frozen for longer than the clients' timeouts, then killed and restarted on its log. A
+broker frozen for longer than the clients' timeouts, then killed and restarted on its log; a hot
+pair's leader is killed in the middle of a transaction and its follower leads on. A
 ``read_committed`` reader then sees exactly the rows of DuckDB's reference.
 
 Tansu hands the records of aborted transactions to ``read_committed`` readers (docs/perf-notes.md),
@@ -224,3 +225,105 @@ def test_a_hot_pair_with_a_kafka_sink_publishes_each_window_once_and_the_followe
 
     got = sorted((v["auction"], ms(v["window_start"]), v["n"], v["total"], v["hi"]) for v in (json.loads(r[3]) for r in keep))
     assert got == [(a_, ws, n, total, hi) for a_, ws, n, total, hi, _, _ in duckdb_windows(tmp_path / "in")]
+
+
+def published_by(group: Path) -> dict[int, str]:
+    """Which driver (lease holder) published the ``out`` sink's epochs the hot group's stream
+    selector still keeps (it forgets epochs older than the checkpoints keep)."""
+    out = {}
+    for p in (group / "selector").glob("*/out.json"):
+        try:
+            out[int(p.parent.name)] = json.loads(p.read_text())["by"]
+        except (FileNotFoundError, ValueError):  # forgotten meanwhile, or being written
+            continue
+    return out
+
+
+#: the hot pair's leader is killed in the middle of this epoch's transaction (one whose windows
+#: close: it holds records), late enough that the follower has caught up (it starts a JVM, copies
+#: the leader's state and runs a cold first epoch while the leader runs on) and early enough
+#: that the follower leads several epochs with windows after it
+PAIR_KILLED = 40
+
+
+@pytest.mark.timeout(900)
+def test_a_hot_pair_from_kafka_to_kafka_whose_leader_is_killed_writes_each_window_once(tansu, tmp_path):
+    """Two ``eddyline run --hot`` drivers read bids from a topic and write windowed counts to
+    another, racing to publish each epoch with one shared transactional id. The leader gets
+    SIGKILL in the middle of an epoch's transaction (half its records sent), after the follower
+    has caught up with it. The follower runs the plan the leader logged for that epoch, takes
+    the lease (generation 2; starting the shared id aborts the leader's transaction), publishes
+    the epoch again and leads on: a ``read_committed`` reader sees DuckDB's windows, each once,
+    and the epochs in the topic were published by the leader before the kill and by the
+    follower from the cut one on.
+
+    The follower would often win that epoch's publish (both run it at once; the selector's
+    record comes after a publish), and the leader then never reach the kill inside it: the
+    follower stops itself (SIGSTOP) once it has staged the epoch, and goes on once the leader
+    died."""
+    from collections import Counter
+
+    from .drivers import commits, finish, frozen, start, wait_for
+    from .drivers import err as stderr_of
+
+    rows = bids(ROWS)
+    topic, out = topic_name("bids"), topic_name("windows")
+    produce_bids(tansu.bootstrap, topic, rows)
+    spec = tmp_path / "net.yaml"
+    # 48 epochs half a second apart (as in test_hot_pair), so that the leader still runs when the
+    # follower has caught up. (Not more rows: the two partitions, read at an equal budget, drift
+    # apart in event time with every row, and past the watermark's delay rows would be late.)
+    spec.write_text(yaml.safe_dump(network(tansu.bootstrap, topic, out, per_epoch=ROWS // 48) | {"trigger": 500}))
+    group, a, b = tmp_path / "group", tmp_path / "a", tmp_path / "b"
+    leader = start(spec, a, "--hot", str(group), "--crash-at", f"{PAIR_KILLED}:mid_publish")
+    follower = None
+    try:
+        wait_for(lambda: "leading as" in leader.errfile.read_text(), 180)
+        follower = start(spec, b, "--hot", str(group), "--progress-json", str(tmp_path / "b.jsonl"),
+                         "--freeze-at", f"{PAIR_KILLED}:after_stage")
+        wait_for(lambda: "following" in follower.errfile.read_text(), 180)
+        wait_for(lambda: len(commits(b)) >= 3 and len(commits(b)) >= len(commits(a)) - 1, 300)
+        assert leader.poll() is None, "the leader was killed before the follower caught up"
+        before = published_by(group)  # (the selector forgets old epochs: what it knows now)
+        # a leader that stopped on its own (an error of its sink's) would not end by SIGKILL
+        assert leader.wait(timeout=300) == -signal.SIGKILL, stderr_of(leader)[-3000:]
+        before |= published_by(group)
+        wait_for(lambda: frozen(follower), 300)
+        follower.send_signal(signal.SIGCONT)
+        code, err = finish(follower, 600)
+        assert code == 0, err[-3000:]
+    finally:
+        for proc in (leader, follower):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+
+    keep, aborted = last_attempts(read_committed(tansu.bootstrap, out))
+    got, expected = windows(keep), reference(rows)
+    lost, twice = Counter(expected) - Counter(got), Counter(got) - Counter(expected)
+    print(f"hot pair kafka: leader killed inside epoch {PAIR_KILLED}'s transaction; "
+          f"{len(keep)} windows read_committed, {sum(lost.values())} lost, {sum(twice.values())} twice, "
+          f"{len(aborted)} records of aborted attempts (Tansu shows them)")
+    assert got == expected, (sum(lost.values()), sum(twice.values()))
+
+    # the takeover came in the middle of the stream: each driver published epochs that are in the
+    # topic, the follower the cut one (its first half aborted) and those after it, as the leader
+    holders = {int(p.name[:-5]): json.loads(p.read_text())["holder"] for p in (group / "lease").glob("*.json")}
+    driver = {holders[1]: "leader", holders[2]: "follower"}
+    def epoch_of(record: tuple) -> int:
+        return int(dict(record[4])["eddyline-epoch"])
+
+    in_topic = {epoch_of(r) for r in keep}
+    by = {e: driver[h] for e, h in (before | published_by(group)).items() if e in in_topic}
+    by_leader = sorted(e for e, d in by.items() if d == "leader")
+    by_follower = sorted(e for e, d in by.items() if d == "follower")
+    print(f"hot pair kafka: epochs in the topic published by the leader {by_leader}, by the follower {by_follower}")
+    assert PAIR_KILLED in in_topic and by[PAIR_KILLED] == "follower"
+    assert by_leader and max(by_leader) < PAIR_KILLED < max(by_follower) == max(in_topic)
+    # (Tansu shows aborted records: of the cut epoch, the leader's first half; of others, a
+    # transaction one driver took from the other in their race)
+    cut = [r for r in aborted if epoch_of(r) == PAIR_KILLED]
+    assert len(cut) == len([r for r in keep if epoch_of(r) == PAIR_KILLED]) // 2 > 0
+    progress = [json.loads(x) for x in (tmp_path / "b.jsonl").read_text().splitlines()]
+    roles = [(r["batchId"], r["driver"]["role"]) for r in progress]
+    assert [r for _, r in roles] == sorted((r for _, r in roles), key=["follower", "leader"].index)
+    assert min(e for e, r in roles if r == "leader") > PAIR_KILLED  # it ran the leader's plan of the cut epoch
