@@ -109,7 +109,9 @@ def run_reference(spark, tmp: Path, kinds: list[str], postgres: Any, nats: Any) 
     return tag, outputs(tmp, kinds, postgres, nats, tag)
 
 
-@pytest.mark.parametrize("kind", ["files", "postgres", "nats"])
+# (the files sink's file system refusing: tests/ha/test_fault_matrix.py's woken leader, and the
+# taken-back epochs below, where a files sink is one of three)
+@pytest.mark.parametrize("kind", ["postgres", "nats"])
 def test_a_woken_leader_has_its_publish_refused_by_the_store(spark, postgres, nats_server, tmp_path: Path,
                                                              kind: str) -> None:
     write_bid_files(tmp_path / "in", files=10, rows=60, seed=11)
@@ -130,11 +132,9 @@ def test_a_woken_leader_has_its_publish_refused_by_the_store(spark, postgres, na
     assert leader.returncode != 0
     woke = err(leader)
     assert "lease generation 1 was taken over by generation 2" in woke and "refuses its writes" in woke, woke[-3000:]
-    assert {"files": str(tmp_path / f"out-{tag}"), "postgres": f"z_{tag}", "nats": f"stream Z{tag}"}[kind] in woke
+    assert {"postgres": f"z_{tag}", "nats": f"stream Z{tag}"}[kind] in woke
     assert outputs(tmp_path, [kind], postgres, nats_server, tag) == expected
     assert zombie_writes(tmp_path, [kind], postgres, nats_server, tag, ckpt) == {kind: 0}
-    if kind == "files":
-        assert staging_leftovers(tmp_path / f"out-{tag}") == []
     assert staging_leftovers(ckpt) == []
 
 
