@@ -172,7 +172,12 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=60)
     ap.add_argument("--modes", default="resident,per-epoch job")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--render", default=None, help="only rewrite bench/RESULTS.md (and the plot) from this results JSON")
     args = ap.parse_args()
+    if args.render:
+        path = Path(args.render)
+        write_md(json.loads(path.read_text()), path)
+        return
     from eddyline.runtime.session import get_spark
 
     spark = get_spark("local[2]")
@@ -191,12 +196,16 @@ def main() -> None:
                 print(json.dumps({"keys": keys, **r}), flush=True)
     print(table(result))
     if not args.no_write:
-        path = results_io.write(HERE / "results" / f"state-growth-{stamp}.json", result)
-        plot(result, path.with_suffix(".svg"))
-        write_section(("<!-- state-growth:start -->", "<!-- state-growth:end -->"),
-                      ("<!-- state-growth-table:start -->", "<!-- state-growth-table:end -->"),
-                      f"{table(result)}\n\n![epoch time and lane memory against state size](results/{path.with_suffix('.svg').name})",
-                      "## How an epoch's cost grows with its state (`bench/state_growth.py`, issue #55)\n\n")
+        write_md(result, results_io.write(HERE / "results" / f"state-growth-{stamp}.json", result))
+
+
+def write_md(result: dict[str, Any], path: Path) -> None:
+    """The plot beside the results JSON at ``path``, and the results page's section."""
+    plot(result, path.with_suffix(".svg"))
+    write_section(("<!-- state-growth:start -->", "<!-- state-growth:end -->"),
+                  ("<!-- state-growth-table:start -->", "<!-- state-growth-table:end -->"),
+                  f"{table(result)}\n\n![epoch time and lane memory against state size](results/{path.with_suffix('.svg').name})",
+                  "## How an epoch's cost grows with its state (`bench/state_growth.py`, issue #55)\n\n")
 
 
 if __name__ == "__main__":
