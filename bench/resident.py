@@ -209,7 +209,7 @@ def table(result: dict[str, Any]) -> str:
     """The results page's table: each workload's runs, side by side with the per-epoch-job peer."""
     runs = result["runs"]
     lines = [
-        f"Run {result['when'][:16]} · {result['rows']:,} rows an epoch · {result['epochs']:,} resident epochs per run, "
+        f"Run {result['when']} · {result['rows']:,} rows an epoch · {result['epochs']:,} resident epochs per run, "
         f"{result['peer_epochs']} per-epoch-job epochs (after 20 unmeasured) · {result['repeat']} runs · "
         f"load average at the start {result['load']}",
         "",

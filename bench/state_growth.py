@@ -122,7 +122,7 @@ def per_epoch(spark: Any, data: Path, tmp: Path) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     lines = [
-        f"Run {result['when'][:16]} · {result['rows']:,} rows an epoch, {result['epochs']} epochs per size after the "
+        f"Run {result['when']} · {result['rows']:,} rows an epoch, {result['epochs']} epochs per size after the "
         f"one that brings every key · load average at the start {result['load']}",
         "",
         "| state (keys) | resident median / p99 ms | resident lane RSS MB | per-epoch job median / p99 ms "
