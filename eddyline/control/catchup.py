@@ -104,11 +104,15 @@ class CatchUpSizer:
 
     def model(self) -> tuple[float, float] | None:
         """``(F, a)``: fixed milliseconds an epoch and milliseconds a row, or None before an
-        epoch with rows was seen. Fitted to the warm epochs when two of different sizes exist;
+        epoch of some size was seen. Fitted to the warm epochs when two of different sizes exist;
         otherwise all of an epoch's time is charged to its rows (F = 0), which overstates what a
         row costs and so errs towards smaller epochs: from one warm epoch, or the cold first one
         (slower still) while there is no other."""
-        seen = [(sum(t.rows.values()), t.duration_ms, t.cold) for t in self.history if sum(t.rows.values()) > 0]
+        # Small epochs (a query keeping up) say little about a row's cost and, charged their whole
+        # time, would make it look huge and cut a later burst into crumbs: only epochs of a tenth
+        # of first_rows or more count; without them the growth rule alone bounds the next epoch.
+        least = max(1, self.cfg.first_rows // 10)
+        seen = [(sum(t.rows.values()), t.duration_ms, t.cold) for t in self.history if sum(t.rows.values()) >= least]
         warm = [(n, d) for n, d, cold in seen if not cold]
         if len(warm) >= 2:
             n = np.array([w[0] for w in warm], dtype=float)

@@ -69,7 +69,7 @@ def test_an_overrun_epoch_charges_its_rows_its_whole_time_and_max_rows_always_bo
 def test_a_sink_latency_bound_below_the_target_is_aimed_at_instead():
     s = CatchUpSizer(CatchUp(target=5_000), bound_ms=800.0)
     assert s.target_ms == 800.0
-    s.observe(Taken(1, 100.0, {"a": 10_000}, {"a": 10_000}))
+    s.observe(Taken(1, 200.0, {"a": 30_000}, {"a": 30_000}))
     s.observe(Taken(2, 300.0, {"a": 50_000}, {"a": 50_000}))
     rows, why = s.allowance()  # F = 50, a = 0.005: (800 - 50) / 0.005
     assert why == "target" and rows == pytest.approx(150_000, abs=1)
@@ -104,3 +104,15 @@ def test_its_state_goes_through_the_controllers_json_and_back():
     t.restore(state.catch_up)
     assert list(t.history) == list(s.history)
     assert t.allowance() == s.allowance() and t.model() == s.model()
+
+
+def test_small_epochs_of_a_query_keeping_up_do_not_make_a_row_look_costly():
+    """Charged its whole time, an epoch of 10 rows would put a row at 15 ms and cut a burst into
+    133-row epochs; epochs under a tenth of first_rows stay out of the model."""
+    s = sizer()
+    for e in range(1, 6):
+        s.observe(Taken(e, 150.0, {"a": 10}, {"a": 10}))
+    assert s.model() is None
+    assert s.allowance() == (400_000, "growth")
+    sized = s.size(6, {"a": Waiting(1_000_000)})
+    assert sized.caps == {"a": 400_000}
