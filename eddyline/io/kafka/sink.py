@@ -369,9 +369,10 @@ class KafkaSink(Sink):
                 fenced = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
                 # in a hot pair, the other driver's producer taking the shared id over while this
                 # one's request is in flight can come back as a local _STATE ("Erroneous state")
-                # instead of a fence: the other driver may have committed the epoch, so look
-                # again rather than stop the driver (an error of its own recurs in every try)
-                if err.code() in fenced or (self._pair and err.code() == KafkaError._STATE):
+                # or as a request that timed out, instead of a fence: the other driver may have
+                # committed the epoch, so look again rather than stop the driver (an error of its
+                # own recurs in every try; a broker that is down fails the look itself)
+                if err.code() in fenced or (self._pair and err.code() in (KafkaError._STATE, KafkaError._TIMED_OUT)):
                     self._close()
                     if self._pair and self._marker()[1] <= self.generation:
                         raise _PartnerClaimed() from e
