@@ -6,7 +6,7 @@ are answered here, once, for every layer above.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -26,6 +26,10 @@ class NetworkSpec(Model):
     key_groups: int = Field(default=128, gt=0, le=32768)
     #: Parallel lanes per stateful step; default: Spark's default parallelism.
     lanes: int | None = Field(default=None, gt=0)
+    #: How Spark runs the epochs: a Spark job an epoch (``job``), or the stateful step's lanes
+    #: as the tasks of one long-lived stage fed epoch after epoch (``resident``; for the
+    #: networks eddyline.runtime.residentmode takes). A checkpoint may change mode between runs.
+    execution: Literal["job", "resident"] = "job"
     #: Target epoch interval: an epoch starts at most this often (immediately when behind).
     trigger: Duration = 1000
     #: Where malformed records go; default ``<checkpoint>/dead-letters``.

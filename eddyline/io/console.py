@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 from pydantic import Field
 
 from eddyline.api.sinks import SINKS
@@ -36,6 +37,11 @@ class ConsoleSink(Sink):
         # The whole epoch, not ``limit(rows)``: a limited action stops reading early, and the
         # epoch's observed metrics (input rows, late rows) come from the first action that runs.
         self.collected[epoch] = df.toArrow()
+
+    takes_arrow = True
+
+    def stage_table(self, table: pa.Table, epoch: int) -> None:
+        self.collected[epoch] = table
 
     def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
         from rich.console import Console

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from eddyline.api.sinks import SINKS
 from eddyline.api.units import Model
 from eddyline.io.sinks import Sink, SinkKind
@@ -29,6 +31,11 @@ class DiscardSink(Sink):
 
     def stage(self, df: DataFrame, epoch: int) -> None:
         df.write.format("noop").mode("overwrite").save()
+
+    takes_arrow = True
+
+    def stage_table(self, table: pa.Table, epoch: int) -> None:
+        pass
 
     def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
         pass

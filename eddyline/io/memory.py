@@ -37,6 +37,11 @@ class MemorySink(Sink):
     def stage(self, df: DataFrame, epoch: int) -> None:
         self.collected[epoch] = df.toArrow()
 
+    takes_arrow = True
+
+    def stage_table(self, table: pa.Table, epoch: int) -> None:
+        self.collected[epoch] = table
+
     def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
         if tentative:
             self.tentative.add(epoch)

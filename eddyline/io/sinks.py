@@ -78,6 +78,14 @@ class Sink:
     def stage(self, df: DataFrame, epoch: int) -> None:
         raise NotImplementedError
 
+    #: it can stage rows given as Arrow (:meth:`stage_table`): a resident epoch has no frame
+    takes_arrow: ClassVar[bool] = False
+
+    def stage_table(self, table: pa.Table, epoch: int) -> None:
+        """:meth:`stage` for rows the driver holds (a resident epoch,
+        :mod:`eddyline.runtime.residentmode`), for sinks that :attr:`takes_arrow`."""
+        raise SinkError(f"sink '{self.name}': a {self.spec.kind} sink takes its rows from Spark only")
+
     def status(self) -> dict[str, Any] | None:
         """How its server is doing (sinks that write to one): shown in the progress."""
         return None

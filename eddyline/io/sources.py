@@ -78,6 +78,15 @@ class Frames:
     dead_letters: DataFrame | None = None
 
 
+@dataclass(frozen=True)
+class ArrowSlice:
+    """A slice read without Spark: its rows, and its dead letters (``source``, ``file``,
+    ``line``, ``raw``, ``reason``, as :func:`eddyline.io.records.decode` gives them) if any."""
+
+    data: pa.Table
+    dead_letters: pa.Table | None = None
+
+
 def footer_facts(footers: list[Any], time_columns: list[str]) -> dict[str, Any] | None:
     """What observing the rows of Parquet files would find, read from their ``footers`` before
     anything runs: the rows (``rows``) and the newest value of each of ``time_columns`` in epoch
@@ -190,6 +199,16 @@ class Source:
         """What observing the slice's rows would find, known from its plan before anything runs
         (see :func:`footer_facts`), or None where only running the rows can tell."""
         return None
+
+    def arrow_problem(self) -> str | None:
+        """Why :meth:`read_arrow` cannot read this source (None: it can)."""
+        return f"a {self.spec.kind} source is read by Spark's tasks only"
+
+    def read_arrow(self, planned: dict[str, Any], columns: frozenset[str] | None = None) -> ArrowSlice:
+        """The ``planned`` slice read here, in this process, with the rows and types its Spark
+        frame has (``columns`` as for :meth:`frames`): for a resident epoch, which runs no Spark
+        job (:mod:`eddyline.runtime.residentmode`)."""
+        raise NotImplementedError(self.arrow_problem())
 
     def frames(
         self, spark: SparkSession, planned: dict[str, Any] | None, partitions: int, count_bad: BadCounter = None,

@@ -267,7 +267,8 @@ class Engine(Networks):
 
     def _idle(self, run: RunState, seconds: float) -> None:
         """Nothing to run: wait, keeping Spark's Python workers warm."""
-        run.summary.worker_keepalives += self.warm.touch(self.spark)
+        if not self.executor.holds_workers:  # (a resident stage's lanes are kept busy by it)
+            run.summary.worker_keepalives += self.warm.touch(self.spark)
         time.sleep(seconds)
 
     def _close(self, thawed: bool) -> None:
@@ -277,6 +278,7 @@ class Engine(Networks):
         self._attached = False
         self.intake.close()
         self.lookahead.close()
+        self.executor.close()
         if self.pair is not None:
             self.pair.close()
         if self.lease is not None:

@@ -25,6 +25,7 @@ from eddyline.api.units import Files
 from eddyline.api.validate import spec_from_raw
 from eddyline.control.controller import Controller
 from eddyline.control.state import ControllerState
+from eddyline.errors import SpecError
 from eddyline.io.files import FilesTarget
 from eddyline.io.sinks import Sink, make_sink
 from eddyline.io.sources import Source, make_source
@@ -38,6 +39,7 @@ from eddyline.runtime.epoch.records import EpochCommit
 from eddyline.runtime.livechange import LiveChange
 from eddyline.runtime.lookahead import LookAhead
 from eddyline.runtime.replica import Following, HotPair, Leading
+from eddyline.runtime.residentmode import ResidentExecutor
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -119,7 +121,15 @@ class Networks:
             spec, self.sources, self.lanes, self.controller, self.lookahead, self.compiler.tables, self.ckpt.read_commit
         )
         self.planner: Planner | Leading | Following = self._plans
-        self.executor = Executor(spec, self.compiler, self.outputs)
+        old = getattr(self, "executor", None)
+        if old is not None:  # (a resident stage of the network before ends here)
+            old.close()
+        if spec.execution == "resident":
+            if pair is not None:
+                raise SpecError("execution: resident: a hot pair runs per-epoch jobs")
+            self.executor = ResidentExecutor(spec, self.compiler, self.outputs, self.ckpt)
+        else:
+            self.executor = Executor(spec, self.compiler, self.outputs)
         if pair is not None:  # both drivers stage the outputs: apart, with digests to compare
             self.executor.digests = True
             for out in [*self.outputs.sinks.values(), *self.outputs.targets()]:

@@ -135,7 +135,9 @@ class ResidentLanes:
     #: longer accepting (its connections to the first tasks broke: the stage has ended), so no
     #: two tasks ever write under one attempt's names.
     attempt: int
-    output: str  # the lanes write epoch <e>'s output to <output>/<e>/<lane>-a<attempt>.arrow
+    #: the lanes write epoch <e>'s output to <output>/<e>/<lane>-a<attempt>.arrow; None: they send
+    #: it back with their acknowledgement (the engine's resident mode, whose sinks write it)
+    output: str | None
     snapshot_every: int = 8
     generation: int = 0
     store: dict[str, str] = field(default_factory=objectstore.settings)
@@ -171,6 +173,7 @@ class Lane:
         self.index: dict[int, Chain] = {}
         self.state = kernel.state_schema.empty_table()
         self.epoch = 0  # the last epoch served (or the commit the stage started from)
+        self._output: pa.Table | None = None  # the last epoch's output, sent back with its manifest
 
     def serve(self, src: BinaryIO, out: BinaryIO) -> None:
         while True:
@@ -182,7 +185,8 @@ class Lane:
                 self.load(int(header["after"]), {int(k): v for k, v in header["index"].items()})
                 send(out, {"op": "loaded", "lane": self.lane, "state_rows": self.state.num_rows})
             elif op == "epoch":
-                send(out, self.run(header, rows))
+                done = self.run(header, rows)
+                send(out, done, self._output if self.lanes.output is None else None)
             else:
                 raise RuntimeError(f"{MARK} resident lane {self.lane}: unknown operation {op!r} from the driver")
 
@@ -215,7 +219,7 @@ class Lane:
                                    result.changed_key_groups)
         t2 = time.perf_counter()
         output = None
-        if result.output.num_rows:
+        if result.output.num_rows and self.lanes.output is not None:
             output = f"{self.lanes.output}/{epoch:010d}/{self.lane:04d}-a{self.attempt}.arrow"
             sink = pa.BufferOutputStream()
             with pa.ipc.new_file(sink, result.output.schema) as writer:
@@ -226,14 +230,28 @@ class Lane:
         self.index = {int(k): v for k, v in with_chains(self.index, written.chains).items()}
         self.state = result.state
         self.epoch = epoch
+        self._output = result.output
+        in_counts = np.bincount(kgs) if kgs.size else np.zeros(0, np.int64)
+        state_counts = (np.bincount(result.state.column(KG).to_numpy(zero_copy_only=False)) if result.state.num_rows
+                        else np.zeros(0, np.int64))
+        # the fields of a per-epoch lane's manifest the fold and the controller read
+        # (eddyline.runtime.lanes, eddyline.control.stats.step_load)
         return {
             "op": "done", "epoch": epoch, "lane": self.lane, "attempt": self.attempt,
             "chains": {str(k): v for k, v in written.chains.items()},
             "input_rows": batch.num_rows, "output_rows": result.output.num_rows, "output": output,
-            "state_rows": result.state.num_rows, "bytes_written": written.bytes_written,
-            "ms": {"kernel": round((t1 - t0) * 1000, 3), "state": round((t2 - t1) * 1000, 3),
+            "state_rows": result.state.num_rows, "state_bytes": result.state.nbytes,
+            "bytes_written": written.bytes_written, "snapshots": written.snapshots, "deltas": written.deltas,
+            "metrics": {k: int(v) for k, v in result.metrics.items()},
+            "kg_rows": {str(k): int(in_counts[k]) for k in np.flatnonzero(in_counts)},
+            "kg_state_rows": {str(k): int(state_counts[k]) for k in np.flatnonzero(state_counts)},
+            **({"kg_cost": {str(g): int(c) for g, c in result.kg_cost.items()}} if result.kg_cost else {}),
+            "key_groups": len(self.index), "pid": os.getpid(),
+            # every key group's state is in the lane's memory: none is loaded
+            "cache_hits": len(self.index), "cache_misses": 0, "cache_bytes": result.state.nbytes,
+            "ms": {"kernel": round((t1 - t0) * 1000, 3), "write": round((t2 - t1) * 1000, 3),
                    "output": round((t3 - t2) * 1000, 3)},
-            "cpu_ms": round((time.thread_time() - c0) * 1000, 3),
+            "cpu_ms": {"lane": round((time.thread_time() - c0) * 1000, 3)},
         }
 
 
@@ -325,14 +343,17 @@ class ResidentStage:
             self.pids[lane] = int(hello["pid"])
 
     def _expect(self, lane: int, src: BinaryIO, op: str) -> dict[str, Any]:
+        """The lane's next answer, which must be ``op`` (a table sent with it under ``"table"``)."""
         try:
-            header, _ = receive(src)
+            header, table = receive(src)
         except (OSError, ValueError) as e:
             raise StageEnded(f"resident lane {lane}: {e}") from e
         if header.get("op") != op:
             self._job.join(5.0)
             raise StageEnded(f"resident lane {lane} answered {header.get('op')!r}, expected {op!r}"
                              + (f": {self.error}" if self.error is not None else ""))
+        if table is not None:
+            header["table"] = table
         return header
 
     def run(self, epoch: int, rows: pa.Table, watermark_ms: int, advance_ms: int | None = None) -> list[dict[str, Any]]:

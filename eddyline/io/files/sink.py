@@ -7,11 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyarrow as pa
+
 from eddyline.api.sinks import SINKS
 from eddyline.api.units import Files
 from eddyline.columns import DIFF
 from eddyline.io.files.changelog import Revisions
-from eddyline.io.files.target import FilesTarget, write_frame
+from eddyline.io.files.target import FilesTarget, write_frame, write_table
 from eddyline.io.sinks import Sink, SinkKind
 
 if TYPE_CHECKING:
@@ -33,6 +36,14 @@ class FilesSink(Sink):
         if self.revisions is not None and DIFF not in df.columns:
             df = df.selectExpr("*", f"CAST(1 AS BIGINT) AS {DIFF}")
         write_frame(df, self.target, epoch, in_driver=self.small_epoch)
+
+    takes_arrow = True
+
+    def stage_table(self, table: pa.Table, epoch: int) -> None:
+        self.target.writer = self.writer
+        if self.revisions is not None and DIFF not in table.column_names:
+            table = table.append_column(DIFF, pa.array(np.ones(table.num_rows, np.int64)))
+        write_table(table, self.target, epoch)
 
     def fence(self, generation: int) -> None:
         super().fence(generation)

@@ -24,6 +24,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from eddyline import objectstore
@@ -32,7 +33,15 @@ from eddyline.api.units import Files
 from eddyline.errors import SourceError
 from eddyline.io.files.slices import lines, parquet_files, text_files, with_store
 from eddyline.io.records import ddl_struct, decode, split_decoded
-from eddyline.io.sources import BadCounter, EpochSlice, Frames, Source, SourceKind, footer_facts
+from eddyline.io.sources import (
+    ArrowSlice,
+    BadCounter,
+    EpochSlice,
+    Frames,
+    Source,
+    SourceKind,
+    footer_facts,
+)
 from eddyline.io.textrecords import arrow_schema, shipped
 from eddyline.storage import filesystem
 
@@ -265,6 +274,56 @@ class FilesSource(Source):
         if p.header:
             text = text.where("line > 1")
         return decode(spark, text, p.format, p.schema_, self.name, count_bad)
+
+    def arrow_problem(self) -> str | None:
+        p = self.params
+        if p.format == "parquet":
+            return "a parquet source with a declared schema is cast by Spark" if p.schema_ else None
+        if arrow_schema(p.schema_ or "") is None:
+            return f"its schema {p.schema_!r} has a type only Spark's {p.format} reader takes"
+        return None
+
+    def read_arrow(self, planned: dict[str, Any], columns: frozenset[str] | None = None) -> ArrowSlice:
+        """The readers of the Spark tasks (:mod:`.slices`), run here on the whole slice."""
+        problem = self.arrow_problem()
+        if problem is not None:
+            raise SourceError(f"source '{self.name}': {problem}")
+        p = self.params
+        one_task = iter([pa.RecordBatch.from_pydict({"task": [0]})])
+        slice_ = EpochSlice(self.name, planned)
+        if p.format == "parquet":
+            names = planned.get("files") or list(self._listing())[:1]
+            if not names:
+                raise SourceError(f"source '{self.name}': parquet directory {p.path!r} is empty; a resident epoch "
+                                  "needs a file to know the columns")
+            fs, base = filesystem(p.path)
+            footer = _schema(_footer(fs, f"{base}/{names[0]}"))
+            odd = [f.name for f in footer if not _plain(f.type)]
+            if odd:
+                raise SourceError(f"source '{self.name}': column {odd[0]!r} is of a type pyarrow and Spark read "
+                                  "differently; run this network with execution: job")
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            spark_reads = _as_spark_reads(footer)
+            wanted = {n.lower() for n in shipped(tuple(spark_reads.names), columns)}
+            target = pa.schema([f for f in to_arrow_schema(spark_reads, timezone="UTC") if f.name.lower() in wanted])
+            batches = list(parquet_files(p.path, slice_, 1, target, one_task)) if planned.get("files") else []
+            return ArrowSlice(pa.Table.from_batches(batches, target))
+        schema = arrow_schema(p.schema_ or "")
+        assert schema is not None
+        ship = schema.shipped(columns)
+        batches = list(text_files(p.format, bool(p.header), p.path, slice_, 1, schema, ship, one_task))
+        if not batches:
+            return ArrowSlice(pa.schema([schema.arrow.field(n) for n in ship]).empty_table())
+        decoded = pa.Table.from_batches(batches)
+        bad = decoded.column("_reason").is_valid()
+        data = decoded.filter(pc.invert(bad)).select(list(ship))
+        if not pc.any(bad).as_py():
+            return ArrowSlice(data)
+        dead = decoded.filter(bad)
+        return ArrowSlice(data, pa.table({
+            "source": pa.array([self.name] * dead.num_rows, pa.string()), "file": dead.column("_file"),
+            "line": dead.column("_line"), "raw": dead.column("_raw"), "reason": dead.column("_reason")}))
 
     def _parquet_in_tasks(self, spark: SparkSession, partitions: int, columns: frozenset[str] | None) -> Frames:
         """The frame whose tasks read the Parquet files of the slice they are given when they run

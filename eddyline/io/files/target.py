@@ -167,11 +167,7 @@ def write_frame(df: DataFrame, target: FilesTarget, epoch: int, in_driver: bool 
     gate = target.gate.ready()
     path = target.staging(epoch)
     if in_driver and fmt == "parquet":
-        table = df.toArrow()
-        if not is_s3(target.fs):  # (on an object store only what is named is published)
-            gate.clear(path)
-            gate.makedirs(path)
-        target.staged(epoch, [_write_table(table, "parquet", target.fs, f"{path}/part-00000-driver", header=True)])
+        write_table(df.toArrow(), target, epoch)
         return
     if is_s3(target.fs):
         target.staged(epoch, write_in_tasks(df, fmt, path, header=target.files.header is not False))
@@ -193,6 +189,18 @@ def write_frame(df: DataFrame, target: FilesTarget, epoch: int, in_driver: bool 
         writer = writer.mode("overwrite")
     with _parquet_options(df.sparkSession, fmt):
         writer.format(fmt).save(target.spark_uri(path))
+
+
+def write_table(table: pa.Table, target: FilesTarget, epoch: int) -> None:
+    """``table`` written by this process as the epoch's staged output, replacing whatever an
+    earlier attempt staged."""
+    gate = target.gate.ready()
+    path = target.staging(epoch)
+    if not is_s3(target.fs):  # (on an object store only what is named is published)
+        gate.clear(path)
+        gate.makedirs(path)
+    header = target.files.header is not False
+    target.staged(epoch, [_write_table(table, target.files.format, target.fs, f"{path}/part-00000-driver", header)])
 
 
 def write_in_tasks(df: DataFrame, fmt: str, path: str, *, header: bool = True) -> list[str]:

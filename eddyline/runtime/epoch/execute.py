@@ -55,6 +55,13 @@ class Executor:
         #: per sink: the frame it was last given, whether digests were asked, its observation
         self._sink_observations: dict[str, tuple[DataFrame, bool, RunObservation]] = {}
 
+    #: its epochs keep Spark's task slots busy between them (a resident stage): nothing else
+    #: may ask for them meanwhile (a job would wait for slots that are never freed)
+    holds_workers = False
+
+    def close(self) -> None:
+        """The run ends, or another network is put in force: release what epochs keep running."""
+
     def execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any = None) -> Staged:
         """``before_jobs``: called once the frames are built, before the first job runs."""
         small = self.last_rows is not None and self.last_rows <= SMALL_EPOCH_ROWS

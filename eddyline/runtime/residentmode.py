@@ -1,0 +1,260 @@
+"""Resident execution: the epochs of a network run without a Spark job each.
+
+With ``execution: resident`` the lanes of the network's stateful step are the tasks of one
+long-lived Spark barrier stage (:mod:`eddyline.runtime.resident`), and each epoch is, in this
+process: read the plan's slice of every source (the readers the per-epoch job's tasks run,
+:meth:`~eddyline.io.sources.Source.read_arrow`), run the stateless steps before the stateful one
+in DuckDB (:mod:`eddyline.operators.sqlsteps`), work out each row's key group as Spark would
+(:mod:`eddyline.hashing`), send every lane its rows (an idle lane an empty epoch: its tick), take
+back each lane's manifest and output, write the manifests where the per-epoch lanes write theirs,
+run the stateless steps after the stateful one and stage every sink. Planning, publishing,
+folding, the commit and recovery are the per-epoch engine's, unchanged: the same plan gives the
+same output in either mode, and a checkpoint may change mode between runs.
+
+Exactly once, as the per-epoch lanes give it:
+
+* a stage holds the state of the commit it started from and of the epochs it ran since; it goes
+  on to the next epoch only if the last commit is the last epoch it ran, else (an epoch failed
+  after its lanes ran, a replay) a new stage starts from the last commit;
+* every state file a lane writes names its stage attempt (claimed in the checkpoint), and the
+  driver takes only manifests of the current attempt and epoch, so nothing an ended attempt
+  wrote is ever named by a commit;
+* a new routing table (a move, a rescale) ends the stage; the next starts with the new one;
+* a lane that fails ends the stage: the epoch is run once more on a new stage, from the commit.
+
+What runs resident (:func:`resident_problem` says why not, and the engine refuses before it
+starts): one stateful step of a kind whose rows reach its lanes as they are, with BIGINT keys
+(``dedup``, ``top_k``, ``aggregate``, ``over_aggregate``, ``session_window``); ``filter`` and
+``select`` steps around it; sources whose slices can be read outside Spark (``files``); sinks
+that take Arrow (``files``, ``memory``, ``console``, ``discard``); no overload control, state
+budget, hot-key splits, hot pair or ``max_delay``. The driver reads every row and collects the
+lanes' output: on a cluster each source slice would be read by the lane tasks themselves
+(docs/perf-notes.md, "Resident lanes").
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from eddyline.api.network import NetworkSpec
+from eddyline.columns import DIFF, KG
+from eddyline.errors import EngineError, SpecError
+from eddyline.hashing import spark_xxhash64
+from eddyline.io.files.target import write_table
+from eddyline.kinds.base import KeyedStepKind, build_kernel, spark_schema
+from eddyline.operators.sqlsteps import SqlStep, SqlStepError
+from eddyline.plan.keygroups import RoutingTable
+from eddyline.runtime.checkpoint import Checkpoint, manifest_path
+from eddyline.runtime.compile import EpochCompiler
+from eddyline.runtime.epoch.execute import Executor
+from eddyline.runtime.epoch.records import EpochCommit, EpochPlan, Staged
+from eddyline.runtime.resident import ResidentStage, StageEnded, next_attempt
+from eddyline.storage import makedirs
+
+if TYPE_CHECKING:
+    from eddyline.api.steps import StepSpec
+    from eddyline.io.sources import Source
+    from eddyline.operators.base import Kernel
+    from eddyline.runtime.epoch.publish import Outputs
+
+#: the stateless step kinds a resident epoch runs (in DuckDB)
+SQL_KINDS = ("filter", "select")
+
+
+def resident_problem(spec: NetworkSpec, sources: dict[str, Source], outputs: Outputs) -> str | None:
+    """Why ``spec`` cannot run resident, naming the part that keeps it in Spark (None: it can)."""
+    if spec.max_delay is not None:
+        return "max_delay: Delay-Process-Correct runs in per-epoch jobs"
+    if spec.control.overload is not None:
+        return "control.overload: shedding runs in Spark"
+    if spec.control.state_budget is not None:
+        return "control.state_budget: a resident lane holds all of its state in memory"
+    stateful = spec.stateful_steps()
+    if len(stateful) != 1:
+        return f"a resident network has one stateful step; this one has {len(stateful)}"
+    for step in spec.steps:
+        if step.stateful:
+            kind = step.info
+            if not isinstance(kind, KeyedStepKind) or type(kind).compile is not KeyedStepKind.compile:
+                return f"step '{step.name}': a {step.kind} step prepares its rows in Spark before its lanes"
+        elif step.kind not in SQL_KINDS:
+            return f"step '{step.name}': a {step.kind} step runs in Spark (resident: {', '.join(SQL_KINDS)})"
+    for name, source in sources.items():
+        problem = source.arrow_problem()
+        if problem is not None:
+            return f"source '{name}': {problem}"
+        if getattr(source.spec.params, "revisions", None):
+            return f"source '{name}': revisions are carried by per-epoch jobs only"
+    for name, sink in outputs.sinks.items():
+        if not sink.takes_arrow:
+            return f"sink '{name}': a {sink.spec.kind} sink writes from Spark"
+    return None
+
+
+class ResidentExecutor(Executor):
+    """:class:`~eddyline.runtime.epoch.execute.Executor` for resident epochs (module docstring)."""
+
+    def __init__(self, spec: NetworkSpec, compiler: EpochCompiler, outputs: Outputs, ckpt: Checkpoint):
+        super().__init__(spec, compiler, outputs)
+        problem = resident_problem(spec, compiler.sources, outputs)
+        if problem is not None:
+            raise SpecError(f"execution: resident: {problem}")
+        self.ckpt = ckpt
+        self.sql: dict[str, SqlStep] = {}
+        self._sql_for: NetworkSpec | None = None
+        self._compile_sql()
+        self.stage: ResidentStage | None = None
+        self._stage_key: tuple[Any, ...] | None = None
+        #: stages started by this executor (the first, and one per move, rescale or failure)
+        self.stages_started = 0
+
+    def _compile_sql(self) -> None:
+        """The stateless steps as DuckDB SQL, for the network in force (a control setting may
+        change a filter or a select between epochs)."""
+        if self._sql_for is self.spec:
+            return
+        try:
+            self.sql = {s.name: SqlStep(s.name, condition=s.params) if s.kind == "filter"
+                        else SqlStep(s.name, expressions=tuple(s.params))
+                        for s in self.spec.steps if s.kind in SQL_KINDS}
+        except SqlStepError as e:
+            raise SpecError(f"execution: resident: {e}") from None
+        self.read_by, self._sql_for = self.spec.columns_read(), self.spec
+
+    # ----------------------------------------------------------------- an epoch
+    def execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any = None) -> Staged:
+        staged = self._execute(plan, last, before_jobs, small=False)  # (no Spark settings to change)
+        self.last_rows = sum(int(v.get("rows") or 0) for k, v in staged.observed.items() if k.startswith("source:"))
+        self.last_sink_rows = dict(staged.sink_rows)
+        return staged
+
+    def _execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any, small: bool) -> Staged:
+        t0 = time.monotonic()
+        self._compile_sql()
+        tables: dict[str, pa.Table] = {}
+        observed: dict[str, dict[str, Any]] = {}
+        dead: list[pa.Table] = []
+        for src in self.spec.sources:
+            got = self.compiler.sources[src.name].read_arrow(plan.sources[src.name], self.read_by.get(src.name))
+            if DIFF in got.data.column_names:
+                raise SpecError(f"execution: resident: source '{src.name}' carries revisions ({DIFF})")
+            tables[src.name] = got.data
+            observed[f"source:{src.name}"] = {"rows": got.data.num_rows}
+            if got.dead_letters is not None and got.dead_letters.num_rows:
+                dead.append(got.dead_letters)
+        if before_jobs is not None:
+            before_jobs()
+        for step in self.spec.topological():
+            (source,) = step.inputs
+            if step.stateful:
+                tables[step.name] = self._lanes(step, tables[source], plan, last, observed)
+            else:
+                tables[step.name] = self.sql[step.name].run(tables[source])
+        sink_rows = self._stage_sinks_arrow(tables, plan.epoch)
+        if dead:
+            write_table(pa.concat_tables(dead), self.outputs.dead_letters, plan.epoch)
+        return Staged(observed=observed, sink_rows=sink_rows, dead_letters=sum(t.num_rows for t in dead),
+                      late_steps=(), shed_rows=False, compile_s=0.0, run_s=time.monotonic() - t0)
+
+    def _lanes(self, step: StepSpec, rows: pa.Table, plan: EpochPlan, last: EpochCommit | None,
+               observed: dict[str, dict[str, Any]]) -> pa.Table:
+        """The stateful step's epoch on the resident lanes: its output rows."""
+        (time_column,) = step.time_columns()
+        if time_column is not None:
+            if time_column not in rows.column_names:
+                raise SpecError(f"step '{step.name}': time: unknown column '{time_column}'; "
+                                f"input has {', '.join(rows.column_names)}")
+            newest = pc.max(rows.column(time_column).cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())).as_py()
+            observed[f"step:{step.name}:0"] = {"max_t": newest}
+        kind = step.info
+        assert isinstance(kind, KeyedStepKind)
+        keys = kind.key_columns(step.params)
+        for k in keys:
+            if k not in rows.column_names:
+                raise SpecError(f"step '{step.name}': {kind.key_field}: unknown column '{k}'; "
+                                f"input has {', '.join(rows.column_names)}")
+            if not pa.types.is_int64(rows.schema.field(k).type):
+                raise SpecError(f"step '{step.name}': {kind.key_field}: resident lanes key BIGINT columns; "
+                                f"'{k}' is {rows.schema.field(k).type}")
+        schema = pa.schema([f.with_nullable(True) for f in rows.schema])
+        kernel = build_kernel(step, schema)
+        groups = self.spec.key_groups
+        kg = (np.mod(spark_xxhash64(*[rows.column(k) for k in keys]), groups) if keys and rows.num_rows
+              else np.zeros(rows.num_rows, np.int64))
+        keyed = rows.cast(schema).append_column(KG, pa.array(kg.astype(np.int32)))
+        routing = RoutingTable.from_json(plan.routing[step.name])
+        if routing.spread:
+            raise EngineError(f"step '{step.name}': hot-key splits (SPREADFIRE) run in per-epoch jobs; "
+                              "resident lanes take whole key groups")
+        watermark, advance = plan.watermarks[step.name], plan.advance.get(step.name)
+        for attempt in (1, 2):  # a stage that ended runs the epoch once more on a new one
+            stage = self._stage_for(step, kernel, routing, last)
+            try:
+                done = stage.run(plan.epoch, keyed, watermark, advance)
+                break
+            except StageEnded as e:
+                self.close()
+                if attempt == 2:
+                    raise EngineError(f"epoch {plan.epoch}: the resident lanes of step '{step.name}' failed twice: {e}") from e
+        gate = self.ckpt.gate.ready()
+        outputs = []
+        for d in done:
+            table = d.pop("table", None)
+            if table is not None and table.num_rows:
+                outputs.append(table)
+            path = manifest_path(self.ckpt.location, plan.epoch, step.name, int(d["lane"]), gate.generation)
+            makedirs(self.ckpt.fs, path.rsplit("/", 1)[0])
+            gate.put(path, json.dumps(d).encode())
+        return pa.concat_tables(outputs) if outputs else kernel.output_schema.empty_table()
+
+    def _stage_for(self, step: StepSpec, kernel: Kernel, routing: RoutingTable, last: EpochCommit | None) -> ResidentStage:
+        """The stage to run the next epoch on: the running one if it holds the last commit's
+        state for this routing and kernel, else a new one started from the last commit."""
+        owners = tuple(int(x) for x in routing.owners())
+        key = (owners, routing.lanes, kernel.input_schema, kernel.state_schema)
+        after = last.epoch if last is not None else 0
+        if self.stage is not None and self._stage_key == key and self.stage.epoch == after:
+            return self.stage
+        self.close()
+        spark = self.compiler.spark
+        slots = spark.sparkContext.defaultParallelism
+        if routing.lanes > slots:
+            raise EngineError(f"step '{step.name}': {routing.lanes} resident lanes need as many task slots; "
+                              f"Spark has {slots}")
+        prev = last.steps.get(step.name) if last is not None else None
+        gate = self.ckpt.gate.ready()
+        self.stage = ResidentStage(
+            spark, step=step.name, checkpoint=self.ckpt.location, kernel=kernel, routing=owners, lanes=routing.lanes,
+            output=None, attempt=next_attempt(self.ckpt.location, gate), after=after,
+            index=dict(prev.index) if prev is not None else {}, generation=gate.generation,
+        )
+        self._stage_key = key
+        self.stages_started += 1
+        return self.stage
+
+    def _stage_sinks_arrow(self, tables: dict[str, pa.Table], epoch: int) -> dict[str, int]:
+        rows: dict[str, int] = {}
+        for spec in self.spec.sinks:
+            sink, table = self.outputs.sinks[spec.name], tables[spec.input]
+            if self._opened.get(spec.name) is not sink:
+                sink.open(self.spec.name, self.checkpoint_id, spark_schema(table.schema), tentative=False)
+                self._opened[spec.name] = sink
+            sink.stage_table(table, epoch)
+            rows[spec.name] = table.num_rows
+        return rows
+
+    @property
+    def holds_workers(self) -> bool:  # type: ignore[override]
+        return self.stage is not None
+
+    def close(self) -> None:
+        """End the stage (its lanes stop; the next epoch starts a new one from the last commit)."""
+        if self.stage is not None:
+            stage, self.stage, self._stage_key = self.stage, None, None
+            stage.close()
