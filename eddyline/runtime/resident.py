@@ -46,6 +46,7 @@ from eddyline import objectstore
 from eddyline.columns import KG
 from eddyline.errors import TASK_MARK as MARK
 from eddyline.operators.base import Kernel
+from eddyline.runtime.faults import FaultPoint, Faults, NoFaults
 from eddyline.runtime.lanes import process
 from eddyline.state.store import Chain, KeyGroupStore, StateCache, with_chains
 from eddyline.storage import Gate, makedirs
@@ -141,6 +142,9 @@ class ResidentLanes:
     snapshot_every: int = 8
     generation: int = 0
     store: dict[str, str] = field(default_factory=objectstore.settings)
+    #: told when lane 0 has written an epoch's state (:attr:`FaultPoint.IN_TASK`), as a per-epoch
+    #: lane tells it: crash tests cut the epoch there
+    faults: Faults = field(default_factory=NoFaults)
 
 
 def serve(lanes: ResidentLanes, _rows: Iterator[Any]) -> Iterator[Any]:
@@ -218,6 +222,8 @@ class Lane:
         written = self.store.write(epoch, file_id, self.index, result.state, result.upserts, result.deletes,
                                    result.changed_key_groups)
         t2 = time.perf_counter()
+        if self.lane == 0:
+            self.lanes.faults.reached(FaultPoint.IN_TASK, epoch)
         output = None
         if result.output.num_rows and self.lanes.output is not None:
             output = f"{self.lanes.output}/{epoch:010d}/{self.lane:04d}-a{self.attempt}.arrow"
@@ -279,7 +285,7 @@ class ResidentStage:
 
     def __init__(self, spark: SparkSession, *, step: str, checkpoint: str, kernel: Kernel, routing: tuple[int, ...],
                  lanes: int, output: str, attempt: int, after: int = 0, index: Mapping[int, Chain] | None = None,
-                 generation: int = 0, host: str = "127.0.0.1", connect_s: float = 120.0):
+                 generation: int = 0, host: str = "127.0.0.1", connect_s: float = 120.0, faults: Faults | None = None):
         self.lanes = lanes
         self.owners = np.asarray(routing)
         if self.owners.size and int(self.owners.max()) >= lanes:
@@ -288,7 +294,7 @@ class ResidentStage:
         self._server.settimeout(1.0)
         self.spec = ResidentLanes(step=step, checkpoint=checkpoint, kernel=kernel, routing=tuple(routing),
                                   address=(host, self._server.getsockname()[1]), secret=secrets.token_hex(16),
-                                  attempt=attempt, output=output, generation=generation)
+                                  attempt=attempt, output=output, generation=generation, faults=faults or NoFaults())
         self.error: BaseException | None = None
         self._spark = spark
         self._job = threading.Thread(target=self._run_job, name="eddyline-resident-stage", daemon=True)

@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 
 from eddyline.api.network import NetworkSpec
 from eddyline.columns import DIFF, KG
-from eddyline.errors import EngineError, SpecError
+from eddyline.errors import EngineError, SourceError, SpecError
 from eddyline.hashing import spark_xxhash64
 from eddyline.io.files.target import write_table
 from eddyline.kinds.base import KeyedStepKind, build_kernel, spark_schema
@@ -109,6 +109,7 @@ class ResidentExecutor(Executor):
         self.sql: dict[str, SqlStep] = {}
         self._sql_for: NetworkSpec | None = None
         self._compile_sql()
+        self._check()
         self.stage: ResidentStage | None = None
         self._stage_key: tuple[Any, ...] | None = None
         #: stages started by this executor (the first, and one per move, rescale or failure)
@@ -126,6 +127,42 @@ class ResidentExecutor(Executor):
         except SqlStepError as e:
             raise SpecError(f"execution: resident: {e}") from None
         self.read_by, self._sql_for = self.spec.columns_read(), self.spec
+
+    def _check(self) -> None:
+        """The network run over empty slices: a column or a function the resident path cannot
+        take is refused now, before the checkpoint or any output is touched."""
+        empty = {"start": 0, "end": 0, "files": []}
+        tables = {}
+        for src in self.spec.sources:
+            try:
+                tables[src.name] = self.compiler.sources[src.name].read_arrow(empty, self.read_by.get(src.name)).data
+            except SourceError:
+                return  # (a directory with nothing to tell the schema yet: its first epoch will)
+        try:
+            for step in self.spec.topological():
+                (source,) = step.inputs
+                if step.stateful:
+                    kernel = build_kernel(step, pa.schema([f.with_nullable(True) for f in tables[source].schema]))
+                    self._keys(step, tables[source])
+                    tables[step.name] = kernel.output_schema.empty_table()
+                else:
+                    tables[step.name] = self.sql[step.name].run(tables[source])
+        except (SqlStepError, SpecError) as e:
+            raise SpecError(f"execution: resident: {e}") from None
+
+    def _keys(self, step: StepSpec, rows: pa.Table) -> tuple[str, ...]:
+        """The step's key columns, which resident lanes hash as Spark does: BIGINT ones."""
+        kind = step.info
+        assert isinstance(kind, KeyedStepKind)
+        keys = kind.key_columns(step.params)
+        for k in keys:
+            if k not in rows.column_names:
+                raise SpecError(f"step '{step.name}': {kind.key_field}: unknown column '{k}'; "
+                                f"input has {', '.join(rows.column_names)}")
+            if not pa.types.is_int64(rows.schema.field(k).type):
+                raise SpecError(f"step '{step.name}': {kind.key_field}: resident lanes key BIGINT columns; "
+                                f"'{k}' is {rows.schema.field(k).type}")
+        return keys
 
     # ----------------------------------------------------------------- an epoch
     def execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any = None) -> Staged:
@@ -172,16 +209,7 @@ class ResidentExecutor(Executor):
                                 f"input has {', '.join(rows.column_names)}")
             newest = pc.max(rows.column(time_column).cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())).as_py()
             observed[f"step:{step.name}:0"] = {"max_t": newest}
-        kind = step.info
-        assert isinstance(kind, KeyedStepKind)
-        keys = kind.key_columns(step.params)
-        for k in keys:
-            if k not in rows.column_names:
-                raise SpecError(f"step '{step.name}': {kind.key_field}: unknown column '{k}'; "
-                                f"input has {', '.join(rows.column_names)}")
-            if not pa.types.is_int64(rows.schema.field(k).type):
-                raise SpecError(f"step '{step.name}': {kind.key_field}: resident lanes key BIGINT columns; "
-                                f"'{k}' is {rows.schema.field(k).type}")
+        keys = self._keys(step, rows)
         schema = pa.schema([f.with_nullable(True) for f in rows.schema])
         kernel = build_kernel(step, schema)
         groups = self.spec.key_groups
@@ -232,7 +260,7 @@ class ResidentExecutor(Executor):
         self.stage = ResidentStage(
             spark, step=step.name, checkpoint=self.ckpt.location, kernel=kernel, routing=owners, lanes=routing.lanes,
             output=None, attempt=next_attempt(self.ckpt.location, gate), after=after,
-            index=dict(prev.index) if prev is not None else {}, generation=gate.generation,
+            index=dict(prev.index) if prev is not None else {}, generation=gate.generation, faults=self.compiler.faults,
         )
         self._stage_key = key
         self.stages_started += 1

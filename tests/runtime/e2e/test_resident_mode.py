@@ -1,0 +1,168 @@
+"""``execution: resident`` (issue #55): the network's stateful step on resident lanes gives what a
+Spark job an epoch gives, through changes of mode and of lane count between runs and SIGKILLs at
+every moment of an epoch; networks it cannot run are refused before anything is written."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pytest
+import yaml
+
+from eddyline.api.validate import load_spec
+from eddyline.errors import SpecError
+from eddyline.runtime.checkpoint import Checkpoint
+from eddyline.runtime.engine import Engine
+
+FILES, ROWS = 8, 600
+
+
+def write_events(folder: Path, seed: int = 5) -> None:
+    """JSON lines, one file an epoch, a malformed record in the third."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    for f in range(FILES):
+        lines = []
+        for i in range(ROWS):
+            s = f * ROWS + i
+            lines.append(json.dumps({"seq": s, "uid": int(rng.integers(0, 700)), "kind": "ab"[s % 2],
+                                     "produced_us": 1_700_000_000_000_000 + s * 2_000}))
+        if f == 2:
+            lines.insert(7, '{"seq": "not a number"}')
+        (folder / f"{f:04d}.json").write_text("\n".join(lines) + "\n")
+
+
+def raw_spec(data: Path, out: Path, execution: str) -> dict[str, Any]:
+    """The first ``b`` event of each user within 0.5 s of event time (a user seen again later
+    counts again): dedup behind a select and a filter, as the latency benchmark's."""
+    return {
+        "name": "resident", "trigger": 0, "lanes": 2, "execution": execution,
+        "sources": [{"name": "events", "files": {"path": str(data), "format": "json", "max_files_per_epoch": 1,
+                                                  "schema": "seq long, uid long, kind string, produced_us long"}}],
+        "steps": [
+            {"name": "timed", "input": "events", "select": ["seq", "uid", "kind", "timestamp_micros(produced_us) AS ts"]},
+            {"name": "bs", "input": "timed", "filter": "kind = 'b'"},
+            {"name": "first", "input": "bs", "dedup": {"key": "uid", "time": "ts", "ttl": "500ms"}},
+            {"name": "kept", "input": "first", "select": ["seq", "uid", "ts"]},
+        ],
+        "sinks": [{"name": "out", "input": "kept", "files": {"path": str(out), "format": "parquet"}}],
+    }
+
+
+def rows(out: Path) -> list[tuple]:
+    return duckdb.sql(f"SELECT seq, uid, epoch(ts) FROM read_parquet('{out}/epoch=*/*.parquet') ORDER BY seq").fetchall()
+
+
+def letters(ckpt: Path) -> list[tuple]:
+    return duckdb.sql(f"SELECT source, file, line, raw, reason FROM read_json_auto('{ckpt}/dead-letters/epoch=*/*.json')"
+                      ).fetchall()
+
+
+@pytest.fixture(scope="module")
+def reference(spark, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple], int]:
+    """The input and what a Spark job an epoch writes from it (and its dead letters)."""
+    base = tmp_path_factory.mktemp("resident-ref")
+    write_events(base / "in")
+    summary = Engine(load_spec(raw_spec(base / "in", base / "out", "job")), spark, str(base / "ckpt")).run(until_idle=True)
+    expected = rows(base / "out")
+    assert len(expected) > 500 and summary.dead_letters == 1
+    return base / "in", expected, summary.input_rows
+
+
+def test_resident_epochs_write_what_per_epoch_jobs_write(spark, reference, tmp_path: Path) -> None:
+    data, expected, read = reference
+    engine = Engine(load_spec(raw_spec(data, tmp_path / "out", "resident")), spark, str(tmp_path / "ckpt"))
+    summary = engine.run(until_idle=True)
+    assert rows(tmp_path / "out") == expected
+    assert summary.input_rows == read and summary.dead_letters == 1
+    assert letters(tmp_path / "ckpt") == letters(data.parent / "ckpt")  # file, line, raw text, reason
+    assert engine.executor.stages_started == 1  # one stage served every epoch
+    last = Checkpoint(str(tmp_path / "ckpt")).latest_commit()
+    assert last is not None and last.epoch >= FILES
+    assert not engine.executor.holds_workers  # the stage ended with the run
+
+
+def test_a_checkpoint_changes_mode_and_lane_count_between_runs(spark, reference, tmp_path: Path) -> None:
+    """Three epochs resident on two lanes, two as Spark jobs on one lane, the rest resident on
+    two again: each run takes the state the one before committed."""
+    data, expected, _ = reference
+    ckpt, out = str(tmp_path / "ckpt"), tmp_path / "out"
+    Engine(load_spec(raw_spec(data, out, "resident")), spark, ckpt).run(epochs=3)
+    Engine(load_spec(raw_spec(data, out, "job")), spark, ckpt, lanes=1).run(epochs=2)
+    engine = Engine(load_spec(raw_spec(data, out, "resident")), spark, ckpt)
+    engine.run(until_idle=True)
+    assert rows(out) == expected
+    routing = Checkpoint(ckpt).latest_commit().steps["first"].routing
+    assert json.loads(routing)["lanes"] == 2 if isinstance(routing, str) else routing["lanes"] == 2
+
+
+WINDOW = {"name": "w", "input": "events", "window_aggregate": {
+    "key": "uid", "time": "t", "window": {"size": "1s"}, "aggregates": {"n": "count(*)"}}}
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"steps": [WINDOW], "sinks": [{"name": "out", "input": "w", "memory": {}}]},
+     "step 'w': a window_aggregate step prepares its rows in Spark"),
+    ({"control": {"state_budget": "10MB"}}, "control.state_budget"),
+    ({"steps": [{"name": "timed", "input": "events", "select": ["seq", "uid", "kind", "bround(produced_us, -3) AS ts"]},
+                {"name": "first", "input": "timed", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}],
+      "sinks": [{"name": "out", "input": "first", "memory": {}}]},
+     "step 'timed': DuckDB cannot run"),
+    ({"steps": [{"name": "first", "input": "events", "dedup": {"key": "kind", "time": "seq", "ttl": "1s"}}],
+      "sinks": [{"name": "out", "input": "first", "memory": {}}]},
+     "step 'first': key: resident lanes key BIGINT columns; 'kind' is string"),
+])
+def test_a_network_resident_lanes_cannot_run_is_refused_before_anything_is_written(
+        spark, tmp_path: Path, change: dict[str, Any], why: str) -> None:
+    (tmp_path / "in").mkdir()
+    raw = {**raw_spec(tmp_path / "in", tmp_path / "out", "resident"), **change}
+    with pytest.raises(SpecError, match="execution: resident") as refused:
+        Engine(load_spec(raw), spark, str(tmp_path / "ckpt"))
+    assert why in str(refused.value)
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- SIGKILL
+
+
+def eddyline_run(spec: Path, ckpt: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec), "--checkpoint", str(ckpt), "--until-idle",
+           "--no-live", "--master", "local[2]", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def committed(ckpt: Path) -> int:
+    return max((int(p.name[:-5]) for p in (ckpt / "commits").glob("*.json")), default=0)
+
+
+#: each run killed at the next moment, one epoch later, on another lane count than the run before
+MOMENTS = ["1:after_plan", "2:in_task", "3:after_stage", "4:after_publish", "5:mid_commit", "6:after_commit"]
+
+
+@pytest.mark.slow
+def test_a_sigkill_at_each_moment_of_a_resident_epoch_then_a_restart_on_other_lanes_gives_the_same_output(
+        reference, tmp_path: Path) -> None:
+    """Killed in turn at every boundary (``in_task``: inside lane 0, its state written, its
+    manifest not yet sent), each restart on another lane count than the run it follows: the
+    last run ends with what uninterrupted per-epoch jobs wrote, every row once."""
+    data, expected, _ = reference
+    spec, ckpt = tmp_path / "net.yaml", tmp_path / "ckpt"
+    spec.write_text(yaml.safe_dump(raw_spec(data, tmp_path / "out", "resident")))
+    for i, moment in enumerate(MOMENTS):
+        epoch, after_commit = int(moment.split(":")[0]), moment.endswith("after_commit")
+        killed = eddyline_run(spec, ckpt, "--crash-at", moment, "--lanes", str(1 + i % 2))
+        assert killed.returncode == -signal.SIGKILL, (moment, killed.returncode, killed.stderr[-2000:])
+        assert committed(ckpt) == (epoch if after_commit else epoch - 1), (moment, committed(ckpt))
+    final = eddyline_run(spec, ckpt, "--lanes", "2")
+    assert final.returncode == 0, final.stderr[-2000:]
+    assert rows(tmp_path / "out") == expected
+    # a stage per run that ran lanes, and one more per rescale (a run replays the epoch its
+    # predecessor logged on that one's lanes, then goes on with its own)
+    assert len(list((ckpt / "resident").iterdir())) >= len(MOMENTS)
