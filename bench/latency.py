@@ -19,6 +19,9 @@ event's production to the moment its result is committed. Engines:
   log entry and its commit time is its progress ``timestamp`` + ``durationMs.triggerExecution``.
 * ``eddyline-files`` (not in the default list): Eddyline on those same JSON files (a ``files``
   source), to tell the source's share from the engine's.
+* ``eddyline-resident`` (not in the default list): the same on resident lanes (``execution:
+  resident``, no Spark job an epoch); it takes the dedup only (the window and the join prepare
+  their rows in Spark, and are refused).
 * ``spark-rtm``: Structured Streaming's Real-Time Mode (``trigger(realTime=...)``). In the
   installed PySpark its only sources are Kafka (the connector is not on PyPI) and Spark's
   ``LowLatencyMemoryStream``, an in-JVM memory source meant for tests; it is used here, fed from
@@ -96,7 +99,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 QUERIES = ("window", "dedup", "join")
 ENGINES = ("eddyline", "spark", "spark-rtm", "flink")
-ALL_ENGINES = (*ENGINES, "eddyline-files")
+ALL_ENGINES = (*ENGINES, "eddyline-files", "eddyline-resident")
 SCHEMA = "seq long, kind string, key long, uid long, auction long, price long, produced_us long"
 KEYS = 1000
 WINDOW_US = 1_000_000
@@ -382,7 +385,7 @@ def eddyline_network(query: str, source: dict[str, Any], out: Path, watermark_ms
             "sinks": [{"name": "out", "input": "result", "files": {"path": str(out), "format": "parquet"}}]}
 
 
-def run_eddyline(ctx: Context, query: str, rate: int, tmp: Path, files: bool) -> dict[str, Any]:
+def run_eddyline(ctx: Context, query: str, rate: int, tmp: Path, files: bool, execution: str = "job") -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     from eddyline.api.validate import load_spec
@@ -404,7 +407,7 @@ def run_eddyline(ctx: Context, query: str, rate: int, tmp: Path, files: bool) ->
             ensure_stream(conn, stream, [subject])
         source = {"nats": {"url": ctx.nats_url, "stream": stream, "subject": subject, "schema": SCHEMA}}
         producer = Producer(rate, seconds, {"mode": "nats", "url": ctx.nats_url, "subject": subject}, tmp)
-    spec = load_spec(eddyline_network(query, source, out, ctx.args.watermark_ms))
+    spec = load_spec({**eddyline_network(query, source, out, ctx.args.watermark_ms), "execution": execution})
     progress = tmp / "progress.jsonl"
     read = [0]
 
@@ -866,6 +869,8 @@ def run_case(ctx: Context, engine: str, query: str, rate: int) -> dict[str, Any]
             run = run_eddyline(ctx, query, rate, tmp, files=False)
         elif engine == "eddyline-files":
             run = run_eddyline(ctx, query, rate, tmp, files=True)
+        elif engine == "eddyline-resident":
+            run = run_eddyline(ctx, query, rate, tmp, files=True, execution="resident")
         elif engine == "spark":
             run = run_spark(ctx, query, rate, tmp)
         elif engine == "spark-rtm":
@@ -1058,7 +1063,7 @@ def _profile_line(p: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- the plot
-COLORS = {"eddyline": "#1f77b4", "eddyline-files": "#17becf", "spark": "#d62728", "spark-rtm": "#ff7f0e",
+COLORS = {"eddyline": "#1f77b4", "eddyline-files": "#17becf", "eddyline-resident": "#9467bd", "spark": "#d62728", "spark-rtm": "#ff7f0e",
           "flink": "#2ca02c"}
 
 
