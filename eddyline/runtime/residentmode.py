@@ -97,6 +97,16 @@ def resident_problem(spec: NetworkSpec, sources: dict[str, Source], outputs: Out
     return None
 
 
+def newest_ms(column: pa.ChunkedArray) -> int | None:
+    """The newest value of a timestamp column in epoch milliseconds, rounded down as
+    :func:`eddyline.runtime.compile.max_event_ms` gives it (None: no value)."""
+    newest = pc.max(column.cast(pa.int64())).as_py()
+    if newest is None:
+        return None
+    unit = column.type.unit
+    return newest * 1000 if unit == "s" else newest // {"ms": 1, "us": 1_000, "ns": 1_000_000}[unit]
+
+
 class ResidentExecutor(Executor):
     """:class:`~eddyline.runtime.epoch.execute.Executor` for resident epochs (module docstring)."""
 
@@ -207,8 +217,10 @@ class ResidentExecutor(Executor):
             if time_column not in rows.column_names:
                 raise SpecError(f"step '{step.name}': time: unknown column '{time_column}'; "
                                 f"input has {', '.join(rows.column_names)}")
-            newest = pc.max(rows.column(time_column).cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())).as_py()
-            observed[f"step:{step.name}:0"] = {"max_t": newest}
+            if not pa.types.is_timestamp(rows.schema.field(time_column).type):
+                raise SpecError(f"step '{step.name}': time: expected a timestamp column, '{time_column}' is "
+                                f"{rows.schema.field(time_column).type}")
+            observed[f"step:{step.name}:0"] = {"max_t": newest_ms(rows.column(time_column))}
         keys = self._keys(step, rows)
         schema = pa.schema([f.with_nullable(True) for f in rows.schema])
         kernel = build_kernel(step, schema)

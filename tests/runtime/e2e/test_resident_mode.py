@@ -33,7 +33,7 @@ def write_events(folder: Path, seed: int = 5) -> None:
         for i in range(ROWS):
             s = f * ROWS + i
             lines.append(json.dumps({"seq": s, "uid": int(rng.integers(0, 700)), "kind": "ab"[s % 2],
-                                     "produced_us": 1_700_000_000_000_000 + s * 2_000}))
+                                     "produced_us": 1_700_000_000_000_000 + s * 2_137}))
         if f == 2:
             lines.insert(7, '{"seq": "not a number"}')
         (folder / f"{f:04d}.json").write_text("\n".join(lines) + "\n")
