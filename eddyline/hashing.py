@@ -124,3 +124,40 @@ def spark_xxhash64(*args: IdsLike | int) -> np.ndarray:
         hashed = xxh64_long(values, h)
         h = hashed if valid is None else np.where(valid, hashed, h)
     return h.view(np.int64)
+
+
+def _xxh64_strings(values: pa.Array, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Spark's ``XXH64.hashUnsafeBytes`` of each string's UTF-8 bytes with its row's seed: the
+    standard XXH64 (the ``xxhash`` package), one call a value."""
+    import xxhash
+
+    texts = values.to_pylist()
+    out = np.empty(len(texts), dtype=np.uint64)
+    broadcast = seeds.size == 1
+    for i, text in enumerate(texts):
+        seed = int(seeds[0] if broadcast else seeds[i])
+        out[i] = xxhash.xxh64_intdigest(text.encode() if text is not None else b"", seed)
+    valid = None if values.null_count == 0 else values.is_valid().to_numpy(zero_copy_only=False)
+    return out, valid
+
+
+def spark_xxhash64_of_columns(*columns: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Spark SQL ``xxhash64(c1, c2, ...)`` of Arrow columns of BIGINT or STRING values (each
+    hashed with the previous hash as its seed, a NULL leaving it unchanged), as int64. Other
+    types raise ``TypeError``: Spark hashes them by rules of their own (an INT as four bytes, a
+    DOUBLE by its bits after normalising -0.0, ...)."""
+    if not columns:
+        raise ValueError("spark_xxhash64_of_columns needs at least one column")
+    h = np.array([SPARK_XXHASH64_SEED], dtype=np.uint64)
+    for column in columns:
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        if pa.types.is_int64(column.type):
+            values, valid = _longs(column)
+            hashed = xxh64_long(values, h)
+        elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            hashed, valid = _xxh64_strings(column, h)
+        else:
+            raise TypeError(f"Spark's xxhash64 of {column.type} is not reproduced here (BIGINT and STRING are)")
+        h = hashed if valid is None else np.where(valid, hashed, np.broadcast_to(h, hashed.shape))
+    return h.view(np.int64)

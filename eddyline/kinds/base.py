@@ -14,6 +14,7 @@ import functools
 import re
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 
 from eddyline.api import steps as api_steps
@@ -97,6 +98,21 @@ class CompileContext(Protocol):
         ...
 
 
+class LaneFeed(Protocol):
+    """The runtime's side of a resident epoch (:mod:`eddyline.runtime.residentmode`), as a kind
+    sees it: no Spark, the rows in Arrow."""
+
+    spec: NetworkSpec
+
+    def key_groups(self, step: StepSpec, table: pa.Table, keys: tuple[str, ...]) -> np.ndarray:
+        """Each row's key group, as :meth:`CompileContext.key_group` has Spark compute it."""
+        ...
+
+    def wanted(self, step: StepSpec) -> frozenset[str] | None:
+        """As :meth:`CompileContext.wanted`."""
+        ...
+
+
 class StepKind(api_steps.StepKind):
     def reads_plan(self, params: Any) -> bool:
         """Its frame depends on the epoch's plan beyond what its tasks read when they run (the
@@ -116,6 +132,16 @@ class StepKind(api_steps.StepKind):
         """The lane kernel of a stateful step for its input schema(s) (without ``_kg``);
         raises ``ValueError`` for parameters that do not fit the input."""
         raise NotImplementedError(f"step kind {self.key!r} has no kernel")
+
+    def resident_problem(self, step: StepSpec) -> str | None:
+        """Why a resident epoch cannot prepare this stateful step's rows for its lanes
+        (:meth:`lane_input`), None when it can."""
+        return f"a {self.key} step prepares its rows in Spark before its lanes"
+
+    def lane_input(self, feed: LaneFeed, step: StepSpec, inputs: list[pa.Table]) -> tuple[pa.Table, Kernel]:
+        """:meth:`compile`'s resident counterpart up to the lanes: from its inputs' rows (Arrow),
+        the rows its lanes take (with ``_kg``, the kernel's input schema) and the kernel."""
+        raise NotImplementedError(self.resident_problem(step))
 
 
 class KeyedStepKind(StepKind):
@@ -148,6 +174,21 @@ class KeyedStepKind(StepKind):
             df = df.select(*[f"`{c}`" for c in kept]) if len(kept) < len(have) else df
         keyed, kernel = self.keyed(ctx, step, df)
         return ctx.to_lanes(step, keyed, kernel, self.key_columns(step.params)[:1])
+
+    def resident_problem(self, step: StepSpec) -> str | None:
+        plain = type(self).compile is KeyedStepKind.compile and type(self).keyed is KeyedStepKind.keyed
+        return None if plain else super().resident_problem(step)
+
+    def lane_input(self, feed: LaneFeed, step: StepSpec, inputs: list[pa.Table]) -> tuple[pa.Table, Kernel]:
+        (rows,) = inputs
+        keys = self.key_columns(step.params)
+        unknown = [k for k in keys if k not in rows.column_names]
+        if unknown:
+            raise SpecError(f"step '{step.name}': {self.key_field}: unknown column '{unknown[0]}'; "
+                            f"input has {', '.join(rows.column_names)}")
+        schema = pa.schema([f.with_nullable(True) for f in rows.schema])
+        kernel = build_kernel(step, schema)
+        return rows.cast(schema).append_column(KG, pa.array(feed.key_groups(step, rows, keys), pa.int32())), kernel
 
     def keyed(self, ctx: CompileContext, step: StepSpec, df: DataFrame) -> tuple[DataFrame, Kernel]:
         keys = self.key_columns(step.params)

@@ -16,7 +16,7 @@ from eddyline.api.steps import STEPS
 from eddyline.api.units import Columns, Duration, Model, Name, names
 from eddyline.columns import KG, join_right_names
 from eddyline.errors import SpecError
-from eddyline.kinds.base import CompileContext, StepKind, arrow_schema, build_kernel
+from eddyline.kinds.base import CompileContext, LaneFeed, StepKind, arrow_schema, build_kernel
 from eddyline.plan.branches import quoted
 
 if TYPE_CHECKING:
@@ -159,6 +159,49 @@ class JoinKind(StepKind):
         # the lane input columns naming a row's key: the first key column of either side
         keyed = ctx.union_of(step, [(left, lpart), (right, rpart)])
         return ctx.to_lanes(step, keyed, kernel, (f"l__{lkeys[0]}", f"r__{rkeys[0]}"))
+
+
+    def resident_problem(self, step: StepSpec) -> str | None:
+        return None
+
+    def lane_input(self, feed: LaneFeed, step: StepSpec, inputs: list[pa.Table]) -> tuple[pa.Table, Kernel]:
+        """Both sides in the lanes' one schema, as :meth:`compile` builds them in Spark."""
+        import numpy as np
+        import pyarrow as pa
+
+        from eddyline.operators.join import LEFT_PREFIX, RIGHT_PREFIX, SIDE
+
+        left, right = inputs
+        j = step.params
+        lkeys, rkeys = names(j.left_key), names(j.right_key)
+        for what, keys, table in (("left_key", lkeys, left), ("right_key", rkeys, right)):
+            for k in keys:
+                if k not in table.column_names:
+                    raise SpecError(f"step '{step.name}': join.{what}: unknown column '{k}'; input has "
+                                    f"{', '.join(table.column_names)}")
+        for lk, rk in zip(lkeys, rkeys, strict=True):
+            if left.schema.field(lk).type != right.schema.field(rk).type:
+                raise SpecError(f"step '{step.name}': join.right_key: '{rk}' is {right.schema.field(rk).type} but left "
+                                f"key '{lk}' is {left.schema.field(lk).type}; cast one side in a select first")
+        cut = join_columns(left.column_names, right.column_names, j, feed.wanted(step))
+        if cut is not None:  # the state and the output hold only what is read after the join
+            left, right = left.select(cut[0]), right.select(cut[1])
+        kernel = build_kernel(step, *(pa.schema([f.with_nullable(True) for f in t.schema]) for t in (left, right)))
+
+        def side(table: pa.Table, number: int, prefix: str, keys: tuple[str, ...]) -> pa.Table:
+            n, columns = table.num_rows, []
+            for f in kernel.input_schema:
+                if f.name == KG:
+                    columns.append(pa.array(feed.key_groups(step, table, keys), pa.int32()))
+                elif f.name == SIDE:
+                    columns.append(pa.array(np.full(n, number, np.int8)))
+                elif f.name.startswith(prefix):
+                    columns.append(table.column(f.name[len(prefix):]).cast(f.type))
+                else:
+                    columns.append(pa.nulls(n, f.type))
+            return pa.Table.from_arrays(columns, schema=kernel.input_schema)
+
+        return pa.concat_tables([side(left, 0, LEFT_PREFIX, lkeys), side(right, 1, RIGHT_PREFIX, rkeys)]), kernel
 
 
 def join_columns(

@@ -38,6 +38,7 @@ from eddyline.errors import SpecError
 from eddyline.kinds.base import (
     Aggregating,
     CompileContext,
+    LaneFeed,
     StepKind,
     arrow_schema,
     check_aggregates,
@@ -142,6 +143,37 @@ class WindowAggregateKind(StepKind):
     def kernel(self, params: Any, *schemas: pa.Schema) -> WindowKernel:
         (schema,) = schemas
         return WindowKernel(params.config(), schema)
+
+    def resident_problem(self, step: StepSpec) -> str | None:
+        if step.params.late is not None:
+            return f"step '{step.name}': late: late rows are split off in Spark"
+        return None
+
+    def lane_input(self, feed: LaneFeed, step: StepSpec, inputs: list[pa.Table]) -> tuple[pa.Table, WindowKernel]:
+        """The windows' partials, combined per key group, key and window (as :meth:`compile`
+        has Spark combine them, in its column order); the lanes drop the windows too late for
+        their watermark and count their rows, as they do behind Spark."""
+        import pyarrow as pa
+
+        from eddyline.eventtime import NO_WATERMARK
+        from eddyline.operators.window import partial_aggregate
+
+        wa: WindowAggregate = step.params
+        (rows,) = inputs
+        for col in (*wa.keys, wa.time, *(c for _, _, c in wa.parsed_aggregates if c is not None)):
+            if col not in rows.column_names:
+                raise SpecError(f"step '{step.name}': unknown column '{col}'; input has {', '.join(rows.column_names)}")
+        if not pa.types.is_timestamp(rows.schema.field(wa.time).type):
+            raise SpecError(f"step '{step.name}': time: expected a timestamp column, '{wa.time}' is "
+                            f"{rows.schema.field(wa.time).type}")
+        ancestors, _ = feed.spec.stateful_upstream(step)
+        cfg = wa.config(False, advance=not ancestors)
+        rows = rows.cast(pa.schema([f.with_nullable(True) for f in rows.schema]))
+        partials, _ = partial_aggregate(cfg, rows, wa.time, NO_WATERMARK, feed.key_groups(step, rows, cfg.keys))
+        order = [KG, *cfg.keys, START_MS, LAST, *(p for p, _, _, _ in cfg.partial_columns()),
+                 *([TMAX] if cfg.advance_delay_ms is not None else [])]
+        schema = pa.schema([partials.schema.field(c).with_nullable(True) for c in order])
+        return partials.select(order).cast(schema), WindowKernel(cfg, schema)
 
     def describe(self, step: StepSpec, key_groups: int) -> list[str]:
         wa = step.params

@@ -208,6 +208,16 @@ def key_group_counts(table: Any, keys: Sequence[str], key_groups: int) -> np.nda
     return np.bincount(kg, weights=counts.column("count_all").to_numpy(), minlength=key_groups).astype(np.int64)
 
 
+def key_groups_of(table: Any, keys: Sequence[str], key_groups: int) -> np.ndarray:
+    """Each row's key group, as :func:`key_group_sql` has Spark compute it, in numpy (int32): for
+    BIGINT and STRING key columns (``TypeError`` for others); 0 for every row without keys."""
+    from eddyline.hashing import spark_xxhash64_of_columns
+
+    if not keys:
+        return np.zeros(table.num_rows, dtype=np.int32)
+    return np.mod(spark_xxhash64_of_columns(*[table.column(k) for k in keys]), key_groups).astype(np.int32)
+
+
 def key_group_sql(keys: tuple[str, ...], key_groups: int) -> str:
     """Spark SQL for a row's key group, ``pmod(xxhash64(keys), K)``; a step without keys (a
     global window) has one key group. :func:`key_group_counts` computes the same in numpy."""

@@ -43,13 +43,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from eddyline.api.network import NetworkSpec
-from eddyline.columns import DIFF, KG
+from eddyline.columns import DIFF
 from eddyline.errors import EngineError, SourceError, SpecError
-from eddyline.hashing import spark_xxhash64
 from eddyline.io.files.target import write_table
-from eddyline.kinds.base import KeyedStepKind, build_kernel, spark_schema
+from eddyline.kinds.base import spark_schema
 from eddyline.operators.sqlsteps import SqlStep, SqlStepError
-from eddyline.plan.keygroups import RoutingTable
+from eddyline.plan.keygroups import RoutingTable, key_groups_of
 from eddyline.runtime.checkpoint import Checkpoint, manifest_path
 from eddyline.runtime.compile import EpochCompiler
 from eddyline.runtime.epoch.execute import Executor
@@ -80,9 +79,9 @@ def resident_problem(spec: NetworkSpec, sources: dict[str, Source], outputs: Out
         return f"a resident network has one stateful step; this one has {len(stateful)}"
     for step in spec.steps:
         if step.stateful:
-            kind = step.info
-            if not isinstance(kind, KeyedStepKind) or type(kind).compile is not KeyedStepKind.compile:
-                return f"step '{step.name}': a {step.kind} step prepares its rows in Spark before its lanes"
+            problem = step.info.resident_problem(step)
+            if problem is not None:
+                return problem if problem.startswith("step '") else f"step '{step.name}': {problem}"
         elif step.kind not in SQL_KINDS:
             return f"step '{step.name}': a {step.kind} step runs in Spark (resident: {', '.join(SQL_KINDS)})"
     for name, source in sources.items():
@@ -150,29 +149,24 @@ class ResidentExecutor(Executor):
                 return  # (a directory with nothing to tell the schema yet: its first epoch will)
         try:
             for step in self.spec.topological():
-                (source,) = step.inputs
+                inputs = [tables[i] for i in step.inputs]
                 if step.stateful:
-                    kernel = build_kernel(step, pa.schema([f.with_nullable(True) for f in tables[source].schema]))
-                    self._keys(step, tables[source])
+                    _, kernel = step.info.lane_input(self, step, inputs)
                     tables[step.name] = kernel.output_schema.empty_table()
                 else:
-                    tables[step.name] = self.sql[step.name].run(tables[source])
+                    tables[step.name] = self.sql[step.name].run(inputs[0])
         except (SqlStepError, SpecError) as e:
             raise SpecError(f"execution: resident: {e}") from None
 
-    def _keys(self, step: StepSpec, rows: pa.Table) -> tuple[str, ...]:
-        """The step's key columns, which resident lanes hash as Spark does: BIGINT ones."""
-        kind = step.info
-        assert isinstance(kind, KeyedStepKind)
-        keys = kind.key_columns(step.params)
-        for k in keys:
-            if k not in rows.column_names:
-                raise SpecError(f"step '{step.name}': {kind.key_field}: unknown column '{k}'; "
-                                f"input has {', '.join(rows.column_names)}")
-            if not pa.types.is_int64(rows.schema.field(k).type):
-                raise SpecError(f"step '{step.name}': {kind.key_field}: resident lanes key BIGINT columns; "
-                                f"'{k}' is {rows.schema.field(k).type}")
-        return keys
+    # the kinds' side of a resident epoch (eddyline.kinds.base.LaneFeed)
+    def key_groups(self, step: StepSpec, table: pa.Table, keys: tuple[str, ...]) -> np.ndarray:
+        try:
+            return key_groups_of(table, keys, self.spec.key_groups)
+        except TypeError as e:
+            raise SpecError(f"step '{step.name}': resident lanes key BIGINT and STRING columns: {e}") from None
+
+    def wanted(self, step: StepSpec) -> frozenset[str] | None:
+        return self.read_by.get(step.name)
 
     # ----------------------------------------------------------------- an epoch
     def execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any = None) -> Staged:
@@ -198,36 +192,31 @@ class ResidentExecutor(Executor):
         if before_jobs is not None:
             before_jobs()
         for step in self.spec.topological():
-            (source,) = step.inputs
+            inputs = [tables[i] for i in step.inputs]
             if step.stateful:
-                tables[step.name] = self._lanes(step, tables[source], plan, last, observed)
+                tables[step.name] = self._lanes(step, inputs, plan, last, observed)
             else:
-                tables[step.name] = self.sql[step.name].run(tables[source])
+                tables[step.name] = self.sql[step.name].run(inputs[0])
         sink_rows = self._stage_sinks_arrow(tables, plan.epoch)
         if dead:
             write_table(pa.concat_tables(dead), self.outputs.dead_letters, plan.epoch)
         return Staged(observed=observed, sink_rows=sink_rows, dead_letters=sum(t.num_rows for t in dead),
                       late_steps=(), shed_rows=False, compile_s=0.0, run_s=time.monotonic() - t0)
 
-    def _lanes(self, step: StepSpec, rows: pa.Table, plan: EpochPlan, last: EpochCommit | None,
+    def _lanes(self, step: StepSpec, inputs: list[pa.Table], plan: EpochPlan, last: EpochCommit | None,
                observed: dict[str, dict[str, Any]]) -> pa.Table:
         """The stateful step's epoch on the resident lanes: its output rows."""
-        (time_column,) = step.time_columns()
-        if time_column is not None:
-            if time_column not in rows.column_names:
-                raise SpecError(f"step '{step.name}': time: unknown column '{time_column}'; "
+        for i, (rows, column) in enumerate(zip(inputs, step.time_columns(), strict=True)):
+            if column is None:
+                continue
+            if column not in rows.column_names:
+                raise SpecError(f"step '{step.name}': time: unknown column '{column}'; "
                                 f"input has {', '.join(rows.column_names)}")
-            if not pa.types.is_timestamp(rows.schema.field(time_column).type):
-                raise SpecError(f"step '{step.name}': time: expected a timestamp column, '{time_column}' is "
-                                f"{rows.schema.field(time_column).type}")
-            observed[f"step:{step.name}:0"] = {"max_t": newest_ms(rows.column(time_column))}
-        keys = self._keys(step, rows)
-        schema = pa.schema([f.with_nullable(True) for f in rows.schema])
-        kernel = build_kernel(step, schema)
-        groups = self.spec.key_groups
-        kg = (np.mod(spark_xxhash64(*[rows.column(k) for k in keys]), groups) if keys and rows.num_rows
-              else np.zeros(rows.num_rows, np.int64))
-        keyed = rows.cast(schema).append_column(KG, pa.array(kg.astype(np.int32)))
+            if not pa.types.is_timestamp(rows.schema.field(column).type):
+                raise SpecError(f"step '{step.name}': time: expected a timestamp column, '{column}' is "
+                                f"{rows.schema.field(column).type}")
+            observed[f"step:{step.name}:{i}"] = {"max_t": newest_ms(rows.column(column))}
+        keyed, kernel = step.info.lane_input(self, step, inputs)
         routing = RoutingTable.from_json(plan.routing[step.name])
         if routing.spread:
             raise EngineError(f"step '{step.name}': hot-key splits (SPREADFIRE) run in per-epoch jobs; "
@@ -257,7 +246,8 @@ class ResidentExecutor(Executor):
         """The stage to run the next epoch on: the running one if it holds the last commit's
         state for this routing and kernel, else a new one started from the last commit."""
         owners = tuple(int(x) for x in routing.owners())
-        key = (owners, routing.lanes, kernel.input_schema, kernel.state_schema)
+        # a new kernel (a control setting changed the step's parameters) is a new stage too
+        key = (owners, routing.lanes, kernel.input_schema, kernel.state_schema, step)
         after = last.epoch if last is not None else 0
         if self.stage is not None and self._stage_key == key and self.stage.epoch == after:
             return self.stage

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 
 def test_key_group_counts_in_numpy_equal_the_key_groups_spark_computes(spark):
@@ -29,3 +30,21 @@ def test_key_group_counts_in_numpy_equal_the_key_groups_spark_computes(spark):
         assert ours is not None and ours.sum() == n
         assert np.array_equal(ours, spark_counts), keys
     assert key_group_counts(table, ("s",), groups) is None
+
+
+def test_each_rows_key_group_of_bigint_and_string_keys_is_the_one_spark_computes(spark):
+    """What resident epochs route by (key_groups_of) against Spark's key_group_sql, row by row:
+    strings empty, non-ASCII and null, BIGINTs null and negative, one key and two."""
+    from eddyline.plan.keygroups import key_group_sql, key_groups_of
+
+    table = pa.table({
+        "s": pa.array(["", "a", "héllo wörld", None, "x" * 70, "auction-17"] * 50, pa.string()),
+        "n": pa.array([0, -1, None, 2**40, 7, -(2**62)] * 50, pa.int64()),
+        "i": pa.array(range(300), pa.int64()),
+    })
+    df = spark.createDataFrame(table)
+    for keys in (("s",), ("n", "s"), ("s", "i"), ("n",)):
+        expected = [r[0] for r in df.selectExpr(f"{key_group_sql(keys, 128)} AS kg").collect()]
+        assert key_groups_of(table, keys, 128).tolist() == expected, keys
+    with pytest.raises(TypeError, match="int32"):
+        key_groups_of(pa.table({"k": pa.array([1], pa.int32())}), ("k",), 128)

@@ -103,21 +103,63 @@ def test_a_checkpoint_changes_mode_and_lane_count_between_runs(spark, reference,
     assert json.loads(routing)["lanes"] == 2 if isinstance(routing, str) else routing["lanes"] == 2
 
 
-WINDOW = {"name": "w", "input": "events", "window_aggregate": {
-    "key": "uid", "time": "t", "window": {"size": "1s"}, "aggregates": {"n": "count(*)"}}}
+TIMED = {"name": "timed", "input": "events", "select": ["uid", "CAST(uid AS INT) AS small", "timestamp_micros(produced_us) AS ts"]}
+def other_spec(query: str, data: Path, out: Path, execution: str) -> dict[str, Any]:
+    """The latency benchmark's other two queries on the same events: a count per user and
+    second, and an interval join of each ``a`` event with the ``b`` events of its user within a
+    second after it."""
+    ts = "timestamp_micros(produced_us) AS ts"
+    if query == "window":
+        steps = [{"name": "timed", "input": "events", "select": ["uid", ts]},
+                 {"name": "result", "input": "timed", "window_aggregate": {
+                     "key": "uid", "time": "ts", "window": {"size": "1s"}, "aggregates": {"n": "count(*)"},
+                     "watermark_delay": "200ms"}}]
+    else:
+        steps = [{"name": "as", "input": "events", "filter": "kind = 'a'"},
+                 {"name": "a", "input": "as", "select": ["uid AS id", "seq AS opened", "timestamp_micros(produced_us) AS a_ts",
+                                                         "timestamp_micros(produced_us) + INTERVAL 1 SECOND AS expires"]},
+                 {"name": "bs", "input": "events", "filter": "kind = 'b'"},
+                 {"name": "b", "input": "bs", "select": ["seq", "uid", ts]},
+                 {"name": "result", "join": {"left": "a", "right": "b", "left_key": "id", "right_key": "uid",
+                                             "kind": "interval", "left_time": "a_ts", "left_end": "expires",
+                                             "right_time": "ts"}}]
+    raw = raw_spec(data, out, execution)
+    return {**raw, "steps": steps, "sinks": [{**raw["sinks"][0], "input": "result"}]}
+
+
+@pytest.mark.parametrize("query", ["window", "join"])
+def test_a_window_and_a_join_on_resident_lanes_write_what_per_epoch_jobs_write(
+        spark, reference, tmp_path: Path, query: str) -> None:
+    data = reference[0]
+    got = {}
+    for execution in ("job", "resident"):
+        out = tmp_path / execution
+        Engine(load_spec(other_spec(query, data, out, execution)), spark, str(tmp_path / f"{execution}-ckpt")).run(
+            until_idle=True)
+        got[execution] = duckdb.sql(f"SELECT * EXCLUDE (epoch) FROM read_parquet('{out}/epoch=*/*.parquet') "
+                                    "ORDER BY ALL").fetchall()
+    assert len(got["job"]) > 100 and got["resident"] == got["job"]
+
+
+WINDOW = {"name": "w", "input": "timed", "window_aggregate": {
+    "key": "uid", "time": "ts", "window": {"size": "1s"}, "aggregates": {"n": "count(*)"}, "late": {"path": "/tmp/x"}}}
 
 
 @pytest.mark.parametrize(("change", "why"), [
-    ({"steps": [WINDOW], "sinks": [{"name": "out", "input": "w", "memory": {}}]},
-     "step 'w': a window_aggregate step prepares its rows in Spark"),
+    ({"steps": [TIMED, WINDOW], "sinks": [{"name": "out", "input": "w", "memory": {}}]},
+     "step 'w': late: late rows are split off in Spark"),
+    ({"steps": [TIMED, {"name": "u", "union": ["timed", "timed"]},
+                {"name": "first", "input": "u", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}],
+      "sinks": [{"name": "out", "input": "first", "memory": {}}]},
+     "step 'u': a union step runs in Spark"),
     ({"control": {"state_budget": "10MB"}}, "control.state_budget"),
     ({"steps": [{"name": "timed", "input": "events", "select": ["seq", "uid", "kind", "bround(produced_us, -3) AS ts"]},
                 {"name": "first", "input": "timed", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}],
       "sinks": [{"name": "out", "input": "first", "memory": {}}]},
      "step 'timed': DuckDB cannot run"),
-    ({"steps": [{"name": "first", "input": "events", "dedup": {"key": "kind", "time": "seq", "ttl": "1s"}}],
+    ({"steps": [TIMED, {"name": "first", "input": "timed", "dedup": {"key": "small", "time": "ts", "ttl": "1s"}}],
       "sinks": [{"name": "out", "input": "first", "memory": {}}]},
-     "step 'first': key: resident lanes key BIGINT columns; 'kind' is string"),
+     "step 'first': resident lanes key BIGINT and STRING columns"),
 ])
 def test_a_network_resident_lanes_cannot_run_is_refused_before_anything_is_written(
         spark, tmp_path: Path, change: dict[str, Any], why: str) -> None:
