@@ -24,6 +24,8 @@ from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pyarrow as pa
 from pydantic import Field
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -334,6 +336,39 @@ def generator_columns(spark: SparkSession, params: Generator, offsets: DataFrame
     return offsets.select(*_columns(spark, params, 0, len(segments(params)) - 1))
 
 
+def generator_arrow(params: Generator, start: int, end: int) -> pa.Table:
+    """The rows of offsets ``[start, end)`` computed here, in numpy: the same values as
+    :func:`generator_frame`'s Spark columns, operation for operation (the row hash is Spark's
+    ``xxhash64``, :mod:`eddyline.hashing`; the doubles go through the same steps in the same
+    order)."""
+    from eddyline.hashing import spark_xxhash64
+
+    segs = segments(params)
+    offset = np.arange(start, end, dtype=np.int64)
+    which = np.searchsorted(np.array([s.first for s in segs], dtype=np.int64), offset, side="right") - 1
+    bits = spark_xxhash64(offset, _salt_constant(params.seed, _SALT_KEY))
+    u = (bits.view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    key = np.zeros(offset.size, dtype=np.int64)
+    event_us = np.zeros(offset.size, dtype=np.int64)
+    for i, seg in enumerate(segs):
+        mine = which == i
+        if not mine.any():
+            continue
+        low, high, exponent = 0.5, seg.keys + 0.5, 1.0 - seg.skew
+        if abs(exponent) < 1e-6:
+            x = low * np.exp(u[mine] * math.log(high / low))
+        else:
+            a, b = low**exponent, high**exponent
+            x = np.power(a + u[mine] * (b - a), 1.0 / exponent)
+        rank = np.clip(np.floor(x - 0.5).astype(np.int64), 0, seg.keys - 1)
+        key[mine] = np.mod(rank * spread_multiplier(seg.keys) + seg.hot_shift % seg.keys, seg.keys)
+        position = (offset[mine] - seg.first).astype(np.float64) * seg.gap_us + seg.lead_us
+        event_us[mine] = seg.start_us + np.floor(position).astype(np.int64)
+    value = np.mod(spark_xxhash64(offset, _salt_constant(params.seed, _SALT_VALUE)), VALUE_BOUND)
+    return pa.table({"offset": offset, "key": key, "value": value,
+                     "event_time": pa.array(event_us, pa.timestamp("us", tz="UTC"))})
+
+
 def offsets(params: Generator, start: int, end: int) -> tuple[int, int]:
     """The row ids of offsets ``[start, end)``: the offsets themselves."""
     return start, end
@@ -345,4 +380,5 @@ class GeneratorKind(SourceKind):
     params = Generator
 
     def make(self, spec: SourceSpec) -> SyntheticSource:
-        return SyntheticSource(spec, generator_available, generator_columns, offsets, unpaced=spec.params.unpaced)
+        return SyntheticSource(spec, generator_available, generator_columns, offsets, unpaced=spec.params.unpaced,
+                               arrow=generator_arrow)

@@ -243,9 +243,22 @@ class SyntheticSource(Source):
         ids: Callable[[Any, int, int], tuple[int, int]],
         *,
         unpaced: bool,
+        arrow: Callable[[Any, int, int], pa.Table] | None = None,
     ) -> None:
+        """``arrow(params, lo, hi)``: the rows of ids ``[lo, hi)`` computed without Spark, the
+        values ``columns`` gives (None: only Spark computes them)."""
         super().__init__(spec)
         self._available, self._columns, self._ids, self.unpaced = available, columns, ids, unpaced
+        self._arrow = arrow
+
+    def arrow_problem(self) -> str | None:
+        return None if self._arrow is not None else super().arrow_problem()
+
+    def read_arrow(self, planned: dict[str, Any], columns: frozenset[str] | None = None) -> ArrowSlice:
+        if self._arrow is None:
+            return super().read_arrow(planned, columns)
+        lo, hi = self._ids(self.spec.params, planned["start"], planned["end"])
+        return ArrowSlice(self._arrow(self.spec.params, lo, hi))
 
     def available(self, elapsed_s: float) -> int:
         return self._available(self.spec.params, elapsed_s)
