@@ -35,6 +35,8 @@ from typing import Any
 import results_io
 from run_bench import RESULTS, run_eddyline, run_native, write_section
 
+from eddyline.errors import SpecError
+
 WORKLOADS = ("sliding_auction", "dedup_keys")
 STAGES = ("planning", "execution", "publish", "commit")
 
@@ -73,9 +75,9 @@ def bare_job(spark: Any, rows: int, lanes: int, warmup: int, batches: int) -> di
 
 def table(result: dict[str, Any]) -> str:
     lines = [
-        "| workload | rows / epoch | Eddyline median ms (p90) | Spark SS median ms (p90) | ratio SS / Eddyline "
-        "| bare Spark job median ms (p90) |",
-        "|---|---:|---|---|---|---|",
+        "| workload | rows / epoch | Eddyline median ms (p90) | resident lanes median ms (p90) "
+        "| Spark SS median ms (p90) | ratio SS / Eddyline | bare Spark job median ms (p90) |",
+        "|---|---:|---|---|---|---|---|",
     ]
     for name, rounds in result["workloads"].items():
         e = [r["eddyline"] for r in rounds]
@@ -83,7 +85,8 @@ def table(result: dict[str, Any]) -> str:
         fmt = lambda rs: " · ".join(f"{r['median_ms']:.0f} ({r['p90_ms']:.0f})" for r in rs)  # noqa: E731
         ratios = " · ".join(f"{b['median_ms'] / a['median_ms']:.2f}" for a, b in zip(e, n, strict=True))
         bare = fmt([r["bare"] for r in rounds]) if all("bare" in r for r in rounds) else "–"
-        lines.append(f"| {name} | {result['rows']:,} | {fmt(e)} | {fmt(n)} | {ratios} | {bare} |")
+        resident = fmt([r["resident"] for r in rounds]) if all("resident" in r for r in rounds) else "–"
+        lines.append(f"| {name} | {result['rows']:,} | {fmt(e)} | {resident} | {fmt(n)} | {ratios} | {bare} |")
     lines += ["", "Eddyline's epoch by stage (median ms per round; lanes: median per lane step):", "",
               "| workload | " + " | ".join(STAGES) + " | lanes |", "|---|" + "---:|" * (len(STAGES) + 1)]
     for name, rounds in result["workloads"].items():
@@ -120,15 +123,25 @@ def main() -> None:
             try:
                 native = run_native(spark, name, args.rows, args.lanes, args.warmup, args.batches, tmp)
                 edd = run_eddyline(spark, name, args.rows, args.lanes, args.warmup, args.batches, tmp)
+                try:
+                    resident = run_eddyline(spark, name, args.rows, args.lanes, args.warmup, args.batches, tmp,
+                                            execution="resident")
+                except SpecError as e:  # a network resident lanes do not take (its source, say)
+                    resident = None
+                    print(f"{name}: no resident run: {e}", flush=True)
                 bare = bare_job(spark, args.rows, args.lanes, args.warmup, args.batches)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             if i < args.prewarm_rounds:
                 print(f"{name}: unmeasured round, Eddyline median {statistics.median(edd['batch_ms']):.0f} ms", flush=True)
                 continue
-            rounds.append({"eddyline": summary(edd), "spark": summary(native), "bare": summary(bare)})
+            rounds.append({"eddyline": summary(edd), "spark": summary(native), "bare": summary(bare),
+                           **({"resident": summary(resident)} if resident is not None else {})})
+            res = rounds[-1].get("resident")
             print(f"{name}: Eddyline median {rounds[-1]['eddyline']['median_ms']:.0f} ms "
-                  f"(p90 {rounds[-1]['eddyline']['p90_ms']:.0f}), Spark SS {rounds[-1]['spark']['median_ms']:.0f} ms "
+                  f"(p90 {rounds[-1]['eddyline']['p90_ms']:.0f}), "
+                  + (f"resident {res['median_ms']:.0f} ms (p90 {res['p90_ms']:.0f}), " if res else "")
+                  + f"Spark SS {rounds[-1]['spark']['median_ms']:.0f} ms "
                   f"(p90 {rounds[-1]['spark']['p90_ms']:.0f}), bare job {rounds[-1]['bare']['median_ms']:.0f} ms; "
                   f"stages {edd['breakdown_ms']} lanes {edd['lane_ms']}", flush=True)
         result["workloads"][name] = rounds

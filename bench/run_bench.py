@@ -71,10 +71,11 @@ def workload(name: str, rows: int, lanes: int) -> dict[str, Any]:
     raise ValueError(name)
 
 
-def eddyline_spec(name: str, rows: int, lanes: int, out: Path) -> dict[str, Any]:
+def eddyline_spec(name: str, rows: int, lanes: int, out: Path, execution: str = "job") -> dict[str, Any]:
     w = workload(name, rows, lanes)
     return {
         "name": name,
+        "execution": execution,
         "trigger": 0,
         "lanes": lanes,
         "sources": [{"name": "input", **w["source"], "max_rows_per_epoch": rows}],
@@ -92,15 +93,16 @@ def eddyline_spec(name: str, rows: int, lanes: int, out: Path) -> dict[str, Any]
 
 
 # ----------------------------------------------------------------------------- Eddyline
-def run_eddyline(spark: Any, name: str, rows: int, lanes: int, warmup: int, batches: int, tmp: Path) -> dict[str, Any]:
+def run_eddyline(spark: Any, name: str, rows: int, lanes: int, warmup: int, batches: int, tmp: Path,
+                 execution: str = "job") -> dict[str, Any]:
     from eddyline.api.validate import load_spec
     from eddyline.observe.progress import ProgressReporter
     from eddyline.runtime.engine import Engine
 
-    spec = load_spec(eddyline_spec(name, rows, lanes, tmp / "edd-out"))
-    progress = tmp / "edd-progress.jsonl"
+    spec = load_spec(eddyline_spec(name, rows, lanes, tmp / f"edd-out-{execution}", execution))
+    progress = tmp / f"edd-progress-{execution}.jsonl"
     with ProgressReporter(live=False, json_path=str(progress)) as rep:
-        engine = Engine(spec, spark, str(tmp / "edd-ckpt"), reporter=rep)
+        engine = Engine(spec, spark, str(tmp / f"edd-ckpt-{execution}"), reporter=rep)
         engine.run(epochs=warmup)
         t0 = time.perf_counter()
         summary = engine.run(epochs=batches)
