@@ -1381,6 +1381,10 @@ def main() -> None:
         help="record Spark's event log and split each Eddyline and Spark run's epochs into driver "
         "time and Spark stages (bench/sparklog.py; its cost is in the times: time without it)",
     )
+    ap.add_argument(
+        "--execution", default="job", choices=("job", "resident"),
+        help="how Spark runs Eddyline's epochs (a query resident lanes do not take is recorded as refused)",
+    )
     ap.add_argument("--no-md", action="store_true", help="do not touch bench/RESULTS.md")
     ap.add_argument(
         "--md-from", default=None, help="only rewrite bench/RESULTS.md from this results JSON"
@@ -1593,7 +1597,7 @@ def run_query(
                         spark,
                         eddyline_spec(
                             query, d, per_epoch, args.lanes, tmp / "out", fmt, args.sink
-                        ),
+                        ) | {"execution": args.execution},
                         tmp,
                     )
                 except Exception as exc:  # noqa: BLE001 - recorded, the other queries still run
