@@ -28,8 +28,9 @@ class NetworkSpec(Model):
     lanes: int | None = Field(default=None, gt=0)
     #: How Spark runs the epochs: a Spark job an epoch (``job``), or the stateful step's lanes
     #: as the tasks of one long-lived stage fed epoch after epoch (``resident``; for the
-    #: networks eddyline.runtime.residentmode takes). A checkpoint may change mode between runs.
-    execution: Literal["job", "resident"] = "job"
+    #: networks eddyline.runtime.residentmode takes); ``auto``: resident when it takes the
+    #: network, else jobs, the reason noted. A checkpoint may change mode between runs.
+    execution: Literal["job", "resident", "auto"] = "job"
     #: Target epoch interval: an epoch starts at most this often (immediately when behind).
     trigger: Duration = 1000
     #: Where malformed records go; default ``<checkpoint>/dead-letters``.

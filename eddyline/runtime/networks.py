@@ -39,7 +39,7 @@ from eddyline.runtime.epoch.records import EpochCommit
 from eddyline.runtime.livechange import LiveChange
 from eddyline.runtime.lookahead import LookAhead
 from eddyline.runtime.replica import Following, HotPair, Leading
-from eddyline.runtime.residentmode import ResidentExecutor
+from eddyline.runtime.residentmode import ResidentExecutor, resident_problem
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -124,12 +124,21 @@ class Networks:
         old = getattr(self, "executor", None)
         if old is not None:  # (a resident stage of the network before ends here)
             old.close()
-        if spec.execution == "resident":
-            if pair is not None:
-                raise SpecError("execution: resident: a hot pair runs per-epoch jobs")
+        execution, why = spec.execution, None
+        if execution != "job":
+            why = "a hot pair runs per-epoch jobs" if pair is not None else resident_problem(
+                spec, self.sources, self.outputs)
+            if why is not None and execution == "resident":
+                raise SpecError(f"execution: resident: {why}")
+        if execution == "auto":
+            execution = "job" if why is not None else "resident"
+        if execution == "resident":
             self.executor = ResidentExecutor(spec, self.compiler, self.outputs, self.ckpt)
         else:
             self.executor = Executor(spec, self.compiler, self.outputs)
+        self.executor.why = why
+        if spec.execution == "auto" and why is not None:
+            self._note(f"execution: auto runs a Spark job an epoch: {why}")
         if pair is not None:  # both drivers stage the outputs: apart, with digests to compare
             self.executor.digests = True
             for out in [*self.outputs.sinks.values(), *self.outputs.targets()]:

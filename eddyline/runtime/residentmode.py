@@ -109,6 +109,8 @@ def newest_ms(column: pa.ChunkedArray) -> int | None:
 class ResidentExecutor(Executor):
     """:class:`~eddyline.runtime.epoch.execute.Executor` for resident epochs (module docstring)."""
 
+    mode = "resident"
+
     def __init__(self, spec: NetworkSpec, compiler: EpochCompiler, outputs: Outputs, ckpt: Checkpoint):
         super().__init__(spec, compiler, outputs)
         problem = resident_problem(spec, compiler.sources, outputs)

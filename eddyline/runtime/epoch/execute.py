@@ -55,6 +55,11 @@ class Executor:
         #: per sink: the frame it was last given, whether digests were asked, its observation
         self._sink_observations: dict[str, tuple[DataFrame, bool, RunObservation]] = {}
 
+    #: how Spark runs its epochs (the network's ``execution`` as it was resolved), and why not
+    #: resident lanes when ``auto`` chose jobs
+    mode = "job"
+    why: str | None = None
+
     #: its epochs keep Spark's task slots busy between them (a resident stage): nothing else
     #: may ask for them meanwhile (a job would wait for slots that are never freed)
     holds_workers = False

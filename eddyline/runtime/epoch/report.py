@@ -47,6 +47,7 @@ def report(
     mode: dict[str, Any] | None = None,
     committed_at: float | None = None,
     store_requests: dict[str, int] | None = None,
+    execution: dict[str, Any] | None = None,
 ) -> ProgressRecord:
     """``observed_ms``: the epoch's duration as the overload controller observed it (up to the
     commit); ``wall_s``: seconds since the previous epoch started; ``status``: per source and
@@ -54,7 +55,9 @@ def report(
     (its lease), if it runs under one; ``mode``: the driver's mode and how it came to it
     (:meth:`eddyline.runtime.modes.Driver.to_json`); ``committed_at``: when the commit was written (Unix s),
     the moment the epoch's outputs count as delivered; ``store_requests``: the driver's requests to
-    an object store since the previous epoch, by kind (the lanes' come with their manifests)."""
+    an object store since the previous epoch, by kind (the lanes' come with their manifests);
+    ``execution``: how Spark ran the epoch (a job, or resident lanes) and, where ``auto`` chose
+    jobs, why."""
     status = status or {}
     input_rows = sum(int(staged.observed.get(f"source:{s.name}", {}).get("rows") or 0) for s in spec.sources)
     total = ms.total
@@ -115,6 +118,8 @@ def report(
         record["driver"] = driver
     if mode is not None:
         record["mode"] = mode
+    if execution is not None:
+        record["execution"] = execution
     if plan.settings or plan.applied:  # control lines (eddyline.api.live)
         record["settings"] = plan.settings
         record["applied"] = plan.applied  # the commands that took effect in this epoch

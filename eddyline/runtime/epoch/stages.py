@@ -127,6 +127,7 @@ def run_stages(parts: Parts, plan: EpochPlan, last: EpochCommit | None, replayed
     return done, report(
         parts.spec, parts.controller, plan, staged, folded, shed, ms, replayed, observed_ms, wall_s, _health(parts),
         driver=_driver(parts), mode=parts.driver.to_json(), committed_at=done.committed_at,
+        execution={"mode": parts.executor.mode, **({"why": parts.executor.why} if parts.executor.why else {})},
         store_requests=parts.clock.store_requests(),
     )
 

@@ -89,6 +89,28 @@ def test_resident_epochs_write_what_per_epoch_jobs_write(spark, reference, tmp_p
     assert not engine.executor.holds_workers  # the stage ended with the run
 
 
+def test_auto_runs_resident_lanes_where_they_take_the_network_and_jobs_elsewhere_saying_why(
+        spark, reference, tmp_path: Path) -> None:
+    from eddyline.observe.progress import ProgressReporter
+
+    data, expected, _ = reference
+    for query, mode in (("dedup", "resident"), ("window-late", "job")):
+        raw = {**raw_spec(data, tmp_path / query, "auto"), "name": query}
+        if query == "window-late":
+            late = {**WINDOW["window_aggregate"], "late": {"path": str(tmp_path / "late")}}
+            raw["steps"] = [TIMED, {**WINDOW, "window_aggregate": late}]
+            raw["sinks"] = [{"name": "out", "input": "w", "memory": {}}]
+        with ProgressReporter(live=False, json_path=str(tmp_path / f"{query}.jsonl")) as reporter:
+            engine = Engine(load_spec(raw), spark, str(tmp_path / f"{query}-ckpt"), reporter=reporter)
+            engine.run(epochs=2)
+        records = [json.loads(x) for x in (tmp_path / f"{query}.jsonl").read_text().splitlines()]
+        assert {r["execution"]["mode"] for r in records} == {mode}, query
+        if mode == "job":
+            assert records[-1]["execution"]["why"] == "step 'w': late: late rows are split off in Spark"
+        else:
+            assert "why" not in records[-1]["execution"] and engine.executor.stages_started == 1
+
+
 def test_a_checkpoint_changes_mode_and_lane_count_between_runs(spark, reference, tmp_path: Path) -> None:
     """Three epochs resident on two lanes, two as Spark jobs on one lane, the rest resident on
     two again: each run takes the state the one before committed."""
