@@ -51,7 +51,7 @@ from eddyline.hashing import spark_xxhash64  # noqa: E402
 from eddyline.operators.dedup import DedupKernel  # noqa: E402
 from eddyline.operators.join import LEFT_PREFIX, RIGHT_PREFIX, SIDE, UnboundedJoinKernel  # noqa: E402
 from eddyline.plan.keygroups import RoutingTable  # noqa: E402
-from eddyline.runtime.resident import ResidentStage  # noqa: E402
+from eddyline.runtime.resident import ResidentStage, ResidentStep  # noqa: E402
 from eddyline.state.store import with_chains  # noqa: E402
 from eddyline.storage import Gate  # noqa: E402
 
@@ -134,8 +134,8 @@ def run(spark: Any, name: str, rows: int, epochs: int, tmp: Path) -> dict[str, A
     os.makedirs(f"{ckpt}/commits")
     routing = RoutingTable.uniform(KEY_GROUPS, 2)
     t_start = time.perf_counter()
-    stage = ResidentStage(spark, step=name, checkpoint=ckpt, kernel=kernel, routing=tuple(int(x) for x in routing.owners()),
-                          lanes=2, output=out, attempt=1)
+    stage = ResidentStage(spark, steps=[ResidentStep(name, kernel, tuple(int(x) for x in routing.owners()))],
+                          checkpoint=ckpt, lanes=2, output=out, attempt=1)
     started_s = time.perf_counter() - t_start
     gate = Gate(ckpt)
     index: dict[int, list] = {}

@@ -42,7 +42,7 @@ from eddyline.columns import KG  # noqa: E402
 from eddyline.hashing import spark_xxhash64  # noqa: E402
 from eddyline.operators.dedup import DedupKernel  # noqa: E402
 from eddyline.plan.keygroups import RoutingTable  # noqa: E402
-from eddyline.runtime.resident import ResidentStage, next_attempt  # noqa: E402
+from eddyline.runtime.resident import ResidentStage, ResidentStep, next_attempt  # noqa: E402
 from eddyline.state.store import with_chains  # noqa: E402
 from eddyline.storage import Gate  # noqa: E402
 
@@ -72,7 +72,7 @@ def resident(spark: Any, data: Path, tmp: Path) -> dict[str, Any]:
     kernel = DedupKernel(SCHEMA, ["key"], "event_time", 86_400_000)
     ckpt = str(tmp / "res-ckpt")
     routing = tuple(int(x) for x in RoutingTable.uniform(KEY_GROUPS, 2).owners())
-    stage = ResidentStage(spark, step="dedup", checkpoint=ckpt, kernel=kernel, routing=routing, lanes=2,
+    stage = ResidentStage(spark, steps=[ResidentStep("dedup", kernel, routing)], checkpoint=ckpt, lanes=2,
                           output=str(tmp / "res-out"), attempt=next_attempt(ckpt))
     ms: list[float] = []
     watermark = -(2**62)

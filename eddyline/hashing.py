@@ -142,7 +142,7 @@ def _xxh64_strings(values: pa.Array, seeds: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def spark_xxhash64_of_columns(*columns: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Spark SQL ``xxhash64(c1, c2, ...)`` of Arrow columns of BIGINT or STRING values (each
+    """Spark SQL ``xxhash64(c1, c2, ...)`` of Arrow columns of BIGINT, TIMESTAMP or STRING values (each
     hashed with the previous hash as its seed, a NULL leaving it unchanged), as int64. Other
     types raise ``TypeError``: Spark hashes them by rules of their own (an INT as four bytes, a
     DOUBLE by its bits after normalising -0.0, ...)."""
@@ -152,6 +152,8 @@ def spark_xxhash64_of_columns(*columns: pa.Array | pa.ChunkedArray) -> np.ndarra
     for column in columns:
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
+        if pa.types.is_timestamp(column.type):  # Spark keeps a TIMESTAMP as its microseconds
+            column = column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64())
         if pa.types.is_int64(column.type):
             values, valid = _longs(column)
             hashed = xxh64_long(values, h)

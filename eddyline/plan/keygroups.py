@@ -210,7 +210,7 @@ def key_group_counts(table: Any, keys: Sequence[str], key_groups: int) -> np.nda
 
 def key_groups_of(table: Any, keys: Sequence[str], key_groups: int) -> np.ndarray:
     """Each row's key group, as :func:`key_group_sql` has Spark compute it, in numpy (int32): for
-    BIGINT and STRING key columns (``TypeError`` for others); 0 for every row without keys."""
+    BIGINT, TIMESTAMP and STRING key columns (``TypeError`` for others); 0 for every row without keys."""
     from eddyline.hashing import spark_xxhash64_of_columns
 
     if not keys:

@@ -35,7 +35,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -122,13 +122,21 @@ def _exactly(src: BinaryIO, n: int) -> bytes:
 
 
 @dataclass(frozen=True)
-class ResidentLanes:
-    """What every task of a resident stage is given (pickled once, with the stage)."""
+class ResidentStep:
+    """One stateful step the lanes of a stage run: its kernel and routing table."""
 
-    step: str
-    checkpoint: str
+    name: str
     kernel: Kernel
     routing: tuple[int, ...]  # virtual key group -> lane
+
+
+@dataclass(frozen=True)
+class ResidentLanes:
+    """What every task of a resident stage is given (pickled once, with the stage). Lane ``i``
+    of the stage is lane ``i`` of every step it runs."""
+
+    steps: tuple[ResidentStep, ...]
+    checkpoint: str
     address: tuple[str, int]  # the driver's stage server
     secret: str
     #: the driver's count of the stages it started on this checkpoint, from 1: the lanes' files
@@ -163,20 +171,27 @@ def serve(lanes: ResidentLanes, _rows: Iterator[Any]) -> Iterator[Any]:
     yield from ()
 
 
+class _Held:
+    """What a lane holds of one step: its key groups' chains and state, and the last epoch."""
+
+    def __init__(self, lanes: ResidentLanes, step: ResidentStep):
+        self.step, self.kernel = step, step.kernel
+        # a cache of its own: the lane keeps its state itself, the store needs none
+        self.store = KeyGroupStore(lanes.checkpoint, step.name, step.kernel.state_schema, step.kernel.primary_key,
+                                   snapshot_every=lanes.snapshot_every, cache=StateCache(0),
+                                   gate=Gate(lanes.checkpoint, lanes.generation))
+        self.owners = np.asarray(step.routing)
+        self.index: dict[int, Chain] = {}
+        self.state = step.kernel.state_schema.empty_table()
+        self.epoch = 0  # the last epoch run (or the commit the stage started from)
+
+
 class Lane:
-    """One resident lane: the state of its key groups in memory, an epoch at a time."""
+    """One resident lane: the state of its key groups of every step in memory, an epoch at a time."""
 
     def __init__(self, lanes: ResidentLanes, lane: int):
         self.lanes, self.lane, self.attempt = lanes, lane, lanes.attempt
-        kernel = lanes.kernel
-        # a cache of its own: the lane keeps its state itself, the store needs none
-        self.store = KeyGroupStore(lanes.checkpoint, lanes.step, kernel.state_schema, kernel.primary_key,
-                                   snapshot_every=lanes.snapshot_every, cache=StateCache(0),
-                                   gate=Gate(lanes.checkpoint, lanes.generation))
-        self.owners = np.asarray(lanes.routing)
-        self.index: dict[int, Chain] = {}
-        self.state = kernel.state_schema.empty_table()
-        self.epoch = 0  # the last epoch served (or the commit the stage started from)
+        self.held = {step.name: _Held(lanes, step) for step in lanes.steps}
         self._output: pa.Table | None = None  # the last epoch's output, sent back with its manifest
 
     def serve(self, src: BinaryIO, out: BinaryIO) -> None:
@@ -186,43 +201,49 @@ class Lane:
             if op in ("stop", "eof"):
                 return
             if op == "load":
-                self.load(int(header["after"]), {int(k): v for k, v in header["index"].items()})
-                send(out, {"op": "loaded", "lane": self.lane, "state_rows": self.state.num_rows})
+                self.load(int(header["after"]), {name: {int(k): v for k, v in index.items()}
+                                                 for name, index in header["index"].items()})
+                send(out, {"op": "loaded", "lane": self.lane,
+                           "state_rows": sum(h.state.num_rows for h in self.held.values())})
             elif op == "epoch":
                 done = self.run(header, rows)
                 send(out, done, self._output if self.lanes.output is None else None)
             else:
                 raise RuntimeError(f"{MARK} resident lane {self.lane}: unknown operation {op!r} from the driver")
 
-    def load(self, after: int, index: dict[int, Chain]) -> None:
-        """The lane's key groups' state as of the commit of epoch ``after``."""
-        mine = [kg for kg in index if kg < self.owners.size and self.owners[kg] == self.lane]
-        self.index = {kg: index[kg] for kg in mine}
-        self.state = self.store.load(self.index, mine) if mine else self.lanes.kernel.state_schema.empty_table()
-        self.epoch = after
+    def load(self, after: int, index: Mapping[str, Mapping[int, Chain]]) -> None:
+        """The lane's key groups' state of every step as of the commit of epoch ``after``."""
+        for name, held in self.held.items():
+            given = index.get(name, {})
+            mine = [kg for kg in given if kg < held.owners.size and held.owners[kg] == self.lane]
+            held.index = {kg: given[kg] for kg in mine}
+            held.state = held.store.load(held.index, mine) if mine else held.kernel.state_schema.empty_table()
+            held.epoch = after
 
     def run(self, header: dict[str, Any], rows: pa.Table | None) -> dict[str, Any]:
-        """One epoch: the kernel over the rows against the state held, the changes and the
-        output written, the manifest returned."""
+        """One epoch of one step (``header["step"]``, or the only one): the kernel over the rows
+        against the state held, the changes and the output written, the manifest returned."""
         epoch = int(header["epoch"])
-        if epoch != self.epoch + 1:  # a lost or repeated epoch would be state applied wrongly
-            raise RuntimeError(f"{MARK} resident lane {self.lane}: epoch {epoch} after epoch {self.epoch}; "
-                               "epochs must come in sequence")
+        name = header.get("step") or self.lanes.steps[0].name
+        held = self.held[name]
+        if epoch != held.epoch + 1:  # a lost or repeated epoch would be state applied wrongly
+            raise RuntimeError(f"{MARK} resident lane {self.lane}: step '{name}' epoch {epoch} after epoch "
+                               f"{held.epoch}; epochs must come in sequence")
         t0, c0 = time.perf_counter(), time.thread_time()
-        kernel = self.lanes.kernel
+        kernel = held.kernel
         batch = kernel.input_schema.empty_table() if rows is None else rows.select(kernel.input_schema.names)
         kgs = batch.column(KG).to_numpy() if batch.num_rows else np.zeros(0, np.int32)
-        strays = np.unique(kgs[self.owners[kgs] != self.lane]) if kgs.size else kgs
+        strays = np.unique(kgs[held.owners[kgs] != self.lane]) if kgs.size else kgs
         if strays.size:
             raise RuntimeError(f"{MARK} resident lane {self.lane}: rows of key groups {strays[:5].tolist()} "
                                "routed elsewhere")
-        result = process(kernel, batch, self.state, int(header["watermark_ms"]), header.get("advance_ms"))
+        result = process(kernel, batch, held.state, int(header["watermark_ms"]), header.get("advance_ms"))
         t1 = time.perf_counter()
         file_id = attempt_file_id(self.lane, self.attempt)
-        written = self.store.write(epoch, file_id, self.index, result.state, result.upserts, result.deletes,
+        written = held.store.write(epoch, file_id, held.index, result.state, result.upserts, result.deletes,
                                    result.changed_key_groups)
         t2 = time.perf_counter()
-        if self.lane == 0:
+        if self.lane == 0 and name == self.lanes.steps[-1].name:
             self.lanes.faults.reached(FaultPoint.IN_TASK, epoch)
         output = None
         if result.output.num_rows and self.lanes.output is not None:
@@ -230,12 +251,12 @@ class Lane:
             sink = pa.BufferOutputStream()
             with pa.ipc.new_file(sink, result.output.schema) as writer:
                 writer.write_table(result.output)
-            makedirs(self.store.fs, output.rsplit("/", 1)[0])
-            self.store.gate.put(output, sink.getvalue().to_pybytes())
+            makedirs(held.store.fs, output.rsplit("/", 1)[0])
+            held.store.gate.put(output, sink.getvalue().to_pybytes())
         t3 = time.perf_counter()
-        self.index = {int(k): v for k, v in with_chains(self.index, written.chains).items()}
-        self.state = result.state
-        self.epoch = epoch
+        held.index = {int(k): v for k, v in with_chains(held.index, written.chains).items()}
+        held.state = result.state
+        held.epoch = epoch
         self._output = result.output
         in_counts = np.bincount(kgs) if kgs.size else np.zeros(0, np.int64)
         state_counts = (np.bincount(result.state.column(KG).to_numpy(zero_copy_only=False)) if result.state.num_rows
@@ -243,7 +264,7 @@ class Lane:
         # the fields of a per-epoch lane's manifest the fold and the controller read
         # (eddyline.runtime.lanes, eddyline.control.stats.step_load)
         return {
-            "op": "done", "epoch": epoch, "lane": self.lane, "attempt": self.attempt,
+            "op": "done", "epoch": epoch, "step": name, "lane": self.lane, "attempt": self.attempt,
             "chains": {str(k): v for k, v in written.chains.items()},
             "input_rows": batch.num_rows, "output_rows": result.output.num_rows, "output": output,
             "state_rows": result.state.num_rows, "state_bytes": result.state.nbytes,
@@ -252,9 +273,9 @@ class Lane:
             "kg_rows": {str(k): int(in_counts[k]) for k in np.flatnonzero(in_counts)},
             "kg_state_rows": {str(k): int(state_counts[k]) for k in np.flatnonzero(state_counts)},
             **({"kg_cost": {str(g): int(c) for g, c in result.kg_cost.items()}} if result.kg_cost else {}),
-            "key_groups": len(self.index), "pid": os.getpid(),
+            "key_groups": len(held.index), "pid": os.getpid(),
             # every key group's state is in the lane's memory: none is loaded
-            "cache_hits": len(self.index), "cache_misses": 0, "cache_bytes": result.state.nbytes,
+            "cache_hits": len(held.index), "cache_misses": 0, "cache_bytes": result.state.nbytes,
             "ms": {"kernel": round((t1 - t0) * 1000, 3), "write": round((t2 - t1) * 1000, 3),
                    "output": round((t3 - t2) * 1000, 3)},
             "cpu_ms": {"lane": round((time.thread_time() - c0) * 1000, 3)},
@@ -269,30 +290,34 @@ class StageEnded(RuntimeError):
     start a new one from the last commit."""
 
 
-def checked(done: list[dict[str, Any]], attempt: int, epoch: int) -> list[dict[str, Any]]:
-    """The lanes' manifests of ``epoch``, if every one is of stage attempt ``attempt`` and that
-    epoch: only those may reach a commit (:class:`StageEnded` otherwise)."""
+def checked(done: list[dict[str, Any]], attempt: int, epoch: int, step: str | None = None) -> list[dict[str, Any]]:
+    """The lanes' manifests of ``epoch`` (of ``step``), if every one is of stage attempt
+    ``attempt``, that epoch and that step: only those may reach a commit (:class:`StageEnded`
+    otherwise)."""
     for d in done:
-        if d.get("attempt") != attempt or d.get("epoch") != epoch:
+        if d.get("attempt") != attempt or d.get("epoch") != epoch or (step is not None and d.get("step") != step):
             raise StageEnded(f"resident lane {d.get('lane')} answered for attempt {d.get('attempt')}, epoch "
-                             f"{d.get('epoch')}; expected attempt {attempt}, epoch {epoch}")
+                             f"{d.get('epoch')}, step {d.get('step')!r}; expected attempt {attempt}, epoch {epoch}"
+                             + (f", step {step!r}" if step is not None else ""))
     return done
 
 
 class ResidentStage:
-    """The driver's end of a resident stage of ``lanes`` lanes: started with the state index of
-    the commit of epoch ``after``, then fed one epoch at a time by :meth:`run`."""
+    """The driver's end of a resident stage of ``lanes`` lanes running ``steps``: started with the
+    state indexes (by step) of the commit of epoch ``after``, then fed one epoch of one step at a
+    time by :meth:`run`, each step's epochs in sequence."""
 
-    def __init__(self, spark: SparkSession, *, step: str, checkpoint: str, kernel: Kernel, routing: tuple[int, ...],
-                 lanes: int, output: str, attempt: int, after: int = 0, index: Mapping[int, Chain] | None = None,
+    def __init__(self, spark: SparkSession, *, steps: Sequence[ResidentStep], checkpoint: str, lanes: int,
+                 output: str | None, attempt: int, after: int = 0, index: Mapping[str, Mapping[int, Chain]] | None = None,
                  generation: int = 0, host: str = "127.0.0.1", connect_s: float = 120.0, faults: Faults | None = None):
         self.lanes = lanes
-        self.owners = np.asarray(routing)
-        if self.owners.size and int(self.owners.max()) >= lanes:
-            raise ValueError(f"the routing table names lane {int(self.owners.max())} of a stage of {lanes}")
+        self.owners = {step.name: np.asarray(step.routing) for step in steps}
+        for name, owners in self.owners.items():
+            if owners.size and int(owners.max()) >= lanes:
+                raise ValueError(f"step '{name}': the routing table names lane {int(owners.max())} of a stage of {lanes}")
         self._server = socket.create_server((host, 0))
         self._server.settimeout(1.0)
-        self.spec = ResidentLanes(step=step, checkpoint=checkpoint, kernel=kernel, routing=tuple(routing),
+        self.spec = ResidentLanes(steps=tuple(steps), checkpoint=checkpoint,
                                   address=(host, self._server.getsockname()[1]), secret=secrets.token_hex(16),
                                   attempt=attempt, output=output, generation=generation, faults=faults or NoFaults())
         self.error: BaseException | None = None
@@ -304,14 +329,20 @@ class ResidentStage:
         try:
             self._accept(connect_s)
             for lane, (_, _, out) in self._conns.items():
-                mine = {str(kg): chain for kg, chain in (index or {}).items() if self.owners[kg] == lane}
+                mine = {name: {str(kg): chain for kg, chain in (index or {}).get(name, {}).items() if owners[kg] == lane}
+                        for name, owners in self.owners.items()}
                 send(out, {"op": "load", "after": after, "index": mine})
             for lane, (_, src, _) in self._conns.items():
                 self._expect(lane, src, "loaded")
         except BaseException:
             self.close()
             raise
-        self.epoch = after
+        self.epochs = dict.fromkeys(self.owners, after)  # per step, the last epoch run
+
+    @property
+    def epoch(self) -> int:
+        """The last epoch every step ran."""
+        return min(self.epochs.values())
 
     def _run_job(self) -> None:
         import functools
@@ -319,7 +350,7 @@ class ResidentStage:
         sc = self._spark.sparkContext
         sc.addJobTag(JOB_TAG)
         try:
-            sc.setJobDescription(f"eddyline resident lanes of step {self.spec.step}")
+            sc.setJobDescription(f"eddyline resident lanes of {', '.join(s.name for s in self.spec.steps)}")
             sc.parallelize(range(self.lanes), self.lanes).barrier().mapPartitions(
                 functools.partial(serve, self.spec)).collect()
         except BaseException as e:  # the stage failed or was cancelled: the driver's next read says so
@@ -362,12 +393,17 @@ class ResidentStage:
             header["table"] = table
         return header
 
-    def run(self, epoch: int, rows: pa.Table, watermark_ms: int, advance_ms: int | None = None) -> list[dict[str, Any]]:
-        """Epoch ``epoch``'s rows (with ``_kg``) to their lanes; their manifests, by lane."""
-        if epoch != self.epoch + 1:
-            raise ValueError(f"epoch {epoch} after epoch {self.epoch}: a resident stage runs epochs in sequence")
-        lane_of = self.owners[rows.column(KG).to_numpy()] if rows.num_rows else np.zeros(0, np.int64)
-        header = {"op": "epoch", "epoch": epoch, "watermark_ms": watermark_ms, "advance_ms": advance_ms}
+    def run(self, epoch: int, rows: pa.Table, watermark_ms: int, advance_ms: int | None = None,
+            step: str | None = None) -> list[dict[str, Any]]:
+        """Epoch ``epoch`` of ``step`` (or the only one): its rows (with ``_kg``) to their lanes;
+        their manifests, by lane (with their output under ``"table"`` when they send it back)."""
+        name = step or next(iter(self.owners))
+        if epoch != self.epochs[name] + 1:
+            raise ValueError(f"step '{name}': epoch {epoch} after epoch {self.epochs[name]}: a resident stage runs "
+                             "a step's epochs in sequence")
+        owners = self.owners[name]
+        lane_of = owners[rows.column(KG).to_numpy()] if rows.num_rows else np.zeros(0, np.int64)
+        header = {"op": "epoch", "epoch": epoch, "step": name, "watermark_ms": watermark_ms, "advance_ms": advance_ms}
         try:
             if self.lanes == 1:
                 parts = {0: rows}
@@ -381,8 +417,8 @@ class ResidentStage:
         except OSError as e:
             raise StageEnded(f"sending epoch {epoch}: {e}") from e
         done = checked([self._expect(lane, src, "done") for lane, (_, src, _) in sorted(self._conns.items())],
-                       self.spec.attempt, epoch)
-        self.epoch = epoch
+                       self.spec.attempt, epoch, name)
+        self.epochs[name] = epoch
         return done
 
     def close(self) -> None:

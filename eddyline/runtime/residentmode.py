@@ -1,8 +1,8 @@
 """Resident execution: the epochs of a network run without a Spark job each.
 
-With ``execution: resident`` the lanes of the network's stateful step are the tasks of one
-long-lived Spark barrier stage (:mod:`eddyline.runtime.resident`), and each epoch is, in this
-process: read the plan's slice of every source (the readers the per-epoch job's tasks run,
+With ``execution: resident`` the lanes of the network's stateful steps are the tasks of one
+long-lived Spark barrier stage (:mod:`eddyline.runtime.resident`; lane ``i`` of the stage is lane
+``i`` of every step), and each epoch is, in this process: read the plan's slice of every source (the readers the per-epoch job's tasks run,
 :meth:`~eddyline.io.sources.Source.read_arrow`), run the stateless steps before the stateful one
 in DuckDB (:mod:`eddyline.operators.sqlsteps`), work out each row's key group as Spark would
 (:mod:`eddyline.hashing`), send every lane its rows (an idle lane an empty epoch: its tick), take
@@ -23,9 +23,9 @@ Exactly once, as the per-epoch lanes give it:
 * a lane that fails ends the stage: the epoch is run once more on a new stage, from the commit.
 
 What runs resident (:func:`resident_problem` says why not, and the engine refuses before it
-starts): one stateful step of a kind whose rows reach its lanes as they are, with BIGINT keys
-(``dedup``, ``top_k``, ``aggregate``, ``over_aggregate``, ``session_window``); ``filter`` and
-``select`` steps around it; sources whose slices can be read outside Spark (``files``); sinks
+starts): stateful steps whose kinds prepare their lanes' rows on Arrow
+(:meth:`~eddyline.kinds.base.StepKind.lane_input`), keyed by BIGINT, TIMESTAMP or STRING
+columns; ``filter`` and ``select`` steps around them; sources whose slices can be read outside Spark (``files``); sinks
 that take Arrow (``files``, ``memory``, ``console``, ``discard``); no overload control, state
 budget, hot-key splits, hot pair or ``max_delay``. The driver reads every row and collects the
 lanes' output: on a cluster each source slice would be read by the lane tasks themselves
@@ -53,7 +53,7 @@ from eddyline.runtime.checkpoint import Checkpoint, manifest_path
 from eddyline.runtime.compile import EpochCompiler
 from eddyline.runtime.epoch.execute import Executor
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan, Staged
-from eddyline.runtime.resident import ResidentStage, StageEnded, next_attempt
+from eddyline.runtime.resident import ResidentStage, ResidentStep, StageEnded, next_attempt
 from eddyline.storage import makedirs
 
 if TYPE_CHECKING:
@@ -74,9 +74,8 @@ def resident_problem(spec: NetworkSpec, sources: dict[str, Source], outputs: Out
         return "control.overload: shedding runs in Spark"
     if spec.control.state_budget is not None:
         return "control.state_budget: a resident lane holds all of its state in memory"
-    stateful = spec.stateful_steps()
-    if len(stateful) != 1:
-        return f"a resident network has one stateful step; this one has {len(stateful)}"
+    if not spec.stateful_steps():
+        return "no stateful step: nothing to keep resident"
     for step in spec.steps:
         if step.stateful:
             problem = step.info.resident_problem(step)
@@ -120,6 +119,7 @@ class ResidentExecutor(Executor):
         self.sql: dict[str, SqlStep] = {}
         self._sql_for: NetworkSpec | None = None
         self._compile_sql()
+        self._kernels_for: tuple[Any, dict[str, Kernel]] | None = None
         self._check()
         self.stage: ResidentStage | None = None
         self._stage_key: tuple[Any, ...] | None = None
@@ -150,13 +150,7 @@ class ResidentExecutor(Executor):
             except SourceError:
                 return  # (a directory with nothing to tell the schema yet: its first epoch will)
         try:
-            for step in self.spec.topological():
-                inputs = [tables[i] for i in step.inputs]
-                if step.stateful:
-                    _, kernel = step.info.lane_input(self, step, inputs)
-                    tables[step.name] = kernel.output_schema.empty_table()
-                else:
-                    tables[step.name] = self.sql[step.name].run(inputs[0])
+            self._kernels(tables)
         except (SqlStepError, SpecError) as e:
             raise SpecError(f"execution: resident: {e}") from None
 
@@ -165,7 +159,7 @@ class ResidentExecutor(Executor):
         try:
             return key_groups_of(table, keys, self.spec.key_groups)
         except TypeError as e:
-            raise SpecError(f"step '{step.name}': resident lanes key BIGINT and STRING columns: {e}") from None
+            raise SpecError(f"step '{step.name}': resident lanes key BIGINT, TIMESTAMP and STRING columns: {e}") from None
 
     def wanted(self, step: StepSpec) -> frozenset[str] | None:
         return self.read_by.get(step.name)
@@ -180,34 +174,67 @@ class ResidentExecutor(Executor):
     def _execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any, small: bool) -> Staged:
         t0 = time.monotonic()
         self._compile_sql()
-        tables: dict[str, pa.Table] = {}
+        read: dict[str, pa.Table] = {}
         observed: dict[str, dict[str, Any]] = {}
         dead: list[pa.Table] = []
         for src in self.spec.sources:
             got = self.compiler.sources[src.name].read_arrow(plan.sources[src.name], self.read_by.get(src.name))
             if DIFF in got.data.column_names:
                 raise SpecError(f"execution: resident: source '{src.name}' carries revisions ({DIFF})")
-            tables[src.name] = got.data
+            read[src.name] = got.data
             observed[f"source:{src.name}"] = {"rows": got.data.num_rows}
             if got.dead_letters is not None and got.dead_letters.num_rows:
                 dead.append(got.dead_letters)
         if before_jobs is not None:
             before_jobs()
-        for step in self.spec.topological():
-            inputs = [tables[i] for i in step.inputs]
-            if step.stateful:
-                tables[step.name] = self._lanes(step, inputs, plan, last, observed)
-            else:
-                tables[step.name] = self.sql[step.name].run(inputs[0])
+        kernels = self._kernels(read)
+        for attempt in (1, 2):  # a stage that ended runs the epoch once more on a new one, from the commit
+            stage = self._stage_for(plan, kernels, last)
+            try:
+                tables = self._run_steps(stage, plan, dict(read), observed)
+                break
+            except StageEnded as e:
+                self.close()
+                if attempt == 2:
+                    raise EngineError(f"epoch {plan.epoch}: the resident lanes failed twice: {e}") from e
         sink_rows = self._stage_sinks_arrow(tables, plan.epoch)
         if dead:
             write_table(pa.concat_tables(dead), self.outputs.dead_letters, plan.epoch)
         return Staged(observed=observed, sink_rows=sink_rows, dead_letters=sum(t.num_rows for t in dead),
                       late_steps=(), shed_rows=False, compile_s=0.0, run_s=time.monotonic() - t0)
 
-    def _lanes(self, step: StepSpec, inputs: list[pa.Table], plan: EpochPlan, last: EpochCommit | None,
+    def _kernels(self, read: dict[str, pa.Table]) -> dict[str, Kernel]:
+        """Every stateful step's kernel for sources of these schemas (the network's empty rows run
+        through its steps; kept while the network and the schemas stay)."""
+        key = (self.spec, tuple(t.schema for t in read.values()))
+        if self._kernels_for is None or self._kernels_for[0] != key:
+            tables = {name: t.schema.empty_table() for name, t in read.items()}
+            kernels: dict[str, Kernel] = {}
+            for step in self.spec.topological():
+                inputs = [tables[i] for i in step.inputs]
+                if step.stateful:
+                    _, kernels[step.name] = step.info.lane_input(self, step, inputs)
+                    tables[step.name] = kernels[step.name].output_schema.empty_table()
+                else:
+                    tables[step.name] = self.sql[step.name].run(inputs[0])
+            self._kernels_for = (key, kernels)
+        return self._kernels_for[1]
+
+    def _run_steps(self, stage: ResidentStage, plan: EpochPlan, tables: dict[str, pa.Table],
+                   observed: dict[str, dict[str, Any]]) -> dict[str, pa.Table]:
+        """Every step of the epoch, in order: the stateless ones here, the stateful ones on the
+        stage's lanes; every node's rows."""
+        for step in self.spec.topological():
+            inputs = [tables[i] for i in step.inputs]
+            if step.stateful:
+                tables[step.name] = self._lanes(stage, step, inputs, plan, observed)
+            else:
+                tables[step.name] = self.sql[step.name].run(inputs[0])
+        return tables
+
+    def _lanes(self, stage: ResidentStage, step: StepSpec, inputs: list[pa.Table], plan: EpochPlan,
                observed: dict[str, dict[str, Any]]) -> pa.Table:
-        """The stateful step's epoch on the resident lanes: its output rows."""
+        """One stateful step's epoch on the resident lanes: its output rows."""
         for i, (rows, column) in enumerate(zip(inputs, step.time_columns(), strict=True)):
             if column is None:
                 continue
@@ -219,20 +246,7 @@ class ResidentExecutor(Executor):
                                 f"{rows.schema.field(column).type}")
             observed[f"step:{step.name}:{i}"] = {"max_t": newest_ms(rows.column(column))}
         keyed, kernel = step.info.lane_input(self, step, inputs)
-        routing = RoutingTable.from_json(plan.routing[step.name])
-        if routing.spread:
-            raise EngineError(f"step '{step.name}': hot-key splits (SPREADFIRE) run in per-epoch jobs; "
-                              "resident lanes take whole key groups")
-        watermark, advance = plan.watermarks[step.name], plan.advance.get(step.name)
-        for attempt in (1, 2):  # a stage that ended runs the epoch once more on a new one
-            stage = self._stage_for(step, kernel, routing, last)
-            try:
-                done = stage.run(plan.epoch, keyed, watermark, advance)
-                break
-            except StageEnded as e:
-                self.close()
-                if attempt == 2:
-                    raise EngineError(f"epoch {plan.epoch}: the resident lanes of step '{step.name}' failed twice: {e}") from e
+        done = stage.run(plan.epoch, keyed, plan.watermarks[step.name], plan.advance.get(step.name), step=step.name)
         gate = self.ckpt.gate.ready()
         outputs = []
         for d in done:
@@ -244,27 +258,33 @@ class ResidentExecutor(Executor):
             gate.put(path, json.dumps(d).encode())
         return pa.concat_tables(outputs) if outputs else kernel.output_schema.empty_table()
 
-    def _stage_for(self, step: StepSpec, kernel: Kernel, routing: RoutingTable, last: EpochCommit | None) -> ResidentStage:
-        """The stage to run the next epoch on: the running one if it holds the last commit's
-        state for this routing and kernel, else a new one started from the last commit."""
-        owners = tuple(int(x) for x in routing.owners())
-        # a new kernel (a control setting changed the step's parameters) is a new stage too
-        key = (owners, routing.lanes, kernel.input_schema, kernel.state_schema, step)
+    def _stage_for(self, plan: EpochPlan, kernels: dict[str, Kernel], last: EpochCommit | None) -> ResidentStage:
+        """The stage to run the epoch on: the running one if it holds the last commit's state for
+        these routing tables and kernels, else a new one started from the last commit."""
+        steps = []
+        for name, kernel in kernels.items():
+            routing = RoutingTable.from_json(plan.routing[name])
+            if routing.spread:
+                raise EngineError(f"step '{name}': hot-key splits (SPREADFIRE) run in per-epoch jobs; "
+                                  "resident lanes take whole key groups")
+            steps.append((ResidentStep(name, kernel, tuple(int(x) for x in routing.owners())), routing.lanes))
+        lanes = max(n for _, n in steps)
+        # a new kernel (a control setting changed a step's parameters) is a new stage too
+        key = (tuple(s for s, _ in steps), lanes, tuple(self.spec.step(n) for n in kernels))
         after = last.epoch if last is not None else 0
         if self.stage is not None and self._stage_key == key and self.stage.epoch == after:
             return self.stage
         self.close()
         spark = self.compiler.spark
         slots = spark.sparkContext.defaultParallelism
-        if routing.lanes > slots:
-            raise EngineError(f"step '{step.name}': {routing.lanes} resident lanes need as many task slots; "
-                              f"Spark has {slots}")
-        prev = last.steps.get(step.name) if last is not None else None
+        if lanes > slots:
+            raise EngineError(f"{lanes} resident lanes need as many task slots; Spark has {slots}")
         gate = self.ckpt.gate.ready()
+        index = {name: dict(last.steps[name].index) for name in kernels if last is not None and name in last.steps}
         self.stage = ResidentStage(
-            spark, step=step.name, checkpoint=self.ckpt.location, kernel=kernel, routing=owners, lanes=routing.lanes,
-            output=None, attempt=next_attempt(self.ckpt.location, gate), after=after,
-            index=dict(prev.index) if prev is not None else {}, generation=gate.generation, faults=self.compiler.faults,
+            spark, steps=[s for s, _ in steps], checkpoint=self.ckpt.location, lanes=lanes, output=None,
+            attempt=next_attempt(self.ckpt.location, gate), after=after, index=index, generation=gate.generation,
+            faults=self.compiler.faults,
         )
         self._stage_key = key
         self.stages_started += 1

@@ -41,9 +41,10 @@ def test_each_rows_key_group_of_bigint_and_string_keys_is_the_one_spark_computes
         "s": pa.array(["", "a", "héllo wörld", None, "x" * 70, "auction-17"] * 50, pa.string()),
         "n": pa.array([0, -1, None, 2**40, 7, -(2**62)] * 50, pa.int64()),
         "i": pa.array(range(300), pa.int64()),
+        "t": pa.array([1_700_000_000_123, None, 0, -5, 86_400_000, 7] * 50, pa.timestamp("ms", tz="UTC")),
     })
     df = spark.createDataFrame(table)
-    for keys in (("s",), ("n", "s"), ("s", "i"), ("n",)):
+    for keys in (("s",), ("n", "s"), ("s", "i"), ("n",), ("i", "t")):
         expected = [r[0] for r in df.selectExpr(f"{key_group_sql(keys, 128)} AS kg").collect()]
         assert key_groups_of(table, keys, 128).tolist() == expected, keys
     with pytest.raises(TypeError, match="int32"):

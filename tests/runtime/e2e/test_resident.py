@@ -16,7 +16,7 @@ from eddyline.hashing import spark_xxhash64
 from eddyline.operators.dedup import DedupKernel
 from eddyline.plan.keygroups import RoutingTable
 from eddyline.runtime.lanes import process
-from eddyline.runtime.resident import ResidentStage, StageEnded, next_attempt
+from eddyline.runtime.resident import ResidentStage, ResidentStep, StageEnded, next_attempt
 from eddyline.state.store import with_chains
 
 SCHEMA = pa.schema([("key", pa.int64()), ("t", pa.timestamp("ms"))])
@@ -56,7 +56,7 @@ def outputs(paths: list[str | None]) -> list[int]:
 def test_resident_lanes_serve_epochs_and_a_killed_lane_is_replayed_by_a_new_attempt_from_the_commit(spark, tmp_path):
     kernel = DedupKernel(SCHEMA, ["key"], "t", 2_000)
     routing = tuple(int(x) for x in RoutingTable.uniform(KEY_GROUPS, 2).owners())
-    args = {"step": "d", "checkpoint": str(tmp_path / "ckpt"), "kernel": kernel, "routing": routing, "lanes": 2,
+    args = {"steps": [ResidentStep("d", kernel, routing)], "checkpoint": str(tmp_path / "ckpt"), "lanes": 2,
             "output": str(tmp_path / "out")}
     committed: dict[int, tuple[dict, list]] = {0: ({}, [])}  # epoch -> (state index, its output files)
     stage = ResidentStage(spark, attempt=next_attempt(args["checkpoint"]), **args)
@@ -78,7 +78,7 @@ def test_resident_lanes_serve_epochs_and_a_killed_lane_is_replayed_by_a_new_atte
         stage.close()
     last = max(committed)
     assert last == killed_at - 1
-    stage = ResidentStage(spark, attempt=next_attempt(args["checkpoint"]), after=last, index=committed[last][0], **args)
+    stage = ResidentStage(spark, attempt=next_attempt(args["checkpoint"]), after=last, index={"d": committed[last][0]}, **args)
     try:
         for e in range(last + 1, EPOCHS + 1):
             done = stage.run(e, epoch_rows(e), watermark(e))
@@ -108,9 +108,9 @@ def test_a_move_of_key_groups_ends_the_stage_and_the_next_one_runs_with_the_new_
     committed: dict[int, tuple[dict, list]] = {0: ({}, [])}
     for routing, epochs in ((before, range(1, 7)), (after, range(7, EPOCHS + 1))):
         last = epochs.start - 1
-        stage = ResidentStage(spark, step="d", checkpoint=ckpt, kernel=kernel, routing=tuple(int(x) for x in routing.owners()),
-                              lanes=2, output=str(tmp_path / "out"), attempt=next_attempt(ckpt), after=last,
-                              index=committed[last][0])
+        stage = ResidentStage(spark, steps=[ResidentStep("d", kernel, tuple(int(x) for x in routing.owners()))],
+                              checkpoint=ckpt, lanes=2, output=str(tmp_path / "out"), attempt=next_attempt(ckpt),
+                              after=last, index={"d": committed[last][0]})
         try:
             for e in epochs:
                 index, outs = committed[e - 1][0], []

@@ -136,6 +136,15 @@ def other_spec(query: str, data: Path, out: Path, execution: str) -> dict[str, A
                  {"name": "result", "input": "timed", "window_aggregate": {
                      "key": "uid", "time": "ts", "window": {"size": "1s"}, "aggregates": {"n": "count(*)"},
                      "watermark_delay": "200ms"}}]
+    elif query == "chain":  # Nexmark q8's shape: a window join, then one row per user and window
+        steps = [{"name": "as", "input": "events", "filter": "kind = 'a'"},
+                 {"name": "a", "input": "as", "select": ["uid AS id", "timestamp_micros(produced_us) AS a_ts"]},
+                 {"name": "bs", "input": "events", "filter": "kind = 'b'"},
+                 {"name": "b", "input": "bs", "select": ["seq", "uid", ts]},
+                 {"name": "joined", "join": {"left": "a", "right": "b", "left_key": "id", "right_key": "uid",
+                                             "kind": "window", "size": "1s", "left_time": "a_ts", "right_time": "ts"}},
+                 {"name": "result", "input": "joined", "dedup": {"key": ["id", "window_start"], "time": "window_end",
+                                                                 "ttl": "1s"}}]
     else:
         steps = [{"name": "as", "input": "events", "filter": "kind = 'a'"},
                  {"name": "a", "input": "as", "select": ["uid AS id", "seq AS opened", "timestamp_micros(produced_us) AS a_ts",
@@ -149,8 +158,8 @@ def other_spec(query: str, data: Path, out: Path, execution: str) -> dict[str, A
     return {**raw, "steps": steps, "sinks": [{**raw["sinks"][0], "input": "result"}]}
 
 
-@pytest.mark.parametrize("query", ["window", "join"])
-def test_a_window_and_a_join_on_resident_lanes_write_what_per_epoch_jobs_write(
+@pytest.mark.parametrize("query", ["window", "join", "chain"])
+def test_a_window_a_join_and_a_chain_on_resident_lanes_write_what_per_epoch_jobs_write(
         spark, reference, tmp_path: Path, query: str) -> None:
     data = reference[0]
     got = {}
@@ -181,7 +190,7 @@ WINDOW = {"name": "w", "input": "timed", "window_aggregate": {
      "step 'timed': DuckDB cannot run"),
     ({"steps": [TIMED, {"name": "first", "input": "timed", "dedup": {"key": "small", "time": "ts", "ttl": "1s"}}],
       "sinks": [{"name": "out", "input": "first", "memory": {}}]},
-     "step 'first': resident lanes key BIGINT and STRING columns"),
+     "step 'first': resident lanes key BIGINT, TIMESTAMP and STRING columns"),
 ])
 def test_a_network_resident_lanes_cannot_run_is_refused_before_anything_is_written(
         spark, tmp_path: Path, change: dict[str, Any], why: str) -> None:

@@ -18,6 +18,7 @@ from eddyline.runtime.lanes import process
 from eddyline.runtime.resident import (
     Lane,
     ResidentLanes,
+    ResidentStep,
     StageEnded,
     attempt_file_id,
     checked,
@@ -38,8 +39,8 @@ def rows(keys: list[int], t0: int) -> pa.Table:
 
 
 def lanes_spec(tmp_path, routing=(0,) * KEY_GROUPS, attempt=1) -> ResidentLanes:
-    return ResidentLanes(step="d", checkpoint=str(tmp_path / "ckpt"), kernel=DedupKernel(SCHEMA, ["key"], "t", 1_000),
-                         routing=tuple(routing), address=("127.0.0.1", 0), secret="s", attempt=attempt,
+    return ResidentLanes(steps=(ResidentStep("d", DedupKernel(SCHEMA, ["key"], "t", 1_000), tuple(routing)),),
+                         checkpoint=str(tmp_path / "ckpt"), address=("127.0.0.1", 0), secret="s", attempt=attempt,
                          output=str(tmp_path / "out"))
 
 
@@ -70,7 +71,7 @@ def test_a_lane_runs_epochs_in_sequence_with_the_kernels_results_and_refuses_a_g
         assert done["epoch"] == epoch and done["output_rows"] == expected.output.num_rows
         out = pa.ipc.open_file(pa.memory_map(done["output"])).read_all() if done["output"] else None
         assert out is None or sorted(out.column("key").to_pylist()) == sorted(expected.output.column("key").to_pylist())
-    assert lane.state.num_rows == state.num_rows
+    assert lane.held['d'].state.num_rows == state.num_rows
     with pytest.raises(RuntimeError, match="epoch 5 after epoch 3"):
         lane.run({"epoch": 5, "watermark_ms": 0}, rows([9], 9_000))
     with pytest.raises(RuntimeError, match="epoch 3 after epoch 3"):
@@ -95,8 +96,8 @@ def test_what_an_attempt_writes_is_named_by_it_and_a_later_attempt_reloads_the_c
     # an attempt that was never committed wrote epoch 2; the next attempt replays it from epoch 1
     first.run({"epoch": 2, "watermark_ms": 0}, rows([7, 8], 100))
     second = Lane(lanes_spec(tmp_path, attempt=2), 0)
-    second.load(1, index)
-    assert second.state.num_rows == 3 and second.epoch == 1
+    second.load(1, {'d': index})
+    assert second.held['d'].state.num_rows == 3 and second.held['d'].epoch == 1
     redo = second.run({"epoch": 2, "watermark_ms": 0}, rows([7, 8], 100))
     names = {state_file("", "d", 2, seg[1]).rsplit("/", 1)[1] for chain in redo["chains"].values() for seg in chain if seg[0] == 2}
     assert names and all(parse_state_file(n) == (2, attempt_file_id(0, 2)) for n in names)
@@ -137,9 +138,9 @@ def test_an_idle_lane_still_gets_its_epoch_and_the_watermark_expires_its_state(t
     older than its TTL once the watermark passes them, rows or not."""
     lane = Lane(lanes_spec(tmp_path), 0)
     lane.run({"epoch": 1, "watermark_ms": 0}, rows([1, 2, 3], 0))
-    assert lane.state.num_rows == 3
+    assert lane.held['d'].state.num_rows == 3
     tick = lane.run({"epoch": 2, "watermark_ms": 10_000}, None)
-    assert tick["input_rows"] == 0 and tick["state_rows"] == 0 and lane.state.num_rows == 0
+    assert tick["input_rows"] == 0 and tick["state_rows"] == 0 and lane.held['d'].state.num_rows == 0
     assert any(chain is None for chain in tick["chains"].values())  # the forgotten groups leave the index
 
 
