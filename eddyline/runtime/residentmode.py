@@ -2,14 +2,15 @@
 
 With ``execution: resident`` the lanes of the network's stateful steps are the tasks of one
 long-lived Spark barrier stage (:mod:`eddyline.runtime.resident`; lane ``i`` of the stage is lane
-``i`` of every step), and each epoch is, in this process: read the plan's slice of every source (the readers the per-epoch job's tasks run,
-:meth:`~eddyline.io.sources.Source.read_arrow`), run the stateless steps before the stateful one
-in DuckDB (:mod:`eddyline.operators.sqlsteps`), work out each row's key group as Spark would
-(:mod:`eddyline.hashing`), send every lane its rows (an idle lane an empty epoch: its tick), take
-back each lane's manifest and output, write the manifests where the per-epoch lanes write theirs,
-run the stateless steps after the stateful one and stage every sink. Planning, publishing,
-folding, the commit and recovery are the per-epoch engine's, unchanged: the same plan gives the
-same output in either mode, and a checkpoint may change mode between runs.
+``i`` of every step), and each epoch is, in this process: read the plan's slice of every source
+(the readers the per-epoch job's tasks run, :meth:`~eddyline.io.sources.Source.read_arrow`), run
+the stateless steps in DuckDB (:mod:`eddyline.operators.sqlsteps`), and for each stateful step in
+turn prepare its rows as its kind does in Spark (:meth:`~eddyline.kinds.base.StepKind.lane_input`,
+key groups worked out as Spark would), send every lane its rows (an idle lane an empty epoch: its
+tick) and take back each lane's manifest and output; the manifests go where the per-epoch lanes
+write theirs, and every sink is staged. Planning, publishing, folding, the commit and recovery
+are the per-epoch engine's, unchanged: the same plan gives the same output in either mode, and a
+checkpoint may change mode between runs.
 
 Exactly once, as the per-epoch lanes give it:
 
@@ -23,13 +24,13 @@ Exactly once, as the per-epoch lanes give it:
 * a lane that fails ends the stage: the epoch is run once more on a new stage, from the commit.
 
 What runs resident (:func:`resident_problem` says why not, and the engine refuses before it
-starts): stateful steps whose kinds prepare their lanes' rows on Arrow
-(:meth:`~eddyline.kinds.base.StepKind.lane_input`), keyed by BIGINT, TIMESTAMP or STRING
-columns; ``filter`` and ``select`` steps around them; sources whose slices can be read outside Spark (``files``); sinks
-that take Arrow (``files``, ``memory``, ``console``, ``discard``); no overload control, state
-budget, hot-key splits, hot pair or ``max_delay``. The driver reads every row and collects the
-lanes' output: on a cluster each source slice would be read by the lane tasks themselves
-(docs/perf-notes.md, "Resident lanes").
+starts): stateful steps whose kinds prepare their lanes' rows on Arrow, keyed by BIGINT,
+TIMESTAMP or STRING columns; ``filter`` and ``select`` steps around them; sources whose slices
+can be read outside Spark (``files``, ``generator``); sinks that take Arrow (``files``,
+``memory``, ``console``, ``discard``); no overload control, state budget, hot-key splits, hot
+pair or ``max_delay``. The driver reads every row and collects the lanes' output: on a cluster
+each source slice would be read by the lane tasks themselves (docs/perf-notes.md, "Resident
+lanes").
 """
 
 from __future__ import annotations

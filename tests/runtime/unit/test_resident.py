@@ -62,7 +62,7 @@ def test_a_frame_carries_its_header_and_table_and_the_end_of_the_connection_is_t
 def test_a_lane_runs_epochs_in_sequence_with_the_kernels_results_and_refuses_a_gap(tmp_path):
     spec = lanes_spec(tmp_path)
     lane = Lane(spec, 0)
-    kernel = spec.kernel
+    kernel = spec.steps[0].kernel
     state = kernel.state_schema.empty_table()
     for epoch, batch in enumerate([rows([1, 2, 3], 0), rows([2, 3, 4], 100), rows([5, 1], 5_000)], start=1):
         done = lane.run({"epoch": epoch, "watermark_ms": batch.column("t").cast(pa.int64())[0].as_py()}, batch)
@@ -103,7 +103,7 @@ def test_what_an_attempt_writes_is_named_by_it_and_a_later_attempt_reloads_the_c
     assert names and all(parse_state_file(n) == (2, attempt_file_id(0, 2)) for n in names)
     assert (tmp_path / "out" / f"{2:010d}" / "0000-a1.arrow").exists()
     assert (tmp_path / "out" / f"{2:010d}" / "0000-a2.arrow").exists()
-    store = KeyGroupStore(spec.checkpoint, "d", spec.kernel.state_schema, spec.kernel.primary_key)
+    store = KeyGroupStore(spec.checkpoint, "d", spec.steps[0].kernel.state_schema, spec.steps[0].kernel.primary_key)
     reloaded = store.load(with_chains(index, redo["chains"]), range(KEY_GROUPS))
     assert sorted(reloaded.column("key").to_pylist()) == [1, 2, 3, 7, 8]
 
@@ -156,10 +156,12 @@ def test_each_stage_gets_an_attempt_of_its_own_even_when_two_ask_at_once(tmp_pat
         next_attempt(ckpt, limit=19)
 
 
-def test_only_the_current_attempts_manifests_of_the_epoch_are_taken():
-    done = [{"lane": 0, "attempt": 2, "epoch": 5}, {"lane": 1, "attempt": 2, "epoch": 5}]
-    assert checked(done, 2, 5) == done
-    with pytest.raises(StageEnded, match="attempt 1, epoch 5; expected attempt 2"):
-        checked([*done[:1], {"lane": 1, "attempt": 1, "epoch": 5}], 2, 5)
-    with pytest.raises(StageEnded, match="epoch 4; expected attempt 2, epoch 5"):
-        checked([{"lane": 0, "attempt": 2, "epoch": 4}], 2, 5)
+def test_only_the_current_attempts_manifests_of_the_epoch_and_step_are_taken():
+    done = [{"lane": 0, "attempt": 2, "epoch": 5, "step": "d"}, {"lane": 1, "attempt": 2, "epoch": 5, "step": "d"}]
+    assert checked(done, 2, 5, "d") == done
+    with pytest.raises(StageEnded, match="attempt 1, epoch 5, step 'd'; expected attempt 2"):
+        checked([*done[:1], {**done[1], "attempt": 1}], 2, 5, "d")
+    with pytest.raises(StageEnded, match="epoch 4, step 'd'; expected attempt 2, epoch 5"):
+        checked([{**done[0], "epoch": 4}], 2, 5, "d")
+    with pytest.raises(StageEnded, match="step 'e'; expected attempt 2, epoch 5, step 'd'"):
+        checked([{**done[0], "step": "e"}], 2, 5, "d")
