@@ -222,7 +222,7 @@ class Engine(Networks):
                 self._use_settings(before)  # the commands wait for an epoch to take effect in
             if run.until_idle and not self.planner.waiting_for:
                 return last, False
-            self._idle(run, self.planner.poll_s or min(max(self.spec.trigger, 100), 1000) / 1000)
+            self._idle(run, self.planner.poll_s or min(max(self.spec.trigger, self.executor.idle_poll_ms), 1000) / 1000)
             return last, True
         if not replayed:
             applied = [applied_entry(c, self.network_id) for c in [*self.intake.held, *taken]]

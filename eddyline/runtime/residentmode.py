@@ -110,6 +110,7 @@ class ResidentExecutor(Executor):
     """:class:`~eddyline.runtime.epoch.execute.Executor` for resident epochs (module docstring)."""
 
     mode = "resident"
+    idle_poll_ms = 20  # (a resident epoch costs about as much)
 
     def __init__(self, spec: NetworkSpec, compiler: EpochCompiler, outputs: Outputs, ckpt: Checkpoint):
         super().__init__(spec, compiler, outputs)
@@ -207,8 +208,9 @@ class ResidentExecutor(Executor):
     def _kernels(self, read: dict[str, pa.Table]) -> dict[str, Kernel]:
         """Every stateful step's kernel for sources of these schemas (the network's empty rows run
         through its steps; kept while the network and the schemas stay)."""
-        key = (self.spec, tuple(t.schema for t in read.values()))
-        if self._kernels_for is None or self._kernels_for[0] != key:
+        schemas = tuple(t.schema for t in read.values())
+        kept = self._kernels_for
+        if kept is None or kept[0][0] is not self.spec or kept[0][1] != schemas:
             tables = {name: t.schema.empty_table() for name, t in read.items()}
             kernels: dict[str, Kernel] = {}
             for step in self.spec.topological():
@@ -218,7 +220,7 @@ class ResidentExecutor(Executor):
                     tables[step.name] = kernels[step.name].output_schema.empty_table()
                 else:
                     tables[step.name] = self.sql[step.name].run(inputs[0])
-            self._kernels_for = (key, kernels)
+            self._kernels_for = ((self.spec, schemas), kernels)
         return self._kernels_for[1]
 
     def _run_steps(self, stage: ResidentStage, plan: EpochPlan, tables: dict[str, pa.Table],

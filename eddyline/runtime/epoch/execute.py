@@ -60,6 +60,10 @@ class Executor:
     mode = "job"
     why: str | None = None
 
+    #: with nothing to read, look again after this long (or the trigger, if longer): a fraction
+    #: of what an epoch costs, so that waiting adds little to a result's latency
+    idle_poll_ms = 100
+
     #: its epochs keep Spark's task slots busy between them (a resident stage): nothing else
     #: may ask for them meanwhile (a job would wait for slots that are never freed)
     holds_workers = False

@@ -54,10 +54,11 @@ def reference(spark, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, li
     return base / "in", expected
 
 
-def spec_file(reference: tuple[Path, list], tmp_path: Path) -> Path:
+def spec_file(reference: tuple[Path, list], tmp_path: Path, execution: str = "job") -> Path:
     path = tmp_path / "net.yaml"
     spec = bids_window_spec(reference[0], tmp_path / "out")
-    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", by_alias=True, exclude_none=True)))
+    raw = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    path.write_text(yaml.safe_dump({**raw, "execution": execution}))
     return path
 
 
@@ -71,9 +72,9 @@ def progress(ckpt: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def finished_exactly(reference: tuple[Path, list], tmp_path: Path, spec: Path, ckpt: Path) -> None:
+def finished_exactly(reference: tuple[Path, list], tmp_path: Path, spec: Path, ckpt: Path, *extra: str) -> None:
     """A run to the end on ``ckpt`` gives the uninterrupted run's windows."""
-    final = eddyline_run(spec, ckpt)
+    final = eddyline_run(spec, ckpt, *extra)
     assert final.returncode == 0, final.stderr[-2000:]
     assert read_windows(tmp_path / "out") == reference[1]
     assert staging_leftovers(tmp_path / "out") == [], "published epochs leave no staging behind"
@@ -100,14 +101,16 @@ def test_a_sigkill_at_each_moment_of_an_epoch_in_turn_then_a_restart_gives_ident
     finished_exactly(reference, tmp_path, spec, ckpt)
 
 
-def test_a_sigkill_from_outside_at_a_seeded_moment_then_a_restart_gives_identical_output(
-        reference: tuple[Path, list], tmp_path: Path) -> None:
+@pytest.mark.parametrize("execution", ["job", "resident"])
+def test_a_sigkill_from_outside_at_a_seeded_moment_then_a_restart_on_other_lanes_gives_identical_output(
+        reference: tuple[Path, list], tmp_path: Path, execution: str) -> None:
     """A kill at a moment nobody chose (a driver starts in about 5 s, then takes a fraction of a
-    second per epoch: most such kills land in some epoch's middle)."""
+    second per epoch: most such kills land in some epoch's middle), the restart on one lane
+    instead of two; on resident lanes too (the reference ran per-epoch jobs)."""
     seed = int(os.environ.get("EDDYLINE_KILL_SEED") or random.randrange(1 << 32))
     after = random.Random(seed).uniform(5, 9)
     print(f"the outside kill comes {after:.2f} s after the start (EDDYLINE_KILL_SEED={seed} repeats it)")
-    spec, ckpt = spec_file(reference, tmp_path), tmp_path / "ckpt"
+    spec, ckpt = spec_file(reference, tmp_path, execution), tmp_path / "ckpt"
     killed = eddyline_run(spec, ckpt, kill_after=after)
     assert killed.returncode in (0, -signal.SIGKILL), (f"EDDYLINE_KILL_SEED={seed}", killed.stderr[-2000:])
-    finished_exactly(reference, tmp_path, spec, ckpt)
+    finished_exactly(reference, tmp_path, spec, ckpt, "--lanes", "1")

@@ -215,16 +215,19 @@ def committed(ckpt: Path) -> int:
     return max((int(p.name[:-5]) for p in (ckpt / "commits").glob("*.json")), default=0)
 
 
-#: each run killed at the next moment, one epoch later, on another lane count than the run before
-MOMENTS = ["1:after_plan", "2:in_task", "3:after_stage", "4:after_publish", "5:mid_commit", "6:after_commit"]
+#: each run killed at the next moment, one epoch later, on another lane count than the run before:
+#: the moments where a resident epoch differs from a job's (the driver's own boundaries before and
+#: after them are the per-epoch engine's, killed in tests/runtime/e2e/test_recovery.py)
+MOMENTS = ["1:in_task", "2:after_stage", "3:after_publish", "4:mid_commit"]
 
 
 @pytest.mark.slow
 def test_a_sigkill_at_each_moment_of_a_resident_epoch_then_a_restart_on_other_lanes_gives_the_same_output(
         reference, tmp_path: Path) -> None:
-    """Killed in turn at every boundary (``in_task``: inside lane 0, its state written, its
-    manifest not yet sent), each restart on another lane count than the run it follows: the
-    last run ends with what uninterrupted per-epoch jobs wrote, every row once."""
+    """Killed in turn inside lane 0 (its state written, its manifest not yet sent), with the
+    outputs staged, published, and in the middle of the commit, each restart on another lane
+    count than the run it follows: the last run ends with what uninterrupted per-epoch jobs
+    wrote, every row once."""
     data, expected, _ = reference
     spec, ckpt = tmp_path / "net.yaml", tmp_path / "ckpt"
     spec.write_text(yaml.safe_dump(raw_spec(data, tmp_path / "out", "resident")))
@@ -236,6 +239,6 @@ def test_a_sigkill_at_each_moment_of_a_resident_epoch_then_a_restart_on_other_la
     final = eddyline_run(spec, ckpt, "--lanes", "2")
     assert final.returncode == 0, final.stderr[-2000:]
     assert rows(tmp_path / "out") == expected
-    # a stage per run that ran lanes, and one more per rescale (a run replays the epoch its
-    # predecessor logged on that one's lanes, then goes on with its own)
-    assert len(list((ckpt / "resident").iterdir())) >= len(MOMENTS)
+    # a stage per run, and one more per rescale (a run replays the epoch its predecessor logged
+    # on that one's lanes, then goes on with its own)
+    assert len(list((ckpt / "resident").iterdir())) > len(MOMENTS)
