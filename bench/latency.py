@@ -1234,7 +1234,7 @@ def write_md(out: dict[str, Any], svg: Path) -> None:
         "a count per key per tumbling 1 s window (watermark delay 200 ms), a dedup (first event per uid, "
         "10 s) and an interval join of bids with their auctions. Definitions, sources and what each engine "
         "reads: the docstring of `bench/latency.py`.\n\n"
-        "**Reproduce:** `python bench/latency.py --engines eddyline,eddyline-files,spark,spark-rtm,flink` "
+        "**Reproduce:** `python bench/latency.py --engines eddyline,eddyline-files,eddyline-resident,spark,spark-rtm,flink` "
         "(rates 1,000 / 10,000 / 50,000 events/s, 20 s each after 8 s of warm-up, every query, each engine and "
         "query first run 30 s unmeasured so that a JVM's code is compiled, as in a query that runs for hours; "
         "PyFlink needs the virtualenv `bench/nexmark/run_nexmark.py --engines flink` makes). About 50 minutes.\n\n",

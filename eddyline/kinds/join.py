@@ -160,7 +160,6 @@ class JoinKind(StepKind):
         keyed = ctx.union_of(step, [(left, lpart), (right, rpart)])
         return ctx.to_lanes(step, keyed, kernel, (f"l__{lkeys[0]}", f"r__{rkeys[0]}"))
 
-
     def resident_problem(self, step: StepSpec) -> str | None:
         return None
 
