@@ -1382,8 +1382,9 @@ def main() -> None:
         "time and Spark stages (bench/sparklog.py; its cost is in the times: time without it)",
     )
     ap.add_argument(
-        "--execution", default="job", choices=("job", "resident"),
-        help="how Spark runs Eddyline's epochs (a query resident lanes do not take is recorded as refused)",
+        "--execution", default="job", choices=("job", "resident", "auto"),
+        help="how Spark runs Eddyline's epochs (resident: a query resident lanes do not take is recorded as "
+        "refused; auto: resident lanes where they take the query, else a Spark job an epoch)",
     )
     ap.add_argument("--no-md", action="store_true", help="do not touch bench/RESULTS.md")
     ap.add_argument(

@@ -58,8 +58,22 @@ def explain(
 
             plans = physical_plans(net, session, n)
         typer.echo(render(net, n, plans, rewritten + _may_rewrite(net)))
+        typer.echo(_execution(net))
     except EddylineError as e:
         raise fail(e) from None
+
+
+def _execution(net) -> str:  # noqa: ANN001
+    """How Spark would run the network's epochs (docs/execution.md)."""
+    from eddyline.io.sinks import make_sink
+    from eddyline.io.sources import make_source
+    from eddyline.runtime.residentmode import resident_problem
+
+    why = resident_problem(net, {s.name: make_source(s) for s in net.sources}, {s.name: make_sink(s) for s in net.sinks})
+    said = f"execution: {net.execution}"
+    if why is None:
+        return f"{said} (resident lanes take this network: execution: resident or auto runs it without a Spark job an epoch)"
+    return f"{said} (resident lanes do not take it: {why})"
 
 
 def _in_force(net, checkpoint: str):  # noqa: ANN202

@@ -160,6 +160,8 @@ class WindowAggregateKind(StepKind):
 
         wa: WindowAggregate = step.params
         (rows,) = inputs
+        if DIFF in rows.column_names:
+            raise SpecError(f"step '{step.name}': revisions into a window aggregate are weighted in Spark")
         for col in (*wa.keys, wa.time, *(c for _, _, c in wa.parsed_aggregates if c is not None)):
             if col not in rows.column_names:
                 raise SpecError(f"step '{step.name}': unknown column '{col}'; input has {', '.join(rows.column_names)}")

@@ -558,7 +558,11 @@ class EpochCompiler:
 def check_revisions(step: StepSpec, inputs: list[DataFrame], shedding: bool) -> None:
     """Refuse, before anything runs, a step that cannot take the revisions one of its inputs
     carries (docs/revisions.md): it would treat a retraction as one more row."""
-    revised = [name for name, df in zip(step.inputs, inputs, strict=True) if DIFF in df.columns]
+    revisions_refused(step, [name for name, df in zip(step.inputs, inputs, strict=True) if DIFF in df.columns], shedding)
+
+
+def revisions_refused(step: StepSpec, revised: list[str], shedding: bool = False) -> None:
+    """:func:`check_revisions` given the names of the inputs whose rows carry revisions."""
     if not revised:
         return
     reason = step_kind(step).revisions(step.params)

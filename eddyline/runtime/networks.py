@@ -127,15 +127,17 @@ class Networks:
         execution, why = spec.execution, None
         if execution != "job":
             why = "a hot pair runs per-epoch jobs" if pair is not None else resident_problem(
-                spec, self.sources, self.outputs)
+                spec, self.sources, self.outputs.sinks)
             if why is not None and execution == "resident":
                 raise SpecError(f"execution: resident: {why}")
-        if execution == "auto":
-            execution = "job" if why is not None else "resident"
-        if execution == "resident":
-            self.executor = ResidentExecutor(spec, self.compiler, self.outputs, self.ckpt)
-        else:
-            self.executor = Executor(spec, self.compiler, self.outputs)
+        self.executor = Executor(spec, self.compiler, self.outputs)
+        if execution == "resident" or (execution == "auto" and why is None):
+            try:  # (it runs the network over empty slices: a step it cannot take is found there)
+                self.executor = ResidentExecutor(spec, self.compiler, self.outputs, self.ckpt)
+            except SpecError as e:
+                if execution == "resident":
+                    raise
+                why = str(e).removeprefix("execution: resident: ")
         self.executor.why = why
         if spec.execution == "auto" and why is not None:
             self._note(f"execution: auto runs a Spark job an epoch: {why}")

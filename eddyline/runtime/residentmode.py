@@ -51,7 +51,7 @@ from eddyline.kinds.base import spark_schema
 from eddyline.operators.sqlsteps import SqlStep, SqlStepError
 from eddyline.plan.keygroups import RoutingTable, key_groups_of
 from eddyline.runtime.checkpoint import Checkpoint, manifest_path
-from eddyline.runtime.compile import EpochCompiler
+from eddyline.runtime.compile import EpochCompiler, revisions_refused
 from eddyline.runtime.epoch.execute import Executor
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan, Staged
 from eddyline.runtime.resident import ResidentStage, ResidentStep, StageEnded, next_attempt
@@ -59,6 +59,7 @@ from eddyline.storage import makedirs
 
 if TYPE_CHECKING:
     from eddyline.api.steps import StepSpec
+    from eddyline.io.sinks import Sink
     from eddyline.io.sources import Source
     from eddyline.operators.base import Kernel
     from eddyline.runtime.epoch.publish import Outputs
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
 SQL_KINDS = ("filter", "select")
 
 
-def resident_problem(spec: NetworkSpec, sources: dict[str, Source], outputs: Outputs) -> str | None:
+def resident_problem(spec: NetworkSpec, sources: dict[str, Source], sinks: dict[str, Sink]) -> str | None:
     """Why ``spec`` cannot run resident, naming the part that keeps it in Spark (None: it can)."""
     if spec.max_delay is not None:
         return "max_delay: Delay-Process-Correct runs in per-epoch jobs"
@@ -90,7 +91,7 @@ def resident_problem(spec: NetworkSpec, sources: dict[str, Source], outputs: Out
             return f"source '{name}': {problem}"
         if getattr(source.spec.params, "revisions", None):
             return f"source '{name}': revisions are carried by per-epoch jobs only"
-    for name, sink in outputs.sinks.items():
+    for name, sink in sinks.items():
         if not sink.takes_arrow:
             return f"sink '{name}': a {sink.spec.kind} sink writes from Spark"
     return None
@@ -114,7 +115,7 @@ class ResidentExecutor(Executor):
 
     def __init__(self, spec: NetworkSpec, compiler: EpochCompiler, outputs: Outputs, ckpt: Checkpoint):
         super().__init__(spec, compiler, outputs)
-        problem = resident_problem(spec, compiler.sources, outputs)
+        problem = resident_problem(spec, compiler.sources, outputs.sinks)
         if problem is not None:
             raise SpecError(f"execution: resident: {problem}")
         self.ckpt = ckpt
@@ -215,11 +216,12 @@ class ResidentExecutor(Executor):
             kernels: dict[str, Kernel] = {}
             for step in self.spec.topological():
                 inputs = [tables[i] for i in step.inputs]
+                revisions_refused(step, [n for n, t in zip(step.inputs, inputs, strict=True) if DIFF in t.column_names])
                 if step.stateful:
                     _, kernels[step.name] = step.info.lane_input(self, step, inputs)
                     tables[step.name] = kernels[step.name].output_schema.empty_table()
                 else:
-                    tables[step.name] = self.sql[step.name].run(inputs[0])
+                    tables[step.name] = self._sql(step, inputs[0])
             self._kernels_for = ((self.spec, schemas), kernels)
         return self._kernels_for[1]
 
@@ -232,8 +234,16 @@ class ResidentExecutor(Executor):
             if step.stateful:
                 tables[step.name] = self._lanes(stage, step, inputs, plan, observed)
             else:
-                tables[step.name] = self.sql[step.name].run(inputs[0])
+                tables[step.name] = self._sql(step, inputs[0])
         return tables
+
+    def _sql(self, step: StepSpec, rows: pa.Table) -> pa.Table:
+        """A filter or a select over ``rows``; a select keeps a revision's weight, as in Spark
+        (:class:`eddyline.kinds.select.Select`)."""
+        out = self.sql[step.name].run(rows)
+        if DIFF in rows.column_names and DIFF not in out.column_names:
+            out = out.append_column(DIFF, rows.column(DIFF))
+        return out
 
     def _lanes(self, stage: ResidentStage, step: StepSpec, inputs: list[pa.Table], plan: EpochPlan,
                observed: dict[str, dict[str, Any]]) -> pa.Table:

@@ -94,19 +94,28 @@ def test_auto_runs_resident_lanes_where_they_take_the_network_and_jobs_elsewhere
     from eddyline.observe.progress import ProgressReporter
 
     data, expected, _ = reference
-    for query, mode in (("dedup", "resident"), ("window-late", "job")):
+    for query, mode in (("dedup", "resident"), ("window-late", "job"), ("window-revised", "job")):
         raw = {**raw_spec(data, tmp_path / query, "auto"), "name": query}
         if query == "window-late":
             late = {**WINDOW["window_aggregate"], "late": {"path": str(tmp_path / "late")}}
             raw["steps"] = [TIMED, {**WINDOW, "window_aggregate": late}]
+            raw["sinks"] = [{"name": "out", "input": "w", "memory": {}}]
+        if query == "window-revised":  # a changelog into a window: Spark weighs its rows
+            raw["steps"] = [
+                {"name": "timed", "input": "events", "select": ["uid", "timestamp_micros(produced_us) AS ts"]},
+                {"name": "latest", "input": "timed", "aggregate": {"key": "uid", "aggregates": {"t": "max(ts)"}}},
+                {"name": "w", "input": "latest", "window_aggregate": {
+                    "time": "t", "window": {"size": "1s"}, "aggregates": {"n": "count(*)"}}}]
             raw["sinks"] = [{"name": "out", "input": "w", "memory": {}}]
         with ProgressReporter(live=False, json_path=str(tmp_path / f"{query}.jsonl")) as reporter:
             engine = Engine(load_spec(raw), spark, str(tmp_path / f"{query}-ckpt"), reporter=reporter)
             engine.run(epochs=2)
         records = [json.loads(x) for x in (tmp_path / f"{query}.jsonl").read_text().splitlines()]
         assert {r["execution"]["mode"] for r in records} == {mode}, query
-        if mode == "job":
+        if query == "window-late":
             assert records[-1]["execution"]["why"] == "step 'w': late: late rows are split off in Spark"
+        elif query == "window-revised":
+            assert records[-1]["execution"]["why"] == "step 'w': revisions into a window aggregate are weighted in Spark"
         else:
             assert "why" not in records[-1]["execution"] and engine.executor.stages_started == 1
 
@@ -136,6 +145,11 @@ def other_spec(query: str, data: Path, out: Path, execution: str) -> dict[str, A
                  {"name": "result", "input": "timed", "window_aggregate": {
                      "key": "uid", "time": "ts", "window": {"size": "1s"}, "aggregates": {"n": "count(*)"},
                      "watermark_delay": "200ms"}}]
+    elif query == "revisions":  # a changelog (old row -1, new row +1) through a select that keeps its weight
+        steps = [{"name": "timed", "input": "events", "select": ["uid", ts]},
+                 {"name": "counts", "input": "timed", "aggregate": {"key": "uid", "aggregates": {"n": "count(*)",
+                                                                                                "t": "max(ts)"}}},
+                 {"name": "result", "input": "counts", "select": ["uid", "n * 10 AS tens"]}]
     elif query == "chain":  # Nexmark q8's shape: a window join, then one row per user and window
         steps = [{"name": "as", "input": "events", "filter": "kind = 'a'"},
                  {"name": "a", "input": "as", "select": ["uid AS id", "timestamp_micros(produced_us) AS a_ts"]},
@@ -158,7 +172,7 @@ def other_spec(query: str, data: Path, out: Path, execution: str) -> dict[str, A
     return {**raw, "steps": steps, "sinks": [{**raw["sinks"][0], "input": "result"}]}
 
 
-@pytest.mark.parametrize("query", ["window", "join", "chain"])
+@pytest.mark.parametrize("query", ["window", "join", "chain", "revisions"])
 def test_a_window_a_join_and_a_chain_on_resident_lanes_write_what_per_epoch_jobs_write(
         spark, reference, tmp_path: Path, query: str) -> None:
     data = reference[0]
@@ -242,3 +256,21 @@ def test_a_sigkill_at_each_moment_of_a_resident_epoch_then_a_restart_on_other_la
     # a stage per run, and one more per rescale (a run replays the epoch its predecessor logged
     # on that one's lanes, then goes on with its own)
     assert len(list((ckpt / "resident").iterdir())) > len(MOMENTS)
+
+
+def test_explain_says_whether_resident_lanes_take_the_network(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from eddyline.cli import app
+
+    raw = raw_spec(tmp_path / "in", tmp_path / "out", "job")
+    late = {**WINDOW["window_aggregate"], "late": {"path": str(tmp_path / "late")}}
+    refused = {**raw, "steps": [TIMED, {**WINDOW, "window_aggregate": late}],
+               "sinks": [{"name": "out", "input": "w", "memory": {}}]}
+    for name, spec, said in (("takes", raw, "resident lanes take this network"),
+                             ("refuses", refused, "resident lanes do not take it: step 'w': late: late rows")):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        shown = CliRunner().invoke(app, ["explain", str(path), "--no-spark-plan"])
+        assert shown.exit_code == 0, shown.output
+        assert f"execution: job ({said}" in shown.output, shown.output
