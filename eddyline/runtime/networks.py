@@ -39,7 +39,7 @@ from eddyline.runtime.epoch.records import EpochCommit
 from eddyline.runtime.livechange import LiveChange
 from eddyline.runtime.lookahead import LookAhead
 from eddyline.runtime.replica import Following, HotPair, Leading
-from eddyline.runtime.residentmode import ResidentExecutor, resident_problem
+from eddyline.runtime.residentmode import ResidentExecutor
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -125,14 +125,13 @@ class Networks:
         if old is not None:  # (a resident stage of the network before ends here)
             old.close()
         execution, why = spec.execution, None
-        if execution != "job":
-            why = "a hot pair runs per-epoch jobs" if pair is not None else resident_problem(
-                spec, self.sources, self.outputs.sinks)
-            if why is not None and execution == "resident":
-                raise SpecError(f"execution: resident: {why}")
         self.executor = Executor(spec, self.compiler, self.outputs)
-        if execution == "resident" or (execution == "auto" and why is None):
-            try:  # (it runs the network over empty slices: a step it cannot take is found there)
+        if execution != "job" and pair is not None:
+            why = "a hot pair runs per-epoch jobs"
+            if execution == "resident":
+                raise SpecError(f"execution: resident: {why}")
+        elif execution != "job":
+            try:  # (it checks the network, and runs it over empty slices: what it cannot take is found)
                 self.executor = ResidentExecutor(spec, self.compiler, self.outputs, self.ckpt)
             except SpecError as e:
                 if execution == "resident":

@@ -35,6 +35,7 @@ lanes").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ from eddyline.columns import DIFF
 from eddyline.errors import EngineError, SourceError, SpecError
 from eddyline.io.files.target import write_table
 from eddyline.kinds.base import spark_schema
+from eddyline.operators.rows import event_time_ms
 from eddyline.operators.sqlsteps import SqlStep, SqlStepError
 from eddyline.plan.keygroups import RoutingTable, key_groups_of
 from eddyline.runtime.checkpoint import Checkpoint, manifest_path
@@ -100,11 +102,8 @@ def resident_problem(spec: NetworkSpec, sources: dict[str, Source], sinks: dict[
 def newest_ms(column: pa.ChunkedArray) -> int | None:
     """The newest value of a timestamp column in epoch milliseconds, rounded down as
     :func:`eddyline.runtime.compile.max_event_ms` gives it (None: no value)."""
-    newest = pc.max(column.cast(pa.int64())).as_py()
-    if newest is None:
-        return None
-    unit = column.type.unit
-    return newest * 1000 if unit == "s" else newest // {"ms": 1, "us": 1_000, "ns": 1_000_000}[unit]
+    newest = pc.max(column)
+    return int(event_time_ms(pa.array([newest], column.type))[0]) if newest.is_valid else None
 
 
 class ResidentExecutor(Executor):
@@ -168,11 +167,8 @@ class ResidentExecutor(Executor):
         return self.read_by.get(step.name)
 
     # ----------------------------------------------------------------- an epoch
-    def execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any = None) -> Staged:
-        staged = self._execute(plan, last, before_jobs, small=False)  # (no Spark settings to change)
-        self.last_rows = sum(int(v.get("rows") or 0) for k, v in staged.observed.items() if k.startswith("source:"))
-        self.last_sink_rows = dict(staged.sink_rows)
-        return staged
+    def _settings(self, small: bool) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # no Spark job to set anything for
 
     def _execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any, small: bool) -> Staged:
         t0 = time.monotonic()
@@ -191,10 +187,11 @@ class ResidentExecutor(Executor):
         if before_jobs is not None:
             before_jobs()
         kernels = self._kernels(read)
+        manifests: dict[str, list[dict[str, Any]]] = {}
         for attempt in (1, 2):  # a stage that ended runs the epoch once more on a new one, from the commit
             stage = self._stage_for(plan, kernels, last)
             try:
-                tables = self._run_steps(stage, plan, dict(read), observed)
+                tables = self._run_steps(stage, plan, dict(read), observed, manifests)
                 break
             except StageEnded as e:
                 self.close()
@@ -204,7 +201,8 @@ class ResidentExecutor(Executor):
         if dead:
             write_table(pa.concat_tables(dead), self.outputs.dead_letters, plan.epoch)
         return Staged(observed=observed, sink_rows=sink_rows, dead_letters=sum(t.num_rows for t in dead),
-                      late_steps=(), shed_rows=False, compile_s=0.0, run_s=time.monotonic() - t0)
+                      late_steps=(), shed_rows=False, compile_s=0.0, run_s=time.monotonic() - t0,
+                      manifests=manifests)
 
     def _kernels(self, read: dict[str, pa.Table]) -> dict[str, Kernel]:
         """Every stateful step's kernel for sources of these schemas (the network's empty rows run
@@ -226,13 +224,13 @@ class ResidentExecutor(Executor):
         return self._kernels_for[1]
 
     def _run_steps(self, stage: ResidentStage, plan: EpochPlan, tables: dict[str, pa.Table],
-                   observed: dict[str, dict[str, Any]]) -> dict[str, pa.Table]:
+                   observed: dict[str, dict[str, Any]], manifests: dict[str, list[dict[str, Any]]]) -> dict[str, pa.Table]:
         """Every step of the epoch, in order: the stateless ones here, the stateful ones on the
-        stage's lanes; every node's rows."""
+        stage's lanes (their manifests into ``manifests``); every node's rows."""
         for step in self.spec.topological():
             inputs = [tables[i] for i in step.inputs]
             if step.stateful:
-                tables[step.name] = self._lanes(stage, step, inputs, plan, observed)
+                tables[step.name], manifests[step.name] = self._lanes(stage, step, inputs, plan, observed)
             else:
                 tables[step.name] = self._sql(step, inputs[0])
         return tables
@@ -246,8 +244,10 @@ class ResidentExecutor(Executor):
         return out
 
     def _lanes(self, stage: ResidentStage, step: StepSpec, inputs: list[pa.Table], plan: EpochPlan,
-               observed: dict[str, dict[str, Any]]) -> pa.Table:
-        """One stateful step's epoch on the resident lanes: its output rows."""
+               observed: dict[str, dict[str, Any]]) -> tuple[pa.Table, list[dict[str, Any]]]:
+        """One stateful step's epoch on the resident lanes: its output rows and the lanes'
+        manifests (also left where per-epoch lanes leave theirs, for whoever inspects the
+        checkpoint)."""
         for i, (rows, column) in enumerate(zip(inputs, step.time_columns(), strict=True)):
             if column is None:
                 continue
@@ -269,7 +269,7 @@ class ResidentExecutor(Executor):
             path = manifest_path(self.ckpt.location, plan.epoch, step.name, int(d["lane"]), gate.generation)
             makedirs(self.ckpt.fs, path.rsplit("/", 1)[0])
             gate.put(path, json.dumps(d).encode())
-        return pa.concat_tables(outputs) if outputs else kernel.output_schema.empty_table()
+        return (pa.concat_tables(outputs) if outputs else kernel.output_schema.empty_table()), done
 
     def _stage_for(self, plan: EpochPlan, kernels: dict[str, Kernel], last: EpochCommit | None) -> ResidentStage:
         """The stage to run the epoch on: the running one if it holds the last commit's state for

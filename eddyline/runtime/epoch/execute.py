@@ -4,6 +4,7 @@ late rows and shed rows are staged beside; nothing becomes visible (see :mod:`.p
 
 from __future__ import annotations
 
+import contextlib
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -74,11 +75,15 @@ class Executor:
     def execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any = None) -> Staged:
         """``before_jobs``: called once the frames are built, before the first job runs."""
         small = self.last_rows is not None and self.last_rows <= SMALL_EPOCH_ROWS
-        with small_epoch(self.compiler.spark, small):  # a frame persisted while building is planned then
+        with self._settings(small):  # a frame persisted while building is planned then
             staged = self._execute(plan, last, before_jobs, small)
         self.last_rows = sum(int(v.get("rows") or 0) for k, v in staged.observed.items() if k.startswith("source:"))
         self.last_sink_rows = dict(staged.sink_rows)
         return staged
+
+    def _settings(self, small: bool) -> contextlib.AbstractContextManager[None]:
+        """Spark's settings for the epoch's jobs (see :func:`small_epoch`)."""
+        return small_epoch(self.compiler.spark, small)
 
     def _execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any, small: bool) -> Staged:
         t0 = time.monotonic()

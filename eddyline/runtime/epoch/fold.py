@@ -32,7 +32,7 @@ def fold(
     late_rows: dict[str, int] = {}
     for s in spec.stateful_steps():
         lanes = RoutingTable.from_json(plan.routing[s.name]).lanes
-        raw = ckpt.lane_manifests(plan.epoch, s.name, lanes)
+        raw = staged.manifests.get(s.name) or ckpt.lane_manifests(plan.epoch, s.name, lanes)
         manifests[s.name] = [LaneManifest(m) for m in raw]
         prev = last.steps.get(s.name) if last else None
         index = dict(prev.index) if prev else {}

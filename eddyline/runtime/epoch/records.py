@@ -186,6 +186,9 @@ class Staged:
     #: per sink, its output's row count and row-hash sum, when the executor computes them (the
     #: stream selector of a hot pair compares them, see :mod:`eddyline.ha.selector`)
     digests: dict[str, Digest] = field(default_factory=dict)
+    #: per stateful step, its lanes' manifests when the executor holds them already (resident
+    #: lanes send them back); otherwise the fold reads the files the lanes' tasks wrote
+    manifests: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

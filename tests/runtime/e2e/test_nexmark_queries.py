@@ -75,15 +75,19 @@ def ran(spark, tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.parametrize("query", sorted(AVAILABLE, key=lambda q: int(q[1:])))
 def test_query_matches_duckdb(ran, events, query: str) -> None:
     got, _ = ran(query)
+    have, want = against_reference(query, events, got)
+    assert len(want) > 0
+    assert have == want
+
+
+def against_reference(query: str, events: dict[str, pa.Table], got: pa.Table) -> tuple[list[tuple], list[tuple]]:
+    """The query's output and DuckDB's reference over the same events, both canonical."""
     con = duckdb.connect()
     for name, table in events.items():
         con.register(name, table)
     con.register("got", got)
     want_sql, got_sql = REFERENCE[query]
-    want = canonical(con, f"({want_sql})")
-    have = canonical(con, f"({got_sql})")
-    assert len(want) > 0
-    assert have == want
+    return canonical(con, f"({got_sql})"), canonical(con, f"({want_sql})")
 
 
 @pytest.mark.parametrize("query", ["q5", "q9"])
@@ -163,11 +167,6 @@ def test_query_on_resident_lanes_matches_duckdb(spark, events, tmp_path: Path, q
     same events, against the same DuckDB reference."""
     got, run = run_resident(spark, query, events, tmp_path)
     assert run["stages"] >= 1
-    con = duckdb.connect()
-    for name, table in events.items():
-        con.register(name, table)
-    con.register("got", got)
-    want_sql, got_sql = REFERENCE[query]
-    want = canonical(con, f"({want_sql})")
+    have, want = against_reference(query, events, got)
     assert len(want) > 0
-    assert canonical(con, f"({got_sql})") == want
+    assert have == want
