@@ -321,12 +321,21 @@ class KeyGroupStore:
         """
         if is_s3(self.fs) and self.gate.generation:
             lane = generation_file_id(lane, self.gate.generation)
-        new_state = _sorted_by_kg(new_state.cast(self.schema))
+        # The cache keeps a group's rows as a slice of the new state sorted by group; without a
+        # cache nothing needs the whole state sorted (only the rows written are), and sorting it
+        # would make every epoch cost the lane's whole state.
+        caching = self.cache.budget > 0
+        new_state = new_state.cast(self.schema)
+        if caching:
+            new_state = _sorted_by_kg(new_state)
         upserts = _sorted_by_kg(upserts.cast(self.schema))
         deletes = _sorted_by_kg(deletes.select(self.primary_key))
         groups = np.array(sorted(set(changed_key_groups)), dtype=np.int64)
         full_kg, ups_kg, dels_kg = (_kgs(t) for t in (new_state, upserts, deletes))
-        full_at, full_n = _ranges(full_kg, groups)
+        if caching:
+            full_at, full_n = _ranges(full_kg, groups)
+        else:
+            full_n = np.bincount(full_kg, minlength=int(groups.max(initial=-1)) + 1)[groups]
         _, ups_n = _ranges(ups_kg, groups)
         _, dels_n = _ranges(dels_kg, groups)
         chain_len = np.array([len(index.get(int(kg)) or []) for kg in groups], dtype=np.int64)
@@ -350,14 +359,15 @@ class KeyGroupStore:
         offsets, rows = _ranges(_kgs(table), groups)
         chains: dict[int, Chain | None] = {}
         for i, kg in enumerate(groups.tolist()):
-            full = new_state.slice(int(full_at[i]), int(full_n[i]))
             if not live[i]:
                 chains[kg] = None
-                self.cache.put((self.root, self.step, kg), ("empty", epoch), full)
-                continue
-            entry = [epoch, lane, SNAPSHOT if snapshot[i] else DELTA, int(offsets[i]), int(rows[i])]
-            chains[kg] = [entry] if snapshot[i] else [*(index.get(kg) or []), entry]
-            self.cache.put((self.root, self.step, kg), tuple(entry), full)
+                tip: tuple = ("empty", epoch)
+            else:
+                entry = [epoch, lane, SNAPSHOT if snapshot[i] else DELTA, int(offsets[i]), int(rows[i])]
+                chains[kg] = [entry] if snapshot[i] else [*(index.get(kg) or []), entry]
+                tip = tuple(entry)
+            if caching:
+                self.cache.put((self.root, self.step, kg), tip, new_state.slice(int(full_at[i]), int(full_n[i])))
         snapshots, deltas = int((live & snapshot).sum()), int((live & ~snapshot).sum())
         written = 0
         if table.num_rows:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from eddyline.eventtime import END_OF_STREAM, NO_WATERMARK
 from eddyline.operators.dedup import FIRST, LAST, DedupKernel, chain_heads
+from eddyline.operators.rows import split_by_key_groups
 from tests.operators.harness import run_epochs
 from tests.operators.keyedrows import (
     TS,
@@ -225,3 +226,38 @@ def test_the_hash_pre_pass_changes_no_result(
     with_pass, without = run(True), run(False)
     assert with_pass == without
     assert sum(e[0].total() for e in with_pass) > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    ttl=st.sampled_from([0, 300, 2_000, 10**9]),
+    sizes=st.lists(st.integers(1, 120), min_size=1, max_size=5),
+    keys=st.sampled_from([KEYS, ("k2",), ("plain",), ("plain", "k2")]),
+)
+def test_confining_to_the_batch_keys_changes_no_result(
+    seed: int, ttl: int, sizes: list[int], keys: tuple[str, ...]
+) -> None:
+    """The kernel takes only the state rows of the batch's first key column's values (through
+    Arrow's hash with nulls, numpy for integers without, key groups for a struct key): every
+    epoch's output, state, upserts, deletes and counters are those of a kernel confined to the
+    batch's key groups, out-of-order input, a watermark forgetting keys."""
+    rng = np.random.default_rng(seed)
+    events = make_events(sum(sizes), seed=seed, span_ms=8_000)
+    events = events.append_column("plain", pa.compute.fill_null(events.column("k1"), -1))
+    events = events.take(pa.array(rng.permutation(events.num_rows)))
+    batches, _ = cut(with_kg(events, keys), list(np.cumsum(sizes)))
+    watermarks = [NO_WATERMARK, *[1_000 * i for i in range(1, len(batches))]]
+
+    def run(by_key_group: bool) -> list[tuple]:
+        kernel = kernel_for(events, ttl, keys)
+        if by_key_group:
+            kernel._touched = lambda state, rows: split_by_key_groups(  # type: ignore[method-assign]
+                state, np.unique(rows.column("_kg").to_numpy()))
+        run = run_epochs(kernel, zip(batches, watermarks, strict=True), check=check_result)
+        return [(multiset(r.output), multiset(r.state), multiset(r.upserts), multiset(r.deletes),
+                 sorted(r.changed_key_groups), r.metrics) for r in run.results]
+
+    by_key, by_group = run(False), run(True)
+    assert by_key == by_group
+    assert sum(e[0].total() for e in by_key) > 0
