@@ -36,7 +36,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from eddyline.columns import KG
 from eddyline.operators.base import KernelResult
@@ -49,14 +48,12 @@ from eddyline.operators.rows import (
     run_starts,
     segments,
     sort_indices,
+    split_by_keys,
     with_key_group,
 )
 
 FIRST = "_first_ms"
 LAST = "_last_ms"
-#: The state gains a chunk an epoch (the touched keys' rows are appended, not merged in): at
-#: this many it is copied into one, a whole-state copy every so many epochs instead of each.
-_CHUNKS = 16
 
 
 def chain_heads(seg: np.ndarray, t: np.ndarray, heads: np.ndarray, ttl_ms: int) -> np.ndarray:
@@ -91,17 +88,6 @@ def chain_heads(seg: np.ndarray, t: np.ndarray, heads: np.ndarray, ttl_ms: int) 
         on[new] = True
         jump = jump[jump]
     return on[:n]
-
-
-def _among(values: pa.ChunkedArray, of: pa.ChunkedArray) -> pa.Array:
-    """Whether each of ``values`` is one of ``of``, null matching null. Integers and timestamps
-    without nulls go through numpy, whose sort-based test is twice as fast as Arrow's hash probe
-    on a large state."""
-    t = values.type
-    numeric = pa.types.is_integer(t) or pa.types.is_timestamp(t) or pa.types.is_date(t)
-    if numeric and not values.null_count and not of.null_count:
-        return pa.array(np.isin(values.to_numpy(), pc.unique(of).to_numpy()))
-    return pc.is_in(values, value_set=pc.unique(of), skip_nulls=False)
 
 
 @dataclass(frozen=True)
@@ -261,8 +247,6 @@ class DedupKernel:
         rest_keep = ~(wm > rest_t + ttl)
         kept = rest if rest_keep.all() else rest.filter(pa.array(rest_keep))  # most epochs forget nothing
         new_state = pa.concat_tables([kept, merged.filter(pa.array(keep_g))])
-        if new_state.column(KG).num_chunks > _CHUNKS:
-            new_state = new_state.combine_chunks()
         upserts = merged.filter(pa.array(keep_g & changed))
         pk = list(self.primary_key)
         deletes = pa.concat_tables(
@@ -273,20 +257,9 @@ class DedupKernel:
         )
         return new_state, upserts, deletes
 
-    def _touched(self, state: pa.Table, rows: pa.Table) -> tuple[pa.Table, pa.Table]:
-        """``(state rows that may be of the rows' keys, the others)``. Steps 2 to 5 need every
-        state row of a batch key in the first part and may take more, so the rows are matched on
-        the first key column alone: one hash of the batch's values and a probe per state row.
-        Confining to the batch's key groups instead costs a hash and a sort of nearly the whole
-        state once a batch touches every group, which a busy one does."""
-        if not (rows.num_rows and state.num_rows):
-            return state.slice(0, 0), state
-        mask = _among(state.column(self.keys[0]), rows.column(self.keys[0]))
-        return state.filter(mask), state.filter(pc.invert(mask))
-
     def process(self, batch: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
         """1. drop late rows (no time, or before the watermark);
-        2. confine work to the state rows of the batch's keys (:meth:`_touched`); settle by a
+        2. confine work to the state rows of the batch's keys (``split_by_keys``); settle by a
            hash pass the rows whose fate does not depend on the others (see :meth:`_settled`),
            then sort the state rows and the remaining batch rows together by ``(key, state first, time, every other column)``;
         3. drop batch rows inside their key's remembered interval ``[_first_ms, _last_ms + ttl]``;
@@ -306,7 +279,7 @@ class DedupKernel:
         #    rows inside their key's remembered interval, and rows after the first remaining row
         #    of their key's segment (before / after the interval) but within its ttl: that first
         #    row passes, so they are its duplicates. In a steady dedup that is nearly every row.
-        touched, rest = self._touched(state, rows)
+        touched, rest = split_by_keys(state, rows, self.keys)
         received = rows.num_rows
         if received:
             settled = self._settled(touched, rows, t_rows)

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from eddyline.columns import DIFF, KG
-from eddyline.operators.base import KernelResult, key_groups_of
+from eddyline.operators.base import KernelResult
 from eddyline.operators.partials import (
     KEYED_FUNCS,
     ROWS,
@@ -46,7 +46,7 @@ from eddyline.operators.rows import (
     segments,
     sort_indices,
     sorted_key_ids,
-    split_by_key_groups,
+    split_by_keys,
     take_or_null,
     with_key_group,
 )
@@ -365,8 +365,8 @@ class KeyedAggregateKernel:
         # 1. one-row partials (a combined input's rows are partials already)
         rows = batch.select(self.state_schema.names).cast(self.state_schema) if self.combined else self._one_row(batch)
 
-        # 2. the touched key groups' state + the batch, sorted
-        touched, rest = split_by_key_groups(state, np.unique(key_groups_of(batch)))
+        # 2. the state of the batch's keys + the batch, sorted
+        touched, rest = split_by_keys(state, batch, self.keys)
         both, src = self._with_state(touched, rows)
 
         # 3. merge per key
@@ -506,7 +506,7 @@ class KeyedAggregateKernel:
             cols |= {SLOT: pa.array(np.full(n, j + 1, np.int8)), f"{a.name}__v": col, WEIGHT_SUM: weight}
             part = pa.table({f.name: cols.get(f.name, pa.nulls(n, f.type)) for f in self.state_schema})
             parts.append(part.filter(pc.is_valid(col)).cast(self.state_schema))
-        touched, rest = split_by_key_groups(stored, np.unique(key_groups_of(batch)))
+        touched, rest = split_by_keys(stored, batch, self.keys)
         fresh = pa.concat_tables(parts)
         both = pa.concat_tables([touched, fresh])
         pk = pa.schema([self.state_schema.field(c) for c in self.primary_key])

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from eddyline.columns import KG
-from eddyline.operators.base import KernelResult, key_groups_of
+from eddyline.operators.base import KernelResult
 from eddyline.operators.partials import (
     aggregate_fields,
     finish_aggregates,
@@ -50,7 +50,7 @@ from eddyline.operators.rows import (
     run_starts,
     segments,
     sort_indices,
-    split_by_key_groups,
+    split_by_keys,
     with_key_group,
 )
 
@@ -165,7 +165,7 @@ class SessionWindowKernel:
         ).cast(self.state_schema)
 
         # 2. touched sessions + new rows, sorted
-        touched, rest = split_by_key_groups(state, np.unique(key_groups_of(rows)))
+        touched, rest = split_by_keys(state, rows, self.keys)
         both = pa.concat_tables([touched, one])
         n = both.num_rows
         src = np.concatenate([np.zeros(touched.num_rows, np.int8), np.ones(one.num_rows, np.int8)])
