@@ -86,6 +86,16 @@ class Sink:
         :mod:`eddyline.runtime.residentmode`), for sinks that :attr:`takes_arrow`."""
         raise SinkError(f"sink '{self.name}': a {self.spec.kind} sink takes its rows from Spark only")
 
+    def lane_parts(self, epoch: int) -> dict[str, Any] | None:
+        """Where the lanes of a resident epoch write this sink's rows themselves, a part each
+        (:func:`eddyline.io.files.target.write_part`), the epoch's staging made empty for them;
+        None (the default): the lanes send the rows back and :meth:`stage_table` writes them."""
+        return None
+
+    def parts_staged(self, epoch: int, names: list[str]) -> None:
+        """The parts the lanes wrote where :meth:`lane_parts` said."""
+        raise SinkError(f"sink '{self.name}': a {self.spec.kind} sink takes no parts from lanes")
+
     def status(self) -> dict[str, Any] | None:
         """How its server is doing (sinks that write to one): shown in the progress."""
         return None

@@ -204,10 +204,13 @@ class Source:
         """Why :meth:`read_arrow` cannot read this source (None: it can)."""
         return f"a {self.spec.kind} source is read by Spark's tasks only"
 
-    def read_arrow(self, planned: dict[str, Any], columns: frozenset[str] | None = None) -> ArrowSlice:
-        """The ``planned`` slice read here, in this process, with the rows and types its Spark
-        frame has (``columns`` as for :meth:`frames`): for a resident epoch, which runs no Spark
-        job (:mod:`eddyline.runtime.residentmode`)."""
+    def read_arrow(self, planned: dict[str, Any], columns: frozenset[str] | None = None, *,
+                   task: int = 0, tasks: int = 1) -> ArrowSlice:
+        """Task ``task``'s share of the ``planned`` slice among ``tasks`` (the whole slice by
+        default) read here, in this process, with the rows and types its Spark frame has
+        (``columns`` as for :meth:`frames`): for a resident epoch, whose lanes read their own
+        shares without a Spark job (:mod:`eddyline.runtime.lanenetwork`). The shares of the
+        tasks together are the slice, each row in one of them."""
         raise NotImplementedError(self.arrow_problem())
 
     def frames(
@@ -254,11 +257,13 @@ class SyntheticSource(Source):
     def arrow_problem(self) -> str | None:
         return None if self._arrow is not None else super().arrow_problem()
 
-    def read_arrow(self, planned: dict[str, Any], columns: frozenset[str] | None = None) -> ArrowSlice:
+    def read_arrow(self, planned: dict[str, Any], columns: frozenset[str] | None = None, *,
+                   task: int = 0, tasks: int = 1) -> ArrowSlice:
         if self._arrow is None:
-            return super().read_arrow(planned, columns)
+            return super().read_arrow(planned, columns, task=task, tasks=tasks)
         lo, hi = self._ids(self.spec.params, planned["start"], planned["end"])
-        return ArrowSlice(self._arrow(self.spec.params, lo, hi))
+        share = -(-(hi - lo) // tasks)  # contiguous ids, as Spark's tasks split a range
+        return ArrowSlice(self._arrow(self.spec.params, min(hi, lo + task * share), min(hi, lo + (task + 1) * share)))
 
     def available(self, elapsed_s: float) -> int:
         return self._available(self.spec.params, elapsed_s)

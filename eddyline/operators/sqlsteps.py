@@ -72,6 +72,9 @@ class SqlStep:
         except SqlStepError as e:
             raise SqlStepError(f"step '{self.name}': {e}") from None
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_con": None}  # a connection stays in its process (a lane opens its own)
+
     def check(self, schema: pa.Schema) -> pa.Schema:
         """The output schema for an input of ``schema``; :class:`SqlStepError` if DuckDB cannot
         run the step's SQL on it."""

@@ -21,8 +21,11 @@ it acknowledged: after a failure (a task, the socket, the driver) the stage ends
 starts from the last commit, reloading. What a stage of an aborted attempt wrote is never named
 by a commit, since its file names carry the attempt.
 
-This module is the prototype of issue #55 (its item 3): one stateful step, the rows keyed by the
-driver, no stateless steps around it. ``bench/resident.py`` measures it.
+The driver feeds the lanes in one of two ways: the rows of one step at a time, keyed by the
+driver (:meth:`ResidentStage.run`: ``bench/resident.py`` and ``bench/state_growth.py`` measure
+the lanes so), or the epoch's plan only, each lane then reading its share of the sources and
+exchanging rows with the others over connections of their own (:meth:`ResidentStage.run_network`,
+:class:`Peers`, :mod:`eddyline.runtime.lanenetwork`: the engine's resident mode).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import secrets
 import socket
 import struct
@@ -53,6 +57,8 @@ from eddyline.storage import Gate, makedirs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from eddyline.runtime.lanenetwork import LaneNetwork
 
 #: the Spark job tag of a resident stage's job (cancelled when the stage ends early)
 JOB_TAG = "eddyline-resident"
@@ -118,6 +124,18 @@ def _exactly(src: BinaryIO, n: int) -> bytes:
     return data
 
 
+def split_by_lane(rows: pa.Table, owners: np.ndarray, lanes: int) -> dict[int, pa.Table]:
+    """``rows`` (with ``_kg``) cut by the lane ``owners`` gives their key group, each lane's
+    rows in their order in ``rows``; every lane has a part, empty or not."""
+    if lanes == 1:
+        return {0: rows}
+    lane_of = owners[rows.column(KG).to_numpy()] if rows.num_rows else np.zeros(0, np.int64)
+    order = np.argsort(lane_of, kind="stable")
+    bounds = np.searchsorted(lane_of[order], np.arange(lanes + 1))
+    ordered = rows.take(order)
+    return {lane: ordered.slice(bounds[lane], bounds[lane + 1] - bounds[lane]) for lane in range(lanes)}
+
+
 # ----------------------------------------------------------------------------- the lanes' side
 
 
@@ -153,6 +171,9 @@ class ResidentLanes:
     #: told when lane 0 has written an epoch's state (:attr:`FaultPoint.IN_TASK`), as a per-epoch
     #: lane tells it: crash tests cut the epoch there
     faults: Faults = field(default_factory=NoFaults)
+    #: the whole network, for epochs the lanes run from their own reads
+    #: (:meth:`ResidentStage.run_network`); None: the driver feeds each step's rows (:meth:`ResidentStage.run`)
+    network: LaneNetwork | None = None
 
 
 def serve(lanes: ResidentLanes, _rows: Iterator[Any]) -> Iterator[Any]:
@@ -167,8 +188,93 @@ def serve(lanes: ResidentLanes, _rows: Iterator[Any]) -> Iterator[Any]:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         src, out = conn.makefile("rb"), conn.makefile("wb")
         send(out, {"op": "hello", "lane": lane, "secret": lanes.secret, "pid": os.getpid()})
-        Lane(lanes, lane).serve(src, out)
+        count = len(BarrierTaskContext.get().getTaskInfos())
+        mesh = lanes.network is not None and count > 1
+        with Peers(lanes.secret, lane, count) if mesh else contextlib.nullcontext() as peers:
+            Lane(lanes, lane, peers).serve(src, out)
     yield from ()
+
+
+class Peers(contextlib.AbstractContextManager):
+    """A lane's connections to the other lanes of its stage, for the rows of the stateful steps'
+    key groups: one connection to send to each lane, one to receive from each, the receiving
+    ones drained by a thread each into a queue, so that a lane sending never waits for another
+    to read (all send, then all receive, with no deadlock). Addresses are exchanged with the
+    barrier's ``allGather`` when the stage starts."""
+
+    def __init__(self, secret: str, lane: int, lanes: int, connect_s: float = 60.0):
+        from pyspark import BarrierTaskContext
+
+        self.lane, self.lanes, self.secret = lane, lanes, secret
+        ctx = BarrierTaskContext.get()
+        self._server = socket.create_server(("", 0))
+        host = ctx.getTaskInfos()[lane].address.rsplit(":", 1)[0] or socket.gethostname()
+        addresses = [json.loads(a) for a in ctx.allGather(json.dumps([host, self._server.getsockname()[1]]))]
+        self.queues: dict[int, queue.Queue[tuple[dict[str, Any], pa.Table | None]]] = {
+            j: queue.Queue() for j in range(lanes) if j != lane}
+        self._out: dict[int, tuple[socket.socket, BinaryIO]] = {}
+        self._threads: list[threading.Thread] = []
+        self._server.settimeout(connect_s)
+        for j, (peer_host, port) in enumerate(addresses):
+            if j != lane:
+                conn = socket.create_connection((peer_host, port), timeout=connect_s)
+                conn.settimeout(None)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                out = conn.makefile("wb")
+                send(out, {"op": "peer", "lane": lane, "secret": secret})
+                self._out[j] = (conn, out)
+        incoming: dict[int, socket.socket] = {}
+        while len(incoming) < lanes - 1:
+            conn, _ = self._server.accept()
+            conn.settimeout(None)
+            src = conn.makefile("rb")
+            hello, _ = receive(src)
+            if hello.get("op") != "peer" or hello.get("secret") != secret:
+                conn.close()  # not one of ours
+                continue
+            j = int(hello["lane"])
+            incoming[j] = conn
+            thread = threading.Thread(target=self._drain, args=(j, src), name=f"eddyline-lane-{lane}-from-{j}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        self._in = incoming
+
+    def _drain(self, lane: int, src: BinaryIO) -> None:
+        try:
+            while True:
+                header, table = receive(src)
+                self.queues[lane].put((header, table))
+                if header["op"] == "eof":
+                    return
+        except (OSError, ValueError) as e:
+            self.queues[lane].put(({"op": "eof", "error": str(e)}, None))
+
+    def exchange(self, epoch: int, step: str, parts: Mapping[int, pa.Table]) -> list[pa.Table]:
+        """Send each lane its part of ``step``'s rows of ``epoch``; every lane's part for this
+        one, in lane order (its own included)."""
+        head = {"op": "rows", "epoch": epoch, "step": step, "lane": self.lane}
+        for j, (_, out) in self._out.items():
+            send(out, head, parts[j])
+        got = []
+        for j in range(self.lanes):
+            if j == self.lane:
+                got.append(parts[j])
+                continue
+            header, table = self.queues[j].get()
+            if header["op"] != "rows" or header["epoch"] != epoch or header["step"] != step:
+                raise PeerLost(f"resident lane {self.lane}: lane {j} sent {header}, expected step '{step}' rows "
+                               f"of epoch {epoch}")
+            got.append(table if table is not None else parts[j].schema.empty_table())
+        return got
+
+    def __exit__(self, *exc: object) -> None:
+        for conn in [*(c for c, _ in self._out.values()), *self._in.values(), self._server]:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+
+class PeerLost(RuntimeError):
+    """Another lane of the stage went away or sent what it should not have."""
 
 
 class _Held:
@@ -189,10 +295,10 @@ class _Held:
 class Lane:
     """One resident lane: the state of its key groups of every step in memory, an epoch at a time."""
 
-    def __init__(self, lanes: ResidentLanes, lane: int):
+    def __init__(self, lanes: ResidentLanes, lane: int, peers: Peers | None = None):
         self.lanes, self.lane, self.attempt = lanes, lane, lanes.attempt
         self.held = {step.name: _Held(lanes, step) for step in lanes.steps}
-        self._output: pa.Table | None = None  # the last epoch's output, sent back with its manifest
+        self.peers = peers
 
     def serve(self, src: BinaryIO, out: BinaryIO) -> None:
         while True:
@@ -206,8 +312,11 @@ class Lane:
                 send(out, {"op": "loaded", "lane": self.lane,
                            "state_rows": sum(h.state.num_rows for h in self.held.values())})
             elif op == "epoch":
-                done = self.run(header, rows)
-                send(out, done, self._output if self.lanes.output is None else None)
+                done, output = self.run(header, rows)
+                send(out, done, output if self.lanes.output is None else None)
+            elif op == "network":
+                if not self.run_network(header, out):
+                    return  # (the stage has ended: the driver starts another)
             else:
                 raise RuntimeError(f"{MARK} resident lane {self.lane}: unknown operation {op!r} from the driver")
 
@@ -220,9 +329,47 @@ class Lane:
             held.state = held.store.load(held.index, mine) if mine else held.kernel.state_schema.empty_table()
             held.epoch = after
 
-    def run(self, header: dict[str, Any], rows: pa.Table | None) -> dict[str, Any]:
+    def run_network(self, header: dict[str, Any], out: BinaryIO) -> bool:
+        """A whole epoch of the network from this lane's own reads (:mod:`.lanenetwork`), the
+        answer sent: ``ran`` with the lane's observations and manifests, then a frame per table
+        (the rows of each sink it did not write itself, the dead letters); or ``failed`` with the error, and False: the lane
+        stops, its peers stop on losing it, and the stage is over."""
+        network = self.lanes.network
+        assert network is not None
+        try:
+            done = network.run(self.lane, self._lanes(), header, self._exchange, self._step,
+                               f"{self.lane:05d}-a{self.attempt}")
+        except Exception as e:  # told to the driver, which raises it (a SourceError, a SpecError) or starts again
+            send(out, {"op": "failed", "lane": self.lane, "epoch": header.get("epoch"), "kind": type(e).__name__,
+                       "peer": isinstance(e, PeerLost), "message": str(e)})
+            return False
+        send(out, {"op": "ran", "lane": self.lane, "epoch": int(header["epoch"]), "attempt": self.attempt,
+                   "observed": done.observed, "manifests": done.manifests, "written": done.written,
+                   "tables": list(done.tables)})
+        for name, table in done.tables.items():
+            send(out, {"op": "table", "name": name}, table)
+        return True
+
+    def _lanes(self) -> int:
+        return self.peers.lanes if self.peers is not None else 1
+
+    def _exchange(self, epoch: int, step: str, keyed: pa.Table) -> pa.Table:
+        """``keyed``'s rows to the lanes that own their key groups; this lane's rows from all."""
+        if self.peers is None:
+            return keyed
+        owners = self.held[step].owners
+        parts = split_by_lane(keyed, owners, self.peers.lanes)
+        got = self.peers.exchange(epoch, step, parts)
+        return pa.concat_tables([g.select(keyed.schema.names).cast(keyed.schema) for g in got])
+
+    def _step(self, epoch: int, name: str, rows: pa.Table, watermark_ms: int,
+              advance_ms: int | None) -> tuple[dict[str, Any], pa.Table]:
+        return self.run({"epoch": epoch, "step": name, "watermark_ms": watermark_ms, "advance_ms": advance_ms}, rows)
+
+    def run(self, header: dict[str, Any], rows: pa.Table | None) -> tuple[dict[str, Any], pa.Table]:
         """One epoch of one step (``header["step"]``, or the only one): the kernel over the rows
-        against the state held, the changes and the output written, the manifest returned."""
+        against the state held, the changes and the output written; the manifest and the output
+        rows returned."""
         epoch = int(header["epoch"])
         name = header.get("step") or self.lanes.steps[0].name
         held = self.held[name]
@@ -257,7 +404,6 @@ class Lane:
         held.index = {int(k): v for k, v in with_chains(held.index, written.chains).items()}
         held.state = result.state
         held.epoch = epoch
-        self._output = result.output
         in_counts = np.bincount(kgs) if kgs.size else np.zeros(0, np.int64)
         state_counts = (np.bincount(result.state.column(KG).to_numpy(zero_copy_only=False)) if result.state.num_rows
                         else np.zeros(0, np.int64))
@@ -279,7 +425,7 @@ class Lane:
             "ms": {"kernel": round((t1 - t0) * 1000, 3), "write": round((t2 - t1) * 1000, 3),
                    "output": round((t3 - t2) * 1000, 3)},
             "cpu_ms": {"lane": round((time.thread_time() - c0) * 1000, 3)},
-        }
+        }, result.output
 
 
 # ----------------------------------------------------------------------------- the driver's side
@@ -288,6 +434,15 @@ class Lane:
 class StageEnded(RuntimeError):
     """The resident stage is gone (a task failed, the job was cancelled, a connection broke):
     start a new one from the last commit."""
+
+
+class LaneFailed(StageEnded):
+    """A lane could not run an epoch; ``kind`` is the name of its error's type (the stage is over:
+    that lane has stopped)."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
 
 
 def checked(done: list[dict[str, Any]], attempt: int, epoch: int, step: str | None = None) -> list[dict[str, Any]]:
@@ -309,7 +464,8 @@ class ResidentStage:
 
     def __init__(self, spark: SparkSession, *, steps: Sequence[ResidentStep], checkpoint: str, lanes: int,
                  output: str | None, attempt: int, after: int = 0, index: Mapping[str, Mapping[int, Chain]] | None = None,
-                 generation: int = 0, host: str = "127.0.0.1", connect_s: float = 120.0, faults: Faults | None = None):
+                 generation: int = 0, host: str = "127.0.0.1", connect_s: float = 120.0, faults: Faults | None = None,
+                 network: LaneNetwork | None = None):
         self.lanes = lanes
         self.owners = {step.name: np.asarray(step.routing) for step in steps}
         for name, owners in self.owners.items():
@@ -319,7 +475,8 @@ class ResidentStage:
         self._server.settimeout(1.0)
         self.spec = ResidentLanes(steps=tuple(steps), checkpoint=checkpoint,
                                   address=(host, self._server.getsockname()[1]), secret=secrets.token_hex(16),
-                                  attempt=attempt, output=output, generation=generation, faults=faults or NoFaults())
+                                  attempt=attempt, output=output, generation=generation, faults=faults or NoFaults(),
+                                  network=network)
         self.error: BaseException | None = None
         self._spark = spark
         self._job = threading.Thread(target=self._run_job, name="eddyline-resident-stage", daemon=True)
@@ -401,17 +558,9 @@ class ResidentStage:
         if epoch != self.epochs[name] + 1:
             raise ValueError(f"step '{name}': epoch {epoch} after epoch {self.epochs[name]}: a resident stage runs "
                              "a step's epochs in sequence")
-        owners = self.owners[name]
-        lane_of = owners[rows.column(KG).to_numpy()] if rows.num_rows else np.zeros(0, np.int64)
         header = {"op": "epoch", "epoch": epoch, "step": name, "watermark_ms": watermark_ms, "advance_ms": advance_ms}
         try:
-            if self.lanes == 1:
-                parts = {0: rows}
-            else:
-                order = np.argsort(lane_of, kind="stable")
-                bounds = np.searchsorted(lane_of[order], np.arange(self.lanes + 1))
-                ordered = rows.take(order)
-                parts = {lane: ordered.slice(bounds[lane], bounds[lane + 1] - bounds[lane]) for lane in range(self.lanes)}
+            parts = split_by_lane(rows, self.owners[name], self.lanes)
             for lane, (_, _, out) in self._conns.items():  # every lane gets the epoch, rows or not: its tick
                 send(out, header, parts[lane])
         except OSError as e:
@@ -420,6 +569,52 @@ class ResidentStage:
                        self.spec.attempt, epoch, name)
         self.epochs[name] = epoch
         return done
+
+    def run_network(self, epoch: int, slices: Mapping[str, Any], watermarks: Mapping[str, int],
+                    advance: Mapping[str, int], parts: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Epoch ``epoch`` of every step, run by the lanes from their own share of the sources'
+        ``slices`` (:mod:`eddyline.runtime.lanenetwork`): each lane's answer, in lane order, with
+        its observations, its manifests (by step, checked), the parts it wrote of the sinks
+        ``parts`` names (:meth:`~eddyline.io.sinks.Sink.lane_parts`) and its tables (under
+        ``"tables"``, by name). :class:`LaneFailed` if a lane could not run it."""
+        if self.spec.network is None:
+            raise ValueError("this stage's lanes were not given the network")
+        for name, last in self.epochs.items():
+            if epoch != last + 1:
+                raise ValueError(f"step '{name}': epoch {epoch} after epoch {last}: a resident stage runs a step's "
+                                 "epochs in sequence")
+        header = {"op": "network", "epoch": epoch, "slices": dict(slices), "watermarks": dict(watermarks),
+                  "advance": dict(advance), "parts": dict(parts or {})}
+        try:
+            for _, _, out in self._conns.values():
+                send(out, header)
+        except OSError as e:
+            raise StageEnded(f"sending epoch {epoch}: {e}") from e
+        answers, failed = [], []
+        for lane, (_, src, _) in sorted(self._conns.items()):
+            try:
+                answer, _ = receive(src)
+            except (OSError, ValueError) as e:
+                raise StageEnded(f"resident lane {lane}: {e}") from e
+            if answer.get("op") == "failed":
+                failed.append(answer)
+                continue
+            if answer.get("op") != "ran":
+                self._job.join(5.0)
+                raise StageEnded(f"resident lane {lane} answered {answer.get('op')!r} to epoch {epoch}"
+                                 + (f": {self.error}" if self.error is not None else ""))
+            tables = {}
+            for name in answer["tables"]:
+                tables[name] = self._expect(lane, src, "table")["table"]
+            answer["tables"] = tables
+            answers.append(answer)
+        if failed:  # the lane that failed first, not the ones that then lost it
+            first = next((f for f in failed if not f.get("peer")), failed[0])
+            raise LaneFailed(f"resident lane {first['lane']}, epoch {epoch}: {first['message']}", first["kind"])
+        for name in self.epochs:
+            checked([a["manifests"][name] for a in answers], self.spec.attempt, epoch, name)
+            self.epochs[name] = epoch
+        return answers
 
     def close(self) -> None:
         """Stop the lanes and wait for the stage's job to end (cancelled if it does not)."""

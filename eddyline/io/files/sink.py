@@ -14,7 +14,7 @@ from eddyline.api.sinks import SINKS
 from eddyline.api.units import Files
 from eddyline.columns import DIFF
 from eddyline.io.files.changelog import Revisions
-from eddyline.io.files.target import FilesTarget, write_frame, write_table
+from eddyline.io.files.target import FilesTarget, prepare_parts, write_frame, write_table
 from eddyline.io.sinks import Sink, SinkKind
 
 if TYPE_CHECKING:
@@ -44,6 +44,15 @@ class FilesSink(Sink):
         if self.revisions is not None and DIFF not in table.column_names:
             table = table.append_column(DIFF, pa.array(np.ones(table.num_rows, np.int64)))
         write_table(table, self.target, epoch)
+
+    def lane_parts(self, epoch: int) -> dict[str, Any] | None:
+        if self.revisions is not None:
+            return None  # (revisions are written from every epoch's rows at once)
+        self.target.writer = self.writer
+        return prepare_parts(self.target, epoch)
+
+    def parts_staged(self, epoch: int, names: list[str]) -> None:
+        self.target.staged(epoch, names)
 
     def fence(self, generation: int) -> None:
         super().fence(generation)

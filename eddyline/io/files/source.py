@@ -283,13 +283,14 @@ class FilesSource(Source):
             return f"its schema {p.schema_!r} has a type only Spark's {p.format} reader takes"
         return None
 
-    def read_arrow(self, planned: dict[str, Any], columns: frozenset[str] | None = None) -> ArrowSlice:
-        """The readers of the Spark tasks (:mod:`.slices`), run here on the whole slice."""
+    def read_arrow(self, planned: dict[str, Any], columns: frozenset[str] | None = None, *,
+                   task: int = 0, tasks: int = 1) -> ArrowSlice:
+        """The readers of the Spark tasks (:mod:`.slices`), run here on task ``task``'s share."""
         problem = self.arrow_problem()
         if problem is not None:
             raise SourceError(f"source '{self.name}': {problem}")
         p = self.params
-        one_task = iter([pa.RecordBatch.from_pydict({"task": [0]})])
+        one_task = iter([pa.RecordBatch.from_pydict({"task": [task]})])
         slice_ = EpochSlice(self.name, planned)
         if p.format == "parquet":
             names = planned.get("files") or list(self._listing())[:1]
@@ -307,12 +308,12 @@ class FilesSource(Source):
             spark_reads = _as_spark_reads(footer)
             wanted = {n.lower() for n in shipped(tuple(spark_reads.names), columns)}
             target = pa.schema([f for f in to_arrow_schema(spark_reads, timezone="UTC") if f.name.lower() in wanted])
-            batches = list(parquet_files(p.path, slice_, 1, target, one_task)) if planned.get("files") else []
+            batches = list(parquet_files(p.path, slice_, tasks, target, one_task)) if planned.get("files") else []
             return ArrowSlice(pa.Table.from_batches(batches, target))
         schema = arrow_schema(p.schema_ or "")
         assert schema is not None
         ship = schema.shipped(columns)
-        batches = list(text_files(p.format, bool(p.header), p.path, slice_, 1, schema, ship, one_task))
+        batches = list(text_files(p.format, bool(p.header), p.path, slice_, tasks, schema, ship, one_task))
         if not batches:
             return ArrowSlice(pa.schema([schema.arrow.field(n) for n in ship]).empty_table())
         decoded = pa.Table.from_batches(batches)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -194,13 +194,30 @@ def write_frame(df: DataFrame, target: FilesTarget, epoch: int, in_driver: bool 
 def write_table(table: pa.Table, target: FilesTarget, epoch: int) -> None:
     """``table`` written by this process as the epoch's staged output, replacing whatever an
     earlier attempt staged."""
+    parts = prepare_parts(target, epoch)
+    name = f"{parts['path']}/part-00000-driver"
+    target.staged(epoch, [_write_table(table, parts["format"], target.fs, name, parts["header"])])
+
+
+def prepare_parts(target: FilesTarget, epoch: int) -> dict[str, Any]:
+    """The epoch's staging made empty for parts other processes write (:func:`write_part`); what
+    they need to know of it."""
     gate = target.gate.ready()
     path = target.staging(epoch)
     if not is_s3(target.fs):  # (on an object store only what is named is published)
         gate.clear(path)
         gate.makedirs(path)
-    header = target.files.header is not False
-    target.staged(epoch, [_write_table(table, target.files.format, target.fs, f"{path}/part-00000-driver", header)])
+    return {"root": target.files.path, "path": path, "format": target.files.format,
+            "header": target.files.header is not False}
+
+
+def write_part(table: pa.Table, parts: dict[str, Any], part: str) -> str | None:
+    """``table`` written as part ``part`` of a staging :func:`prepare_parts` made ready (from
+    any process that reaches its file system); the file's name (None: no rows, no file)."""
+    if not table.num_rows:
+        return None
+    fs, _ = filesystem(parts["root"])
+    return _write_table(table, parts["format"], fs, f"{parts['path']}/part-{part}", parts["header"])
 
 
 def write_in_tasks(df: DataFrame, fmt: str, path: str, *, header: bool = True) -> list[str]:

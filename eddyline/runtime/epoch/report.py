@@ -90,6 +90,9 @@ def report(
                 "startOffset": s["start"],
                 "endOffset": s["end"],
                 "numInputRows": int(staged.observed.get(f"source:{n}", {}).get("rows") or 0),
+                # resident lanes read their own shares (eddyline.runtime.lanenetwork)
+                **({"rowsByLane": staged.observed[f"source:{n}"]["lanes"]}
+                   if "lanes" in staged.observed.get(f"source:{n}", {}) else {}),
                 **({"backlog": s.get("backlog", 0), **status[n]} if n in status else {}),
                 **({"discarded": s["discarded"]} if s.get("discarded") else {}),
                 **({"lag": s["lag"]} if s.get("lag") else {}),  # per partition (kafka)

@@ -77,10 +77,19 @@ def reference(spark, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, li
 
 
 def test_resident_epochs_write_what_per_epoch_jobs_write(spark, reference, tmp_path: Path) -> None:
+    """... with each lane reading its own half of every epoch's file (no row read by the driver)."""
+    from eddyline.observe.progress import ProgressReporter
+
     data, expected, read = reference
-    engine = Engine(load_spec(raw_spec(data, tmp_path / "out", "resident")), spark, str(tmp_path / "ckpt"))
-    summary = engine.run(until_idle=True)
+    with ProgressReporter(live=False, json_path=str(tmp_path / "progress.jsonl")) as reporter:
+        engine = Engine(load_spec(raw_spec(data, tmp_path / "out", "resident")), spark, str(tmp_path / "ckpt"),
+                        reporter=reporter)
+        summary = engine.run(until_idle=True)
     assert rows(tmp_path / "out") == expected
+    sources = [r["sources"][0] for r in map(json.loads, (tmp_path / "progress.jsonl").read_text().splitlines())]
+    read_by_lane = [(s["rowsByLane"], s["numInputRows"]) for s in sources if s["numInputRows"]]
+    assert len(read_by_lane) == FILES
+    assert all(len(by) == 2 and min(by) > ROWS / 4 and sum(by) == n for by, n in read_by_lane), read_by_lane
     assert summary.input_rows == read and summary.dead_letters == 1
     assert letters(tmp_path / "ckpt") == letters(data.parent / "ckpt")  # file, line, raw text, reason
     assert engine.executor.stages_started == 1  # one stage served every epoch
@@ -214,6 +223,22 @@ def test_a_network_resident_lanes_cannot_run_is_refused_before_anything_is_writt
         Engine(load_spec(raw), spark, str(tmp_path / "ckpt"))
     assert why in str(refused.value)
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_step_failing_on_an_epochs_rows_in_a_lane_stops_the_run_naming_it(spark, reference, tmp_path: Path) -> None:
+    """An overflow (as Spark's ANSI mode, DuckDB refuses it) passes the check over no rows at the
+    start; the lane that meets one reports the step's error, which stops the run as it is (not once more on a new
+    stage: the same rows would fail the same way), with nothing committed."""
+    raw = {**raw_spec(reference[0], tmp_path / "out", "resident"),
+           "steps": [{"name": "timed", "input": "events",
+                      "select": ["seq", "uid", "produced_us * 1000000 AS k", "timestamp_micros(produced_us) AS ts"]},
+                     {"name": "first", "input": "timed", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}],
+           "sinks": [{"name": "out", "input": "first", "memory": {}}]}
+    engine = Engine(load_spec(raw), spark, str(tmp_path / "ckpt"))
+    with pytest.raises(SpecError, match=r"resident lane \d, epoch 1: step 'timed': DuckDB cannot run"):
+        engine.run(until_idle=True)
+    assert Checkpoint(str(tmp_path / "ckpt")).latest_commit() is None
+    assert engine.executor.stages_started == 1 and not engine.executor.holds_workers
 
 
 # ----------------------------------------------------------------------------- SIGKILL
