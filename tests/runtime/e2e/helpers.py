@@ -37,7 +37,8 @@ def write_bid_files(directory: Path, files: int, rows: int, *, seed: int = 7, ba
 
 
 def bids_window_spec(input_dir: Path, out_dir: Path, *, lanes: int = 2, files_per_epoch: int = 1,
-                     slide: str = "5s", late_dir: Path | None = None, lateness: str = "0s") -> NetworkSpec:
+                     slide: str = "5s", late_dir: Path | None = None, lateness: str = "0s",
+                     execution: str = "job") -> NetworkSpec:
     wa = {
         "key": "auction", "time": "ts", "window": {"size": "10s", "slide": slide},
         "aggregates": {"n": "count(*)", "total": "sum(price)", "hi": "max(price)", "mean": "avg(price)"},
@@ -46,7 +47,7 @@ def bids_window_spec(input_dir: Path, out_dir: Path, *, lanes: int = 2, files_pe
     if late_dir is not None:
         wa["late"] = {"path": str(late_dir), "format": "parquet"}
     return load_spec({
-        "name": "bids-windows", "trigger": 0, "lanes": lanes, "key_groups": 32,
+        "name": "bids-windows", "trigger": 0, "lanes": lanes, "key_groups": 32, "execution": execution,
         "sources": [{"name": "bids", "files": {"path": str(input_dir), "format": "json", "schema": BIDS_DDL,
                                                 "max_files_per_epoch": files_per_epoch}}],
         "steps": [

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from eddyline.api.validate import load_spec
 from eddyline.runtime.checkpoint import Checkpoint
@@ -13,10 +14,15 @@ from eddyline.runtime.checkpoint import Checkpoint
 from .drivers import run
 from .helpers import bids_window_spec, duckdb_windows, read_windows, write_bid_files
 
+#: the tests of exactly-once output run on both: a Spark job an epoch, and resident lanes
+#: (docs/execution.md), which must give the same
+BOTH = pytest.mark.parametrize("execution", ["job", "resident"])
 
-def test_files_network_matches_duckdb(spark, tmp_path: Path) -> None:
+
+@BOTH
+def test_files_network_matches_duckdb(spark, tmp_path: Path, execution: str) -> None:
     write_bid_files(tmp_path / "in", files=6, rows=300)
-    spec = bids_window_spec(tmp_path / "in", tmp_path / "out")
+    spec = bids_window_spec(tmp_path / "in", tmp_path / "out", execution=execution)
     summary = run(spec, spark, tmp_path / "ckpt", until_idle=True)
     assert summary.input_rows == 6 * 300
     got = read_windows(tmp_path / "out")
@@ -49,12 +55,13 @@ def test_cumulative_windows_match_duckdb(spark, tmp_path: Path) -> None:
     assert len(want) > 100 and got == want
 
 
-def test_restore_with_other_lane_count_gives_identical_output(spark, tmp_path: Path) -> None:
+@BOTH
+def test_restore_with_other_lane_count_gives_identical_output(spark, tmp_path: Path, execution: str) -> None:
     write_bid_files(tmp_path / "in", files=6, rows=200, seed=3)
     ref_spec = bids_window_spec(tmp_path / "in", tmp_path / "ref")
     run(ref_spec, spark, tmp_path / "ref-ckpt", until_idle=True)
 
-    spec = bids_window_spec(tmp_path / "in", tmp_path / "out")
+    spec = bids_window_spec(tmp_path / "in", tmp_path / "out", execution=execution)
     run(spec, spark, tmp_path / "ckpt", epochs=3, lanes=2)
     run(spec, spark, tmp_path / "ckpt", epochs=2, lanes=3)
     run(spec, spark, tmp_path / "ckpt", until_idle=True, lanes=1)
@@ -142,10 +149,11 @@ def test_allowed_lateness_revises_windows(spark, tmp_path: Path) -> None:
     assert sorted(r[:-1] for r in latest.values()) == [r[:-1] for r in duckdb_windows(tmp_path / "in")]
 
 
-def test_replaying_a_committed_epoch_plan_rewrites_identical_output(spark, tmp_path: Path) -> None:
+@BOTH
+def test_replaying_a_committed_epoch_plan_rewrites_identical_output(spark, tmp_path: Path, execution: str) -> None:
     """Delete the newest commit: the engine replays that plan and publishes the same files."""
     write_bid_files(tmp_path / "in", files=3, rows=200, seed=9)
-    spec = bids_window_spec(tmp_path / "in", tmp_path / "out")
+    spec = bids_window_spec(tmp_path / "in", tmp_path / "out", execution=execution)
     run(spec, spark, tmp_path / "ckpt", epochs=2)
     before = read_windows(tmp_path / "out")
     (tmp_path / "ckpt" / "commits" / f"{2:010d}.json").unlink()
@@ -156,8 +164,6 @@ def test_replaying_a_committed_epoch_plan_rewrites_identical_output(spark, tmp_p
 
 def test_new_files_are_picked_up_in_order_and_out_of_order_names_refused(spark, tmp_path: Path) -> None:
     import shutil
-
-    import pytest
 
     from eddyline.errors import SourceError
 

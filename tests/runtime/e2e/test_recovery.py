@@ -81,17 +81,19 @@ def finished_exactly(reference: tuple[Path, list], tmp_path: Path, spec: Path, c
     assert os.path.isdir(ckpt / "state")
 
 
+@pytest.mark.parametrize("execution", ["job", "resident"])
 def test_a_sigkill_at_each_moment_of_an_epoch_in_turn_then_a_restart_gives_identical_output(
-        reference: tuple[Path, list], tmp_path: Path) -> None:
-    """Killed at ``1:after_plan``; the restart replays epoch 1 and is killed at ``2:in_task``; and
-    so on to ``6:after_commit``: each kill lands in the epoch it was aimed at (committed only if
-    it came after the commit, else the plan it left is what the next run replays), and the last
-    restart ends with every window once."""
-    spec, ckpt = spec_file(reference, tmp_path), tmp_path / "ckpt"
+        reference: tuple[Path, list], tmp_path: Path, execution: str) -> None:
+    """Killed at ``1:after_plan``; the restart, on another lane count, replays epoch 1 and is
+    killed at ``2:in_task`` (resident: inside lane 0, its state written and its manifest not yet
+    sent); and so on to ``6:after_commit``: each kill lands in the epoch it was aimed at
+    (committed only if it came after the commit, else the plan it left is what the next run
+    replays), and the last restart ends with every window once."""
+    spec, ckpt = spec_file(reference, tmp_path, execution), tmp_path / "ckpt"
     for i, moment in enumerate(MOMENTS):
         epoch, after_commit = int(moment.split(":")[0]), moment.endswith("after_commit")
         seen = len(progress(ckpt))
-        killed = eddyline_run(spec, ckpt, "--crash-at", moment)
+        killed = eddyline_run(spec, ckpt, "--crash-at", moment, "--lanes", str(1 + i % 2))
         assert killed.returncode == -signal.SIGKILL, (moment, killed.returncode, killed.stderr[-2000:])
         assert committed(ckpt) == (epoch if after_commit else epoch - 1), (moment, committed(ckpt))
         replayed = {r["batchId"] for r in progress(ckpt)[seen:] if r["replayed"]}
@@ -99,6 +101,8 @@ def test_a_sigkill_at_each_moment_of_an_epoch_in_turn_then_a_restart_gives_ident
         assert replayed == (set() if before is None or before.endswith("after_commit")
                             else {int(before.split(":")[0])}), (moment, replayed)
     finished_exactly(reference, tmp_path, spec, ckpt)
+    if execution == "resident":  # a stage per run, one more per rescale (a replay on the lanes it was logged for)
+        assert len(list((ckpt / "resident").iterdir())) > len(MOMENTS)
 
 
 @pytest.mark.parametrize("execution", ["job", "resident"])

@@ -1,13 +1,12 @@
-"""``execution: resident`` (issue #55): the network's stateful step on resident lanes gives what a
-Spark job an epoch gives, through changes of mode and of lane count between runs and SIGKILLs at
-every moment of an epoch; networks it cannot run are refused before anything is written."""
+"""``execution: resident`` (issue #55): the network's stateful steps on resident lanes give what
+Spark jobs an epoch give, through changes of mode and of lane count between runs; networks it
+cannot run are refused before anything is written. (SIGKILLs at every moment of a resident
+epoch, each restart on another lane count: tests/runtime/e2e/test_recovery.py; the exactly-once
+end-to-end tests run in both modes: test_end_to_end.py.)"""
 
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -239,48 +238,6 @@ def test_a_step_failing_on_an_epochs_rows_in_a_lane_stops_the_run_naming_it(spar
         engine.run(until_idle=True)
     assert Checkpoint(str(tmp_path / "ckpt")).latest_commit() is None
     assert engine.executor.stages_started == 1 and not engine.executor.holds_workers
-
-
-# ----------------------------------------------------------------------------- SIGKILL
-
-
-def eddyline_run(spec: Path, ckpt: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec), "--checkpoint", str(ckpt), "--until-idle",
-           "--no-live", "--master", "local[2]", *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-
-
-def committed(ckpt: Path) -> int:
-    return max((int(p.name[:-5]) for p in (ckpt / "commits").glob("*.json")), default=0)
-
-
-#: each run killed at the next moment, one epoch later, on another lane count than the run before:
-#: the moments where a resident epoch differs from a job's (the driver's own boundaries before and
-#: after them are the per-epoch engine's, killed in tests/runtime/e2e/test_recovery.py)
-MOMENTS = ["1:in_task", "2:after_stage", "3:after_publish", "4:mid_commit"]
-
-
-@pytest.mark.slow
-def test_a_sigkill_at_each_moment_of_a_resident_epoch_then_a_restart_on_other_lanes_gives_the_same_output(
-        reference, tmp_path: Path) -> None:
-    """Killed in turn inside lane 0 (its state written, its manifest not yet sent), with the
-    outputs staged, published, and in the middle of the commit, each restart on another lane
-    count than the run it follows: the last run ends with what uninterrupted per-epoch jobs
-    wrote, every row once."""
-    data, expected, _ = reference
-    spec, ckpt = tmp_path / "net.yaml", tmp_path / "ckpt"
-    spec.write_text(yaml.safe_dump(raw_spec(data, tmp_path / "out", "resident")))
-    for i, moment in enumerate(MOMENTS):
-        epoch, after_commit = int(moment.split(":")[0]), moment.endswith("after_commit")
-        killed = eddyline_run(spec, ckpt, "--crash-at", moment, "--lanes", str(1 + i % 2))
-        assert killed.returncode == -signal.SIGKILL, (moment, killed.returncode, killed.stderr[-2000:])
-        assert committed(ckpt) == (epoch if after_commit else epoch - 1), (moment, committed(ckpt))
-    final = eddyline_run(spec, ckpt, "--lanes", "2")
-    assert final.returncode == 0, final.stderr[-2000:]
-    assert rows(tmp_path / "out") == expected
-    # a stage per run, and one more per rescale (a run replays the epoch its predecessor logged
-    # on that one's lanes, then goes on with its own)
-    assert len(list((ckpt / "resident").iterdir())) > len(MOMENTS)
 
 
 def test_explain_says_whether_resident_lanes_take_the_network(tmp_path: Path) -> None:
