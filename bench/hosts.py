@@ -29,7 +29,7 @@ and the requests the store received per epoch, by kind.
 
 Usage (root, iproute2)::
 
-    ./dev.sh bench bench/hosts.py                    # both (~20 min on a quiet 2-core machine)
+    ./dev.sh bench bench/hosts.py                    # all (~27 min on a quiet 2-core machine)
     python bench/hosts.py --only store-cost --no-write
     python bench/hosts.py --only worker              # the cells whose names contain this
     python bench/hosts.py --only kafka --merge       # the Kafka cells, into the last recorded run
