@@ -15,8 +15,9 @@ offset sends the full message with that number as well, so the rows of the short
 To Kafka (:func:`produce_kafka`) each feed's rows go to the topic its ``subject`` names, one JSON
 object (or plain Avro record, of the schema :func:`eddyline.io.binrecords.avro_schema_of` gives
 its columns, or plain Protobuf message, of the message
-:func:`eddyline.io.binrecords.protobuf_descriptors_of` gives them) a record, through an idempotent producer (no duplicates from its own retries); Kafka has
-no de-duplication window, so a producer started again from the same offset sends those rows again.
+:func:`eddyline.io.binrecords.protobuf_descriptors_of` gives them) a record, through an
+idempotent producer (no duplicates from its own retries); Kafka has no de-duplication window, so
+a producer started again from the same offset sends those rows again.
 """
 
 from __future__ import annotations
@@ -147,16 +148,21 @@ def produce_kafka(
 def _writer(
     value_format: str, schema: pa.Schema, topic: str, on_schema: Callable[[str, Any], None] | None,
 ) -> Callable[[dict], bytes]:
-    """The encoder of a topic's rows in ``value_format`` (avro, protobuf), its schema told to ``on_schema``."""
+    """The encoder of a topic's rows in ``value_format`` (avro, protobuf), its schema told to
+    ``on_schema``; EddylineError naming the topic and column when a column has no type there."""
+    from eddyline.errors import EddylineError
     from eddyline.io import binrecords
 
     told: Any
-    if value_format == "avro":
-        told = binrecords.avro_schema_of(schema, topic)
-        write = binrecords.avro_writer(told)
-    else:
-        told = binrecords.protobuf_descriptors_of(schema, topic)
-        write = binrecords.protobuf_writer(*told)
+    try:
+        if value_format == "avro":
+            told = binrecords.avro_schema_of(schema, topic)
+            write = binrecords.avro_writer(told)
+        else:
+            told = binrecords.protobuf_descriptors_of(schema, topic)
+            write = binrecords.protobuf_writer(*told)
+    except ValueError as e:
+        raise EddylineError(f"produce: topic {topic}, --format {value_format}: {e}") from None
     if on_schema is not None:
         on_schema(topic, told)
     return write
