@@ -12,15 +12,27 @@ the executor up, the leader fenced itself); *recovered*: from the fault (for a f
 its end) to the first commit after it was over. The leader's log says when it gave an executor
 up to the second, so a detection within a second of the fault shows as 0.
 
+**Kafka cells.** A Tansu broker on a host of its own (``kafka``), its log on the store host's S3
+server so that it survives a kill; the adaptive network's three inputs produced into a topic each
+(``eddyline produce``'s Kafka path), read by ``kafka`` sources, its three outputs written by
+``kafka`` sinks (one transaction an epoch). The reference is the same network on ``local[2]`` with
+a local checkpoint, reading the same topics and writing topics of its own; every output topic is
+read ``read_committed`` (less the records of aborted attempts Tansu still hands out, see
+``bench/faults/harness.read_topic``) and compared with the reference's, row by row. The faults:
+the broker's host off the network for longer than the clients' request timeouts, the broker
+killed and started again, and the driver SIGKILLed with an epoch's Kafka transaction open
+(``--crash-at EPOCH:mid_publish``), then run again.
+
 **Store cost.** The same network unpaced on ``local[2]`` on the leader's host: a local checkpoint
 against the checkpoint and the sinks on the store with 0, 20 and 100 ms added to each round trip,
 and the requests the store received per epoch, by kind.
 
 Usage (root, iproute2)::
 
-    ./dev.sh bench bench/hosts.py                    # both (~20 min on a quiet 2-core machine)
+    ./dev.sh bench bench/hosts.py                    # all (~27 min on a quiet 2-core machine)
     python bench/hosts.py --only store-cost --no-write
     python bench/hosts.py --only worker              # the cells whose names contain this
+    python bench/hosts.py --only kafka --merge       # the Kafka cells, into the last recorded run
 
 Writes ``bench/results/hosts.json`` and the tables of the "Separate hosts" section of
 ``bench/RESULTS.md``.
@@ -54,6 +66,7 @@ from tests.hosts.cluster import (  # noqa: E402
     commits,
     documents,
     download,
+    listening,
     on_store,
     paced,
     store_client,
@@ -61,7 +74,7 @@ from tests.hosts.cluster import (  # noqa: E402
     wait_for,
     wait_mid_epoch,
 )
-from tests.hosts.netns import available  # noqa: E402
+from tests.hosts.netns import Host, available  # noqa: E402
 from tests.runtime.e2e.adaptive_net import network  # noqa: E402
 from tests.runtime.e2e.helpers import read  # noqa: E402
 
@@ -72,6 +85,11 @@ TABLES = {"faults": ("<!-- hosts-faults:start -->", "<!-- hosts-faults:end -->")
 OUTPUTS = ("windows", "firsts", "pairs")
 LEASE_S = 4
 PARTITION_S = 15  # past the executor timeout (10 s, eddyline.runtime.session.CLUSTER_CONF)
+KAFKA_PORT = 9092
+KAFKA_WAIT = "60s"  # how long the sources and sinks retry a broker that does not answer
+BROKER_PARTITION_S = 20  # past the clients' 5 s request timeout (eddyline.io.kafka.client.REQUEST_S)
+BROKER_DOWN_S = 5
+CRASH_EPOCH = 5
 
 
 @dataclass
@@ -284,6 +302,184 @@ def run_cell(cluster: Cluster, name: str, reference: Path, base: Path) -> dict[s
     }
 
 
+# ------------------------------------------------------------------------------------- Kafka
+class KafkaRig:
+    """A Tansu broker on the host ``kafka``, its log in the bucket ``tansu-log`` on the store host;
+    the adaptive network's inputs in the topics ``adaptive.<source>``; the reference's outputs."""
+
+    def __init__(self, cluster: Cluster):
+        from eddyline.io.local import tansu_binary
+
+        self.cluster, self.binary = cluster, tansu_binary()
+        cluster.bucket("tansu-log")
+        self.host: Host = cluster.driver_host("kafka")
+        self.bootstrap = f"{self.host.ip}:{KAFKA_PORT}"
+        self.start()
+        self.schemas: dict[str, str] = {}
+        self.reference: dict[str, Counter] = {}
+
+    def start(self) -> None:
+        url = f"tcp://{self.host.ip}:{KAFKA_PORT}"
+        env = {**self.cluster.env, "AWS_ENDPOINT": self.cluster.env["AWS_ENDPOINT_URL"], "AWS_ALLOW_HTTP": "true",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+        self.host.start([self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                         "--storage-engine", "s3://tansu-log/"], "tansu.log", env=env)
+        wait_for("the broker", lambda: listening(self.host.ip, KAFKA_PORT), 30)
+
+    def produce_inputs(self) -> None:
+        """The adaptive network's sources' rows (offsets 0 to their limit) into a topic each."""
+        from eddyline.api.sources import SourceSpec
+        from eddyline.io.produce import Feed, produce_kafka
+        from eddyline.io.sources import make_source
+        from eddyline.runtime.session import get_spark
+
+        spark = get_spark("local[2]")
+        for source in network(Path("out"))["sources"]:
+            kind = "generator" if "generator" in source else "nexmark"
+            spec = SourceSpec.model_validate({"name": source["name"], kind: source[kind]})
+            fields = make_source(spec).frames(spark, {"start": 0, "end": 1}, 1).data.schema.fields
+            self.schemas[source["name"]] = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in fields)
+            produce_kafka(spark, self.bootstrap, [Feed(spec, f"adaptive.{source['name']}")], end=source["limit"])
+
+    def network(self, prefix: str, per_epoch: int = 250, trigger_ms: int = 1000) -> dict:
+        """The adaptive network (3 key groups moved every epoch) from the input topics into the
+        topics ``<prefix>.<output>``."""
+        spec = network(Path("out"), {"chaos": {"random_moves": 3, "seed": 11}})
+        spec["trigger"] = trigger_ms
+        spec["sources"] = [
+            {"name": s["name"], "max_rows_per_epoch": per_epoch,
+             "kafka": {"brokers": self.bootstrap, "topics": [f"adaptive.{s['name']}"], "schema": self.schemas[s["name"]],
+                       "wait": KAFKA_WAIT}}
+            for s in spec["sources"]
+        ]
+        for sink in spec["sinks"]:
+            what = Path(sink.pop("files")["path"]).name
+            sink["kafka"] = {"brokers": self.bootstrap, "topic": f"{prefix}.{what}", "wait": KAFKA_WAIT}
+        return spec
+
+    def outputs(self, prefix: str) -> tuple[dict[str, Counter], int]:
+        """Each output topic's rows (``read_committed``, less aborted attempts), and how many
+        records of aborted attempts were dropped."""
+        from bench.faults.harness import read_topic
+
+        got, dropped = {}, 0
+        for what in OUTPUTS:
+            rows, n = read_topic(self.bootstrap, f"{prefix}.{what}")
+            got[what] = Counter(json.dumps(r, sort_keys=True) for r in rows)
+            dropped += n
+        return got, dropped
+
+    def run_reference(self, base: Path) -> None:
+        from eddyline.api.validate import load_spec
+        from eddyline.runtime.engine import Engine
+        from eddyline.runtime.session import get_spark
+
+        prefix = f"ref-{uuid.uuid4().hex[:8]}"
+        spec = self.network(prefix, trigger_ms=0)
+        Engine(load_spec(spec), get_spark("local[2]"), str(base / "kafka-ref-ckpt")).run(until_idle=True)
+        self.reference, dropped = self.outputs(prefix)
+        if dropped or not all(self.reference.values()):
+            raise SystemExit(f"the Kafka reference run: {dropped} aborted records, rows "
+                             f"{ {k: sum(v.values()) for k, v in self.reference.items()} }")
+        print(f"  Kafka reference: { {k: sum(v.values()) for k, v in self.reference.items()} } rows", flush=True)
+
+
+@dataclass
+class KafkaRun(Run):
+    rig: KafkaRig | None = None
+    again: Any = None  # the driver started after the first one died
+
+
+def broker_partitioned(run: KafkaRun) -> None:
+    assert run.rig is not None
+    wait_mid_epoch(run.cluster, run.bucket)
+    run.fault_at = time.time()
+    run.rig.host.down()
+    time.sleep(BROKER_PARTITION_S)
+    run.rig.host.up()
+    run.ended_at = time.time()
+
+
+def broker_killed(run: KafkaRun) -> None:
+    assert run.rig is not None
+    wait_mid_epoch(run.cluster, run.bucket)
+    run.fault_at = time.time()
+    run.rig.host.kill()
+    time.sleep(BROKER_DOWN_S)
+    run.rig.start()
+    run.ended_at = time.time()
+
+
+def driver_killed_mid_transaction(run: KafkaRun) -> None:
+    """The leader runs with ``--crash-at CRASH_EPOCH:mid_publish``: it SIGKILLs itself inside a
+    Kafka sink's transaction, half of the epoch's records sent; then it is run again."""
+    host = run.cluster.hosts["leader"]
+    wait_for("the driver's crash", lambda: run.leader.poll() is not None, 300, every=0.05)
+    run.fault_at = time.time()
+    run.notes.append(f"first driver exit {run.leader.returncode} (in epoch {CRASH_EPOCH}'s Kafka transaction)")
+    (host.tmp / "driver.log").rename(host.tmp / "driver-killed.log")
+    spec = run.rig.network(run.bucket) if run.rig is not None else {}
+    run.again = run.cluster.driver(host, spec, f"s3://{run.bucket}/ckpt", "--until-idle", "--lease-timeout",
+                                   str(LEASE_S))
+    run.ended_at = run.fault_at
+
+
+#: name → (the fault, extra arguments of the first driver)
+KAFKA_CELLS: dict[str, tuple[Callable[[KafkaRun], None], tuple[str, ...]]] = {
+    f"Kafka: broker's host off the network {BROKER_PARTITION_S} s, healed": (broker_partitioned, ()),
+    f"Kafka: broker's host killed, the broker started again {BROKER_DOWN_S} s later": (broker_killed, ()),
+    "Kafka: driver SIGKILLed mid-transaction, run again": (
+        driver_killed_mid_transaction, ("--crash-at", f"{CRASH_EPOCH}:mid_publish")),
+}
+
+
+def run_kafka_cell(cluster: Cluster, rig: KafkaRig, name: str) -> dict[str, Any]:
+    fault, extra = KAFKA_CELLS[name]
+    bucket = f"kcell-{uuid.uuid4().hex[:8]}"
+    cluster.bucket(bucket)
+    host = cluster.driver_host("leader")
+    leader = cluster.driver(host, rig.network(bucket), f"s3://{bucket}/ckpt", "--until-idle", "--lease-timeout",
+                            str(LEASE_S), *extra)
+    run = KafkaRun(cluster, bucket, leader, None, rig=rig)
+    t0 = time.time()
+    try:
+        wait_for("3 epochs", lambda: len(commits(cluster, bucket)) >= 3)
+        fault(run)
+        rc = (run.again or leader).wait(900)
+    finally:
+        for p in (leader, run.again):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    log = (host.tmp / "driver.log").read_text()
+    for kept in ("driver.log", "driver-killed.log", "progress.jsonl"):  # the next cell's driver starts afresh
+        if (host.tmp / kept).exists():
+            (host.tmp / kept).rename(host.tmp / f"{bucket}-{kept}")
+    if rc != 0:
+        return {"cell": name, "error": log[-1500:]}
+    all_commits = sorted(commits(cluster, bucket).values(), key=lambda c: c["committed_at"])
+    since = run.ended_at or run.fault_at
+    after = [c["committed_at"] for c in all_commits if c["committed_at"] > since]
+    if after and run.ended_at is not None and run.ended_at > run.fault_at:
+        run.notes.insert(0, f"first commit {after[0] - run.ended_at:.1f} s after the fault ended")
+    at = [c["committed_at"] for c in all_commits]
+    gaps = [b - a for a, b in zip(at, at[1:], strict=False)]
+    during = [b - a for a, b in zip(at, at[1:], strict=False) if b > run.fault_at and a < since + 1]
+    got, dropped = rig.outputs(bucket)
+    lost = sum(sum((rig.reference[w] - got[w]).values()) for w in OUTPUTS)
+    dup = sum(sum((got[w] - rig.reference[w]).values()) for w in OUTPUTS)
+    run.notes.append(f"{sum(sum(c.values()) for c in got.values())} rows read back; {dropped} records of aborted "
+                     "transactions dropped by the reader (Tansu hands them out)")
+    return {
+        "cell": name, "lost": lost, "duplicated": dup, "identical": all(got[w] == rig.reference[w] for w in OUTPUTS),
+        "epochs": len(all_commits), "detected_s": None,
+        "recovered_s": round(after[0] - run.fault_at, 1) if after else None,
+        "slowest_epoch_s": round(max(during or gaps), 1), "median_epoch_s": round(statistics.median(gaps), 2),
+        "generations": sorted({c["generation"] for c in all_commits}), "seconds": round(time.time() - t0, 1),
+        "notes": "; ".join(n for n in run.notes if n),
+    }
+
+
 # -------------------------------------------------------------------------------- store cost
 def store_cost(cluster: Cluster, base: Path, delays: tuple[int, ...] = (0, 20, 100)) -> list[dict[str, Any]]:
     host = cluster.driver_host("leader")
@@ -409,8 +605,9 @@ def main() -> None:
         raise SystemExit(why)
     # stopped from outside: still take the hosts down (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    wanted = [w.strip() for w in a.only.split(",")] if a.only else None
-    cells = [n for n in CELLS if wanted is None or any(w in n for w in wanted)]
+    wanted = [w.strip().lower() for w in a.only.split(",")] if a.only else None
+    cells = [n for n in CELLS if wanted is None or any(w in n.lower() for w in wanted)]
+    kafka_cells = [n for n in KAFKA_CELLS if wanted is None or any(w in n.lower() for w in wanted)]
     base = Path(a.keep or tempfile.mkdtemp(prefix="eddyline-hosts-"))
     from eddyline.api.validate import load_spec
     from eddyline.runtime.engine import Engine
@@ -427,6 +624,15 @@ def main() -> None:
             result = run_cell(cluster, name, reference, base)
             print(f"  {json.dumps(result)[:600]}", flush=True)
             record["faults"].append(result)
+        if kafka_cells:
+            rig = KafkaRig(cluster)
+            rig.produce_inputs()
+            rig.run_reference(base)
+            for name in kafka_cells:
+                print(f"· {name}", flush=True)
+                result = run_kafka_cell(cluster, rig, name)
+                print(f"  {json.dumps(result)[:600]}", flush=True)
+                record["faults"].append(result)
         if wanted is None or "store-cost" in wanted:
             record["store_cost"] = store_cost(cluster, base)
             print(store_table(record["store_cost"]), flush=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -69,14 +69,15 @@ def produce(
     records_per_message: Annotated[int, typer.Option(
         min=1, help="rows a message, one JSON object a line (a nats source reads them with records: lines)")] = 1,
     partitions: Annotated[int, typer.Option(min=1, help="Kafka: partitions of a topic it creates")] = 1,
-    format_: Annotated[str, typer.Option("--format", help="Kafka: json, or avro (plain Avro records; each topic's schema written to DIR/TOPIC.avsc, see --avro-schemas)")] = "json",
-    avro_schemas: Annotated[str, typer.Option(help="Kafka, --format avro: the directory the schemas are written to")] = ".",
+    format_: Annotated[str, typer.Option("--format", help="Kafka: json, avro (plain Avro records; each topic's schema written to DIR/TOPIC.avsc) or protobuf (plain Protobuf messages; each topic's FileDescriptorSet written to DIR/TOPIC.desc); DIR: --schemas")] = "json",
+    schemas: Annotated[str, typer.Option("--schemas", "--avro-schemas", help="Kafka, --format avro or protobuf: the directory the schemas are written to")] = ".",
     master: Master = None,
 ) -> None:
     """Publish a built-in generator's rows to a NATS JetStream stream, one JSON object a message
-    (or --records-per-message of them, one a line), or to Kafka topics, one JSON object a record."""
+    (or --records-per-message of them, one a line), or to Kafka topics, one JSON object, Avro
+    record or Protobuf message a record."""
+    from eddyline.io.produce import FORMATS, produce_kafka
     from eddyline.io.produce import produce as run_producer
-    from eddyline.io.produce import produce_kafka
 
     stop = {"now": False}
     signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("now", True))
@@ -87,21 +88,28 @@ def produce(
         if events is None and rate is None:
             err.print("[dim]no --events: publishing until Ctrl-C[/dim]")
         end = None if events is None else start + events
-        if format_ not in ("json", "avro"):
-            raise SpecError(f"--format: expected json or avro, got {format_!r}")
+        if format_ not in FORMATS:
+            raise SpecError(f"--format: expected {', '.join(FORMATS)}, got {format_!r}")
         if format_ != "json" and not kafka:
-            raise SpecError("--format avro: Kafka only (kafka://...); NATS messages are JSON")
+            raise SpecError(f"--format {format_}: Kafka only (--to kafka://...); NATS messages are JSON")
         if kafka:
             if records_per_message != 1:
                 raise SpecError("--records-per-message: Kafka takes one record a message")
 
-            def schema_file(topic: str, schema: dict) -> None:
+            def schema_file(topic: str, schema: Any) -> None:
                 import json
                 from pathlib import Path
 
-                path = Path(avro_schemas) / f"{topic}.avsc"
-                path.write_text(json.dumps(schema, indent=1))
-                err.print(f"[dim]topic {topic}: Avro schema in {path}[/dim]")
+                Path(schemas).mkdir(parents=True, exist_ok=True)
+                if format_ == "avro":
+                    path = Path(schemas) / f"{topic}.avsc"
+                    path.write_text(json.dumps(schema, indent=1))
+                    err.print(f"[dim]topic {topic}: Avro schema in {path}[/dim]")
+                else:
+                    descriptors, message = schema
+                    path = Path(schemas) / f"{topic}.desc"
+                    path.write_bytes(descriptors)
+                    err.print(f"[dim]topic {topic}: Protobuf message {message}, its FileDescriptorSet in {path}[/dim]")
 
             reached = produce_kafka(
                 spark(master), url.removeprefix("kafka://"), feeds, start=start, end=end, rate=rate,

@@ -14,8 +14,10 @@ offset sends the full message with that number as well, so the rows of the short
 
 To Kafka (:func:`produce_kafka`) each feed's rows go to the topic its ``subject`` names, one JSON
 object (or plain Avro record, of the schema :func:`eddyline.io.binrecords.avro_schema_of` gives
-its columns) a record, through an idempotent producer (no duplicates from its own retries); Kafka has
-no de-duplication window, so a producer started again from the same offset sends those rows again.
+its columns, or plain Protobuf message, of the message
+:func:`eddyline.io.binrecords.protobuf_descriptors_of` gives them) a record, through an
+idempotent producer (no duplicates from its own retries); Kafka has no de-duplication window, so
+a producer started again from the same offset sends those rows again.
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ from eddyline.io.sources import make_source
 from eddyline.io.textrecords import packed_payloads
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
+#: the value formats of :func:`produce_kafka`
+FORMATS = ("json", "avro", "protobuf")
 #: offsets per chunk when producing as fast as possible
 UNPACED_CHUNK = 200_000
 #: pause between paced chunks
@@ -93,17 +98,20 @@ def produce_kafka(
     on_chunk: Callable[[int, int], None] | None = None,
     partitions: int = 1,
     value_format: str = "json",
-    on_schema: Callable[[str, dict], None] | None = None,
+    on_schema: Callable[[str, Any], None] | None = None,
 ) -> int:
     """:func:`produce` to Kafka: each feed's rows to the topic its ``subject`` names (created with
     ``partitions`` partitions if missing), one JSON object a record, or with ``value_format``
     ``"avro"`` one plain Avro record (``on_schema(topic, schema)`` is told each topic's Avro
-    schema before its first record). Returns the offset reached."""
+    schema, a dict, before its first record), with ``"protobuf"`` one plain Protobuf message
+    (``on_schema(topic, (FileDescriptorSet bytes, message name))``). Returns the offset reached."""
     from confluent_kafka import KafkaException, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from eddyline.errors import EddylineError
 
+    if value_format not in FORMATS:
+        raise EddylineError(f"produce: value format: expected {', '.join(FORMATS)}, got {value_format!r}")
     admin = AdminClient({"bootstrap.servers": brokers})
     try:
         have = admin.list_topics(timeout=10).topics
@@ -112,21 +120,15 @@ def produce_kafka(
             future.result()
     except KafkaException as e:
         raise EddylineError(f"produce: Kafka brokers {brokers}: {e.args[0]}") from e
-    if value_format not in ("json", "avro"):
-        raise EddylineError(f"produce: value format: expected json or avro, got {value_format!r}")
     producer = Producer({"bootstrap.servers": brokers, "enable.idempotence": True, "linger.ms": 20})
     published, done = 0, start
     writers: dict[str, Callable[[dict], bytes]] = {}
-    for done, rows in _chunks(spark, feeds, start, end, rate, should_stop, typed=value_format == "avro"):
+    binary = value_format != "json"
+    for done, rows in _chunks(spark, feeds, start, end, rate, should_stop, typed=binary):
         for feed, chunk in zip(feeds, rows, strict=True):
-            if value_format == "avro" and feed.subject not in writers:
-                from eddyline.io.binrecords import avro_schema_of, avro_writer
-
-                schema = avro_schema_of(chunk.schema, feed.subject)
-                writers[feed.subject] = avro_writer(schema)
-                if on_schema is not None:
-                    on_schema(feed.subject, schema)
-            values = ([writers[feed.subject](r) for r in chunk.to_pylist()] if value_format == "avro"
+            if binary and feed.subject not in writers:
+                writers[feed.subject] = _writer(value_format, chunk.schema, feed.subject, on_schema)
+            values = ([writers[feed.subject](r) for r in chunk.to_pylist()] if binary
                       else [row.encode() for row in chunk])
             for value in values:
                 while True:
@@ -141,6 +143,29 @@ def produce_kafka(
         if on_chunk is not None:
             on_chunk(done, published)
     return done
+
+
+def _writer(
+    value_format: str, schema: pa.Schema, topic: str, on_schema: Callable[[str, Any], None] | None,
+) -> Callable[[dict], bytes]:
+    """The encoder of a topic's rows in ``value_format`` (avro, protobuf), its schema told to
+    ``on_schema``; EddylineError naming the topic and column when a column has no type there."""
+    from eddyline.errors import EddylineError
+    from eddyline.io import binrecords
+
+    told: Any
+    try:
+        if value_format == "avro":
+            told = binrecords.avro_schema_of(schema, topic)
+            write = binrecords.avro_writer(told)
+        else:
+            told = binrecords.protobuf_descriptors_of(schema, topic)
+            write = binrecords.protobuf_writer(*told)
+    except ValueError as e:
+        raise EddylineError(f"produce: topic {topic}, --format {value_format}: {e}") from None
+    if on_schema is not None:
+        on_schema(topic, told)
+    return write
 
 
 def _chunks(

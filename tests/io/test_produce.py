@@ -114,5 +114,48 @@ def test_nexmark_bids_produced_as_avro_are_read_back_by_the_kafka_source_with_th
     got = frames.data.toArrow().to_pylist()
     assert sorted(got, key=lambda r: (r["date_time"], r["auction"], r["bidder"], r["price"])) == _bids(spark)
     assert frames.dead_letters.count() == 0
-    with pytest.raises(EddylineError, match="value format: expected json or avro, got 'xml'"):
+    with pytest.raises(EddylineError, match="value format: expected json, avro, protobuf, got 'xml'"):
         produce_kafka(spark, tansu.bootstrap, feeds, end=1, value_format="xml")
+
+
+def test_nexmark_bids_produced_as_protobuf_by_the_cli_are_read_back_with_the_descriptors_it_wrote(
+    spark, tansu, tmp_path, monkeypatch
+):
+    from typer.testing import CliRunner
+
+    from eddyline.cli import app
+    from eddyline.io.kafka import KafkaSource
+
+    monkeypatch.setattr("signal.signal", lambda *_: None)  # the command's Ctrl-C handler: not pytest's to keep
+    topic = f"pb-{uuid.uuid4().hex[:8]}"
+    runner = CliRunner()
+    done = runner.invoke(app, ["produce", "nexmark", "--to", f"kafka://{tansu.bootstrap}/{topic}", "--only", "bid",
+                               "--set", "rate=1000", "--events", str(EVENTS), "--partitions", "2",
+                               "--format", "protobuf", "--schemas", str(tmp_path / "schemas")])
+    assert done.exit_code == 0, done.output
+    descriptors = tmp_path / "schemas" / f"{topic}.bid.desc"
+    message = f"eddyline.{topic.replace('-', '_')}_bid"
+    assert f"Protobuf message {message}" in done.output
+    source = KafkaSource(SourceSpec.model_validate({"name": "bids", "kafka": {
+        "brokers": tansu.bootstrap, "topics": [f"{topic}.bid"], "schema": nexmark_schema("bid"),
+        "format": "protobuf", "protobuf": {"descriptors": str(descriptors), "message": message}}}))
+    frames = source.frames(spark, source.plan(0, 0.0), 2)
+    got = frames.data.toArrow().to_pylist()
+    assert sorted(got, key=lambda r: (r["date_time"], r["auction"], r["bidder"], r["price"])) == _bids(spark)
+    assert frames.dead_letters.count() == 0
+
+    for args, says in [(["--format", "thrift"], "--format: expected json, avro, protobuf, got 'thrift'"),
+                       (["--format", "protobuf", "--to", "nats://127.0.0.1:4222/NEXMARK"],
+                        "--format protobuf: Kafka only (--to kafka://...)")]:
+        refused = runner.invoke(app, ["produce", "nexmark", "--to", f"kafka://{tansu.bootstrap}/{topic}",
+                                      "--events", "1", *args])
+        assert refused.exit_code != 0 and says in refused.output, refused.output
+
+
+def test_protobuf_descriptors_of_rows_refuse_a_column_protobuf_has_no_type_for():
+    import pyarrow as pa
+
+    from eddyline.io.binrecords import protobuf_descriptors_of
+
+    with pytest.raises(ValueError, match="column 'day': date32.* has no Protobuf type"):
+        protobuf_descriptors_of(pa.schema([("id", pa.int64()), ("day", pa.date32())]), "t")
