@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from eddyline.api import sources as api_sources
 from eddyline.api.sources import SourceSpec
@@ -85,6 +86,20 @@ class ArrowSlice:
 
     data: pa.Table
     dead_letters: pa.Table | None = None
+
+
+def arrow_decoded(decoded: pa.Table, columns: Sequence[str], source: str) -> ArrowSlice:
+    """Records decoded in this process by the readers Spark's tasks run (with ``_file``,
+    ``_line``, ``_raw``, ``_reason``), split as :func:`eddyline.io.records.split_decoded` splits
+    their frame: ``columns`` of the records that fit, and the dead letters."""
+    bad = decoded.column("_reason").is_valid()
+    data = decoded.filter(pc.invert(bad)).select(list(columns))
+    if not pc.any(bad).as_py():
+        return ArrowSlice(data)
+    dead = decoded.filter(bad)
+    return ArrowSlice(data, pa.table({
+        "source": pa.array([source] * dead.num_rows, pa.string()), "file": dead.column("_file"),
+        "line": dead.column("_line"), "raw": dead.column("_raw"), "reason": dead.column("_reason")}))
 
 
 def footer_facts(footers: list[Any], time_columns: list[str]) -> dict[str, Any] | None:

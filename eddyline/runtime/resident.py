@@ -181,17 +181,24 @@ def serve(lanes: ResidentLanes, _rows: Iterator[Any]) -> Iterator[Any]:
     driver says stop or goes away."""
     from pyspark import BarrierTaskContext
 
-    lane = BarrierTaskContext.get().partitionId()
+    ctx = BarrierTaskContext.get()
+    lane, count = ctx.partitionId(), len(ctx.getTaskInfos())
     objectstore.adopt(lanes.store)
-    with socket.create_connection(lanes.address, timeout=60) as conn:
-        conn.settimeout(None)  # an epoch may be long in coming
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        src, out = conn.makefile("rb"), conn.makefile("wb")
-        send(out, {"op": "hello", "lane": lane, "secret": lanes.secret, "pid": os.getpid()})
-        count = len(BarrierTaskContext.get().getTaskInfos())
-        mesh = lanes.network is not None and count > 1
-        with Peers(lanes.secret, lane, count) if mesh else contextlib.nullcontext() as peers:
-            Lane(lanes, lane, peers).serve(src, out)
+    # lanes that exchange rows listen for each other; the driver tells every lane the addresses
+    # (the barrier's own allGather answers only on a poll of a second)
+    listen = socket.create_server(("", 0)) if lanes.network is not None and count > 1 else None
+    host = ctx.getTaskInfos()[lane].address.rsplit(":", 1)[0] or socket.gethostname()
+    try:
+        with socket.create_connection(lanes.address, timeout=60) as conn:
+            conn.settimeout(None)  # an epoch may be long in coming
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            src, out = conn.makefile("rb"), conn.makefile("wb")
+            send(out, {"op": "hello", "lane": lane, "secret": lanes.secret, "pid": os.getpid(),
+                       **({"peer": [host, listen.getsockname()[1]]} if listen is not None else {})})
+            Lane(lanes, lane, listen).serve(src, out)
+    finally:
+        if listen is not None:
+            listen.close()
     yield from ()
 
 
@@ -199,45 +206,40 @@ class Peers(contextlib.AbstractContextManager):
     """A lane's connections to the other lanes of its stage, for the rows of the stateful steps'
     key groups: one connection to send to each lane, one to receive from each, the receiving
     ones drained by a thread each into a queue, so that a lane sending never waits for another
-    to read (all send, then all receive, with no deadlock). Addresses are exchanged with the
-    barrier's ``allGather`` when the stage starts."""
+    to read (all send, then all receive, with no deadlock). ``addresses``: every lane's, by lane,
+    as the driver gathered them; ``listen``: this lane's listening socket."""
 
-    def __init__(self, secret: str, lane: int, lanes: int, connect_s: float = 60.0):
-        from pyspark import BarrierTaskContext
-
-        self.lane, self.lanes, self.secret = lane, lanes, secret
-        ctx = BarrierTaskContext.get()
-        self._server = socket.create_server(("", 0))
-        host = ctx.getTaskInfos()[lane].address.rsplit(":", 1)[0] or socket.gethostname()
-        addresses = [json.loads(a) for a in ctx.allGather(json.dumps([host, self._server.getsockname()[1]]))]
+    def __init__(self, secret: str, lane: int, addresses: Sequence[Sequence[Any]], listen: socket.socket,
+                 connect_s: float = 60.0):
+        self.lane, self.lanes, self.secret = lane, len(addresses), secret
         self.queues: dict[int, queue.Queue[tuple[dict[str, Any], pa.Table | None]]] = {
-            j: queue.Queue() for j in range(lanes) if j != lane}
+            j: queue.Queue() for j in range(self.lanes) if j != lane}
         self._out: dict[int, tuple[socket.socket, BinaryIO]] = {}
-        self._threads: list[threading.Thread] = []
-        self._server.settimeout(connect_s)
-        for j, (peer_host, port) in enumerate(addresses):
-            if j != lane:
-                conn = socket.create_connection((peer_host, port), timeout=connect_s)
+        self._in: dict[int, socket.socket] = {}
+        try:
+            for j, (peer_host, port) in enumerate(addresses):
+                if j != lane:
+                    conn = socket.create_connection((peer_host, int(port)), timeout=connect_s)
+                    conn.settimeout(None)
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    self._out[j] = (conn, conn.makefile("wb"))
+                    send(self._out[j][1], {"op": "peer", "lane": lane, "secret": secret})
+            listen.settimeout(connect_s)
+            while len(self._in) < self.lanes - 1:
+                conn, _ = listen.accept()
                 conn.settimeout(None)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                out = conn.makefile("wb")
-                send(out, {"op": "peer", "lane": lane, "secret": secret})
-                self._out[j] = (conn, out)
-        incoming: dict[int, socket.socket] = {}
-        while len(incoming) < lanes - 1:
-            conn, _ = self._server.accept()
-            conn.settimeout(None)
-            src = conn.makefile("rb")
-            hello, _ = receive(src)
-            if hello.get("op") != "peer" or hello.get("secret") != secret:
-                conn.close()  # not one of ours
-                continue
-            j = int(hello["lane"])
-            incoming[j] = conn
-            thread = threading.Thread(target=self._drain, args=(j, src), name=f"eddyline-lane-{lane}-from-{j}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        self._in = incoming
+                src = conn.makefile("rb")
+                hello, _ = receive(src)
+                if hello.get("op") != "peer" or hello.get("secret") != secret:
+                    conn.close()  # not one of ours
+                    continue
+                j = int(hello["lane"])
+                self._in[j] = conn
+                threading.Thread(target=self._drain, args=(j, src), name=f"eddyline-lane-{lane}-from-{j}",
+                                 daemon=True).start()
+        except BaseException:
+            self.__exit__()
+            raise
 
     def _drain(self, lane: int, src: BinaryIO) -> None:
         try:
@@ -268,7 +270,7 @@ class Peers(contextlib.AbstractContextManager):
         return got
 
     def __exit__(self, *exc: object) -> None:
-        for conn in [*(c for c, _ in self._out.values()), *self._in.values(), self._server]:
+        for conn in [*(c for c, _ in self._out.values()), *self._in.values()]:
             with contextlib.suppress(OSError):
                 conn.close()
 
@@ -295,18 +297,28 @@ class _Held:
 class Lane:
     """One resident lane: the state of its key groups of every step in memory, an epoch at a time."""
 
-    def __init__(self, lanes: ResidentLanes, lane: int, peers: Peers | None = None):
+    def __init__(self, lanes: ResidentLanes, lane: int, listen: socket.socket | None = None):
         self.lanes, self.lane, self.attempt = lanes, lane, lanes.attempt
         self.held = {step.name: _Held(lanes, step) for step in lanes.steps}
-        self.peers = peers
+        self.listen = listen
+        self.peers: Peers | None = None
 
     def serve(self, src: BinaryIO, out: BinaryIO) -> None:
+        try:
+            self._serve(src, out)
+        finally:
+            if self.peers is not None:
+                self.peers.__exit__()
+
+    def _serve(self, src: BinaryIO, out: BinaryIO) -> None:
         while True:
             header, rows = receive(src)
             op = header["op"]
             if op in ("stop", "eof"):
                 return
             if op == "load":
+                if header.get("peers") and self.listen is not None:
+                    self.peers = Peers(self.lanes.secret, self.lane, header["peers"], self.listen)
                 self.load(int(header["after"]), {name: {int(k): v for k, v in index.items()}
                                                  for name, index in header["index"].items()})
                 send(out, {"op": "loaded", "lane": self.lane,
@@ -483,12 +495,14 @@ class ResidentStage:
         self._job.start()
         self._conns: dict[int, tuple[socket.socket, BinaryIO, BinaryIO]] = {}
         self.pids: dict[int, int] = {}
+        self._peers: dict[int, list[Any]] = {}  # each lane's address for the others (network stages)
         try:
             self._accept(connect_s)
             for lane, (_, _, out) in self._conns.items():
                 mine = {name: {str(kg): chain for kg, chain in (index or {}).get(name, {}).items() if owners[kg] == lane}
                         for name, owners in self.owners.items()}
-                send(out, {"op": "load", "after": after, "index": mine})
+                peers = [self._peers[i] for i in range(lanes)] if len(self._peers) == lanes else None
+                send(out, {"op": "load", "after": after, "index": mine, **({"peers": peers} if peers else {})})
             for lane, (_, src, _) in self._conns.items():
                 self._expect(lane, src, "loaded")
         except BaseException:
@@ -535,6 +549,8 @@ class ResidentStage:
             lane = int(hello["lane"])
             self._conns[lane] = (conn, src, out)
             self.pids[lane] = int(hello["pid"])
+            if hello.get("peer"):
+                self._peers[lane] = hello["peer"]
 
     def _expect(self, lane: int, src: BinaryIO, op: str) -> dict[str, Any]:
         """The lane's next answer, which must be ``op`` (a table sent with it under ``"table"``)."""

@@ -24,7 +24,6 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from eddyline import objectstore
@@ -40,6 +39,7 @@ from eddyline.io.sources import (
     Frames,
     Source,
     SourceKind,
+    arrow_decoded,
     footer_facts,
 )
 from eddyline.io.textrecords import arrow_schema, shipped
@@ -316,15 +316,7 @@ class FilesSource(Source):
         batches = list(text_files(p.format, bool(p.header), p.path, slice_, tasks, schema, ship, one_task))
         if not batches:
             return ArrowSlice(pa.schema([schema.arrow.field(n) for n in ship]).empty_table())
-        decoded = pa.Table.from_batches(batches)
-        bad = decoded.column("_reason").is_valid()
-        data = decoded.filter(pc.invert(bad)).select(list(ship))
-        if not pc.any(bad).as_py():
-            return ArrowSlice(data)
-        dead = decoded.filter(bad)
-        return ArrowSlice(data, pa.table({
-            "source": pa.array([self.name] * dead.num_rows, pa.string()), "file": dead.column("_file"),
-            "line": dead.column("_line"), "raw": dead.column("_raw"), "reason": dead.column("_reason")}))
+        return arrow_decoded(pa.Table.from_batches(batches), ship, self.name)
 
     def _parquet_in_tasks(self, spark: SparkSession, partitions: int, columns: frozenset[str] | None) -> Frames:
         """The frame whose tasks read the Parquet files of the slice they are given when they run

@@ -75,7 +75,15 @@ from eddyline.io.kafka.client import (
 )
 from eddyline.io.records import split_decoded
 from eddyline.io.retry import Health, with_retry
-from eddyline.io.sources import BadCounter, EpochSlice, Frames, Source, SourceKind
+from eddyline.io.sources import (
+    ArrowSlice,
+    BadCounter,
+    EpochSlice,
+    Frames,
+    Source,
+    SourceKind,
+    arrow_decoded,
+)
 from eddyline.io.textrecords import TextSchema, arrow_schema, decoded_rows
 
 if TYPE_CHECKING:
@@ -404,19 +412,45 @@ class KafkaSource(Source):
         meta = tuple(p.metadata)
         ddl = ", ".join([schema.ddl(ship), *(f"kafka_{m} {METADATA[m][1]}" for m in meta)])
         tasks = self._run_time_tasks(partitions) if planned is None else partitions
+        read = functools.partial(read_task, self._reader_settings(), p.codec() or p.format, schema, ship, meta,
+                                 EpochSlice(self.name, planned), tasks, self.min_per_task, p.wait / 1000, self.name)
+        df = spark.range(0, tasks, 1, tasks).mapInArrow(read, ddl)
+        return split_decoded(df, [*ship, *(f"kafka_{m}" for m in meta)], self.name, count_bad)
+
+    def _reader_settings(self) -> dict[str, Any]:
         # a task reads its ranges one after the other; the fetch a range leaves in flight (a long poll
         # of the partition just read) holds back the next range's first fetch for up to
         # fetch.wait.max.ms (librdkafka sends one fetch to a broker at a time): 500 ms by default,
         # paid by every task of every epoch. The task knows its records are there, so it never needs
         # a long poll.
-        conf = self._settings(**{
+        return self._settings(**{
             "group.id": f"{self.group}.reader", "enable.auto.commit": False, "isolation.level": "read_committed",
             "enable.partition.eof": True, "auto.offset.reset": "error", "fetch.wait.max.ms": 10,
         })
-        read = functools.partial(read_task, conf, p.codec() or p.format, schema, ship, meta, EpochSlice(self.name, planned), tasks,
-                                 self.min_per_task, p.wait / 1000, self.name)
-        df = spark.range(0, tasks, 1, tasks).mapInArrow(read, ddl)
-        return split_decoded(df, [*ship, *(f"kafka_{m}" for m in meta)], self.name, count_bad)
+
+    def arrow_problem(self) -> str | None:
+        return None
+
+    def read_arrow(self, planned: dict[str, Any], columns: frozenset[str] | None = None, *,
+                   task: int = 0, tasks: int = 1) -> ArrowSlice:
+        """Task ``task``'s pieces of the slice's ranges (:func:`pieces`, as a Spark task's),
+        read and decoded here."""
+        p = self.params
+        schema = arrow_schema(p.schema_)
+        assert schema is not None
+        ship, meta = schema.shipped(columns), tuple(p.metadata)
+        read = read_task(self._reader_settings(), p.codec() or p.format, schema, ship, meta, EpochSlice(self.name, planned),
+                         tasks, self.min_per_task, p.wait / 1000, self.name,
+                         iter([pa.RecordBatch.from_pydict({"task": [task]})]))
+        names = [*ship, *(f"kafka_{m}" for m in meta)]
+        batches = list(read)
+        if not batches:
+            return ArrowSlice(pa.schema([*(schema.arrow.field(n) for n in ship),
+                                         *(pa.field(f"kafka_{m}", METADATA[m][0]) for m in meta)]).empty_table())
+        return arrow_decoded(pa.Table.from_batches(batches), names, self.name)
+
+    def __getstate__(self) -> dict[str, Any]:  # the driver's clients stay in the driver (a lane reads with its own)
+        return {**self.__dict__, "_driver": None, "_group": None}
 
 
 def pieces(ranges: list[list[Any]], tasks: int, min_per_task: int) -> list[list[tuple[str, int, int, int]]]:
