@@ -94,3 +94,29 @@ def test_a_windowed_query_from_kafka_to_kafka_equals_duckdb(spark, tansu, tmp_pa
     committed = c.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=10)
     c.close()
     assert sum(tp.offset for tp in committed) == ROWS + 2
+
+
+@pytest.mark.timeout(600)
+def test_resident_lanes_read_their_own_partitions_of_a_topic(spark, tansu, tmp_path):
+    """``execution: resident`` with a Kafka source: each lane reads its pieces of the epoch's
+    offset ranges itself (no row through the driver), the bad records go to the dead letters with
+    their partition and offset, and the windows equal DuckDB's."""
+    rows = bids(2_000, seed=9)
+    topic = topic_name("bids")
+    produce_bids(tansu.bootstrap, topic, rows, bad=[b"{broken"])
+    raw = {**network(tansu.bootstrap, topic, "unused", per_epoch=700), "execution": "resident",
+           "sinks": [{"name": "out", "input": "per_auction", "files": {"path": str(tmp_path / "out"), "format": "parquet"}}]}
+    progress: list[dict] = []
+    reporter = ProgressReporter(live=False)
+    reporter.listeners.append(progress.append)
+    with reporter:
+        engine = Engine(load_spec(raw), spark, str(tmp_path / "ckpt"), reporter=reporter)
+        engine.run(until_idle=True)
+    assert {p["execution"]["mode"] for p in progress} == {"resident"} and engine.executor.stages_started == 1
+    got = duckdb.sql(f"SELECT auction, epoch_ms(window_start), n, top FROM read_parquet('{tmp_path}/out/epoch=*/*.parquet') "
+                     "ORDER BY ALL").fetchall()
+    assert got == reference(rows)
+    by_lane = [s["rowsByLane"] for p in progress for s in p["sources"] if s["numInputRows"]]
+    assert all(len(b) == 2 for b in by_lane) and min(sum(b[i] for b in by_lane) for i in (0, 1)) > 0, by_lane
+    letters = duckdb.sql(f"SELECT reason FROM read_json_auto('{tmp_path}/ckpt/dead-letters/epoch=*/*.json')").fetchall()
+    assert len(letters) == 1 and f"topic {topic}, partition 1, offset" in letters[0][0]
