@@ -87,3 +87,33 @@ def test_a_driver_of_an_older_lease_generation_cannot_publish_after_a_newer_one_
     # what the older generation had staged went with its gate: a tombstone is left, and the newer gate
     assert sorted(os.listdir(out / "_staging")) == ["g=1", "g=2"] and (out / "_staging" / "g=1").is_file()
     assert os.listdir(out / "_staging" / "g=2") == []
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_text_written_here_is_the_text_spark_writes(spark, tmp_path, fmt) -> None:
+    """A resident lane (or a small epoch) writes a JSON or CSV sink's file itself: line for line
+    what Spark's writer gives for the same rows (nulls, empty and non-ASCII text, quotes, instants,
+    dates, booleans, doubles)."""
+    from datetime import UTC, date, datetime
+
+    import pyarrow as pa
+
+    from eddyline.io.files.target import write_table
+
+    table = pa.table({
+        "id": pa.array([1, 2, None], pa.int64()), "name": ["a,b", None, 'é "q"'],
+        "at": pa.array([datetime(2023, 11, 14, 22, 13, 20, 767183, tzinfo=UTC), None,
+                        datetime(2024, 2, 29, 0, 0, tzinfo=UTC)], pa.timestamp("us", tz="UTC")),
+        "day": pa.array([date(2024, 1, 2), date(1999, 12, 31), None]),
+        "ok": [True, None, False], "x": [2.5, None, -0.125], "empty": ["", "b", None],
+    })
+    ours, theirs = FilesTarget(Files(str(tmp_path / "ours"), format=fmt)), FilesTarget(Files(str(tmp_path / "spark"), format=fmt))
+    write_table(table, ours, 1)
+    write_frame(spark.createDataFrame(table).coalesce(1), theirs, 1)
+
+    def lines(target: FilesTarget) -> list[str]:
+        path = target.staging(1)
+        return [line for f in sorted(os.listdir(path)) if f.endswith(f".{fmt}")
+                for line in open(os.path.join(path, f), encoding="utf-8").read().splitlines()]
+
+    assert lines(ours) == lines(theirs) and len(lines(ours)) >= 3

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -245,6 +246,33 @@ def write_in_tasks(df: DataFrame, fmt: str, path: str, *, header: bool = True) -
     return sorted(r.name for r in df.mapInArrow(write, "name STRING").collect())
 
 
+def spark_text(table: pa.Table) -> pa.Table:
+    """``table`` with its timestamps and dates as the text Spark's JSON and CSV writers give them
+    (``yyyy-MM-dd'T'HH:mm:ss.SSS`` and ``Z`` for an instant, in the session's UTC; ``yyyy-MM-dd``),
+    so a file written here reads as one Spark wrote: the same sink writes from Spark's tasks and
+    from this process depending on the epoch and the mode."""
+    columns = []
+    for field, column in zip(table.schema, table.columns, strict=True):
+        if pa.types.is_timestamp(field.type):
+            text = pc.strftime(column.cast(pa.timestamp("ms", tz=field.type.tz), safe=False), format="%Y-%m-%dT%H:%M:%S")
+            column = pc.binary_join_element_wise(text, pa.scalar("Z"), "") if field.type.tz else text
+        elif pa.types.is_date(field.type):
+            column = pc.strftime(column, format="%Y-%m-%d")
+        columns.append(column)
+    return pa.table(columns, names=table.column_names)
+
+
+def _csv_field(value: Any) -> str:
+    """A CSV field as Spark's writer gives it: quoted only when it must be (a comma, a quote, a line
+    break; an empty string, to tell it from a null, which is nothing), quotes doubled."""
+    if value is None:
+        return ""
+    text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    if text == "" or any(c in text for c in ',"\n\r'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
 def _write_table(table: pa.Table, fmt: str, fs: pafs.FileSystem, name: str, header: bool) -> str:
     """``table`` as the file ``name`` + the format's suffix, serialised here and written whole
     (on an object store in one request); the file's own name."""
@@ -253,14 +281,15 @@ def _write_table(table: pa.Table, fmt: str, fs: pafs.FileSystem, name: str, head
         pq.write_table(table, out, compression="snappy", store_decimal_as_integer=True)
         suffix = ".snappy.parquet"
     elif fmt == "csv":
-        import pyarrow.csv as pacsv
-
-        pacsv.write_csv(table, out, pacsv.WriteOptions(include_header=header))
+        rows = zip(*(c.to_pylist() for c in spark_text(table).columns), strict=True)
+        lines = [table.column_names] if header else []
+        out.write("".join(",".join(map(_csv_field, line)) + "\n" for line in [*lines, *rows]).encode())
         suffix = ".csv"
     else:
         import json
 
-        out.write("".join(json.dumps(r, default=str) + "\n" for r in table.to_pylist()).encode())
+        out.write("".join(json.dumps({k: v for k, v in r.items() if v is not None}, default=str, ensure_ascii=False,
+                                     separators=(",", ":")) + "\n" for r in spark_text(table).to_pylist()).encode())
         suffix = ".json"
     write_bytes(fs, f"{name}{suffix}", out.getvalue().to_pybytes())
     return f"{name}{suffix}".rsplit("/", 1)[-1]
