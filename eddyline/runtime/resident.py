@@ -344,8 +344,8 @@ class Lane:
     def run_network(self, header: dict[str, Any], out: BinaryIO) -> bool:
         """A whole epoch of the network from this lane's own reads (:mod:`.lanenetwork`), the
         answer sent: ``ran`` with the lane's observations and manifests, then a frame per table
-        (the rows of each sink it did not write itself, the dead letters); or ``failed`` with the error, and False: the lane
-        stops, its peers stop on losing it, and the stage is over."""
+        (the rows of each sink it did not write itself, the dead letters); or ``failed`` with the
+        error, and False: the lane stops, its peers stop on losing it, and the stage is over."""
         network = self.lanes.network
         assert network is not None
         try:

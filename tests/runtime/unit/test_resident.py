@@ -65,7 +65,7 @@ def test_a_lane_runs_epochs_in_sequence_with_the_kernels_results_and_refuses_a_g
     kernel = spec.steps[0].kernel
     state = kernel.state_schema.empty_table()
     for epoch, batch in enumerate([rows([1, 2, 3], 0), rows([2, 3, 4], 100), rows([5, 1], 5_000)], start=1):
-        done = lane.run({"epoch": epoch, "watermark_ms": batch.column("t").cast(pa.int64())[0].as_py()}, batch)
+        done, _ = lane.run({"epoch": epoch, "watermark_ms": batch.column("t").cast(pa.int64())[0].as_py()}, batch)
         expected = process(kernel, batch.select(kernel.input_schema.names), state, batch.column("t").cast(pa.int64())[0].as_py(), None)
         state = expected.state
         assert done["epoch"] == epoch and done["output_rows"] == expected.output.num_rows
@@ -89,7 +89,7 @@ def test_a_lane_refuses_rows_routed_to_another_lane(tmp_path):
 def test_what_an_attempt_writes_is_named_by_it_and_a_later_attempt_reloads_the_committed_state(tmp_path):
     spec = lanes_spec(tmp_path)
     first = Lane(spec, 0)
-    done = first.run({"epoch": 1, "watermark_ms": 0}, rows([1, 2, 3], 0))
+    done, _ = first.run({"epoch": 1, "watermark_ms": 0}, rows([1, 2, 3], 0))
     index = with_chains({}, done["chains"])
     files = {tuple(seg[:2]) for chain in index.values() for seg in chain}
     assert files == {(1, attempt_file_id(0, 1))}
@@ -98,7 +98,7 @@ def test_what_an_attempt_writes_is_named_by_it_and_a_later_attempt_reloads_the_c
     second = Lane(lanes_spec(tmp_path, attempt=2), 0)
     second.load(1, {'d': index})
     assert second.held['d'].state.num_rows == 3 and second.held['d'].epoch == 1
-    redo = second.run({"epoch": 2, "watermark_ms": 0}, rows([7, 8], 100))
+    redo, _ = second.run({"epoch": 2, "watermark_ms": 0}, rows([7, 8], 100))
     names = {state_file("", "d", 2, seg[1]).rsplit("/", 1)[1] for chain in redo["chains"].values() for seg in chain if seg[0] == 2}
     assert names and all(parse_state_file(n) == (2, attempt_file_id(0, 2)) for n in names)
     assert (tmp_path / "out" / f"{2:010d}" / "0000-a1.arrow").exists()
@@ -139,7 +139,7 @@ def test_an_idle_lane_still_gets_its_epoch_and_the_watermark_expires_its_state(t
     lane = Lane(lanes_spec(tmp_path), 0)
     lane.run({"epoch": 1, "watermark_ms": 0}, rows([1, 2, 3], 0))
     assert lane.held['d'].state.num_rows == 3
-    tick = lane.run({"epoch": 2, "watermark_ms": 10_000}, None)
+    tick, _ = lane.run({"epoch": 2, "watermark_ms": 10_000}, None)
     assert tick["input_rows"] == 0 and tick["state_rows"] == 0 and lane.held['d'].state.num_rows == 0
     assert any(chain is None for chain in tick["chains"].values())  # the forgotten groups leave the index
 
