@@ -202,7 +202,7 @@ def serve(lanes: ResidentLanes, _rows: Iterator[Any]) -> Iterator[Any]:
     yield from ()
 
 
-class Peers(contextlib.AbstractContextManager):
+class Peers:
     """A lane's connections to the other lanes of its stage, for the rows of the stateful steps'
     key groups: one connection to send to each lane, one to receive from each, the receiving
     ones drained by a thread each into a queue, so that a lane sending never waits for another
@@ -211,7 +211,7 @@ class Peers(contextlib.AbstractContextManager):
 
     def __init__(self, secret: str, lane: int, addresses: Sequence[Sequence[Any]], listen: socket.socket,
                  connect_s: float = 60.0):
-        self.lane, self.lanes, self.secret = lane, len(addresses), secret
+        self.lane, self.lanes = lane, len(addresses)
         self.queues: dict[int, queue.Queue[tuple[dict[str, Any], pa.Table | None]]] = {
             j: queue.Queue() for j in range(self.lanes) if j != lane}
         self._out: dict[int, tuple[socket.socket, BinaryIO]] = {}
@@ -238,7 +238,7 @@ class Peers(contextlib.AbstractContextManager):
                 threading.Thread(target=self._drain, args=(j, src), name=f"eddyline-lane-{lane}-from-{j}",
                                  daemon=True).start()
         except BaseException:
-            self.__exit__()
+            self.close()
             raise
 
     def _drain(self, lane: int, src: BinaryIO) -> None:
@@ -269,7 +269,7 @@ class Peers(contextlib.AbstractContextManager):
             got.append(table if table is not None else parts[j].schema.empty_table())
         return got
 
-    def __exit__(self, *exc: object) -> None:
+    def close(self) -> None:
         for conn in [*(c for c, _ in self._out.values()), *self._in.values()]:
             with contextlib.suppress(OSError):
                 conn.close()
@@ -308,7 +308,7 @@ class Lane:
             self._serve(src, out)
         finally:
             if self.peers is not None:
-                self.peers.__exit__()
+                self.peers.close()
 
     def _serve(self, src: BinaryIO, out: BinaryIO) -> None:
         while True:
