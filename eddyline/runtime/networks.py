@@ -273,6 +273,10 @@ class Networks:
         """Write under our lease generation (a follower's: the leader's) from now on, in the
         checkpoint and every sink: each store then refuses the writes of an older generation
         (:class:`~eddyline.storage.Gate`, :meth:`eddyline.io.sinks.Sink.fence`)."""
+        # A cleanup under way moves files through the checkpoint's gate of the generation it
+        # started under; opening a newer one revokes that gate (in this very process), and the
+        # cleanup's next move would fail as if another driver had fenced this one.
+        self.cleanups.finish()
         generation = self.generation
         if self.lease is None and self.pair is not None:
             cur = self.pair.leader()

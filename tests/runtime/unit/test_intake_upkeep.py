@@ -77,3 +77,37 @@ def test_a_fenced_driver_waits_for_a_stuck_cleanup_only_as_long_as_it_is_told() 
     cleanups.start(lambda epoch: (_ for _ in ()).throw(OSError("refused")), 9)
     with pytest.raises(CheckpointError, match="after epoch 9 failed: refused"):
         cleanups.finish()
+
+
+def test_a_cleanup_under_way_ends_before_the_gates_change_generation(tmp_path) -> None:
+    """A follower taking the lease over opens the checkpoint's gate under a new generation, which
+    revokes the old one in this same process: a cleanup then moving a file through the old gate
+    would fail as if another driver had fenced this one (seen in a hot pair's takeover: "cleaning
+    up the checkpoint after epoch 40 failed: Not a directory"). The cleanup ends first."""
+    import os
+    import threading
+    import types
+
+    from eddyline.runtime.checkpoint import Checkpoint
+    from eddyline.runtime.networks import Networks
+    from eddyline.runtime.upkeep import Cleanups
+
+    ckpt = Checkpoint(str(tmp_path))
+    ckpt.fence(1)
+    old = tmp_path / "epochs" / "0000000023"
+    old.mkdir(parents=True)
+    parked, go_on = threading.Event(), threading.Event()
+
+    def clean(epoch: int) -> None:  # a cleanup's move, cut between its two steps
+        path = ckpt.gate._park(str(old))
+        parked.set()
+        go_on.wait(5)
+        os.unlink(path) if os.path.isfile(path) else os.rmdir(path)
+
+    engine = types.SimpleNamespace(cleanups=Cleanups(), generation=2, lease=object(), pair=None, ckpt=ckpt,
+                                   outputs=types.SimpleNamespace(sinks={}, targets=list))
+    engine.cleanups.start(clean, 40)
+    assert parked.wait(5)
+    threading.Timer(0.2, go_on.set).start()
+    Networks._open_gates(engine)  # raises the cleanup's error if the gate changed under it
+    assert ckpt.gate.generation == 2 and not old.exists()
