@@ -39,13 +39,14 @@ def produce(bootstrap: str, topic: str, values: list[bytes], *, partition: int |
     assert p.flush(30) == 0
 
 
-def read_committed(bootstrap: str, topic: str, idle_s: float = 2.0) -> list[Any]:
-    """Every record of every partition of ``topic`` a ``read_committed`` consumer sees, in
-    partition and offset order: (partition, offset, key, value, headers)."""
+def read_committed(bootstrap: str, topic: str, idle_s: float = 2.0,
+                   isolation: str = "read_committed") -> list[Any]:
+    """Every record of every partition of ``topic`` a ``read_committed`` consumer (or one of
+    ``isolation``) sees, in partition and offset order: (partition, offset, key, value, headers)."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ref-{uuid.uuid4().hex[:6]}",
-                  "isolation.level": "read_committed", "enable.partition.eof": True, "enable.auto.commit": False})
+                  "isolation.level": isolation, "enable.partition.eof": True, "enable.auto.commit": False})
     parts = c.list_topics(topic, timeout=10).topics[topic].partitions
     c.assign([TopicPartition(topic, p, 0) for p in parts])
     out, eof, last = [], set(), time.monotonic()

@@ -243,6 +243,11 @@ def published_by(group: Path) -> dict[int, str]:
     return out
 
 
+def epoch_of(record: tuple) -> int:
+    """The epoch that wrote a record read back (its ``eddyline-epoch`` header)."""
+    return int(dict(record[4])["eddyline-epoch"])
+
+
 #: the hot pair's leader is killed in the middle of this epoch's transaction (one whose windows
 #: close: it holds records), late enough that the follower has caught up (it starts a JVM, copies
 #: the leader's state and runs a cold first epoch while the leader runs on) and early enough
@@ -307,15 +312,19 @@ def test_a_hot_pair_from_kafka_to_kafka_whose_leader_is_killed_writes_each_windo
     print(f"hot pair kafka: leader killed inside epoch {PAIR_KILLED}'s transaction; "
           f"{len(keep)} windows read_committed, {sum(lost.values())} lost, {sum(twice.values())} twice, "
           f"{len(aborted)} records of aborted attempts (Tansu shows them)")
-    assert got == expected, (sum(lost.values()), sum(twice.values()))
+    if got != expected:  # (seen once: a read_committed reader stopped at epoch ~15) what is past it?
+        every = read_committed(tansu.bootstrap, out, isolation="read_uncommitted")
+        time.sleep(5)
+        again = read_committed(tansu.bootstrap, out)
+        raise AssertionError(f"{sum(lost.values())} windows lost, {sum(twice.values())} twice; read_committed "
+                             f"reached epoch {max(map(epoch_of, keep), default=None)}, read_uncommitted "
+                             f"{max(map(epoch_of, every), default=None)} ({len(every)} records against "
+                             f"{len(keep) + len(aborted)}); read_committed 5 s later: {len(again)} records")
 
     # the takeover came in the middle of the stream: each driver published epochs that are in the
     # topic, the follower the cut one (its first half aborted) and those after it, as the leader
     holders = {int(p.name[:-5]): json.loads(p.read_text())["holder"] for p in (group / "lease").glob("*.json")}
     driver = {holders[1]: "leader", holders[2]: "follower"}
-    def epoch_of(record: tuple) -> int:
-        return int(dict(record[4])["eddyline-epoch"])
-
     in_topic = {epoch_of(r) for r in keep}
     by = {e: driver[h] for e, h in (before | published_by(group)).items() if e in in_topic}
     by_leader = sorted(e for e, d in by.items() if d == "leader")
