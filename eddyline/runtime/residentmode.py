@@ -35,7 +35,6 @@ pair or ``max_delay``. The sinks' rows come back to the driver, whose sinks writ
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +47,7 @@ from eddyline.io.files.target import write_table
 from eddyline.kinds.base import spark_schema
 from eddyline.operators.sqlsteps import SqlStep, SqlStepError
 from eddyline.plan.keygroups import RoutingTable
-from eddyline.runtime.checkpoint import Checkpoint, manifest_path
+from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.compile import EpochCompiler, revisions_refused
 from eddyline.runtime.epoch.execute import Executor
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan, Staged
@@ -60,7 +59,6 @@ from eddyline.runtime.resident import (
     StageEnded,
     next_attempt,
 )
-from eddyline.storage import makedirs
 
 if TYPE_CHECKING:
     from eddyline.io.sinks import Sink
@@ -196,8 +194,9 @@ class ResidentExecutor(Executor):
                 self.close()
                 if attempt == 2:
                     raise EngineError(f"epoch {plan.epoch}: the resident lanes failed twice: {e}") from e
+        # (not written to the checkpoint as per-epoch lanes leave theirs: the fold takes them
+        # from here, the commit keeps what it needs of them, and nothing else reads them)
         manifests = {name: [a["manifests"][name] for a in answers] for name in stateful}
-        self._leave_manifests(plan.epoch, manifests)
         sink_rows = {}
         for sink in self.spec.sinks:
             if sink.name in parts:
@@ -236,16 +235,6 @@ class ResidentExecutor(Executor):
             self._kernels_for = (key, kernels)
             self._schemas_of = {name: table.schema for name, table in tables.items()}
         return self._kernels_for[1]
-
-    def _leave_manifests(self, epoch: int, manifests: dict[str, list[dict[str, Any]]]) -> None:
-        """The lanes' manifests where per-epoch lanes leave theirs, for whoever inspects the
-        checkpoint (the fold takes them from ``Staged.manifests``)."""
-        gate = self.ckpt.gate.ready()
-        for step, done in manifests.items():
-            for d in done:
-                path = manifest_path(self.ckpt.location, epoch, step, int(d["lane"]), gate.generation)
-                makedirs(self.ckpt.fs, path.rsplit("/", 1)[0])
-                gate.put(path, json.dumps(d).encode())
 
     def _stage_for(self, plan: EpochPlan, kernels: dict[str, Kernel], last: EpochCommit | None) -> ResidentStage:
         """The stage to run the epoch on: the running one if it holds the last commit's state for
