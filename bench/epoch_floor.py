@@ -48,7 +48,7 @@ def pct(values: list[float], q: float) -> float:
 def summary(run: dict[str, Any]) -> dict[str, Any]:
     ms = run["batch_ms"]
     out = {"median_ms": statistics.median(ms), "p90_ms": pct(ms, 0.9), "batches": len(ms)}
-    for k in ("breakdown_ms", "lane_ms"):
+    for k in ("breakdown_ms", "lane_ms", "cpu_ms_per_epoch", "wall_ms_per_epoch"):
         if k in run:
             out[k] = run[k]
     return out
@@ -93,6 +93,21 @@ def table(result: dict[str, Any]) -> str:
         stages = [" · ".join(f"{r['eddyline']['breakdown_ms'][s]:.0f}" for r in rounds) for s in STAGES]
         lanes = "; ".join(f"{k} {v:.0f}" for k, v in rounds[-1]["eddyline"].get("lane_ms", {}).items())
         lines.append(f"| {name} | " + " | ".join(stages) + f" | {lanes} |")
+    cpu = [(name, [r["resident"] for r in rounds if "cpu_ms_per_epoch" in r.get("resident", {})])
+           for name, rounds in result["workloads"].items()]
+    if any(runs and runs[0]["cpu_ms_per_epoch"] for _, runs in cpu):
+        lines += ["", "A resident epoch's CPU, ms an epoch of wall time (per round): what runs one after the other "
+                  "and what could overlap. With two cores, no overlap of the driver's work with the lanes' gets "
+                  "an epoch below half the CPU it takes.", "",
+                  "| workload | driver | JVM | Python workers (the lanes) | all / 2 cores | wall ms an epoch |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for name, runs in cpu:
+            if runs and runs[0]["cpu_ms_per_epoch"]:
+                cells = [" · ".join(f"{x:.1f}" for x in xs) for xs in zip(*(
+                    (r["cpu_ms_per_epoch"]["driver"], r["cpu_ms_per_epoch"]["jvm"],
+                     r["cpu_ms_per_epoch"]["python workers"], sum(r["cpu_ms_per_epoch"].values()) / 2,
+                     r["wall_ms_per_epoch"]) for r in runs), strict=True)]
+                lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -104,9 +104,9 @@ def run_eddyline(spark: Any, name: str, rows: int, lanes: int, warmup: int, batc
     with ProgressReporter(live=False, json_path=str(progress)) as rep:
         engine = Engine(spec, spark, str(tmp / f"edd-ckpt-{execution}"), reporter=rep)
         engine.run(epochs=warmup)
-        t0 = time.perf_counter()
+        cpu0, t0 = process_cpu(), time.perf_counter()
         summary = engine.run(epochs=batches)
-        wall = time.perf_counter() - t0
+        wall, cpu1 = time.perf_counter() - t0, process_cpu()
     records = [json.loads(x) for x in progress.read_text().splitlines()][warmup:]
     return {
         "engine": "eddyline",
@@ -120,7 +120,35 @@ def run_eddyline(spark: Any, name: str, rows: int, lanes: int, warmup: int, batc
         },
         "lane_ms": _lane_medians(records),
         "state_rows": records[-1]["stateOperators"][0]["numRowsTotal"] if records else 0,
+        "cpu_ms_per_epoch": {k: (cpu1[k] - cpu0.get(k, 0.0)) * 1000 / max(len(records), 1) for k in cpu1},
+        "wall_ms_per_epoch": wall * 1000 / max(len(records), 1),
     }
+
+
+def process_cpu() -> dict[str, float]:
+    """CPU seconds used so far by this process (the driver), its JVM and Spark's Python workers
+    (a resident stage's lanes among them), from ``/proc``; {} where there is none."""
+    import os
+
+    tick, me, out = os.sysconf("SC_CLK_TCK"), os.getpid(), {"driver": 0.0, "jvm": 0.0, "python workers": 0.0}
+    if not os.path.isdir("/proc"):
+        return {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        used = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        if int(pid) == me:
+            out["driver"] += used
+        elif b"org.apache.spark.deploy.SparkSubmit" in cmd:
+            out["jvm"] += used
+        elif b"pyspark.daemon" in cmd:
+            out["python workers"] += used
+    return out
 
 
 def _lane_medians(records: list[dict[str, Any]]) -> dict[str, float]:

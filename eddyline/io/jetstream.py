@@ -91,6 +91,7 @@ from eddyline.io.records import decode, split_decoded, to_json_column
 from eddyline.io.retry import Health, with_retry
 from eddyline.io.sinks import Sink, SinkKind
 from eddyline.io.sources import BadCounter, EpochSlice, Frames, Source, SourceKind
+from eddyline.io.sparkjson import json_records
 from eddyline.io.textrecords import (
     TextSchema,
     arrow_schema,
@@ -502,6 +503,12 @@ class NatsSink(Sink):
     def stage(self, df: DataFrame, epoch: int) -> None:
         rows = to_json_column(df).toArrow()
         self.collected[epoch] = pa.table({"v": pa.array(sorted(rows.column(0).to_pylist()), pa.string())})
+
+    takes_arrow = True
+
+    def stage_table(self, table: pa.Table, epoch: int) -> None:
+        """A resident epoch's rows: the same records as :meth:`stage` makes in Spark."""
+        self.collected[epoch] = pa.table({"v": pa.array(sorted(json_records(table)), pa.string())})
 
     def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
         staged, restored, self._restored = self.collected.get(epoch), self._restored, []

@@ -73,6 +73,7 @@ from eddyline.io.kafka.client import REQUEST_S, settings, unreachable
 from eddyline.io.records import to_json_column
 from eddyline.io.retry import Health
 from eddyline.io.sinks import Sink, SinkKind
+from eddyline.io.sparkjson import json_records, key_texts
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Producer
@@ -277,7 +278,16 @@ class KafkaSink(Sink):
         else:
             key = f"to_json(array({', '.join(f'`{k}`' for k in keys)})) AS k"
         table = to_json_column(df, also=(key,)).toArrow()
-        pairs = sorted(zip(table.column("k").to_pylist(), table.column("v").to_pylist(), strict=True),
+        self._collect(epoch, table.column("k").to_pylist(), table.column("v").to_pylist())
+
+    takes_arrow = True
+
+    def stage_table(self, table: pa.Table, epoch: int) -> None:
+        """A resident epoch's rows: the same records as :meth:`stage` makes in Spark."""
+        self._collect(epoch, key_texts(table, list(self.params.key or [])), json_records(table))
+
+    def _collect(self, epoch: int, keys: list[str | None], values: list[str]) -> None:
+        pairs = sorted(zip(keys, values, strict=True),
                        key=lambda kv: (kv[0] or "", kv[1]))  # a replay produces the same records in the same order
         self.collected[epoch] = pa.table({"k": pa.array([k for k, _ in pairs], pa.string()),
                                           "v": pa.array([v for _, v in pairs], pa.string())})

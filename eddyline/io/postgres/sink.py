@@ -36,6 +36,7 @@ from eddyline.io.postgres.statements import (
 )
 from eddyline.io.retry import Health, with_retry
 from eddyline.io.sinks import Sink
+from eddyline.io.sparkjson import micro_instants
 
 if TYPE_CHECKING:
     import psycopg
@@ -119,6 +120,12 @@ class PostgresSink(Sink):
 
     def stage(self, df: DataFrame, epoch: int) -> None:
         self.collected[epoch] = df.toArrow()
+
+    takes_arrow = True
+
+    def stage_table(self, table: pa.Table, epoch: int) -> None:
+        """A resident epoch's rows, their instants as Spark gives them (:meth:`stage`)."""
+        self.collected[epoch] = micro_instants(table)
 
     def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
         if tentative and not self.tentative:
