@@ -510,6 +510,13 @@ class NatsSink(Sink):
         """A resident epoch's rows: the same records as :meth:`stage` makes in Spark."""
         self.collected[epoch] = pa.table({"v": pa.array(sorted(json_records(table)), pa.string())})
 
+    def arrow_problem(self, schema: pa.Schema) -> str | None:
+        try:
+            json_records(schema.empty_table())
+        except TypeError as e:
+            return str(e)
+        return None
+
     def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
         staged, restored, self._restored = self.collected.get(epoch), self._restored, []
         if staged is None and not restored:

@@ -86,6 +86,11 @@ class Sink:
         :mod:`eddyline.runtime.residentmode`), for sinks that :attr:`takes_arrow`."""
         raise SinkError(f"sink '{self.name}': a {self.spec.kind} sink takes its rows from Spark only")
 
+    def arrow_problem(self, schema: pa.Schema) -> str | None:
+        """Why this sink cannot take rows of ``schema`` as Arrow (:meth:`stage_table`), asked
+        before a resident run starts; None: it can."""
+        return None
+
     def lane_parts(self, epoch: int) -> dict[str, Any] | None:
         """Where the lanes of a resident epoch write this sink's rows themselves, a part each
         (:func:`eddyline.io.files.target.write_part`), the epoch's staging made empty for them;

@@ -163,6 +163,10 @@ class ResidentExecutor(Executor):
             self._kernels(schemas)
         except (SqlStepError, SpecError) as e:
             raise SpecError(f"execution: resident: {e}") from None
+        for spec in self.spec.sinks:
+            problem = self.outputs.sinks[spec.name].arrow_problem(self._schemas_of[spec.input])
+            if problem is not None:
+                raise SpecError(f"execution: resident: sink '{spec.name}': {problem}")
 
     # ----------------------------------------------------------------- an epoch
     def _settings(self, small: bool) -> contextlib.AbstractContextManager[None]:

@@ -286,6 +286,14 @@ class KafkaSink(Sink):
         """A resident epoch's rows: the same records as :meth:`stage` makes in Spark."""
         self._collect(epoch, key_texts(table, list(self.params.key or [])), json_records(table))
 
+    def arrow_problem(self, schema: pa.Schema) -> str | None:
+        try:  # (both make their writers from the types before the rows)
+            json_records(schema.empty_table())
+            key_texts(schema.empty_table(), list(self.params.key or []))
+        except TypeError as e:
+            return str(e)
+        return None
+
     def _collect(self, epoch: int, keys: list[str | None], values: list[str]) -> None:
         pairs = sorted(zip(keys, values, strict=True),
                        key=lambda kv: (kv[0] or "", kv[1]))  # a replay produces the same records in the same order

@@ -133,3 +133,21 @@ def test_spark_json_text_is_made_alike_from_arrow(spark):
         assert key_texts(table, [key]) == want, key
     want = [r["k"] for r in df.selectExpr("to_json(array(id, CAST(small AS BIGINT))) AS k").collect()]
     assert key_texts(table.set_column(1, "small", table.column("small").cast(pa.int64())), ["id", "small"]) == want
+
+
+def test_a_record_key_spark_would_coerce_is_refused_before_a_resident_run_starts(spark, tmp_path):
+    """Spark's ``array()`` brings key columns of different types to one type; a resident epoch
+    would not make the same key, so such a network is refused as it starts (``auto`` runs it in
+    per-epoch jobs), before the checkpoint or the topic is touched."""
+    from eddyline.errors import SpecError
+
+    bids(tmp_path / "in")
+    raw = {"name": "mixed-key", "trigger": 0, "lanes": 2, "execution": "resident",
+           "sources": [{"name": "bids", "files": {"path": str(tmp_path / "in"), "format": "parquet"}}],
+           "steps": [{"name": "first", "input": "bids", "dedup": {"key": "auction", "time": "ts", "ttl": "1m"}}],
+           "sinks": [{"name": "topic", "input": "first",
+                      "kafka": {"brokers": "127.0.0.1:9", "topic": "never", "key": ["auction", "ts"]}}]}
+    with pytest.raises(SpecError, match=r"execution: resident: sink 'topic': key columns \['auction', 'ts'\] are of "
+                                        "different types"):
+        Engine(load_spec(raw), spark, str(tmp_path / "ckpt")).run(until_idle=True)
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").rglob("commits/*"))
