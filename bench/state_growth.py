@@ -293,7 +293,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         keys, runs = measured(result["sizes"], mode)
         if not runs:
             continue
-        a.plot(keys, [r["median_ms"] for r in runs], styles[mode], label=f"{mode}, median")
+        label = f"{mode}, median" if mode != "pyflink" else "pyflink, all files / their number"
+        a.plot(keys, [r["median_ms"] for r in runs], styles[mode], label=label)
         if runs[0].get("p99_ms") is not None:
             a.plot(keys, [r["p99_ms"] for r in runs], styles[mode], alpha=0.4, label=f"{mode}, p99")
         b.plot(keys, [(r.get("lane_rss_bytes") or r.get("jvm_rss_bytes") or 0) / 2**20 for r in runs], styles[mode],
@@ -304,7 +305,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         for mode in MODES:
             rows, runs = measured(axis["runs"], mode)
             if runs:
-                c.plot(rows, [r["median_ms"] for r in runs], styles[mode], label=f"{mode}, median")
+                c.plot(rows, [r["median_ms"] for r in runs], styles[mode],
+                       label=f"{mode}, median" if mode != "pyflink" else "pyflink, all files / their number")
         labels.append((c, f"rows an epoch ({axis['keys']:,} keys)", "epoch ms"))
     for ax, x, y in labels:
         ax.set_xscale("log")
