@@ -101,12 +101,14 @@ def run_eddyline(spark: Any, name: str, rows: int, lanes: int, warmup: int, batc
 
     spec = load_spec(eddyline_spec(name, rows, lanes, tmp / f"edd-out-{execution}", execution))
     progress = tmp / f"edd-progress-{execution}.jsonl"
+    clock = CpuClock()
     with ProgressReporter(live=False, json_path=str(progress)) as rep:
         engine = Engine(spec, spark, str(tmp / f"edd-ckpt-{execution}"), reporter=rep)
         engine.run(epochs=warmup)
-        cpu0, t0 = process_cpu(), time.perf_counter()
+        t0 = time.perf_counter()
+        rep.listeners.append(lambda _: clock.tick())
         summary = engine.run(epochs=batches)
-        wall, cpu1 = time.perf_counter() - t0, process_cpu()
+        wall = time.perf_counter() - t0
     records = [json.loads(x) for x in progress.read_text().splitlines()][warmup:]
     return {
         "engine": "eddyline",
@@ -120,35 +122,54 @@ def run_eddyline(spark: Any, name: str, rows: int, lanes: int, warmup: int, batc
         },
         "lane_ms": _lane_medians(records),
         "state_rows": records[-1]["stateOperators"][0]["numRowsTotal"] if records else 0,
-        "cpu_ms_per_epoch": {k: (cpu1[k] - cpu0.get(k, 0.0)) * 1000 / max(len(records), 1) for k in cpu1},
-        "wall_ms_per_epoch": wall * 1000 / max(len(records), 1),
+        **clock.per_epoch(),
     }
 
 
-def process_cpu() -> dict[str, float]:
-    """CPU seconds used so far by this process (the driver), its JVM and Spark's Python workers
-    (a resident stage's lanes among them), from ``/proc``; {} where there is none."""
-    import os
+class CpuClock:
+    """CPU time by process at the end of each measured epoch: this process (the driver), its JVM
+    and Spark's Python workers (a resident stage's lanes among them), read from ``/proc``. The
+    processes are found at the first tick (a resident stage starts in the first epoch of a run),
+    and the figures are taken from the first tick to the last, so that a stage's start is not
+    in them."""
 
-    tick, me, out = os.sysconf("SC_CLK_TCK"), os.getpid(), {"driver": 0.0, "jvm": 0.0, "python workers": 0.0}
-    if not os.path.isdir("/proc"):
-        return {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        used = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-        if int(pid) == me:
-            out["driver"] += used
-        elif b"org.apache.spark.deploy.SparkSubmit" in cmd:
-            out["jvm"] += used
-        elif b"pyspark.daemon" in cmd:
-            out["python workers"] += used
-    return out
+    def __init__(self) -> None:
+        self.pids: dict[int, str] = {}
+        self.ticks: list[tuple[float, dict[str, float]]] = []
+
+    def tick(self) -> None:
+        import os
+
+        if not self.pids and os.path.isdir("/proc"):
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmd = f.read()
+                except OSError:
+                    continue
+                if int(pid) == os.getpid():
+                    self.pids[int(pid)] = "driver"
+                elif b"org.apache.spark.deploy.SparkSubmit" in cmd:
+                    self.pids[int(pid)] = "jvm"
+                elif b"pyspark.daemon" in cmd:
+                    self.pids[int(pid)] = "python workers"
+        used = dict.fromkeys(("driver", "jvm", "python workers"), 0.0)
+        for pid, kind in self.pids.items():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            used[kind] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        self.ticks.append((time.perf_counter(), used))
+
+    def per_epoch(self) -> dict[str, Any]:
+        """CPU ms an epoch by process, and wall ms an epoch, from the first tick to the last."""
+        if len(self.ticks) < 2:
+            return {}
+        (t0, first), (t1, last), n = self.ticks[0], self.ticks[-1], len(self.ticks) - 1
+        return {"cpu_ms_per_epoch": {k: (last[k] - first[k]) * 1000 / n for k in last},
+                "wall_ms_per_epoch": (t1 - t0) * 1000 / n}
 
 
 def _lane_medians(records: list[dict[str, Any]]) -> dict[str, float]:
