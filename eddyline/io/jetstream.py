@@ -90,7 +90,15 @@ from eddyline.io.natswire import (
 from eddyline.io.records import decode, split_decoded, to_json_column
 from eddyline.io.retry import Health, with_retry
 from eddyline.io.sinks import Sink, SinkKind
-from eddyline.io.sources import BadCounter, EpochSlice, Frames, Source, SourceKind
+from eddyline.io.sources import (
+    ArrowSlice,
+    BadCounter,
+    EpochSlice,
+    Frames,
+    Source,
+    SourceKind,
+    arrow_decoded,
+)
 from eddyline.io.sparkjson import json_records
 from eddyline.io.textrecords import (
     TextSchema,
@@ -253,6 +261,26 @@ class MessageRanges(Source):
             df = spark.createDataFrame([], ddl)
         return split_decoded(df, list(ship), self.name, count_bad)
 
+    def arrow_problem(self) -> str | None:
+        if arrow_schema(self.spec.params.schema_) is None:
+            return f"schema {self.spec.params.schema_!r} has a type only Spark parses"
+        return None
+
+    def read_arrow(self, planned: dict[str, Any], columns: frozenset[str] | None = None, *,
+                   task: int = 0, tasks: int = 1) -> ArrowSlice:
+        """Task ``task``'s sub-range of the slice (:class:`SubRanges`, as a Spark task's),
+        fetched and decoded here (a resident lane's own read)."""
+        p = self.spec.params
+        schema = arrow_schema(p.schema_)
+        assert schema is not None
+        ship = schema.shipped(columns)
+        ranges = SubRanges(EpochSlice(self.name, planned), tasks, self.min_per_task)
+        batches = [] if planned["end"] <= planned["start"] else list(text_batches(p.format, schema, ship, self._fetcher(ranges), self.origin, self.lines_per_message,
+                                    iter([pa.RecordBatch.from_pydict({"task": [task]})])))
+        if not batches:
+            return ArrowSlice(pa.schema([schema.arrow.field(n) for n in ship]).empty_table())
+        return arrow_decoded(pa.Table.from_batches(batches), list(ship), self.name)
+
 
 class NatsSource(MessageRanges):
     def __init__(self, spec: SourceSpec):
@@ -289,6 +317,9 @@ class NatsSource(MessageRanges):
     @property
     def origin(self) -> str:
         return self.params.stream
+
+    def __getstate__(self) -> dict[str, Any]:  # the driver's connection stays in the driver (a lane reads with its own)
+        return {**self.__dict__, "server": None}
 
     def _fetcher(self, ranges: SubRanges) -> Any:
         p = self.params
