@@ -214,6 +214,9 @@ class LoadHistory:
     key_groups: int
     depth: int = 30
     _steps: dict[str, deque[StepLoad]] = field(default_factory=dict)
+    #: (id of a load, field) -> (the load, its figures per key group as a vector): every epoch's
+    #: plan reads the last ``depth`` epochs' figures, of which only the newest are new
+    _dense: dict[tuple[int, str], tuple[StepLoad, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, step: str, load: StepLoad) -> None:
         q = self._steps.setdefault(step, deque(maxlen=self.depth))
@@ -248,11 +251,25 @@ class LoadHistory:
         loads = self.epochs(step)[-last:] if last else self.epochs(step)
         out = np.zeros((self.key_groups, len(loads)))
         for t, load in enumerate(loads):
-            if figures := getattr(load, of):  # (every epoch plans from it: no loop per key group)
-                kgs = np.fromiter(figures.keys(), np.int64, len(figures))
-                out[:, t] = np.bincount(kgs % self.key_groups, np.fromiter(figures.values(), np.float64, len(figures)),
-                                        self.key_groups)
+            out[:, t] = self._vector(load, of)
         return out
+
+    def _vector(self, load: StepLoad, of: str) -> np.ndarray:
+        """``load``'s figure ``of`` per key group (fragments folded onto their group)."""
+        kept = self._dense.get((id(load), of))
+        if kept is not None and kept[0] is load:
+            return kept[1]
+        figures = getattr(load, of)
+        vector = np.zeros(self.key_groups)
+        if figures:
+            kgs = np.fromiter(figures.keys(), np.int64, len(figures))
+            vector = np.bincount(kgs % self.key_groups, np.fromiter(figures.values(), np.float64, len(figures)),
+                                 self.key_groups)
+        if len(self._dense) > 4 * self.depth * max(len(self._steps), 1):  # loads that left the history
+            held = {id(x) for q in self._steps.values() for x in q}
+            self._dense = {k: v for k, v in self._dense.items() if k[0] in held}
+        self._dense[(id(load), of)] = (load, vector)
+        return vector
 
     def rows_series(self, step: str, last: int | None = None, of: str = "kg_rows") -> np.ndarray:
         """Input rows per key group × epoch; ``of="work"``: the rows the kernel worked on,

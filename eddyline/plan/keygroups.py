@@ -104,8 +104,9 @@ class RoutingTable:
             raise ValueError(f"lanes must be positive, got {self.lanes}")
         if not self.assignment:
             raise ValueError("a routing table needs at least one key group")
-        bad = [kg for kg, lane in enumerate(self.assignment) if not 0 <= lane < self.lanes]
-        if bad:
+        # (checked on every epoch's plan: the list of culprits only when there are some)
+        if min(self.assignment) < 0 or max(self.assignment) >= self.lanes:
+            bad = [kg for kg, lane in enumerate(self.assignment) if not 0 <= lane < self.lanes]
             raise ValueError(f"key groups {bad[:5]} are routed outside lanes [0, {self.lanes})")
         for kg, extra in self.spread.items():
             if not 0 <= kg < len(self.assignment) or not extra or any(not 0 <= x < self.lanes for x in extra):
@@ -184,7 +185,7 @@ class RoutingTable:
         assert isinstance(spread, Mapping)
         return cls(
             int(data["lanes"]),  # type: ignore[arg-type]
-            tuple(int(x) for x in assignment),
+            tuple(map(int, assignment)),
             int(data["version"]),  # type: ignore[arg-type]
             {int(k): tuple(int(x) for x in v) for k, v in spread.items()},
         )

@@ -250,7 +250,7 @@ class ResidentExecutor(Executor):
             if routing.spread:
                 raise EngineError(f"step '{name}': hot-key splits (SPREADFIRE) run in per-epoch jobs; "
                                   "resident lanes take whole key groups")
-            steps.append((ResidentStep(name, kernel, tuple(int(x) for x in routing.owners())), routing.lanes))
+            steps.append((ResidentStep(name, kernel, tuple(routing.owners().tolist())), routing.lanes))
         lanes = max(n for _, n in steps)
         # a changed network (a control setting changed a step's parameters) is a new stage too
         key = (tuple(s for s, _ in steps), lanes, self.spec)
