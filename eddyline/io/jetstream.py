@@ -275,8 +275,11 @@ class MessageRanges(Source):
         assert schema is not None
         ship = schema.shipped(columns)
         ranges = SubRanges(EpochSlice(self.name, planned), tasks, self.min_per_task)
-        batches = [] if planned["end"] <= planned["start"] else list(text_batches(p.format, schema, ship, self._fetcher(ranges), self.origin, self.lines_per_message,
-                                    iter([pa.RecordBatch.from_pydict({"task": [task]})])))
+        batches = []
+        if planned["end"] > planned["start"]:
+            mine = iter([pa.RecordBatch.from_pydict({"task": [task]})])
+            batches = list(text_batches(p.format, schema, ship, self._fetcher(ranges), self.origin,
+                                        self.lines_per_message, mine))
         if not batches:
             return ArrowSlice(pa.schema([schema.arrow.field(n) for n in ship]).empty_table())
         return arrow_decoded(pa.Table.from_batches(batches), list(ship), self.name)
