@@ -45,13 +45,16 @@ def network(folder, execution: str, tansu, nats_server, postgres, name: str) -> 
         "sources": [{"name": "bids", "files": {"path": str(folder), "format": "parquet", "max_files_per_epoch": 1}}],
         "steps": [{"name": "per_auction", "input": "bids", "window_aggregate": {
             "key": "auction", "time": "ts", "window": {"size": "4s", "slide": "2s"},
-            "aggregates": {"n": "count(*)", "top": "max(price)", "mean": "avg(price)"}, "watermark_delay": "3s"}}],
+            "aggregates": {"n": "count(*)", "top": "max(price)", "mean": "avg(price)"}, "watermark_delay": "3s"}},
+                  # (text made by DuckDB in a lane, by Spark in a job)
+                  {"name": "labelled", "input": "per_auction",
+                   "select": ["*", "concat('auction \"', CAST(auction AS STRING), '\" ✓') AS label"]}],
         "sinks": [
-            {"name": "topic", "input": "per_auction",
+            {"name": "topic", "input": "labelled",
              "kafka": {"brokers": tansu.bootstrap, "topic": name, "key": ["auction"], "partitions": 2, "wait": "20s"}},
-            {"name": "stream", "input": "per_auction",
+            {"name": "stream", "input": "labelled",
              "nats": {"url": nats_server.url, "stream": name.upper().replace("-", ""), "subject": f"{name}.windows"}},
-            {"name": "table", "input": "per_auction",
+            {"name": "table", "input": "labelled",
              "postgres": {"url": postgres.url, "table": name.replace("-", "_")}},
         ],
     }
@@ -73,7 +76,7 @@ def _rows(url: str, table: str) -> list[tuple]:
     import psycopg
 
     with psycopg.connect(url) as conn:
-        return sorted(conn.execute(f"SELECT auction, window_start, window_end, n, top, mean FROM {table}").fetchall())
+        return sorted(conn.execute(f"SELECT auction, window_start, window_end, n, top, mean, label FROM {table}").fetchall())
 
 
 @pytest.mark.timeout(900)
@@ -95,6 +98,7 @@ def test_resident_epochs_send_the_records_per_epoch_jobs_send(spark, tansu, nats
                  for r in (json.loads(v) for _, v in records[resident].elements()))
     assert len(want) > 100 and got == want
     assert any("." in json.loads(v)["window_start"] for _, v in records[resident])  # (microseconds written)
+    assert all(json.loads(v)["label"] == f'auction "{int(k)}" ✓' for k, v in records[resident])
 
     # NATS JetStream: the same payloads
     payloads = {name: Counter(p for _, p, _ in read_stream(nats_server.url, name.upper().replace("-", "")))
