@@ -92,12 +92,13 @@ def test_q5_from_nats_to_nats_and_postgres_equals_duckdb_over_the_same_events(
     assert sorted(_key(*r) for r in db) == sorted(_key(r["auction"], r["num"], r["window_start"]) for r in got.to_pylist())
 
 
+@pytest.mark.parametrize("execution", ["job", "resident"])
 def test_the_demo_network_from_nats_upserts_its_windows_into_postgres_as_duckdb_computes_them(
-    spark, nats_server, postgres, nexmark_stream, tmp_path
+    spark, nats_server, postgres, nexmark_stream, tmp_path, execution
 ):
     raw = yaml.safe_load(resources.files("eddyline").joinpath("examples/demo-broker.yaml").read_text())
     table = f"hot_{uuid.uuid4().hex[:8]}"
-    raw["trigger"], raw["lanes"] = 0, 2
+    raw["trigger"], raw["lanes"], raw["execution"] = 0, 2, execution
     raw["sources"][0]["nats"] |= {"url": nats_server.url, "stream": nexmark_stream, "subject": f"{nexmark_stream}.bid"}
     raw["sources"][0]["max_rows_per_epoch"] = 5_000
     raw["sinks"] = [{"name": "hot_db", "input": "per_auction",
