@@ -131,11 +131,13 @@ class CpuClock:
     and Spark's Python workers (a resident stage's lanes among them), read from ``/proc``. The
     processes are found at the first tick (a resident stage starts in the first epoch of a run),
     and the figures are taken from the first tick to the last, so that a stage's start is not
-    in them."""
+    in them. Meant for resident runs, whose processes stay: a worker that ends meanwhile counts
+    as it was when last read, and one that starts is not counted."""
 
     def __init__(self) -> None:
         self.pids: dict[int, str] = {}
         self.ticks: list[tuple[float, dict[str, float]]] = []
+        self._last: dict[int, float] = {}  # CPU seconds of each process when last read
 
     def tick(self) -> None:
         import os
@@ -158,9 +160,10 @@ class CpuClock:
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
+                self._last[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
             except OSError:
-                continue
-            used[kind] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+                pass
+            used[kind] += self._last.get(pid, 0.0)
         self.ticks.append((time.perf_counter(), used))
 
     def per_epoch(self) -> dict[str, Any]:
