@@ -62,6 +62,25 @@ def unavailable() -> str | None:
 
 
 # ----------------------------------------------------------------------------- in .venv
+def start_job(script: Path, args: list[str], tmp: Path) -> subprocess.Popen[bytes]:
+    """``script`` (a job of :func:`submit`) in the PyFlink virtualenv, with none of this
+    environment's Python or Spark settings, in a session of its own (its JVM with it): what it
+    prints goes to ``tmp/flink.out``, its log to ``tmp/flink.log``. Returns once the job runs."""
+    printed, log = tmp / "flink.out", tmp / "flink.log"
+    drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "SPARK_HOME", "PYSPARK_PYTHON")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    with printed.open("wb") as out, log.open("wb") as err:
+        job = subprocess.Popen([str(flink_venv() / "bin" / "python"), str(script), *args],
+                               stdout=out, stderr=err, env=env, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while RUNNING not in printed.read_text(errors="replace"):
+        if job.poll() is not None or time.monotonic() > deadline:
+            _stop(job)
+            raise RuntimeError(f"the Flink job did not start: {log.read_text()[-1500:]}")
+        time.sleep(0.2)
+    return job
+
+
 def run(ctx: Any, query: str, rate: int, tmp: Path) -> dict[str, Any]:
     """One run, called by ``bench/latency.py``: starts the job, then the producer; stops the job
     once the producer ended and the job printed nothing for :data:`QUIET_S` (or after ``--drain``)."""
@@ -71,21 +90,11 @@ def run(ctx: Any, query: str, rate: int, tmp: Path) -> dict[str, Any]:
 
     indir, printed = tmp / "in", tmp / "flink.out"
     indir.mkdir()
-    drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "SPARK_HOME", "PYSPARK_PYTHON")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    with printed.open("wb") as out, (tmp / "flink.log").open("wb") as err:
-        job = subprocess.Popen(
-            [str(flink_venv() / "bin" / "python"), __file__, "--query", query, "--dir", str(indir),
-             "--watermark-ms", str(ctx.args.watermark_ms)],
-            stdout=out, stderr=err, env=env, start_new_session=True)  # its JVM is in its session
+    job = start_job(Path(__file__), ["--query", query, "--dir", str(indir), "--watermark-ms", str(ctx.args.watermark_ms)],
+                    tmp)
     producer = Producer(rate, ctx.args.warmup + ctx.args.seconds + TAIL_S,
                         {"mode": "files", "dir": str(indir), "file_ms": ctx.args.file_ms}, tmp)
     try:
-        deadline = time.monotonic() + 180
-        while RUNNING not in printed.read_text(errors="replace"):
-            if job.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Flink job did not start: {(tmp / 'flink.log').read_text()[-1500:]}")
-            time.sleep(0.2)
         producer.start()
         grown = [0, time.monotonic()]
 
@@ -185,15 +194,22 @@ def job_main() -> None:
     ap.add_argument("--dir", required=True)
     ap.add_argument("--watermark-ms", type=int, default=200)
     args = ap.parse_args()
+    submit(sql(args.query, args.dir, args.watermark_ms),
+           {"pipeline.auto-watermark-interval": "50 ms", "table.exec.source.idle-timeout": "500 ms",
+            "table.exec.state.ttl": f"{TTL_S} s"})
+
+
+def submit(statements: list[str], settings: dict[str, str]) -> None:
+    """In the PyFlink virtualenv: a streaming job on the local mini-cluster (parallelism 2, UTC,
+    and ``settings``) of ``statements``, the last its ``INSERT``; prints :data:`RUNNING` once it
+    is submitted, then runs until it is killed."""
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
     env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
     config = env.get_config()
-    for key, value in (("parallelism.default", "2"), ("table.local-time-zone", "UTC"),
-                       ("pipeline.auto-watermark-interval", "50 ms"), ("table.exec.source.idle-timeout", "500 ms"),
-                       ("table.exec.state.ttl", f"{TTL_S} s")):
+    for key, value in {"parallelism.default": "2", "table.local-time-zone": "UTC", **settings}.items():
         config.set(key, value)
-    *ddl, insert = sql(args.query, args.dir, args.watermark_ms)
+    *ddl, insert = statements
     for statement in ddl:
         env.execute_sql(statement)
     result = env.execute_sql(insert)

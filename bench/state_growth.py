@@ -133,12 +133,11 @@ def per_epoch(spark: Any, data: Path, tmp: Path) -> dict[str, Any]:
 def flink(spark: Any, data: Path, tmp: Path) -> dict[str, Any]:
     """The same files as CSV (each ending with its marker row) for ``bench/state_growth_flink.py``;
     see the module's docstring for what is measured."""
-    import subprocess
     import threading
 
     import pyarrow.csv as pacsv
-    from latency_flink import _stop, flink_venv, unavailable
-    from state_growth_flink import MARKER_BASE, RUNNING
+    from latency_flink import _stop, start_job, unavailable
+    from state_growth_flink import MARKER_BASE
 
     if why := unavailable():
         return {"mode": "pyflink", "error": why}
@@ -154,11 +153,7 @@ def flink(spark: Any, data: Path, tmp: Path) -> dict[str, Any]:
         marker = pa.table({"key": [MARKER_BASE + i], "event_time": [last], "value": [-1]}, schema=rows.schema)
         pacsv.write_csv(pa.concat_tables([rows, marker]), staged / f"{i:06d}.csv",
                         write_options=pacsv.WriteOptions(include_header=False))
-    drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "SPARK_HOME", "PYSPARK_PYTHON")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    with printed.open("wb") as out, (tmp / "flink.log").open("wb") as err:
-        job = subprocess.Popen([str(flink_venv() / "bin" / "python"), str(HERE / "state_growth_flink.py"),
-                                "--dir", str(indir)], stdout=out, stderr=err, env=env, start_new_session=True)
+    job = start_job(HERE / "state_growth_flink.py", ["--dir", str(indir)], tmp)
     peak, done = [0], threading.Event()
 
     def sample() -> None:  # the largest process of the job's session: its JVM
@@ -185,11 +180,6 @@ def flink(spark: Any, data: Path, tmp: Path) -> dict[str, Any]:
 
     sampler = threading.Thread(target=sample, daemon=True)
     try:
-        deadline = time.monotonic() + 180
-        while RUNNING not in printed.read_text(errors="replace"):
-            if job.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Flink job did not start: {(tmp / 'flink.log').read_text()[-1500:]}")
-            time.sleep(0.2)
         sampler.start()
         os.rename(staged / f"{0:06d}.csv", indir / f"{0:06d}.csv")
         wait_for(1, "the file of every key was not read")

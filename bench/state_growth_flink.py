@@ -22,10 +22,10 @@ that the planner cannot move it in front of the deduplication.)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-RUNNING = "@@running"
+from latency_flink import submit
+
 #: the marker rows' keys: above every key of the data, one per file
 MARKER_BASE = 10**12
 
@@ -46,19 +46,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
     args = ap.parse_args()
-    from pyflink.table import EnvironmentSettings, TableEnvironment
-
-    env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
-    config = env.get_config()
-    for key, value in (("parallelism.default", "2"), ("table.local-time-zone", "UTC"),
-                       ("table.exec.state.ttl", "1 d")):
-        config.set(key, value)
-    *ddl, insert = sql(args.dir)
-    for statement in ddl:
-        env.execute_sql(statement)
-    result = env.execute_sql(insert)
-    print(RUNNING, json.dumps({"job": str(result.get_job_client().get_job_id())}), flush=True)
-    result.wait()
+    submit(sql(args.dir), {"table.exec.state.ttl": "1 d"})
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ from eddyline.io.sources import (
     SourceKind,
     arrow_decoded,
 )
-from eddyline.io.sparkjson import json_records
+from eddyline.io.sparkjson import json_records, records_problem
 from eddyline.io.textrecords import (
     TextSchema,
     arrow_schema,
@@ -545,11 +545,7 @@ class NatsSink(Sink):
         self.collected[epoch] = pa.table({"v": pa.array(sorted(json_records(table)), pa.string())})
 
     def arrow_problem(self, schema: pa.Schema) -> str | None:
-        try:
-            json_records(schema.empty_table())
-        except TypeError as e:
-            return str(e)
-        return None
+        return records_problem(schema)
 
     def publish(self, epoch: int, midway: Callable[[], None] = lambda: None, tentative: bool = False) -> None:
         staged, restored, self._restored = self.collected.get(epoch), self._restored, []

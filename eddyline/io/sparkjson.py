@@ -98,9 +98,9 @@ def _writer(t: pa.DataType) -> Callable[[Any], str]:
         item = _nullable(_writer(t.value_type))
         return lambda v: "[" + ",".join(item(x) for x in v) + "]"
     if pa.types.is_struct(t):
-        fields = [(json.dumps(f.name, ensure_ascii=False), _writer(f.type)) for f in t]
-        return lambda v: "{" + ",".join(f"{name}:{write(v[k])}" for (name, write), k in
-                                        zip(fields, (f.name for f in t), strict=True) if v[k] is not None) + "}"
+        fields = [(f.name, json.dumps(f.name, ensure_ascii=False), _writer(f.type)) for f in t]
+        return lambda v: "{" + ",".join(f"{quoted}:{write(v[name])}" for name, quoted, write in fields
+                                        if v[name] is not None) + "}"
     if pa.types.is_map(t):
         key, item = _writer(t.key_type), _nullable(_writer(t.item_type))
         return lambda v: "{" + ",".join(f"{_as_key(key(k))}:{item(x)}" for k, x in v) + "}"
@@ -169,6 +169,18 @@ def key_texts(table: pa.Table, keys: list[str]) -> list[str | None]:
     write = _nullable(_writer(types.pop()))
     columns = [_values(table.column(k)) for k in keys]
     return ["[" + ",".join(write(v) for v in row) + "]" for row in zip(*columns, strict=True)]
+
+
+def records_problem(schema: pa.Schema, keys: list[str] | None = None) -> str | None:
+    """Why rows of ``schema`` (with record keys of ``keys``) cannot be written as Spark's records
+    here; None: they can. (The writers are made from the types, before any row.)"""
+    try:
+        json_records(schema.empty_table())
+        if keys is not None:
+            key_texts(schema.empty_table(), keys)
+    except TypeError as e:
+        return str(e)
+    return None
 
 
 def micro_instants(table: pa.Table, tz: str = "UTC") -> pa.Table:

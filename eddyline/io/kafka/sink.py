@@ -73,7 +73,7 @@ from eddyline.io.kafka.client import REQUEST_S, settings, unreachable
 from eddyline.io.records import to_json_column
 from eddyline.io.retry import Health
 from eddyline.io.sinks import Sink, SinkKind
-from eddyline.io.sparkjson import json_records, key_texts
+from eddyline.io.sparkjson import json_records, key_texts, records_problem
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Producer
@@ -287,12 +287,7 @@ class KafkaSink(Sink):
         self._collect(epoch, key_texts(table, list(self.params.key or [])), json_records(table))
 
     def arrow_problem(self, schema: pa.Schema) -> str | None:
-        try:  # (both make their writers from the types before the rows)
-            json_records(schema.empty_table())
-            key_texts(schema.empty_table(), list(self.params.key or []))
-        except TypeError as e:
-            return str(e)
-        return None
+        return records_problem(schema, list(self.params.key or []))
 
     def _collect(self, epoch: int, keys: list[str | None], values: list[str]) -> None:
         pairs = sorted(zip(keys, values, strict=True),
