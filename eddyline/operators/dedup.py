@@ -140,6 +140,15 @@ class DedupKernel:
     def empty_state(self) -> pa.Table:
         return self.state_schema.empty_table()
 
+    @property
+    def local_keys(self) -> tuple[str, ...]:
+        """A key's state meets only its own rows (:class:`~eddyline.state.inplace.LocalKernel`)."""
+        return self.keys
+
+    def deadline(self, state: pa.Table) -> np.ndarray:
+        """An untouched key is forgotten once the watermark is past ``_last_ms + ttl``."""
+        return state.column(LAST).to_numpy(zero_copy_only=False).astype(np.int64) + self.ttl_ms
+
     def _settled(self, touched: pa.Table, rows: pa.Table, t: np.ndarray) -> np.ndarray:
         """Rows that cannot pass whatever the others do (see step 2 of :meth:`process`)."""
         ttl = self.ttl_ms

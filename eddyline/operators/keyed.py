@@ -338,6 +338,15 @@ class KeyedAggregateKernel:
     def empty_state(self) -> pa.Table:
         return self.state_schema.empty_table()
 
+    @property
+    def local_keys(self) -> tuple[str, ...]:
+        """A key's partials meet only its own rows (:class:`~eddyline.state.inplace.LocalKernel`)."""
+        return self.keys
+
+    def deadline(self, state: pa.Table) -> None:
+        """An untouched key's partials never change."""
+        return None
+
     def process(self, batch: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
         """Fold the batch into the touched keys' partials and emit the keys whose result changed.
 

@@ -136,6 +136,15 @@ class SessionWindowKernel:
     def empty_state(self) -> pa.Table:
         return self.state_schema.empty_table()
 
+    @property
+    def local_keys(self) -> tuple[str, ...]:
+        """A key's sessions meet only its own rows (:class:`~eddyline.state.inplace.LocalKernel`)."""
+        return self.keys
+
+    def deadline(self, state: pa.Table) -> np.ndarray:
+        """An untouched session fires once the watermark reaches its last row's time + gap."""
+        return state.column(LAST).to_numpy(zero_copy_only=False).astype(np.int64) + (self.gap_ms - 1)
+
     def process(self, batch: pa.Table, state: pa.Table | None, watermark_ms: int) -> KernelResult:
         """1. drop late rows; turn each remaining row into a one-row session ``[t, t]``;
         2. confine work to the batch's key groups: their state sessions and the new one-row

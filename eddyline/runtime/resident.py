@@ -49,9 +49,10 @@ import pyarrow as pa
 from eddyline import objectstore
 from eddyline.columns import KG
 from eddyline.errors import TASK_MARK as MARK
-from eddyline.operators.base import Kernel
+from eddyline.operators.base import Kernel, KernelResult
 from eddyline.runtime.faults import FaultPoint, Faults, NoFaults
 from eddyline.runtime.lanes import process
+from eddyline.state.inplace import InPlaceState, local
 from eddyline.state.store import Chain, KeyGroupStore, StateCache, with_chains
 from eddyline.storage import Gate, makedirs
 
@@ -290,8 +291,46 @@ class _Held:
                                    gate=Gate(lanes.checkpoint, lanes.generation))
         self.owners = np.asarray(step.routing)
         self.index: dict[int, Chain] = {}
+        #: a local kernel's rows are held in place (an epoch costs what it touches); any other
+        #: kernel's are one table, given whole and taken back whole
+        self.in_place = InPlaceState(step.kernel) if local(step.kernel) else None
         self.state = step.kernel.state_schema.empty_table()
         self.epoch = 0  # the last epoch run (or the commit the stage started from)
+
+    def load(self, rows: pa.Table) -> None:
+        if self.in_place is not None:
+            self.in_place.load(rows)
+        else:
+            self.state = rows
+
+    @property
+    def rows(self) -> int:
+        return self.in_place.num_rows if self.in_place is not None else self.state.num_rows
+
+    def process(self, batch: pa.Table, watermark_ms: int,
+                advance_ms: int | None) -> tuple[KernelResult, InPlaceState | _Whole]:
+        """The kernel over ``batch``; its result and the state held after it."""
+        if self.in_place is None:
+            result = process(self.kernel, batch, self.state, watermark_ms, advance_ms)
+            self.state = result.state
+            return result, _Whole(result.state)
+        touched, where = self.in_place.touched(batch, max(watermark_ms, advance_ms or watermark_ms))
+        result = process(self.kernel, batch, touched, watermark_ms, advance_ms)
+        self.in_place.apply(touched, where, result)
+        return result, self.in_place
+
+
+class _Whole:
+    """A state table as :class:`~eddyline.state.store.GroupedRows`."""
+
+    def __init__(self, table: pa.Table):
+        self.table, self.num_rows, self.nbytes = table, table.num_rows, table.nbytes
+
+    def group_counts(self) -> np.ndarray:
+        return np.bincount(self.table.column(KG).to_numpy(zero_copy_only=False)) if self.num_rows else np.zeros(0, np.int64)
+
+    def group_rows(self, groups: np.ndarray) -> pa.Table:
+        return self.table.filter(pa.array(np.isin(self.table.column(KG).to_numpy(zero_copy_only=False), groups)))
 
 
 class Lane:
@@ -322,7 +361,7 @@ class Lane:
                 self.load(int(header["after"]), {name: {int(k): v for k, v in index.items()}
                                                  for name, index in header["index"].items()})
                 send(out, {"op": "loaded", "lane": self.lane,
-                           "state_rows": sum(h.state.num_rows for h in self.held.values())})
+                           "state_rows": sum(h.rows for h in self.held.values())})
             elif op == "epoch":
                 done, output = self.run(header, rows)
                 send(out, done, output if self.lanes.output is None else None)
@@ -338,7 +377,7 @@ class Lane:
             given = index.get(name, {})
             mine = [kg for kg in given if kg < held.owners.size and held.owners[kg] == self.lane]
             held.index = {kg: given[kg] for kg in mine}
-            held.state = held.store.load(held.index, mine) if mine else held.kernel.state_schema.empty_table()
+            held.load(held.store.load(held.index, mine) if mine else held.kernel.state_schema.empty_table())
             held.epoch = after
 
     def run_network(self, header: dict[str, Any], out: BinaryIO) -> bool:
@@ -396,10 +435,10 @@ class Lane:
         if strays.size:
             raise RuntimeError(f"{MARK} resident lane {self.lane}: rows of key groups {strays[:5].tolist()} "
                                "routed elsewhere")
-        result = process(kernel, batch, held.state, int(header["watermark_ms"]), header.get("advance_ms"))
+        result, state = held.process(batch, int(header["watermark_ms"]), header.get("advance_ms"))
         t1 = time.perf_counter()
         file_id = attempt_file_id(self.lane, self.attempt)
-        written = held.store.write(epoch, file_id, held.index, result.state, result.upserts, result.deletes,
+        written = held.store.write(epoch, file_id, held.index, state, result.upserts, result.deletes,
                                    result.changed_key_groups)
         t2 = time.perf_counter()
         if self.lane == 0 and name == self.lanes.steps[-1].name:
@@ -414,18 +453,16 @@ class Lane:
             held.store.gate.put(output, sink.getvalue().to_pybytes())
         t3 = time.perf_counter()
         held.index = {int(k): v for k, v in with_chains(held.index, written.chains).items()}
-        held.state = result.state
         held.epoch = epoch
         in_counts = np.bincount(kgs) if kgs.size else np.zeros(0, np.int64)
-        state_counts = (np.bincount(result.state.column(KG).to_numpy(zero_copy_only=False)) if result.state.num_rows
-                        else np.zeros(0, np.int64))
+        state_counts = state.group_counts()
         # the fields of a per-epoch lane's manifest the fold and the controller read
         # (eddyline.runtime.lanes, eddyline.control.stats.step_load)
         return {
             "op": "done", "epoch": epoch, "step": name, "lane": self.lane, "attempt": self.attempt,
             "chains": {str(k): v for k, v in written.chains.items()},
             "input_rows": batch.num_rows, "output_rows": result.output.num_rows, "output": output,
-            "state_rows": result.state.num_rows, "state_bytes": result.state.nbytes,
+            "state_rows": state.num_rows, "state_bytes": state.nbytes,
             "bytes_written": written.bytes_written, "snapshots": written.snapshots, "deltas": written.deltas,
             "metrics": {k: int(v) for k, v in result.metrics.items()},
             "kg_rows": {str(k): int(in_counts[k]) for k in np.flatnonzero(in_counts)},
@@ -433,7 +470,7 @@ class Lane:
             **({"kg_cost": {str(g): int(c) for g, c in result.kg_cost.items()}} if result.kg_cost else {}),
             "key_groups": len(held.index), "pid": os.getpid(),
             # every key group's state is in the lane's memory: none is loaded
-            "cache_hits": len(held.index), "cache_misses": 0, "cache_bytes": result.state.nbytes,
+            "cache_hits": len(held.index), "cache_misses": 0, "cache_bytes": state.nbytes,
             "ms": {"kernel": round((t1 - t0) * 1000, 3), "write": round((t2 - t1) * 1000, 3),
                    "output": round((t3 - t2) * 1000, 3)},
             "cpu_ms": {"lane": round((time.thread_time() - c0) * 1000, 3)},

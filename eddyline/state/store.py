@@ -25,6 +25,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -213,6 +214,18 @@ def drop_state(root: str, step: str) -> None:
     fs.delete_dir(f"{base}/state/{step}")
 
 
+class GroupedRows(Protocol):
+    """A lane's state that is not one table (:class:`eddyline.state.inplace.InPlaceState`)."""
+
+    def group_counts(self) -> np.ndarray:
+        """Rows per key group (index = key group)."""
+        ...
+
+    def group_rows(self, groups: np.ndarray) -> pa.Table:
+        """The rows of ``groups``."""
+        ...
+
+
 class KeyGroupStore:
     """State of one stateful step. Pure Python + pyarrow; used inside Spark tasks."""
 
@@ -308,16 +321,17 @@ class KeyGroupStore:
         epoch: int,
         lane: int,
         index: Mapping[int, Chain],
-        new_state: pa.Table,
+        new_state: pa.Table | GroupedRows,
         upserts: pa.Table,
         deletes: pa.Table,
         changed_key_groups: Iterable[int],
     ) -> WriteResult:
         """Persist the changes of one lane in one epoch; returns the new chains of changed groups.
 
-        ``new_state`` is the lane's full state after the epoch; ``upserts`` / ``deletes`` are what
-        changed. A group gets a snapshot when it has none yet, when its chain is long, or when the
-        delta would be at least half the snapshot's size; otherwise a delta.
+        ``new_state`` is the lane's full state after the epoch (a table, or the rows a resident
+        lane holds in place, asked only for the groups written whole); ``upserts`` / ``deletes``
+        are what changed. A group gets a snapshot when it has none yet, when its chain is long,
+        or when the delta would be at least half the snapshot's size; otherwise a delta.
         """
         if is_s3(self.fs) and self.gate.generation:
             lane = generation_file_id(lane, self.gate.generation)
@@ -325,17 +339,28 @@ class KeyGroupStore:
         # cache nothing needs the whole state sorted (only the rows written are), and sorting it
         # would make every epoch cost the lane's whole state.
         caching = self.cache.budget > 0
-        new_state = new_state.cast(self.schema)
-        if caching:
-            new_state = _sorted_by_kg(new_state)
+        grouped = not isinstance(new_state, pa.Table)
+        if grouped and caching:
+            raise ValueError(f"step {self.step!r}: a store with a cache takes the new state as a table")
+        if not grouped:
+            new_state = new_state.cast(self.schema)
+            if caching:
+                new_state = _sorted_by_kg(new_state)
         upserts = _sorted_by_kg(upserts.cast(self.schema))
         deletes = _sorted_by_kg(deletes.select(self.primary_key))
         groups = np.array(sorted(set(changed_key_groups)), dtype=np.int64)
-        full_kg, ups_kg, dels_kg = (_kgs(t) for t in (new_state, upserts, deletes))
-        if caching:
-            full_at, full_n = _ranges(full_kg, groups)
+        ups_kg, dels_kg = _kgs(upserts), _kgs(deletes)
+        if grouped:
+            counts = new_state.group_counts()
+            full_n = np.zeros(groups.size, np.int64)
+            inside = groups < counts.size
+            full_n[inside] = counts[groups[inside]]
         else:
-            full_n = np.bincount(full_kg, minlength=int(groups.max(initial=-1)) + 1)[groups]
+            full_kg = _kgs(new_state)
+            if caching:
+                full_at, full_n = _ranges(full_kg, groups)
+            else:
+                full_n = np.bincount(full_kg, minlength=int(groups.max(initial=-1)) + 1)[groups]
         _, ups_n = _ranges(ups_kg, groups)
         _, dels_n = _ranges(dels_kg, groups)
         chain_len = np.array([len(index.get(int(kg)) or []) for kg in groups], dtype=np.int64)
@@ -350,8 +375,10 @@ class KeyGroupStore:
         live = full_n > 0
         # One table for the lane's file, each group's rows contiguous: a snapshot's rows, or a
         # delta's upserts then deletes (the concatenation order, kept by a stable sort on _kg).
+        whole = groups[live & snapshot]
         parts = [
-            _with_op(new_state.filter(pa.array(np.isin(full_kg, groups[live & snapshot]))), 0, self.file_schema),
+            _with_op(new_state.group_rows(whole).cast(self.schema) if grouped
+                     else new_state.filter(pa.array(np.isin(full_kg, whole))), 0, self.file_schema),
             _with_op(upserts.filter(pa.array(np.isin(ups_kg, groups[live & ~snapshot]))), 0, self.file_schema),
             _with_op(deletes.filter(pa.array(np.isin(dels_kg, groups[live & ~snapshot]))), 1, self.file_schema),
         ]

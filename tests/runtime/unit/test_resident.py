@@ -71,7 +71,7 @@ def test_a_lane_runs_epochs_in_sequence_with_the_kernels_results_and_refuses_a_g
         assert done["epoch"] == epoch and done["output_rows"] == expected.output.num_rows
         out = pa.ipc.open_file(pa.memory_map(done["output"])).read_all() if done["output"] else None
         assert out is None or sorted(out.column("key").to_pylist()) == sorted(expected.output.column("key").to_pylist())
-    assert lane.held['d'].state.num_rows == state.num_rows
+    assert lane.held['d'].rows == state.num_rows
     with pytest.raises(RuntimeError, match="epoch 5 after epoch 3"):
         lane.run({"epoch": 5, "watermark_ms": 0}, rows([9], 9_000))
     with pytest.raises(RuntimeError, match="epoch 3 after epoch 3"):
@@ -97,7 +97,7 @@ def test_what_an_attempt_writes_is_named_by_it_and_a_later_attempt_reloads_the_c
     first.run({"epoch": 2, "watermark_ms": 0}, rows([7, 8], 100))
     second = Lane(lanes_spec(tmp_path, attempt=2), 0)
     second.load(1, {'d': index})
-    assert second.held['d'].state.num_rows == 3 and second.held['d'].epoch == 1
+    assert second.held['d'].rows == 3 and second.held['d'].epoch == 1
     redo, _ = second.run({"epoch": 2, "watermark_ms": 0}, rows([7, 8], 100))
     names = {state_file("", "d", 2, seg[1]).rsplit("/", 1)[1] for chain in redo["chains"].values() for seg in chain if seg[0] == 2}
     assert names and all(parse_state_file(n) == (2, attempt_file_id(0, 2)) for n in names)
@@ -138,9 +138,9 @@ def test_an_idle_lane_still_gets_its_epoch_and_the_watermark_expires_its_state(t
     older than its TTL once the watermark passes them, rows or not."""
     lane = Lane(lanes_spec(tmp_path), 0)
     lane.run({"epoch": 1, "watermark_ms": 0}, rows([1, 2, 3], 0))
-    assert lane.held['d'].state.num_rows == 3
+    assert lane.held['d'].rows == 3
     tick, _ = lane.run({"epoch": 2, "watermark_ms": 10_000}, None)
-    assert tick["input_rows"] == 0 and tick["state_rows"] == 0 and lane.held['d'].state.num_rows == 0
+    assert tick["input_rows"] == 0 and tick["state_rows"] == 0 and lane.held['d'].rows == 0
     assert any(chain is None for chain in tick["chains"].values())  # the forgotten groups leave the index
 
 
@@ -165,3 +165,28 @@ def test_only_the_current_attempts_manifests_of_the_epoch_and_step_are_taken():
         checked([{**done[0], "epoch": 4}], 2, 5, "d")
     with pytest.raises(StageEnded, match="step 'e'; expected attempt 2, epoch 5, step 'd'"):
         checked([{**done[0], "step": "e"}], 2, 5, "d")
+
+
+def test_a_lane_keeps_a_local_kernels_state_in_place_and_its_checkpoint_reloads_to_what_it_holds(tmp_path):
+    """The dedup's rows are held in place (an epoch touches the batch's keys and the keys past
+    their TTL, not the whole state); what the lane writes each epoch, snapshots of whole groups
+    and deltas, loads back to exactly the rows it holds, and the manifest's counts are the held
+    rows'."""
+    spec = lanes_spec(tmp_path)
+    lane = Lane(spec, 0)
+    held = lane.held["d"]
+    assert held.in_place is not None
+    store = KeyGroupStore(spec.checkpoint, "d", held.kernel.state_schema, held.kernel.primary_key)
+    rng = np.random.default_rng(11)
+    index: dict = {}
+    for epoch in range(1, 41):
+        keys = rng.integers(0, 400, 60).tolist()
+        done, _ = lane.run({"epoch": epoch, "watermark_ms": 100 * epoch - 1_500}, rows(keys, 100 * epoch))
+        index = with_chains(index, done["chains"])
+        loaded = store.load(index, range(KEY_GROUPS))
+        got = held.in_place.table()
+        assert sorted(loaded.to_pylist(), key=repr) == sorted(got.to_pylist(), key=repr), epoch
+        assert done["state_rows"] == got.num_rows
+        assert sum(done["kg_state_rows"].values()) == got.num_rows
+    assert done["snapshots"] + done["deltas"] > 0
+    assert any(seg[2] == "d" for chain in index.values() for seg in chain)  # (deltas, not only snapshots)
