@@ -291,17 +291,31 @@ class _Held:
                                    gate=Gate(lanes.checkpoint, lanes.generation))
         self.owners = np.asarray(step.routing)
         self.index: dict[int, Chain] = {}
-        #: a local kernel's rows are held in place (an epoch costs what it touches); any other
-        #: kernel's are one table, given whole and taken back whole
-        self.in_place = InPlaceState(step.kernel) if local(step.kernel) else None
+        #: a local kernel's rows are held in place once they are many times an epoch's rows (an
+        #: epoch then costs what it touches); below that, and for any other kernel, they are one
+        #: table given whole and taken back whole, which costs less while it is small
+        self.local = local(step.kernel)
+        self.in_place: InPlaceState | None = None
         self.state = step.kernel.state_schema.empty_table()
+        self.batch_rows = float(MIN_BATCH_ROWS)  # the epochs' rows lately (a moving average)
         self.epoch = 0  # the last epoch run (or the commit the stage started from)
 
     def load(self, rows: pa.Table) -> None:
-        if self.in_place is not None:
-            self.in_place.load(rows)
-        else:
-            self.state = rows
+        self.in_place, self.state = None, rows
+        self._choose()
+
+    def _choose(self) -> None:
+        """In place once the state holds IN_PLACE_FROM times an epoch's rows; back to a table
+        below a quarter of that (each change costs a pass over the state, so not every epoch)."""
+        if not self.local:
+            return
+        per_epoch = max(self.batch_rows, MIN_BATCH_ROWS)
+        if self.in_place is None and self.state.num_rows >= IN_PLACE_FROM * per_epoch:
+            self.in_place = InPlaceState(self.kernel)
+            self.in_place.load(self.state)
+            self.state = self.kernel.state_schema.empty_table()
+        elif self.in_place is not None and self.in_place.num_rows < IN_PLACE_FROM * per_epoch / 4:
+            self.state, self.in_place = self.in_place.table(), None
 
     @property
     def rows(self) -> int:
@@ -310,6 +324,8 @@ class _Held:
     def process(self, batch: pa.Table, watermark_ms: int,
                 advance_ms: int | None) -> tuple[KernelResult, InPlaceState | _Whole]:
         """The kernel over ``batch``; its result and the state held after it."""
+        self.batch_rows += (batch.num_rows - self.batch_rows) / 8
+        self._choose()
         if self.in_place is None:
             result = process(self.kernel, batch, self.state, watermark_ms, advance_ms)
             self.state = result.state
@@ -318,6 +334,13 @@ class _Held:
         result = process(self.kernel, batch, touched, watermark_ms, advance_ms)
         self.in_place.apply(touched, where, result)
         return result, self.in_place
+
+
+#: a local kernel's state is held in place from this many times an epoch's rows (measured: in
+#: place costs a few milliseconds more an epoch than a table below ~50 times, less above)
+IN_PLACE_FROM = 64
+#: the fewest rows an epoch is taken to have when choosing (idle ticks would make it zero)
+MIN_BATCH_ROWS = 2_000
 
 
 class _Whole:

@@ -236,21 +236,34 @@ class InPlaceState:
         those of the batch's keys and those past their deadline; with where they are held."""
         at = [(i << _ROW_BITS) | t.due(watermark_ms) for i, t in enumerate(self.tables)]
         if batch.num_rows:
-            probe = np.unique(key_hashes(batch, self.keys))
+            probe = np.sort(key_hashes(batch, self.keys))  # (sorted probes search far faster)
+            probe = probe[np.r_[True, probe[1:] != probe[:-1]]]
             at += [_matches(self.base_hashes, self.base_at, probe), _matches(self.young_hashes, self.young_at, probe)]
-        where = np.unique(np.concatenate(at))
-        where = where[self._alive_at(where)]
-        table_of, row_of = where >> _ROW_BITS, where & _ROW_MASK
-        parts = [self.tables[i].rows.take(pa.array(row_of[table_of == i])) for i in np.unique(table_of).tolist()]
+        where = np.sort(np.concatenate(at))  # (by table, then row: each table's rows are one slice)
+        if where.size:
+            where = where[np.r_[True, where[1:] != where[:-1]]]
+        parts, kept = [], []
+        for i, lo, hi in self._by_table(where):
+            t, rows = self.tables[i], where[lo:hi] & _ROW_MASK
+            alive = t.alive[rows]
+            rows = rows if alive.all() else rows[alive]
+            parts.append(t.rows.take(pa.array(rows)))
+            kept.append((i << _ROW_BITS) | rows)
         rows = pa.concat_tables(parts) if parts else self.schema.empty_table()
-        return rows, where
+        return rows, (np.concatenate(kept) if kept else np.zeros(0, np.int64))
+
+    def _by_table(self, where: np.ndarray) -> list[tuple[int, int, int]]:
+        """``(table, lo, hi)`` for each table with held places in ``where[lo:hi]`` (sorted)."""
+        bounds = np.searchsorted(where, np.arange(len(self.tables) + 1, dtype=np.int64) << _ROW_BITS)
+        return [(i, int(lo), int(hi)) for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)) if hi > lo]
 
     def _alive_at(self, where: np.ndarray) -> np.ndarray:
-        table_of, row_of = where >> _ROW_BITS, where & _ROW_MASK
+        """Whether each place of ``where`` (any order) holds a row alive."""
+        order = np.argsort(where, kind="stable")
         keep = np.zeros(where.size, bool)
-        for i in np.unique(table_of).tolist():
-            sel = table_of == i
-            keep[sel] = self.tables[i].alive[row_of[sel]]
+        ordered = where[order]
+        for i, lo, hi in self._by_table(ordered):
+            keep[order[lo:hi]] = self.tables[i].alive[ordered[lo:hi] & _ROW_MASK]
         return keep
 
     def apply(self, touched: pa.Table, where: np.ndarray, result: KernelResult) -> None:
@@ -262,10 +275,9 @@ class InPlaceState:
         changed = pa.concat_tables([upserts.select(self.pk), result.deletes.select(self.pk).cast(pk)])
         if touched.num_rows and changed.num_rows:
             held, gone, _ = key_codes([touched.column(c) for c in self.pk], [changed.column(c) for c in self.pk])
-            dead = where[np.isin(held, gone)]
-            for i in np.unique(dead >> _ROW_BITS).tolist():
-                t = self.tables[i]
-                rows = dead[(dead >> _ROW_BITS) == i] & _ROW_MASK
+            dead = np.sort(where[np.isin(held, gone)])
+            for i, lo, hi in self._by_table(dead):
+                t, rows = self.tables[i], dead[lo:hi] & _ROW_MASK
                 t.alive[rows] = False
                 self.counts = _added(self.counts, t.kgs[rows], -1)
                 self.rows -= rows.size
@@ -337,7 +349,7 @@ def _merged(*runs: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarra
 
 
 def _matches(hashes: np.ndarray, at: np.ndarray, probe: np.ndarray) -> np.ndarray:
-    """Where the entries whose hash is one of ``probe`` (sorted, distinct) are held."""
+    """Where the entries whose hash is one of ``probe`` (distinct; sorted, for speed) are held."""
     if not hashes.size or not probe.size:
         return np.zeros(0, np.int64)
     lo = np.searchsorted(hashes, probe, side="left")

@@ -167,26 +167,35 @@ def test_only_the_current_attempts_manifests_of_the_epoch_and_step_are_taken():
         checked([{**done[0], "step": "e"}], 2, 5, "d")
 
 
-def test_a_lane_keeps_a_local_kernels_state_in_place_and_its_checkpoint_reloads_to_what_it_holds(tmp_path):
-    """The dedup's rows are held in place (an epoch touches the batch's keys and the keys past
-    their TTL, not the whole state); what the lane writes each epoch, snapshots of whole groups
-    and deltas, loads back to exactly the rows it holds, and the manifest's counts are the held
-    rows'."""
+def test_a_lane_keeps_a_large_state_in_place_a_small_one_as_a_table_and_its_checkpoint_is_the_same(
+        tmp_path, monkeypatch):
+    """The dedup's rows are held in place once they are many times an epoch's rows (an epoch
+    then touches the batch's keys and the keys past their TTL, not the whole state) and as a
+    table again once most are forgotten; either way what the lane writes each epoch, snapshots
+    of whole groups and deltas, loads back to exactly the rows it holds, and the manifest's
+    counts are the held rows'."""
+    from eddyline.runtime import resident
+
+    monkeypatch.setattr(resident, "IN_PLACE_FROM", 4)
+    monkeypatch.setattr(resident, "MIN_BATCH_ROWS", 1)
     spec = lanes_spec(tmp_path)
     lane = Lane(spec, 0)
     held = lane.held["d"]
-    assert held.in_place is not None
     store = KeyGroupStore(spec.checkpoint, "d", held.kernel.state_schema, held.kernel.primary_key)
     rng = np.random.default_rng(11)
     index: dict = {}
-    for epoch in range(1, 41):
-        keys = rng.integers(0, 400, 60).tolist()
-        done, _ = lane.run({"epoch": epoch, "watermark_ms": 100 * epoch - 1_500}, rows(keys, 100 * epoch))
+    modes, deltas = [], 0
+    for epoch in range(1, 61):
+        keys = rng.integers(0, 400, 60).tolist() if epoch <= 40 else rng.integers(0, 20, 5).tolist()
+        watermark = 100 * epoch - 1_500 if epoch <= 40 else 100 * epoch + 1_000  # then most keys expire
+        done, _ = lane.run({"epoch": epoch, "watermark_ms": watermark}, rows(keys, 100 * epoch))
+        modes.append("in place" if held.in_place is not None else "table")
         index = with_chains(index, done["chains"])
         loaded = store.load(index, range(KEY_GROUPS))
-        got = held.in_place.table()
+        got = held.in_place.table() if held.in_place is not None else held.state
         assert sorted(loaded.to_pylist(), key=repr) == sorted(got.to_pylist(), key=repr), epoch
         assert done["state_rows"] == got.num_rows
         assert sum(done["kg_state_rows"].values()) == got.num_rows
-    assert done["snapshots"] + done["deltas"] > 0
-    assert any(seg[2] == "d" for chain in index.values() for seg in chain)  # (deltas, not only snapshots)
+        deltas += done["deltas"]
+    assert modes[0] == "table" and "in place" in modes and modes[-1] == "table", modes
+    assert deltas > 0  # (deltas were written, not only snapshots)
