@@ -105,7 +105,7 @@ def epoch_micros(moment: datetime) -> int:
     return (moment - _EPOCH) // timedelta(microseconds=1)
 
 
-def _salt_constant(seed: int, salt: int) -> int:
+def salt_constant(seed: int, salt: int) -> int:
     """A signed 64-bit constant that stands for ``(seed, salt)`` in the row hash."""
     digest = hashlib.blake2b(f"{seed}/{salt}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
@@ -117,7 +117,7 @@ def hash_bits(seed: int, column: Column, salt: int) -> Column:
     Seed and salt are folded into one constant in Python, so each row pays for two rounds of
     xxhash64 instead of three.
     """
-    return F.xxhash64(column, F.lit(_salt_constant(seed, salt)))
+    return F.xxhash64(column, F.lit(salt_constant(seed, salt)))
 
 
 def uniform_below(bits: Column, bound: int | Column) -> Column:
@@ -346,7 +346,7 @@ def generator_arrow(params: Generator, start: int, end: int) -> pa.Table:
     segs = segments(params)
     offset = np.arange(start, end, dtype=np.int64)
     which = np.searchsorted(np.array([s.first for s in segs], dtype=np.int64), offset, side="right") - 1
-    bits = spark_xxhash64(offset, _salt_constant(params.seed, _SALT_KEY))
+    bits = spark_xxhash64(offset, salt_constant(params.seed, _SALT_KEY))
     u = (bits.view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
     key = np.zeros(offset.size, dtype=np.int64)
     event_us = np.zeros(offset.size, dtype=np.int64)
@@ -364,7 +364,7 @@ def generator_arrow(params: Generator, start: int, end: int) -> pa.Table:
         key[mine] = np.mod(rank * spread_multiplier(seg.keys) + seg.hot_shift % seg.keys, seg.keys)
         position = (offset[mine] - seg.first).astype(np.float64) * seg.gap_us + seg.lead_us
         event_us[mine] = seg.start_us + np.floor(position).astype(np.int64)
-    value = np.mod(spark_xxhash64(offset, _salt_constant(params.seed, _SALT_VALUE)), VALUE_BOUND)
+    value = np.mod(spark_xxhash64(offset, salt_constant(params.seed, _SALT_VALUE)), VALUE_BOUND)
     return pa.table({"offset": offset, "key": key, "value": value,
                      "event_time": pa.array(event_us, pa.timestamp("us", tz="UTC"))})
 

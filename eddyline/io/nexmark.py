@@ -32,6 +32,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import Field
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -44,6 +47,7 @@ from eddyline.io.generator import (
     epoch_micros,
     hash_bits,
     offsets_until,
+    salt_constant,
     uniform_below,
     unit_interval,
 )
@@ -556,6 +560,128 @@ def stream_indexes(params: Nexmark, start: int, end: int) -> tuple[int, int]:
     return _stream_events_before(params.stream, start), _stream_events_before(params.stream, end)
 
 
+# --------------------------------------------------------------------------- the same rows in numpy
+
+
+def nexmark_arrow(params: Nexmark, lo: int, hi: int) -> pa.Table:
+    """The rows of stream indexes ``[lo, hi)`` computed here (a resident lane's own read): the
+    values of :func:`nexmark_columns`' Spark columns, operation for operation (the hashes are
+    Spark's ``xxhash64``, :mod:`eddyline.hashing`; the doubles go through the same steps)."""
+    from eddyline.hashing import spark_xxhash64
+
+    stream = params.stream
+    first, count = _SLOTS[stream]
+    index = np.arange(lo, hi, dtype=np.int64)
+    cycle = index // count
+    event_number = cycle * TOTAL_PROPORTION + first + np.mod(index, count)
+    event_us = epoch_micros(params.start_time) + np.floor(event_number.astype(np.float64) * _gap_us(params)).astype(np.int64)
+    bits = {salt: spark_xxhash64(event_number, salt_constant(params.seed, salt)) for salt in _STREAM_SALTS[stream]}
+    extras = {"person": _PERSON_EXTRAS, "auction": _AUCTION_EXTRAS, "bid": _BID_EXTRAS}[stream]
+    cols = {"date_time": pa.array(event_us, _TIMESTAMP), "extra": _pick_np(extras, bits[_SALT_EXTRA])}
+    if stream == "person":
+        cols |= _person_arrow(index, bits)
+    elif stream == "auction":
+        cols |= _auction_arrow(params, index, cycle, event_us, bits)
+    else:
+        cols |= _bid_arrow(params, cycle, bits)
+    return pa.table(cols).select([c.split()[0] for c in SCHEMAS[stream].split(",")])
+
+
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+
+def _pick_np(values: Sequence[str], bits: np.ndarray) -> pa.Array:
+    return pa.array(values, pa.string()).take(pa.array(np.mod(bits, len(values))))
+
+
+def _field_np(bits: np.ndarray, shift: int, width: int) -> np.ndarray:
+    return ((bits.view(np.uint64) >> np.uint64(shift)) & np.uint64((1 << width) - 1)).astype(np.int64)
+
+
+def _price_np(bits: np.ndarray) -> np.ndarray:
+    u = (bits.view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return np.floor(np.exp(u * (6.0 * math.log(10.0))) * 100.0 + 0.5).astype(np.int64)
+
+
+def _hot_or_recent_np(params: Nexmark, newest: np.ndarray, bits: np.ndarray, ratio: int, hot: np.ndarray) -> np.ndarray:
+    active = np.minimum(newest + 1, params.num_active_people)
+    recent = newest + 1 - active + np.mod(_field_np(bits, 32, 32), active)
+    return np.where(np.mod(_field_np(bits, 0, 32), ratio) > 0, hot, recent)
+
+
+def _texts(values: np.ndarray) -> pa.Array:
+    return pc.cast(pa.array(values, pa.int64()), pa.string())
+
+
+def _joined(*parts: pa.Array | str) -> pa.Array:
+    return pc.binary_join_element_wise(*parts, "")
+
+
+def _person_arrow(index: np.ndarray, bits: dict[int, np.ndarray]) -> dict[str, pa.Array]:
+    def card_groups(salt: int) -> list[pa.Array]:
+        digits = _texts(np.mod(bits[salt], 10**8) + 10**8)
+        return [pc.utf8_slice_codeunits(digits, 1, 5), pc.utf8_slice_codeunits(digits, 5, 9)]
+
+    name, email, place = bits[_SALT_NAME], bits[_SALT_EMAIL], bits[_SALT_PLACE]
+    return {
+        "id": pa.array(index + FIRST_PERSON_ID),
+        "name": _joined(_pick_np(FIRST_NAMES, _field_np(name, 0, 32)), " ", _pick_np(LAST_NAMES, _field_np(name, 32, 32))),
+        "email_address": _joined(_pick_np(_EMAIL_USERS, _field_np(email, 0, 32)), "@",
+                                 _pick_np(_EMAIL_HOSTS, _field_np(email, 32, 32)), ".com"),
+        "credit_card": pc.binary_join_element_wise(*card_groups(_SALT_CARD_HIGH), *card_groups(_SALT_CARD_LOW), " "),
+        "city": _pick_np(US_CITIES, _field_np(place, 0, 32)),
+        "state": _pick_np(US_STATES, _field_np(place, 32, 32)),
+    }
+
+
+def _auction_arrow(params: Nexmark, index: np.ndarray, cycle: np.ndarray, event_us: np.ndarray,
+                   bits: dict[int, np.ndarray]) -> dict[str, pa.Array]:
+    horizon_events = params.num_in_flight_auctions * TOTAL_PROPORTION // AUCTION_PROPORTION
+    horizon_ms = math.floor(horizon_events * 1000 / params.rate)
+    expires = bits[_SALT_EXPIRES]
+    length_ms = 1 + np.mod(_field_np(expires, 0, 32), max(2 * horizon_ms, 1))
+    seller = _hot_or_recent_np(params, cycle, bits[_SALT_SELLER], params.hot_seller_ratio, cycle // HOT_BATCH * HOT_BATCH)
+    initial_bid = _price_np(bits[_SALT_PRICE])
+    text = bits[_SALT_TEXT]
+    return {
+        "id": pa.array(index + FIRST_AUCTION_ID),
+        "item_name": _pick_np(_ITEM_NAMES, _field_np(text, 0, 32)),
+        "description": _pick_np(_DESCRIPTIONS, _field_np(text, 32, 32)),
+        "initial_bid": pa.array(initial_bid),
+        "reserve": pa.array(initial_bid + _price_np(bits[_SALT_RESERVE])),
+        "expires": pa.array(event_us + length_ms * 1000, _TIMESTAMP),
+        "seller": pa.array(seller + FIRST_PERSON_ID),
+        "category": pa.array(FIRST_CATEGORY_ID + np.mod(_field_np(expires, 32, 32), NUM_CATEGORIES)),
+    }
+
+
+def _bid_arrow(params: Nexmark, cycle: np.ndarray, bits: dict[int, np.ndarray]) -> dict[str, pa.Array]:
+    from eddyline.hashing import spark_xxhash64
+
+    newest_auction = cycle * AUCTION_PROPORTION + (AUCTION_PROPORTION - 1)
+    ab = bits[_SALT_AUCTION]
+    oldest_open = np.maximum(newest_auction - params.num_in_flight_auctions, 0)
+    open_auction = oldest_open + np.mod(_field_np(ab, 32, 32), newest_auction - oldest_open + 1)
+    auction = np.where(np.mod(_field_np(ab, 0, 32), params.hot_auction_ratio) > 0,
+                       newest_auction // HOT_BATCH * HOT_BATCH, open_auction)
+    hot_bidder = np.minimum(cycle // HOT_BATCH * HOT_BATCH + 1, cycle)
+    bidder = _hot_or_recent_np(params, cycle, bits[_SALT_BIDDER], params.hot_bidder_ratio, hot_bidder)
+    cb = bits[_SALT_CHANNEL]
+    hot = pa.array(np.mod(_field_np(cb, 0, 32), HOT_CHANNEL_RATIO) > 0)
+    number = np.mod(_field_np(cb, 32, 32), CHANNELS)
+    url_bits = spark_xxhash64(number, salt_constant(params.seed, _SALT_CHANNEL_URL))
+    with_id = np.mod(_field_np(url_bits, 40, 24), URL_WITHOUT_CHANNEL_ID_RATIO) > 0
+    channel_id = pc.if_else(pa.array(with_id), _joined("&channel_id=", _texts(_field_np(url_bits, 0, 31))), "")
+    return {
+        "auction": pa.array(auction + FIRST_AUCTION_ID),
+        "bidder": pa.array(bidder + FIRST_PERSON_ID),
+        "price": pa.array(_price_np(bits[_SALT_PRICE])),
+        "channel": pc.if_else(hot, _pick_np(HOT_CHANNELS, _field_np(cb, 32, 32)), _joined("channel-", _texts(number))),
+        "url": pc.if_else(hot, _pick_np(_HOT_URLS, _field_np(cb, 32, 32)),
+                          _joined(_pick_np(_URLS, _field_np(url_bits, 32, _URL_BITS)), channel_id)),
+    }
+
+
 @SOURCES.register
 class NexmarkKind(SourceKind):
     key = "nexmark"
@@ -565,4 +691,5 @@ class NexmarkKind(SourceKind):
         return tuple(c.split()[0] for c in SCHEMAS[params.stream].split(","))
 
     def make(self, spec: SourceSpec) -> SyntheticSource:
-        return SyntheticSource(spec, nexmark_available, nexmark_columns, stream_indexes, unpaced=spec.params.unpaced)
+        return SyntheticSource(spec, nexmark_available, nexmark_columns, stream_indexes, unpaced=spec.params.unpaced,
+                               arrow=nexmark_arrow)

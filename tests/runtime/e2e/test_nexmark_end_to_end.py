@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from eddyline.api.validate import load_spec
 from eddyline.io.nexmark import Nexmark, nexmark_frame
@@ -13,9 +14,9 @@ from eddyline.runtime.engine import Engine
 EVENTS = 60_000
 
 
-def spec(out: Path, lanes: int = 2) -> object:
+def spec(out: Path, lanes: int = 2, execution: str = "job") -> object:
     return load_spec({
-        "name": "hot-auctions", "trigger": 0, "lanes": lanes, "key_groups": 64,
+        "name": "hot-auctions", "trigger": 0, "lanes": lanes, "key_groups": 64, "execution": execution,
         "sources": [{"name": "bids", "nexmark": {"stream": "bid", "rate": 5_000, "unpaced": True},
                      "max_rows_per_epoch": 12_000, "limit": EVENTS}],
         "steps": [
@@ -35,8 +36,10 @@ def spec(out: Path, lanes: int = 2) -> object:
     })
 
 
-def test_nexmark_windows_match_duckdb(spark, tmp_path: Path) -> None:
-    s = spec(tmp_path / "out")
+@pytest.mark.parametrize("execution", ["job", "resident"])
+def test_nexmark_windows_match_duckdb(spark, tmp_path: Path, execution: str) -> None:
+    """Per-epoch jobs, and resident lanes that compute their shares of the events themselves."""
+    s = spec(tmp_path / "out", execution=execution)
     summary = Engine(s, spark, str(tmp_path / "ckpt")).run(until_idle=True)
     assert summary.epochs >= EVENTS // 12_000
 

@@ -38,10 +38,9 @@ def events(spark) -> dict[str, pa.Table]:
     }
 
 
-def run_query(spark, name: str, tmp: Path) -> pa.Table:
+def run_query(spark, name: str, tmp: Path, execution: str = "job") -> tuple[pa.Table, Engine]:
     raw = yaml.safe_load((SPECS / f"{name}.yaml").read_text())
-    raw["trigger"] = 0
-    raw["lanes"] = 2
+    raw.update(trigger=0, lanes=2, execution=execution)
     for src in raw["sources"]:
         src["nexmark"].update(rate=RATE, unpaced=True)
         src.update(limit=EVENTS, max_rows_per_epoch=PER_EPOCH)
@@ -50,10 +49,11 @@ def run_query(spark, name: str, tmp: Path) -> pa.Table:
         sink["memory"] = {}
     spec = load_spec(raw)
     sinks = {s.name: MemorySink(s) for s in spec.sinks}
-    Engine(spec, spark, str(tmp / "ckpt"), sinks=sinks).run(until_idle=True)
+    engine = Engine(spec, spark, str(tmp / "ckpt"), sinks=sinks)
+    engine.run(until_idle=True)
     table = sinks["out"].table()
     assert table is not None
-    return table
+    return table, engine
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def ran(spark, tmp_path_factory: pytest.TempPathFactory):
     def get(query: str) -> tuple[pa.Table, Path]:
         if query not in done:
             tmp = tmp_path_factory.mktemp(query)
-            done[query] = (run_query(spark, query, tmp), tmp / "ckpt")
+            done[query] = (run_query(spark, query, tmp)[0], tmp / "ckpt")
         return done[query]
 
     return get
@@ -130,43 +130,16 @@ def test_a_join_keeps_only_the_columns_read_after_it(ran, query: str, left: set[
     assert {n[3:] for n in stored if n.startswith("r__")} == right
 
 
-def run_resident(spark, name: str, events: dict[str, pa.Table], tmp: Path) -> tuple[pa.Table, dict]:
-    """The query with ``execution: resident`` over the same events as Parquet files, one of
-    ``PER_EPOCH`` rows an epoch per stream (the Nexmark source is read by Spark only)."""
-    import pyarrow.parquet as pq
-
-    raw = yaml.safe_load((SPECS / f"{name}.yaml").read_text())
-    raw.update(trigger=0, lanes=2, execution="resident")
-    for src in raw["sources"]:
-        stream = src.pop("nexmark")["stream"]
-        folder = tmp / "in" / stream
-        folder.mkdir(parents=True, exist_ok=True)
-        table = events[stream]
-        for i, lo in enumerate(range(0, table.num_rows, PER_EPOCH)):
-            pq.write_table(table.slice(lo, PER_EPOCH), folder / f"{i:04d}.parquet")
-        src["files"] = {"path": str(folder), "format": "parquet", "max_files_per_epoch": 1}
-    for sink in raw["sinks"]:
-        sink.pop("files", None)
-        sink["memory"] = {}
-    spec = load_spec(raw)
-    sinks = {s.name: MemorySink(s) for s in spec.sinks}
-    engine = Engine(spec, spark, str(tmp / "ckpt"), sinks=sinks)
-    engine.run(until_idle=True)
-    table = sinks["out"].table()
-    assert table is not None
-    return table, {"stages": engine.executor.stages_started}
-
-
 #: the queries with a stateful step (resident lanes have nothing to do in q0–q2)
 RESIDENT = sorted((q for q in AVAILABLE if q not in ("q0", "q1", "q2")), key=lambda q: int(q[1:]))
 
 
 @pytest.mark.parametrize("query", RESIDENT)
 def test_query_on_resident_lanes_matches_duckdb(spark, events, tmp_path: Path, query: str) -> None:
-    """Each query on resident lanes (no Spark job an epoch), its sources Parquet copies of the
-    same events, against the same DuckDB reference."""
-    got, run = run_resident(spark, query, events, tmp_path)
-    assert run["stages"] >= 1
+    """Each query on resident lanes (no Spark job an epoch, each lane computing its share of
+    the generator's events itself), against the same DuckDB reference."""
+    got, engine = run_query(spark, query, tmp_path, execution="resident")
+    assert engine.executor.stages_started >= 1
     have, want = against_reference(query, events, got)
     assert len(want) > 0
     assert have == want
