@@ -10,14 +10,29 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from .drivers import LEASE, commits, finish, kill_the_leader, start, wait_for
 from .helpers import bids_window_spec, read_windows, write_bid_files
 
 pytestmark = pytest.mark.slow
 
-def test_a_frozen_leader_is_fenced_after_the_standby_took_over(windowed_bids, tmp_path: Path) -> None:
+BOTH = pytest.mark.parametrize("execution", ["job", "resident"])
+
+
+def in_mode(spec: Path, execution: str) -> Path:
+    """``spec`` run with ``execution`` (the fixture's reference ran per-epoch jobs)."""
+    raw = yaml.safe_load(spec.read_text())
+    path = spec.with_name(f"net-{execution}.yaml")
+    path.write_text(yaml.safe_dump({**raw, "execution": execution}))
+    return path
+
+
+@BOTH
+def test_a_frozen_leader_is_fenced_after_the_standby_took_over(windowed_bids, tmp_path: Path, execution: str) -> None:
+    """On resident lanes too: the frozen leader's lanes are its Spark's tasks, frozen with it."""
     spec, expected = windowed_bids
+    spec = in_mode(spec, execution)
     ckpt = tmp_path / "ckpt"
     # the leader freezes itself (SIGSTOP) once epoch 3's plan is logged, before anything of it ran
     leader = start(spec, ckpt, "--freeze-at", "3:after_plan")
@@ -30,6 +45,7 @@ def test_a_frozen_leader_is_fenced_after_the_standby_took_over(windowed_bids, tm
     progress = [json.loads(x) for x in (tmp_path / "standby.jsonl").read_text().splitlines()]
     assert {r["driver"]["generation"] for r in progress} == {2} and progress[0]["batchId"] == 3
     assert read_windows(tmp_path / "out") == expected  # the standby replayed epoch 3 and went on
+    assert (ckpt / "resident").is_dir() == (execution == "resident")  # (its stages' attempts)
 
     leader.send_signal(signal.SIGCONT)
     code, err = finish(leader)
@@ -42,9 +58,11 @@ def test_a_frozen_leader_is_fenced_after_the_standby_took_over(windowed_bids, tm
 
 # 48 epochs half a second apart: time for the standby to start its JVM and rehearse (about 10 s)
 # before the leader ends
+@BOTH
 @pytest.mark.parametrize("windowed_bids", [48], indirect=True)
-def test_a_standby_takes_over_when_the_leader_dies(windowed_bids, tmp_path: Path) -> None:
+def test_a_standby_takes_over_when_the_leader_dies(windowed_bids, tmp_path: Path, execution: str) -> None:
     spec, expected = windowed_bids
+    spec = in_mode(spec, execution)
     ckpt = tmp_path / "ckpt"
     leader = start(spec, ckpt)
     wait_for(lambda: (ckpt / "lease" / f"{1:010d}.json").exists())
@@ -56,6 +74,7 @@ def test_a_standby_takes_over_when_the_leader_dies(windowed_bids, tmp_path: Path
     code, err = finish(standby)
     assert code == 0, err[-3000:]
     assert read_windows(tmp_path / "out") == expected
+    assert (ckpt / "resident").is_dir() == (execution == "resident")  # (its stages' attempts)
     done = commits(ckpt)
     assert all(c["generation"] == (1 if c["committed_at"] < first else 2) for c in done.values())
     takeover_s = first - died
