@@ -54,11 +54,17 @@ HEAD, METADATA = "head.json", "metadata.json"
 PROGRESS_KEPT = 300
 
 
+#: spec fields that say how a network's epochs run, not what it computes: a run may give other
+#: values than the run before it on the same checkpoint without changing the network
+RUN_ONLY = ("execution",)
+
+
 def network_hash(raw: dict[str, Any]) -> str:
-    """A network spec's identity: the hash of its canonical JSON."""
+    """A network spec's identity: the hash of its canonical JSON (without :data:`RUN_ONLY`)."""
     import hashlib
 
-    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
+    kept = {k: v for k, v in raw.items() if k not in RUN_ONLY}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def manifest_path(checkpoint: str, epoch: int, step: str, lane: int, generation: int = 0) -> str:

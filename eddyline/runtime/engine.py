@@ -382,7 +382,7 @@ class Engine(Networks):
             before = self.ckpt.read_plan(replay - 1).network if replay > 1 else None
             raw = self.ckpt.read_network(before) if before else None
             if raw is not None:
-                self._switch({"network": raw}, last)
+                self._switch({"network": self.run_as_given(raw)}, last)
             return replay - 1, [replay]
         if "network" in command:
             self._switch(command, last)

@@ -30,7 +30,7 @@ from eddyline.io.files import FilesTarget
 from eddyline.io.sinks import Sink, make_sink
 from eddyline.io.sources import Source, make_source
 from eddyline.runtime.admission import catch_ups_after
-from eddyline.runtime.checkpoint import Checkpoint, network_hash
+from eddyline.runtime.checkpoint import RUN_ONLY, Checkpoint, network_hash
 from eddyline.runtime.compile import EpochCompiler
 from eddyline.runtime.epoch.execute import Executor
 from eddyline.runtime.epoch.plan import Planner
@@ -202,11 +202,16 @@ class Networks:
         in_force = self.ckpt.in_force(meta)
         if in_force is not None and in_force != self.network_id:
             given = self.base_spec
-            self._rebuild(spec_from_raw(self.ckpt.read_network(in_force)), None)
+            self._rebuild(spec_from_raw(self.run_as_given(self.ckpt.read_network(in_force))), None)
             if changed is not None and not changed.empty:
                 self._queue_restart_change(given, changed)
         elif self._change.catch_up:  # its added steps go on catching up on their copies
             self._rebuild(self.base_spec, None)
+
+    def run_as_given(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """A stored network ``raw`` run the way this run was asked to (:data:`RUN_ONLY`)."""
+        given = self.base_spec.as_dict()
+        return {**{k: v for k, v in raw.items() if k not in RUN_ONLY}, **{k: given[k] for k in RUN_ONLY if k in given}}
 
     def _queue_restart_change(self, given: NetworkSpec, changed: NetworkDiff) -> None:
         """The change a restart's spec makes, queued (once) for the next epoch boundary."""

@@ -133,10 +133,12 @@ def test_a_checkpoint_changes_mode_and_lane_count_between_runs(spark, reference,
     two again: each run takes the state the one before committed."""
     data, expected, _ = reference
     ckpt, out = str(tmp_path / "ckpt"), tmp_path / "out"
-    Engine(load_spec(raw_spec(data, out, "resident")), spark, ckpt).run(epochs=3)
-    Engine(load_spec(raw_spec(data, out, "job")), spark, ckpt, lanes=1).run(epochs=2)
-    engine = Engine(load_spec(raw_spec(data, out, "resident")), spark, ckpt)
-    engine.run(until_idle=True)
+    modes = []
+    for execution, lanes, epochs in [("resident", None, 3), ("job", 1, 2), ("resident", None, None)]:
+        engine = Engine(load_spec(raw_spec(data, out, execution)), spark, ckpt, lanes=lanes)
+        engine.run(epochs=epochs, until_idle=epochs is None)
+        modes.append(engine.executor.mode)
+    assert modes == ["resident", "job", "resident"]  # (each run in the mode its spec asks for)
     assert rows(out) == expected
     routing = Checkpoint(ckpt).latest_commit().steps["first"].routing
     assert json.loads(routing)["lanes"] == 2 if isinstance(routing, str) else routing["lanes"] == 2
