@@ -261,8 +261,10 @@ class CoreNatsSource(MessageRanges):
     def origin(self) -> str:
         return self.params.subject
 
-    def arrow_problem(self) -> str | None:  # (its log is written here while lanes would read it: not tried)
-        return "a core NATS subject's log is read by Spark's tasks only"
+    def __getstate__(self) -> dict[str, Any]:
+        """A resident lane reads the log's files (``directory``, on the driver's file system, as
+        Spark's tasks do); the receiver and the open log stay with the driver."""
+        return {**self.__dict__, "wal": None, "receiver": None}
 
     def _fetcher(self, ranges: SubRanges) -> Any:
         if self.directory is None:

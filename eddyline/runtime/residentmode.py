@@ -27,7 +27,7 @@ Exactly once, as the per-epoch lanes give it:
 What runs resident (:func:`resident_problem` says why not, and the engine refuses before it
 starts): stateful steps whose kinds prepare their lanes' rows on Arrow, keyed by BIGINT,
 TIMESTAMP or STRING columns; ``filter`` and ``select`` steps around them; sources whose slices
-can be read outside Spark (``files``, ``generator``, ``kafka``, ``nats``); sinks that take Arrow (``files``,
+can be read outside Spark (``files``, ``generator``, ``nexmark``, ``kafka``, ``nats``, ``nats_core``); sinks that take Arrow (``files``,
 ``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); no overload control, state budget, hot-key splits, hot
 pair or ``max_delay``. The lanes write their parts of a ``files`` sink; the other sinks' rows
 come back to the driver, whose sinks write them.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 import time
 import uuid
 from pathlib import Path
@@ -113,6 +114,14 @@ def test_received_messages_go_to_the_log_and_are_read_in_tasks_with_dead_letters
         assert dead[41].reason == "not a valid JSON object" and dead[41].raw == "not json at all"
         assert dead[42].reason.startswith("field 'id': expected bigint, got seven")
         assert dead[43].reason == "missing field(s): name"
+        # a resident lane's share, read from the log's files by a copy of the source as a stage
+        # pickles it (without the driver's receiver and open log): what Spark's task read
+        lane = pickle.loads(pickle.dumps(src))
+        assert lane.receiver is None and lane.wal is None
+        shares = [lane.read_arrow(planned, task=i, tasks=3) for i in range(3)]
+        assert all(s.data.num_rows for s in shares)
+        assert sorted(tuple(r.values()) for s in shares for r in s.data.to_pylist()) == rows
+        assert sorted(r["line"] for s in shares if s.dead_letters is not None for r in s.dead_letters.to_pylist()) == [41, 42, 43]
         assert src.frames(spark, {"start": 44, "end": 44}, 2).data.count() == 0
         # a range the log no longer holds is an error in the task, never an empty read
         src.committed(44)

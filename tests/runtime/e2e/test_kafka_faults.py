@@ -41,9 +41,13 @@ ROWS = 4_800
 #: checkpoint not), committed (before the consumer group's offsets follow). Inside a task, after
 #: the stages and inside the commit no call reaches the broker; test_recovery.py kills those.
 MOMENTS = ["1:after_plan", "2:mid_publish", "3:after_publish", "4:after_commit"]
-#: on resident lanes one more: inside lane 0, its part of the epoch read from the broker and its
-#: state written, the driver not yet answered (its rows not yet published)
-RESIDENT_MOMENTS = [*MOMENTS[:2], "3:in_task", "4:after_publish", "5:after_commit"]
+#: the chain as it runs: per-epoch jobs for the first two kills, then resident lanes for three
+#: (one more kill: inside lane 0, its part of the epoch read and its state written, the driver
+#: not yet answered, nothing of it published), then jobs to the end; so each run replays what
+#: a run of its own or the other mode left. The moments around the publish are the driver's own
+#: in either mode (a resident epoch's sink rows come back to it), so each is killed once.
+CHAIN = [("job", MOMENTS[0]), ("job", MOMENTS[1]), ("resident", "3:in_task"), ("resident", "4:after_publish"),
+         ("resident", "5:after_commit")]
 
 
 def eddyline_run(spec: Path, ckpt: Path, *extra: str) -> subprocess.Popen:
@@ -96,32 +100,31 @@ def windows(records: list) -> list[tuple]:
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("execution", ["job", "resident"])
-def test_a_sigkill_at_each_stage_in_turn_then_a_restart_writes_each_row_exactly_once(tansu, tmp_path, execution):
-    """Per-epoch jobs, and resident lanes (which read their parts of the topics themselves and
-    hand the sink's rows back to the driver, which publishes them)."""
+def test_a_sigkill_at_each_stage_in_turn_then_a_restart_writes_each_row_exactly_once(tansu, tmp_path):
+    """Through :data:`CHAIN`: per-epoch jobs and resident lanes (which read their parts of the
+    topics themselves) on one checkpoint."""
     rows = bids(ROWS)
     topic, out = topic_name("bids"), topic_name("windows")
     produce_bids(tansu.bootstrap, topic, rows)
-    spec = tmp_path / "net.yaml"
-    spec.write_text(yaml.safe_dump({**network(tansu.bootstrap, topic, out, per_epoch=600), "execution": execution}))
+    specs = {}
+    for mode in ("job", "resident"):
+        specs[mode] = tmp_path / f"net-{mode}.yaml"
+        specs[mode].write_text(yaml.safe_dump({**network(tansu.bootstrap, topic, out, per_epoch=600), "execution": mode}))
     ckpt = tmp_path / "ckpt"
     compared = 0
-    moments = RESIDENT_MOMENTS if execution == "resident" else MOMENTS
-    for moment in moments:
-        proc = eddyline_run(spec, ckpt, "--crash-at", moment)
+    for mode, moment in CHAIN:
+        proc = eddyline_run(specs[mode], ckpt, "--crash-at", moment)
         _, err = proc.communicate(timeout=300)
-        assert proc.returncode == -signal.SIGKILL, (moment, err[-2000:])
+        assert proc.returncode == -signal.SIGKILL, (mode, moment, err[-2000:])
         # the consumer group's offsets follow the checkpoint's commits, never run ahead of them
         group, checkpoint = group_offsets(tansu.bootstrap, topic), checkpoint_cursor(ckpt)
         assert all(group[k] <= checkpoint.get(k, 0) for k in group), (moment, group, checkpoint)
         compared += bool(group)
-    assert compared >= 3  # the group had offsets to compare after every kill but the first (nothing committed)
-    proc = eddyline_run(spec, ckpt)
+    assert compared >= 4  # the group had offsets to compare after every kill but the first (nothing committed)
+    assert len(list((ckpt / "resident").iterdir())) >= 3  # (a stage in each resident run)
+    proc = eddyline_run(specs["job"], ckpt)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
-    if execution == "resident":  # lanes ran the epochs: a stage in every run but the first (killed before any ran)
-        assert len(list((ckpt / "resident").iterdir())) >= len(moments)
     records = read_committed(tansu.bootstrap, out)
     keep, aborted = last_attempts(records)
     assert windows(keep) == reference(rows)

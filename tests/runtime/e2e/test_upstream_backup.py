@@ -88,9 +88,11 @@ class Feed:
 def test_a_core_subject_kept_in_the_log_is_replayed_after_a_crash_and_nothing_is_lost_or_doubled(
     spark, nats_server, tmp_path: Path
 ) -> None:
+    """The run that crashes reads the log in Spark's tasks, the one after it in resident lanes
+    (each its share of the ranges, from the files the driver keeps writing)."""
     subject = f"core.bids.{uuid.uuid4().hex[:8]}"
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    spec = load_spec({
+    raw = {
         "name": "core-bids", "trigger": 0, "lanes": 2, "key_groups": 16,
         "sources": [{"name": "bids", "max_rows_per_epoch": PER_CHUNK + 1, "nats_core": {
             "url": nats_server.url, "subject": subject, "schema": "auction long, price long, ts timestamp",
@@ -99,7 +101,8 @@ def test_a_core_subject_kept_in_the_log_is_replayed_after_a_crash_and_nothing_is
             "key": "auction", "time": "ts", "window": {"size": "10s"},
             "aggregates": {"n": "count(*)", "total": "sum(price)"}, "watermark_delay": "1s"}}],
         "sinks": [{"name": "out", "input": "per_auction", "files": {"path": str(out), "format": "parquet"}}],
-    })
+    }
+    spec = load_spec(raw)
     data = chunks(3)
     feed = Feed(nats_server.url, subject, data)
 
@@ -113,10 +116,11 @@ def test_a_core_subject_kept_in_the_log_is_replayed_after_a_crash_and_nothing_is
     wal = ckpt / "wal" / "bids"
     assert any(wal.iterdir())
 
-    second = Engine(spec, spark, str(ckpt), reporter=feed)  # type: ignore[arg-type]
+    second = Engine(load_spec(raw | {"execution": "resident"}), spark, str(ckpt), reporter=feed)  # type: ignore[arg-type]
     feed.engine = second
     summary = second.run(until_idle=True)
     assert feed.next == CHUNKS
+    assert (ckpt / "resident").is_dir()  # (the second run's stage)
     replay = next(r for r in feed.records if r["batchId"] == 3)
     assert replay["replayed"] is True
     assert summary.dead_letters == 1

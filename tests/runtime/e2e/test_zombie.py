@@ -143,14 +143,18 @@ def test_a_woken_leader_has_its_publish_refused_by_the_store(spark, postgres, na
 
 def test_epochs_the_new_leader_took_back_stay_taken_back_when_the_old_one_wakes(
         spark, postgres, nats_server, tmp_path: Path) -> None:
+    """The old leader runs resident lanes (frozen after its lanes ran the epoch), the new one
+    per-epoch jobs; the woken one's writes are refused all the same."""
     kinds = ["files", "postgres", "nats"]
     write_bid_files(tmp_path / "in", files=24, rows=60, seed=12)
     _, expected = run_reference(spark, tmp_path, kinds, postgres, nats_server)
     tag = "h" + uuid.uuid4().hex[:6]
-    spec = tmp_path / "net.yaml"
-    spec.write_text(yaml.safe_dump(network(tmp_path, kinds, postgres, nats_server, tag)))
+    spec, resident = tmp_path / "net.yaml", tmp_path / "net-resident.yaml"
+    raw = network(tmp_path, kinds, postgres, nats_server, tag)
+    spec.write_text(yaml.safe_dump(raw))
+    resident.write_text(yaml.safe_dump(raw | {"execution": "resident"}))
     ckpt = tmp_path / "ckpt"
-    leader = start(spec, ckpt, "--freeze-at", f"{FROZEN}:after_stage")
+    leader = start(resident, ckpt, "--freeze-at", f"{FROZEN}:after_stage")
     wait_for(lambda: leader.poll() is None and frozen(leader), 180, "the leader to freeze after staging")
     standby = start(spec, ckpt, "--standby")
     wait_for(lambda: max(committed_by(ckpt, 2), default=0) >= 5, 300, "the standby's commit of epoch 5")
@@ -177,3 +181,4 @@ def test_epochs_the_new_leader_took_back_stay_taken_back_when_the_old_one_wakes(
     assert outputs(tmp_path, kinds, postgres, nats_server, tag) == expected
     assert zombie_writes(tmp_path, kinds, postgres, nats_server, tag, ckpt) == dict.fromkeys(kinds, 0)
     assert staging_leftovers(tmp_path / f"out-{tag}") == [] and staging_leftovers(ckpt) == []
+    assert (ckpt / "resident").is_dir()  # (the old leader's stage)
