@@ -30,6 +30,7 @@ exchanging rows with the others over connections of their own (:meth:`ResidentSt
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -297,7 +298,9 @@ class _Held:
         self.local = local(step.kernel)
         self.in_place: InPlaceState | None = None
         self.state = step.kernel.state_schema.empty_table()
-        self.batch_rows = float(MIN_BATCH_ROWS)  # the epochs' rows lately (a moving average)
+        #: the rows of the last epochs and the rows they changed (their upserts): their medians
+        #: choose the form (a median, so that one large epoch, a backfill, does not hold it back)
+        self.recent: collections.deque[tuple[int, int]] = collections.deque(maxlen=8)
         self.epoch = 0  # the last epoch run (or the commit the stage started from)
 
     def load(self, rows: pa.Table) -> None:
@@ -305,16 +308,20 @@ class _Held:
         self._choose()
 
     def _choose(self) -> None:
-        """In place once the state holds IN_PLACE_FROM times an epoch's rows; back to a table
-        below a quarter of that (each change costs a pass over the state, so not every epoch)."""
+        """In place once the state holds IN_PLACE_FROM times an epoch's rows and CHANGED_UNDER
+        times the rows an epoch changes; back to a table below a quarter of either (each switch
+        costs a pass over the state, so not every epoch)."""
         if not self.local:
             return
-        per_epoch = max(self.batch_rows, MIN_BATCH_ROWS)
-        if self.in_place is None and self.state.num_rows >= IN_PLACE_FROM * per_epoch:
-            self.in_place = InPlaceState(self.kernel)
-            self.in_place.load(self.state)
-            self.state = self.kernel.state_schema.empty_table()
-        elif self.in_place is not None and self.in_place.num_rows < IN_PLACE_FROM * per_epoch / 4:
+        rows = self.rows
+        batch, changed = (np.median(np.asarray(self.recent), axis=0) if self.recent else (0, 0))
+        per_epoch = max(float(batch), MIN_BATCH_ROWS)
+        if self.in_place is None:
+            if rows >= IN_PLACE_FROM * per_epoch and rows >= CHANGED_UNDER * changed:
+                self.in_place = InPlaceState(self.kernel)
+                self.in_place.load(self.state)
+                self.state = self.kernel.state_schema.empty_table()
+        elif rows < IN_PLACE_FROM * per_epoch / 4 or rows < CHANGED_UNDER * changed / 4:
             self.state, self.in_place = self.in_place.table(), None
 
     @property
@@ -324,16 +331,18 @@ class _Held:
     def process(self, batch: pa.Table, watermark_ms: int,
                 advance_ms: int | None) -> tuple[KernelResult, InPlaceState | _Whole]:
         """The kernel over ``batch``; its result and the state held after it."""
-        self.batch_rows += (batch.num_rows - self.batch_rows) / 8
         self._choose()
         if self.in_place is None:
             result = process(self.kernel, batch, self.state, watermark_ms, advance_ms)
             self.state = result.state
-            return result, _Whole(result.state)
-        touched, where = self.in_place.touched(batch, max(watermark_ms, advance_ms or watermark_ms))
-        result = process(self.kernel, batch, touched, watermark_ms, advance_ms)
-        self.in_place.apply(touched, where, result)
-        return result, self.in_place
+            held: InPlaceState | _Whole = _Whole(result.state)
+        else:
+            touched, where = self.in_place.touched(batch, max(watermark_ms, advance_ms or watermark_ms))
+            result = process(self.kernel, batch, touched, watermark_ms, advance_ms)
+            self.in_place.apply(touched, where, result)
+            held = self.in_place
+        self.recent.append((batch.num_rows, result.upserts.num_rows))
+        return result, held
 
 
 #: a local kernel's state is held in place from this many times an epoch's rows (measured: in
@@ -341,6 +350,10 @@ class _Held:
 IN_PLACE_FROM = 64
 #: the fewest rows an epoch is taken to have when choosing (idle ticks would make it zero)
 MIN_BATCH_ROWS = 2_000
+#: ... and only while an epoch changes fewer than this share of its rows: changed rows are
+#: merged into the in-place form's base when they reach a sixteenth of it, a pass over all of
+#: it (about 2 s at five million rows), so that pass must come rarely (here: at most every 64 epochs)
+CHANGED_UNDER = 1_024
 
 
 class _Whole:

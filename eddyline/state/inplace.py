@@ -26,7 +26,7 @@ sorted again). A hash collision only adds rows the kernel hands back unchanged.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -127,24 +127,27 @@ def local(kernel: Kernel) -> bool:
 
 
 class _Table:
-    """One table of the held rows: its rows, which are alive, their hashes and deadlines in order."""
+    """One table of the held rows: its rows, which are alive, their hashes and their deadlines
+    (put in order only once the watermark first reaches the earliest: a state whose rows expire
+    late never pays for the sort)."""
 
-    def __init__(self, rows: pa.Table, hashes: np.ndarray, deadlines: np.ndarray | None,
-                 by_deadline: np.ndarray | None = None):
+    def __init__(self, rows: pa.Table, hashes: np.ndarray, deadlines: np.ndarray | None):
         self.rows, self.hashes = rows, hashes
         self.alive = np.ones(rows.num_rows, bool)
         self.kgs = rows.column(KG).to_numpy(zero_copy_only=False).astype(np.int64) if rows.num_rows else np.zeros(0, np.int64)
-        #: the rows in the order of their deadlines, and those deadlines (None: no row has one)
-        self.by_deadline = None if deadlines is None else (
-            np.argsort(deadlines, kind="stable") if by_deadline is None else by_deadline)
-        self.deadlines = None if deadlines is None else deadlines[self.by_deadline]
+        self.deadlines = deadlines  # per row (None: no row has one)
+        self.earliest = int(deadlines.min()) if deadlines is not None and deadlines.size else _NEVER
+        self.by_deadline: np.ndarray | None = None  # the rows in the order of their deadlines, once needed
         self.passed = 0  # by_deadline[:passed]: handed over already as past their deadline
 
     def due(self, watermark_ms: int) -> np.ndarray:
         """The rows (alive) whose deadline ``watermark_ms`` passes that were not handed over yet."""
-        if self.deadlines is None:
+        if self.deadlines is None or watermark_ms <= self.earliest:
             return np.zeros(0, np.int64)
-        upto = int(np.searchsorted(self.deadlines, watermark_ms, side="left"))
+        if self.by_deadline is None:
+            self.by_deadline = np.argsort(self.deadlines, kind="stable")
+            self.sorted_deadlines = self.deadlines[self.by_deadline]
+        upto = int(np.searchsorted(self.sorted_deadlines, watermark_ms, side="left"))
         if upto <= self.passed:
             return np.zeros(0, np.int64)
         rows = self.by_deadline[self.passed: upto]
@@ -157,6 +160,9 @@ class InPlaceState:
 
     #: the young rows become part of the base when they reach this share of it (or this many)
     YOUNG_SHARE, YOUNG_MIN = 1 / 16, 65_536
+    #: the young tables (one an epoch that changed rows) become one when there are more than
+    #: this many: an epoch looks at each table, so their number must stay small
+    MAX_YOUNG_TABLES = 32
 
     def __init__(self, kernel: Kernel, young_min: int | None = None):
         if not local(kernel):
@@ -259,12 +265,22 @@ class InPlaceState:
 
     def _alive_at(self, where: np.ndarray) -> np.ndarray:
         """Whether each place of ``where`` (any order) holds a row alive."""
+        return self._per_table(where, lambda i, rows: self.tables[i].alive[rows], bool)
+
+    def _per_table(self, where: np.ndarray, f: Any, dtype: Any) -> np.ndarray:
+        """``f(table, rows)`` for the places of ``where`` (any order), table by table."""
+        out = np.zeros(where.size, dtype)
+        if not where.size:
+            return out
+        first, last = int(where.min()) >> _ROW_BITS, int(where.max()) >> _ROW_BITS
+        if first == last:  # (the base's index: no sort needed)
+            out[:] = f(first, where & _ROW_MASK)
+            return out
         order = np.argsort(where, kind="stable")
-        keep = np.zeros(where.size, bool)
         ordered = where[order]
         for i, lo, hi in self._by_table(ordered):
-            keep[order[lo:hi]] = self.tables[i].alive[ordered[lo:hi] & _ROW_MASK]
-        return keep
+            out[order[lo:hi]] = f(i, ordered[lo:hi] & _ROW_MASK)
+        return out
 
     def apply(self, touched: pa.Table, where: np.ndarray, result: KernelResult) -> None:
         """The kernel's changes to the rows it was given (``touched``, held at ``where``, as
@@ -285,6 +301,8 @@ class InPlaceState:
             self._add(upserts.combine_chunks())
         if self.young_rows > max(self.young_min, self.YOUNG_SHARE * self.tables[0].rows.num_rows):
             self._compact()
+        elif len(self.tables) > 1 + self.MAX_YOUNG_TABLES:
+            self._merge_young()
 
     def _add(self, rows: pa.Table) -> None:
         hashes = key_hashes(rows, self.keys)
@@ -299,8 +317,8 @@ class InPlaceState:
         self.rows += rows.num_rows
 
     def _compact(self) -> None:
-        """Every row alive into a new base, sorted by key group. Nothing is hashed or sorted
-        again from scratch: the index and the deadlines are sorted runs, merged."""
+        """Every row alive into a new base, sorted by key group. Nothing is hashed again, and the
+        index is not sorted again from scratch: its two sorted runs are merged."""
         alive = [t.alive for t in self.tables]
         offsets = np.cumsum([0] + [int(a.sum()) for a in alive])
         rows = pa.concat_tables([t.rows.filter(pa.array(a)) for t, a in zip(self.tables, alive, strict=True)])
@@ -313,13 +331,7 @@ class InPlaceState:
 
         def renamed(at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             keep = self._alive_at(at)
-            at = at[keep]
-            out = np.empty(at.size, np.int64)
-            table_of, row_of = at >> _ROW_BITS, at & _ROW_MASK
-            for i in np.unique(table_of).tolist():
-                sel = table_of == i
-                out[sel] = moved[i][row_of[sel]]
-            return keep, out
+            return keep, self._per_table(at[keep], lambda i, rows: moved[i][rows], np.int64)
 
         keep_b, at_b = renamed(self.base_at)
         keep_y, at_y = renamed(self.young_at)
@@ -328,15 +340,26 @@ class InPlaceState:
         rows = rows.combine_chunks().take(pa.array(by_kg))
         deadlines = None
         if self.tables[0].deadlines is not None:  # (a kernel's tables all have deadlines, or none)
-            runs = [(t.deadlines[a[t.by_deadline]], moved[i][t.by_deadline[a[t.by_deadline]]])
-                    for i, (t, a) in enumerate(zip(self.tables, alive, strict=True)) if t.deadlines is not None]
-            sorted_dl, by_dl = _merged(*runs) if len(runs) > 1 else runs[0]
-            deadlines = np.empty(by_kg.size, np.int64)
-            deadlines[by_dl] = sorted_dl
-            base = _Table(rows, row_hashes, deadlines, by_dl)
-        else:
-            base = _Table(rows, row_hashes, None)
+            deadlines = np.concatenate([t.deadlines[a] for t, a in zip(self.tables, alive, strict=True)])[by_kg]
+        base = _Table(rows, row_hashes, deadlines)
         self._hold(base, hashes, at)
+
+
+    def _merge_young(self) -> None:
+        """The young tables' rows alive into one young table (the base and its index stay)."""
+        young = self.tables[1:]
+        alive = [t.alive for t in young]
+        offsets = np.cumsum([0] + [int(a.sum()) for a in alive])
+        moved = [np.cumsum(a) - 1 + offsets[i] for i, a in enumerate(alive)]
+        keep = self._alive_at(self.young_at)
+        at = self._per_table(self.young_at[keep], lambda i, rows: moved[i - 1][rows], np.int64)
+        rows = pa.concat_tables([t.rows.filter(pa.array(a)) for t, a in zip(young, alive, strict=True)]).combine_chunks()
+        hashes = np.concatenate([t.hashes[a] for t, a in zip(young, alive, strict=True)])
+        deadlines = (None if young[0].deadlines is None
+                     else np.concatenate([t.deadlines[a] for t, a in zip(young, alive, strict=True)]))
+        self.tables = [self.tables[0], _Table(rows, hashes, deadlines)]
+        self.young_hashes, self.young_at = self.young_hashes[keep], (1 << _ROW_BITS) | at
+        self.young_rows = rows.num_rows
 
 
 def _merged(*runs: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -178,6 +178,7 @@ def test_a_lane_keeps_a_large_state_in_place_a_small_one_as_a_table_and_its_chec
 
     monkeypatch.setattr(resident, "IN_PLACE_FROM", 4)
     monkeypatch.setattr(resident, "MIN_BATCH_ROWS", 1)
+    monkeypatch.setattr(resident, "CHANGED_UNDER", 1)
     spec = lanes_spec(tmp_path)
     lane = Lane(spec, 0)
     held = lane.held["d"]
