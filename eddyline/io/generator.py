@@ -139,6 +139,11 @@ def unit_interval(bits: Column) -> Column:
     return F.shiftrightunsigned(bits, 11).cast("double") * F.lit(2.0**-53)
 
 
+def unit_interval_np(bits: np.ndarray) -> np.ndarray:
+    """:func:`unit_interval` in numpy, the same doubles (for reads without Spark)."""
+    return (bits.view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
 def offsets_until(time_us_of: Callable[[int], int], now_us: int) -> int:
     """How many offsets ``o >= 0`` have ``time_us_of(o) <= now_us``.
 
@@ -347,7 +352,7 @@ def generator_arrow(params: Generator, start: int, end: int) -> pa.Table:
     offset = np.arange(start, end, dtype=np.int64)
     which = np.searchsorted(np.array([s.first for s in segs], dtype=np.int64), offset, side="right") - 1
     bits = spark_xxhash64(offset, salt_constant(params.seed, _SALT_KEY))
-    u = (bits.view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    u = unit_interval_np(bits)
     key = np.zeros(offset.size, dtype=np.int64)
     event_us = np.zeros(offset.size, dtype=np.int64)
     for i, seg in enumerate(segs):

@@ -41,6 +41,7 @@ from pyspark.sql import functions as F
 
 from eddyline.api.sources import SOURCES
 from eddyline.api.units import Model
+from eddyline.hashing import spark_xxhash64
 from eddyline.io.generator import (
     UNPACED_AVAILABLE,
     bit_field,
@@ -50,6 +51,7 @@ from eddyline.io.generator import (
     salt_constant,
     uniform_below,
     unit_interval,
+    unit_interval_np,
 )
 from eddyline.io.sources import SourceKind, SyntheticSource
 
@@ -567,8 +569,6 @@ def nexmark_arrow(params: Nexmark, lo: int, hi: int) -> pa.Table:
     """The rows of stream indexes ``[lo, hi)`` computed here (a resident lane's own read): the
     values of :func:`nexmark_columns`' Spark columns, operation for operation (the hashes are
     Spark's ``xxhash64``, :mod:`eddyline.hashing`; the doubles go through the same steps)."""
-    from eddyline.hashing import spark_xxhash64
-
     stream = params.stream
     first, count = _SLOTS[stream]
     index = np.arange(lo, hi, dtype=np.int64)
@@ -599,8 +599,7 @@ def _field_np(bits: np.ndarray, shift: int, width: int) -> np.ndarray:
 
 
 def _price_np(bits: np.ndarray) -> np.ndarray:
-    u = (bits.view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    return np.floor(np.exp(u * (6.0 * math.log(10.0))) * 100.0 + 0.5).astype(np.int64)
+    return np.floor(np.exp(unit_interval_np(bits) * (6.0 * math.log(10.0))) * 100.0 + 0.5).astype(np.int64)
 
 
 def _hot_or_recent_np(params: Nexmark, newest: np.ndarray, bits: np.ndarray, ratio: int, hot: np.ndarray) -> np.ndarray:
@@ -656,8 +655,6 @@ def _auction_arrow(params: Nexmark, index: np.ndarray, cycle: np.ndarray, event_
 
 
 def _bid_arrow(params: Nexmark, cycle: np.ndarray, bits: dict[int, np.ndarray]) -> dict[str, pa.Array]:
-    from eddyline.hashing import spark_xxhash64
-
     newest_auction = cycle * AUCTION_PROPORTION + (AUCTION_PROPORTION - 1)
     ab = bits[_SALT_AUCTION]
     oldest_open = np.maximum(newest_auction - params.num_in_flight_auctions, 0)

@@ -361,9 +361,14 @@ class _Whole:
 
     def __init__(self, table: pa.Table):
         self.table, self.num_rows, self.nbytes = table, table.num_rows, table.nbytes
+        self._counts: np.ndarray | None = None
 
     def group_counts(self) -> np.ndarray:
-        return np.bincount(self.table.column(KG).to_numpy(zero_copy_only=False)) if self.num_rows else np.zeros(0, np.int64)
+        """(Counted once: the store's write and the lane's manifest both ask.)"""
+        if self._counts is None:
+            kgs = self.table.column(KG).to_numpy(zero_copy_only=False)
+            self._counts = np.bincount(kgs) if self.num_rows else np.zeros(0, np.int64)
+        return self._counts
 
     def group_rows(self, groups: np.ndarray) -> pa.Table:
         return self.table.filter(pa.array(np.isin(self.table.column(KG).to_numpy(zero_copy_only=False), groups)))
