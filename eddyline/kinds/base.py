@@ -143,6 +143,14 @@ class StepKind(api_steps.StepKind):
         the rows its lanes take (with ``_kg``, the kernel's input schema) and the kernel."""
         raise NotImplementedError(self.resident_problem(step))
 
+    def lane_late(self, step: StepSpec, inputs: list[pa.Table], watermark_ms: int) -> tuple[list[pa.Table], pa.Table | None]:
+        """The resident counterpart of :meth:`CompileContext.late_rows`: a step with a late target
+        (:meth:`late_target`) splits the rows too late for the epoch's plan watermark
+        ``watermark_ms`` off its inputs, as :meth:`compile` has Spark split them. Its inputs
+        without them (for :meth:`lane_input`) and them, in their order (None: it writes no late
+        rows)."""
+        return inputs, None
+
 
 class KeyedStepKind(StepKind):
     """A single-input stateful step whose rows keep their columns and gain their key group."""

@@ -11,7 +11,8 @@ so however hot a key is, its lane receives one row per key and window in an epoc
 epoch skips the combining: its few rows cost the lanes less than a stage would). The lanes
 drop the partials of windows that closed before the epoch and count their late rows, so the
 plan holds no watermark and is built once; a step with a ``late`` target splits its late rows
-off in the JVM instead (and is built every epoch). Behind a shed point, counts and sums are
+off in the JVM instead (and is built every epoch), and a resident lane splits them off at the
+same watermark before its partials (:meth:`WindowAggregateKind.lane_late`). Behind a shed point, counts and sums are
 Horvitz-Thompson estimates with ``<name>_error`` columns.
 """
 
@@ -145,9 +146,30 @@ class WindowAggregateKind(StepKind):
         return WindowKernel(params.config(), schema)
 
     def resident_problem(self, step: StepSpec) -> str | None:
-        if step.params.late is not None:
-            return f"step '{step.name}': late: late rows are split off in Spark"
         return None
+
+    def lane_late(self, step: StepSpec, inputs: list[pa.Table], watermark_ms: int) -> tuple[list[pa.Table], pa.Table | None]:
+        """With a late target, the rows whose last window has closed at the plan's watermark
+        (end + lateness <= it) or that have no event time, whole, as :meth:`compile` splits them
+        off in Spark; the lanes drop the closed windows of the others' partials, counting none
+        of their rows (those rows' last window is open)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from eddyline.operators.rows import event_time_ms
+
+        wa: WindowAggregate = step.params
+        if wa.late is None:
+            return inputs, None
+        (rows,) = inputs
+        _time_checked(step, wa, rows.schema)
+        times = rows.column(wa.time)
+        t = event_time_ms(times.fill_null(0)) if rows.num_rows else np.zeros(0, np.int64)
+        slide = wa.window.slide_ms
+        closed = (t - t % slide) + (wa.window.size + wa.allowed_lateness) <= watermark_ms
+        late = pa.array(closed | pc.is_null(times).to_numpy(zero_copy_only=False), pa.bool_())
+        return [rows.filter(pc.invert(late))], rows.filter(late)
 
     def lane_input(self, feed: LaneFeed, step: StepSpec, inputs: list[pa.Table]) -> tuple[pa.Table, WindowKernel]:
         """The windows' partials, combined per key group, key and window (as :meth:`compile`
@@ -165,9 +187,7 @@ class WindowAggregateKind(StepKind):
         for col in (*wa.keys, wa.time, *(c for _, _, c in wa.parsed_aggregates if c is not None)):
             if col not in rows.column_names:
                 raise SpecError(f"step '{step.name}': unknown column '{col}'; input has {', '.join(rows.column_names)}")
-        if not pa.types.is_timestamp(rows.schema.field(wa.time).type):
-            raise SpecError(f"step '{step.name}': time: expected a timestamp column, '{wa.time}' is "
-                            f"{rows.schema.field(wa.time).type}")
+        _time_checked(step, wa, rows.schema)
         ancestors, _ = feed.spec.stateful_upstream(step)
         cfg = wa.config(False, advance=not ancestors)
         rows = rows.cast(pa.schema([f.with_nullable(True) for f in rows.schema]))
@@ -352,6 +372,18 @@ def _weighted(wa: WindowAggregate, df: DataFrame) -> tuple[WindowAggregate, Data
         aggregates[name] = f"sum(__hw_{name})"
         aggregates[f"{name}{VAR}"] = f"sum(__hv_{name})"
     return wa.model_copy(update={"aggregates": aggregates}), df.selectExpr("*", *extra)
+
+
+def _time_checked(step: StepSpec, wa: WindowAggregate, schema: pa.Schema) -> None:
+    """The window's time column is in ``schema`` (an input's rows in a resident lane) and a
+    timestamp (SpecError)."""
+    import pyarrow as pa
+
+    if wa.time not in schema.names:
+        raise SpecError(f"step '{step.name}': time: unknown column '{wa.time}'; input has {', '.join(schema.names)}")
+    if not pa.types.is_timestamp(schema.field(wa.time).type):
+        raise SpecError(f"step '{step.name}': time: expected a timestamp column, '{wa.time}' is "
+                        f"{schema.field(wa.time).type}")
 
 
 def _check_columns(step: str, wa: WindowAggregate, df: DataFrame) -> None:

@@ -9,7 +9,9 @@ Spark job and no row passing through the driver:
    (:meth:`~eddyline.io.sources.Source.read_arrow` with ``task=lane``: every ``L``-th file, a run
    of a text slice's bytes, a range of a generator's ids), so the lanes parse in parallel;
 2. runs the ``filter`` and ``select`` steps on its rows in DuckDB;
-3. for each stateful step in turn, prepares its rows as the kind does in Spark (key groups and
+3. for each stateful step in turn, writes its part of the step's rows too late for its late
+   target, if it has one (:meth:`~eddyline.kinds.base.StepKind.lane_late`), into that epoch's
+   staging, prepares the other rows as the kind does in Spark (key groups and
    all, :meth:`~eddyline.kinds.base.StepKind.lane_input`), sends every other lane the rows of its
    key groups and receives theirs (the shuffle a per-epoch job does in Spark), runs the kernel on
    what it owns and goes on with the kernel's output;
@@ -103,7 +105,9 @@ class LaneNetwork:
     def run(self, lane: int, lanes: int, header: Mapping[str, Any], exchange: Exchange, run_step: RunStep,
             part: str) -> LaneEpoch:
         """Lane ``lane``'s part of the epoch ``header`` names. The sinks ``header["parts"]``
-        names get their rows written here, as part ``part``; the others' rows are returned."""
+        names get their rows written here, as part ``part``; the others' rows are returned. The
+        rows too late for a step with a late target are written here too, as part ``part`` of
+        its staging ``header["late"]`` names."""
         epoch = int(header["epoch"])
         tables: dict[str, pa.Table] = {}
         observed: dict[str, Any] = {}
@@ -118,6 +122,7 @@ class LaneNetwork:
             if got.dead_letters is not None and got.dead_letters.num_rows:
                 dead.append(got.dead_letters)
         manifests: dict[str, dict[str, Any]] = {}
+        late: dict[str, tuple[str | None, int]] = {}
         for step in self.spec.topological():
             inputs = [tables[i] for i in step.inputs]
             if not step.stateful:
@@ -126,11 +131,15 @@ class LaneNetwork:
             for i, (rows, column) in enumerate(zip(inputs, step.time_columns(), strict=True)):
                 if column is not None:
                     observed[f"step:{step.name}:{i}"] = {"max_t": newest_ms(rows.column(column))}
+            inputs, late_rows = step.info.lane_late(step, inputs, int(header["watermarks"][step.name]))
+            if late_rows is not None:  # written here, as a files sink's part
+                observed.setdefault(f"step:{step.name}:0", {})["late"] = late_rows.num_rows
+                late[step.name] = (write_part(late_rows, header["late"][step.name], part), late_rows.num_rows)
             keyed, _ = step.info.lane_input(self, step, inputs)
             mine = exchange(epoch, step.name, keyed)
             manifests[step.name], tables[step.name] = run_step(
                 epoch, step.name, mine, int(header["watermarks"][step.name]), header["advance"].get(step.name))
-        done = LaneEpoch(observed, manifests)
+        done = LaneEpoch(observed, manifests, late=late)
         for sink in self.spec.sinks:
             rows, parts = tables[sink.input], header.get("parts", {}).get(sink.name)
             if parts is None:
@@ -147,17 +156,19 @@ class LaneEpoch:
     """What a lane did of an epoch: its ``observed`` rows and event times (as the per-epoch
     job's observations, :attr:`~eddyline.runtime.epoch.records.Staged.observed`), its manifest
     by step, the rows it sends back (by sink; the dead letters as ``"_dead"``) and, by sink,
-    the part it wrote (None: no rows) and its rows."""
+    the part it wrote (None: no rows) and its rows; by step with a late target, the same of its
+    late rows."""
 
     observed: dict[str, Any]
     manifests: dict[str, dict[str, Any]]
     tables: dict[str, pa.Table] = field(default_factory=dict)
     written: dict[str, tuple[str | None, int]] = field(default_factory=dict)
+    late: dict[str, tuple[str | None, int]] = field(default_factory=dict)
 
 
 def merged_observed(parts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The lanes' observations as one: rows added up (each lane's under ``lanes``, in lane
-    order), the newest event time the newest of any."""
+    order), and late rows; the newest event time the newest of any."""
     out: dict[str, dict[str, Any]] = {}
     for part in parts:
         for key, seen in part.items():
@@ -165,6 +176,8 @@ def merged_observed(parts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             if "rows" in seen:
                 into["rows"] = into.get("rows", 0) + int(seen["rows"])
                 into.setdefault("lanes", []).append(int(seen["rows"]))
+            if "late" in seen:
+                into["late"] = into.get("late", 0) + int(seen["late"])
             if "max_t" in seen:
                 known = [t for t in (into.get("max_t"), seen["max_t"]) if t is not None]
                 into["max_t"] = max(known) if known else None

@@ -29,8 +29,10 @@ starts): stateful steps whose kinds prepare their lanes' rows on Arrow, keyed by
 TIMESTAMP or STRING columns; ``filter`` and ``select`` steps around them; sources whose slices
 can be read outside Spark (``files``, ``generator``, ``nexmark``, ``kafka``, ``nats``, ``nats_core``); sinks that take Arrow (``files``,
 ``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); no overload control, state budget, hot-key splits, hot
-pair or ``max_delay``. The lanes write their parts of a ``files`` sink; the other sinks' rows
-come back to the driver, whose sinks write them.
+pair or ``max_delay``. The lanes write their parts of a ``files`` sink and of a window's
+``late`` target (its rows too late for the plan's watermark, split off as Spark splits them,
+:meth:`~eddyline.kinds.base.StepKind.lane_late`); the other sinks' rows come back to the
+driver, whose sinks write them.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import pyarrow as pa
 from eddyline.api.network import NetworkSpec
 from eddyline.columns import DIFF
 from eddyline.errors import EngineError, SourceError, SpecError
-from eddyline.io.files.target import write_table
+from eddyline.io.files.target import prepare_parts, write_table
 from eddyline.kinds.base import spark_schema
 from eddyline.operators.sqlsteps import SqlStep, SqlStepError
 from eddyline.plan.keygroups import RoutingTable
@@ -185,9 +187,10 @@ class ResidentExecutor(Executor):
         for attempt in (1, 2):  # a stage that ended runs the epoch once more on a new one, from the commit
             stage = self._stage_for(plan, kernels, last)
             parts = self._lane_parts(plan.epoch)
+            late = {step: prepare_parts(target, plan.epoch) for step, target in self.outputs.late.items()}
             try:
                 answers = stage.run_network(plan.epoch, plan.sources, {n: plan.watermarks[n] for n in stateful},
-                                            {n: plan.advance[n] for n in stateful if n in plan.advance}, parts)
+                                            {n: plan.advance[n] for n in stateful if n in plan.advance}, parts, late)
                 break
             except LaneFailed as e:
                 self.close()
@@ -212,12 +215,14 @@ class ResidentExecutor(Executor):
                 rows = pa.concat_tables([a["tables"][sink.name] for a in answers])
                 self.outputs.sinks[sink.name].stage_table(rows, plan.epoch)
                 sink_rows[sink.name] = rows.num_rows
+        for step, target in self.outputs.late.items():  # staged every epoch, as a job stages them
+            target.staged(plan.epoch, [a["late"][step][0] for a in answers if a["late"][step][0]])
         dead = [a["tables"]["_dead"] for a in answers if "_dead" in a["tables"]]
         if dead:
             write_table(pa.concat_tables(dead), self.outputs.dead_letters, plan.epoch)
         return Staged(observed=merged_observed([a["observed"] for a in answers]), sink_rows=sink_rows,
-                      dead_letters=sum(t.num_rows for t in dead), late_steps=(), shed_rows=False, compile_s=0.0,
-                      run_s=time.monotonic() - t0, manifests=manifests)
+                      dead_letters=sum(t.num_rows for t in dead), late_steps=tuple(self.outputs.late),
+                      shed_rows=False, compile_s=0.0, run_s=time.monotonic() - t0, manifests=manifests)
 
     def _kernels(self, schemas: dict[str, pa.Schema]) -> dict[str, Kernel]:
         """Every stateful step's kernel for sources of these schemas (the network's empty rows run
