@@ -550,7 +550,9 @@ def checked(done: list[dict[str, Any]], attempt: int, epoch: int, step: str | No
 class ResidentStage:
     """The driver's end of a resident stage of ``lanes`` lanes running ``steps``: started with the
     state indexes (by step) of the commit of epoch ``after``, then fed one epoch of one step at a
-    time by :meth:`run`, each step's epochs in sequence."""
+    time by :meth:`run`, each step's epochs in sequence. (An epoch that continues from an earlier
+    commit than the one before it, a correction of tentative epochs, starts a stage with that
+    commit's indexes and ``after`` the epoch before it.)"""
 
     def __init__(self, spark: SparkSession, *, steps: Sequence[ResidentStep], checkpoint: str, lanes: int,
                  output: str | None, attempt: int, after: int = 0, index: Mapping[str, Mapping[int, Chain]] | None = None,

@@ -28,8 +28,10 @@ What runs resident (:func:`resident_problem` says why not, and the engine refuse
 starts): stateful steps whose kinds prepare their lanes' rows on Arrow, keyed by BIGINT,
 TIMESTAMP or STRING columns; ``filter`` and ``select`` steps around them; sources whose slices
 can be read outside Spark (``files``, ``generator``, ``nexmark``, ``kafka``, ``nats``, ``nats_core``); sinks that take Arrow (``files``,
-``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); no overload control, state budget, hot-key splits, hot
-pair or ``max_delay``. The lanes write their parts of a ``files`` sink and of a window's
+``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); no overload control, state budget, hot-key splits or hot
+pair. With ``max_delay`` (Delay-Process-Correct, :mod:`eddyline.ha.dpc`) the sinks are opened for
+tentative epochs as a job opens them, and an epoch that continues from an earlier commit (the
+correction) starts a new stage from it. The lanes write their parts of a ``files`` sink and of a window's
 ``late`` target (its rows too late for the plan's watermark, split off as Spark splits them,
 :meth:`~eddyline.kinds.base.StepKind.lane_late`); the other sinks' rows come back to the
 driver, whose sinks write them.
@@ -78,8 +80,6 @@ _USER_ERRORS: dict[str, type[Exception]] = {"SpecError": SpecError, "SourceError
 
 def resident_problem(spec: NetworkSpec, sources: dict[str, Source], sinks: dict[str, Sink]) -> str | None:
     """Why ``spec`` cannot run resident, naming the part that keeps it in Spark (None: it can)."""
-    if spec.max_delay is not None:
-        return "max_delay: Delay-Process-Correct runs in per-epoch jobs"
     if spec.control.overload is not None:
         return "control.overload: shedding runs in Spark"
     if spec.control.state_budget is not None:
@@ -248,7 +248,10 @@ class ResidentExecutor(Executor):
 
     def _stage_for(self, plan: EpochPlan, kernels: dict[str, Kernel], last: EpochCommit | None) -> ResidentStage:
         """The stage to run the epoch on: the running one if it holds the last commit's state for
-        these routing tables and kernels, else a new one started from the last commit."""
+        these routing tables and kernels, else a new one started from the last commit. An epoch
+        that continues from an earlier commit than the one before it (a correction of tentative
+        epochs, :mod:`eddyline.ha.dpc`, or a replay: ``last`` is its base) starts a new stage,
+        loaded with that commit's state, whose first epoch is this one."""
         steps = []
         for name, kernel in kernels.items():
             routing = RoutingTable.from_json(plan.routing[name])
@@ -260,7 +263,8 @@ class ResidentExecutor(Executor):
         # a changed network (a control setting changed a step's parameters) is a new stage too
         key = (tuple(s for s, _ in steps), lanes, self.spec)
         after = last.epoch if last is not None else 0
-        if self.stage is not None and self._stage_key == key and self.stage.epoch == after:
+        if (self.stage is not None and self._stage_key == key and self.stage.epoch == after
+                and plan.epoch == after + 1):
             return self.stage
         self.close()
         spark = self.compiler.spark
@@ -271,7 +275,7 @@ class ResidentExecutor(Executor):
         index = {name: dict(last.steps[name].index) for name in kernels if last is not None and name in last.steps}
         self.stage = ResidentStage(
             spark, steps=[s for s, _ in steps], checkpoint=self.ckpt.location, lanes=lanes, output=None,
-            attempt=next_attempt(self.ckpt.location, gate), after=after, index=index, generation=gate.generation,
+            attempt=next_attempt(self.ckpt.location, gate), after=plan.epoch - 1, index=index, generation=gate.generation,
             faults=self.compiler.faults, network=self.network,
         )
         self._stage_key = key
@@ -284,7 +288,8 @@ class ResidentExecutor(Executor):
         for spec in self.spec.sinks:
             sink = self.outputs.sinks[spec.name]
             if self._opened.get(spec.name) is not sink:
-                sink.open(self.spec.name, self.checkpoint_id, spark_schema(self._schemas_of[spec.input]), tentative=False)
+                sink.open(self.spec.name, self.checkpoint_id, spark_schema(self._schemas_of[spec.input]),
+                          tentative=self.spec.max_delay is not None)  # eddyline.ha.dpc may mark epochs
                 self._opened[spec.name] = sink
             where = sink.lane_parts(epoch)
             if where is not None:

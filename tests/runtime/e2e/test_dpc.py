@@ -243,3 +243,73 @@ def test_a_partitioned_source_gives_tentative_windows_then_corrections_and_the_s
         got = pa.concat_tables(mem.collected[e] for e in sorted(mem.collected))
         assert sorted((r["auction"], int(r["window_start"].timestamp() * 1000), r["n"], r["total"])
                       for r in got.to_pylist()) == expected
+
+
+def test_resident_lanes_delay_process_and_correct_as_jobs_do(spark, nats_server, postgres, tmp_path: Path) -> None:
+    """The same partition on resident lanes, one window per source (so no step but the windows
+    runs in Spark): the tentative epochs and the correction run resident (the correction on a
+    new stage, loaded from the stable commit), the sinks opened for tentative epochs; the run
+    is cut once the epoch after the correction published, and a per-epoch job replays it and
+    finishes. The stable output is every bid's; the tentative windows were taken back."""
+    local, remote = bids(3), bids(4)
+    files = tmp_path / "in"
+    files.mkdir()
+    for k, chunk in enumerate(local):
+        (files / f"bids-{k:03d}.json").write_text("".join(json.dumps(b) + "\n" for b in chunk))
+    stream = f"DPCR{uuid.uuid4().hex[:8]}"
+    conn = NatsConnection(nats_server.url)
+    ensure_stream(conn, stream, [f"{stream}.>"])
+    conn.publish([(f"{stream}.bid", None, json.dumps(b).encode()) for chunk in remote for b in chunk])
+    conn.close()
+    table = f"dpcr_{uuid.uuid4().hex[:8]}"
+    raw = network(files, nats_server.url, stream, tmp_path / "out", "", "", "")
+    window = raw["steps"][1]["window_aggregate"]
+    raw = {**raw, "name": "dpc-resident", "steps": [
+        {"name": "w_local", "input": "local", "window_aggregate": window},
+        {"name": "w_remote", "input": "remote", "window_aggregate": window}], "sinks": [
+        {"name": "out_local", "input": "w_local", "files": {"path": str(tmp_path / "local"), "format": "parquet"}},
+        {"name": "out_remote", "input": "w_remote", "files": {"path": str(tmp_path / "remote"), "format": "parquet"}},
+        {"name": "mem", "input": "w_local", "memory": {}},
+        {"name": "db", "input": "w_local", "postgres": {"url": postgres.url, "table": table, "mode": "upsert",
+                                                        "key": ["auction", "window_start"]}}]}
+    partition = Partition(nats_server, cut_after=3, tentative_epochs=3)
+    fixing = 3 + 3 + 1
+    try:
+        first = Engine(load_spec({**raw, "execution": "resident"}), spark, str(tmp_path / "ckpt"),
+                       reporter=partition, faults=CrashAfterPublish(fixing + 1))  # type: ignore[arg-type]
+        with pytest.raises(Crash):
+            first.run(until_idle=True)
+        mem = first.sinks["mem"]
+        then = Engine(load_spec({**raw, "execution": "job"}), spark, str(tmp_path / "ckpt"), reporter=partition)  # type: ignore[arg-type]
+        then.run(until_idle=True)
+    finally:
+        if nats_server.proc is None:
+            nats_server.start()
+    records = partition.records
+    assert {r["execution"]["mode"] for r in records if r["batchId"] <= fixing} == {"resident"}
+    assert records[-1]["execution"]["mode"] == "job" and first.executor.stages_started >= 2
+
+    tentative = [r for r in records if r.get("tentative")]
+    assert [r["tentative"] for r in tentative] == [["remote"]] * 3
+    assert tentative[0]["reportedAt"] - partition.cut_at >= MAX_DELAY_S
+    epochs = [r["batchId"] for r in tentative]
+    fix = next(r for r in records if r.get("retracts"))
+    assert fix["retracts"] == epochs and fix["batchId"] == fixing and not fix.get("tentative")
+    committed = json.loads((tmp_path / "ckpt" / "commits" / f"{epochs[0]:010d}.json").read_text())
+    assert committed["tentative"] == ["remote"] and committed["stable"] == epochs[0] - 1
+    assert next(s for s in fix["sources"] if s["description"] == "remote")["startOffset"] == 3 * PER_CHUNK
+
+    # the tentative windows (the local ones: the remote source gave none) went out apart and came back
+    retracted = tmp_path / "local" / "_corrections" / f"epoch={fixing:010d}" / "retracted"
+    assert {p.name for p in retracted.iterdir()} <= {f"epoch={e:010d}" for e in epochs}
+    assert not any((tmp_path / "local" / "_tentative").iterdir())
+    assert windows(f"{retracted}/*/*.parquet")
+    assert mem.tentative == set()  # type: ignore[attr-defined]
+    # every bid's windows, each once, whichever mode wrote them
+    expected = oracle([b for chunk in local for b in chunk])
+    assert windows(f"{tmp_path / 'local'}/epoch=*/*.parquet") == expected
+    with psycopg.connect(postgres.url) as db:  # (opened for tentative epochs, which it took back)
+        rows = db.execute(f"SELECT auction, window_start, n, total, tentative FROM {table} ORDER BY 1, 2").fetchall()
+    assert [(a, int(w.timestamp() * 1000), n, t) for a, w, n, t, _ in rows] == expected
+    assert not any(row[-1] for row in rows)
+    assert windows(f"{tmp_path / 'remote'}/epoch=*/*.parquet") == oracle([b for chunk in remote for b in chunk])
