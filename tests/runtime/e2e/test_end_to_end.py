@@ -94,8 +94,10 @@ def test_dead_letters_carry_reason_and_offset_and_counts_add_up(spark, tmp_path:
 
 
 def test_late_rows_are_counted_and_routed(spark, tmp_path: Path) -> None:
+    """On resident lanes, which write their parts of the late target (the same as jobs write:
+    tests/runtime/e2e/test_resident_mode.py; jobs' late rows against the lanes' count: below)."""
     write_bid_files(tmp_path / "in", files=5, rows=200, seed=5, disorder_ms=15_000)
-    spec = bids_window_spec(tmp_path / "in", tmp_path / "out", late_dir=tmp_path / "late")
+    spec = bids_window_spec(tmp_path / "in", tmp_path / "out", late_dir=tmp_path / "late", execution="resident")
     summary = run(spec, spark, tmp_path / "ckpt", until_idle=True)
     assert summary.late_rows > 0
     con = duckdb.connect()
