@@ -12,8 +12,8 @@ epoch skips the combining: its few rows cost the lanes less than a stage would).
 drop the partials of windows that closed before the epoch and count their late rows, so the
 plan holds no watermark and is built once; a step with a ``late`` target splits its late rows
 off in the JVM instead (and is built every epoch), and a resident lane splits them off at the
-same watermark before its partials (:meth:`WindowAggregateKind.lane_late`). Behind a shed point, counts and sums are
-Horvitz-Thompson estimates with ``<name>_error`` columns.
+same watermark before its partials (:meth:`WindowAggregateKind.lane_late`). Behind a shed
+point, counts and sums are Horvitz-Thompson estimates with ``<name>_error`` columns.
 """
 
 from __future__ import annotations
