@@ -19,6 +19,7 @@ from eddyline.api.validate import load_spec
 from eddyline.errors import SpecError
 from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.engine import Engine
+from eddyline.runtime.inbox import Inbox
 
 from .helpers import Crash, CrashAfterPublish
 
@@ -97,6 +98,15 @@ def test_resident_epochs_write_what_per_epoch_jobs_write(spark, reference, tmp_p
     last = Checkpoint(str(tmp_path / "ckpt")).latest_commit()
     assert last is not None and last.epoch >= FILES
     assert not engine.executor.holds_workers  # the stage ended with the run
+
+    # time travel: epochs 5 on run again, on a stage loaded from the commit of epoch 4
+    Inbox(str(tmp_path / "ckpt")).submit_command({"replay": 5, "network": raw_spec(data, tmp_path / "out", "job"),
+                                                   "reset": []})
+    again = Engine(load_spec(raw_spec(data, tmp_path / "out", "resident")), spark, str(tmp_path / "ckpt"))
+    again.run(until_idle=True)
+    replay = Checkpoint(str(tmp_path / "ckpt")).read_plan(last.epoch + 1)
+    assert (replay.base, replay.retracts) == (4, list(range(5, last.epoch + 1)))
+    assert rows(tmp_path / "out") == expected and again.executor.stages_started == 1
 
 
 def test_auto_runs_resident_lanes_where_they_take_the_network_and_jobs_elsewhere_saying_why(
