@@ -143,6 +143,13 @@ class StepKind(api_steps.StepKind):
         the rows its lanes take (with ``_kg``, the kernel's input schema) and the kernel."""
         raise NotImplementedError(self.resident_problem(step))
 
+    def lane_output(self, feed: LaneFeed, step: StepSpec, rows: pa.Table) -> tuple[pa.Table, dict[str, dict[str, Any]]]:
+        """:meth:`compile`'s resident counterpart after the lanes: the kernel's output rows as the
+        step gives them on (what Spark does to them after the lanes), and what is observed of them
+        by name (:func:`eddyline.runtime.lanenetwork.merged_observed` merges the lanes'). As
+        they are, by default."""
+        return rows, {}
+
 
 class KeyedStepKind(StepKind):
     """A single-input stateful step whose rows keep their columns and gain their key group."""
