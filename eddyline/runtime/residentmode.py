@@ -28,8 +28,11 @@ What runs resident (:func:`resident_problem` says why not, and the engine refuse
 starts): stateful steps whose kinds prepare their lanes' rows on Arrow, keyed by BIGINT,
 TIMESTAMP or STRING columns; ``filter`` and ``select`` steps around them; sources whose slices
 can be read outside Spark (``files``, ``generator``, ``nexmark``, ``kafka``, ``nats``, ``nats_core``); sinks that take Arrow (``files``,
-``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); no overload control, state budget, hot-key splits, hot
-pair or ``max_delay``. The lanes write their parts of a ``files`` sink; the other sinks' rows
+``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); overload shedding (the
+same rows dropped as in Spark: :func:`~eddyline.runtime.shedding.shed_tables`; a shed point's
+utility quantiles are exact where Spark's are approximate) and a state budget (a lane keeps half
+of it cached and works in slices, as a per-epoch lane does); no hot-key splits, hot pair or
+``max_delay``. The lanes write their parts of a ``files`` sink; the other sinks' rows
 come back to the driver, whose sinks write them.
 """
 
@@ -86,8 +89,6 @@ def resident_problem(spec: NetworkSpec, sources: dict[str, Source], sinks: dict[
     """Why ``spec`` cannot run resident, naming the part that keeps it in Spark (None: it can)."""
     if spec.max_delay is not None:
         return "max_delay: Delay-Process-Correct runs in per-epoch jobs"
-    if spec.control.state_budget is not None:
-        return "control.state_budget: a resident lane holds all of its state in memory"
     if not spec.stateful_steps():
         return "no stateful step: nothing to keep resident"
     for step in spec.steps:
@@ -297,7 +298,7 @@ class ResidentExecutor(Executor):
         self.stage = ResidentStage(
             spark, steps=[s for s, _ in steps], checkpoint=self.ckpt.location, lanes=lanes, output=None,
             attempt=next_attempt(self.ckpt.location, gate), after=after, index=index, generation=gate.generation,
-            faults=self.compiler.faults, network=self.network,
+            faults=self.compiler.faults, network=self.network, state_budget=self.spec.control.state_budget,
         )
         self._stage_key = key
         self.stages_started += 1
