@@ -479,6 +479,7 @@ class Lane:
             raise RuntimeError(f"{MARK} resident lane {self.lane}: step '{name}' epoch {epoch} after epoch "
                                f"{held.epoch}; epochs must come in sequence")
         t0, c0 = time.perf_counter(), time.thread_time()
+        mem0 = memory_bytes()
         kernel = held.kernel
         batch = kernel.input_schema.empty_table() if rows is None else rows.select(kernel.input_schema.names)
         kgs = batch.column(KG).to_numpy() if batch.num_rows else np.zeros(0, np.int32)
@@ -524,6 +525,9 @@ class Lane:
             "key_groups": len(held.index), "pid": os.getpid(),
             # every key group's state is in the lane's memory: none is loaded
             "cache_hits": len(held.index), "cache_misses": 0, "cache_bytes": state.nbytes,
+            # (the state held, as of before and after the epoch: the reading after it is the peak
+            # but for the kernel's and the write's passing use)
+            "memory": {"start": mem0, "received": mem0, "peak": memory_bytes()},
             "ms": {"kernel": round((t1 - t0) * 1000, 3), "write": round((t2 - t1) * 1000, 3),
                    "output": round((t3 - t2) * 1000, 3)},
             "cpu_ms": {"lane": round((time.thread_time() - c0) * 1000, 3)},
@@ -542,6 +546,11 @@ class Lane:
         mem = {"start": memory_bytes()}
         in_counts = np.bincount(kgs) if kgs.size else np.zeros(0, np.int64)
         groups = sorted(set(held.index) | set(np.flatnonzero(in_counts).tolist()))
+        if not held.bytes_per_row and held.index:  # (a new stage) one key group's state tells the size of a row
+            kg = max(held.index, key=lambda g: chain_rows(held.index[g]))
+            probe = store.load(held.index, [kg])
+            held.bytes_per_row = probe.nbytes / probe.num_rows if probe.num_rows else 0.0
+            del probe
         work = slices(groups, {kg: chain_rows(held.index[kg]) for kg in held.index}, held.bytes_per_row,
                       held.budget // 2)
         if len(work) > 1:  # slices are ranges of key groups: the rows sorted by key group to cut them out
