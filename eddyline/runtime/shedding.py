@@ -14,6 +14,7 @@ the lanes' driver computes exactly (:func:`utility_quantiles`).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from eddyline.api.control import Overload
     from eddyline.api.steps import StepSpec
     from eddyline.kinds.base import CompileContext
+    from eddyline.operators.sqlsteps import SqlStep
 
 QUANTILES = ", ".join(str(q / 20) for q in range(21))
 
@@ -102,8 +104,6 @@ def shed_tables(step: StepSpec, inputs: list[pa.Table], plan: dict[str, Any] | N
     """:func:`shed_inputs` on Arrow, for a resident lane's share of the rows: the same rows kept
     (random: Spark's ``xxhash64`` over the row's columns in numpy, then :func:`keep_mask_random`;
     semantic: the same condition, run by DuckDB), the same counts and weights."""
-    from eddyline.operators.sqlsteps import SqlStep
-
     utility = cfg.utility.get(step.name)
     out = LaneShed([])
     for i, rows in enumerate(inputs):
@@ -120,7 +120,7 @@ def shed_tables(step: StepSpec, inputs: list[pa.Table], plan: dict[str, Any] | N
         if utility is not None or cut is not None:
             exprs = ((f"CAST(({utility}) AS DOUBLE) AS u",) if utility is not None else ()) + (
                 (f"coalesce(({utility}) >= {cut!r}, false) AS k",) if cut is not None else ())
-            values = SqlStep(step.name, expressions=exprs).run(rows)
+            values = _sql_step(step.name, exprs).run(rows)
             if cut is not None:
                 mask = values.column("k").to_numpy(zero_copy_only=False).astype(bool)
             if utility is not None:
@@ -139,6 +139,15 @@ def shed_tables(step: StepSpec, inputs: list[pa.Table], plan: dict[str, Any] | N
             kept = kept.append_column(WEIGHT, pa.array(np.full(kept.num_rows, weight), pa.float64()))
         out.inputs.append(kept)
     return out
+
+
+@functools.lru_cache(maxsize=32)
+def _sql_step(name: str, expressions: tuple[str, ...]) -> SqlStep:
+    """A shed point's utility (and cut) in DuckDB, kept while the lane runs: an epoch's cut is
+    most often the last one's."""
+    from eddyline.operators.sqlsteps import SqlStep
+
+    return SqlStep(name, expressions=expressions)
 
 
 def utility_quantiles(values: list[pa.Table]) -> list[float] | None:

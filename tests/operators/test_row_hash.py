@@ -72,3 +72,31 @@ def test_types_spark_hashes_by_rules_not_reproduced_are_refused() -> None:
         assert not hashable(t)
         with pytest.raises(TypeError, match="not reproduced"):
             spark_xxhash64_of_columns(pa.array([], t))
+
+
+def test_resident_lanes_shed_the_rows_spark_sheds(spark) -> None:
+    """:func:`eddyline.runtime.shedding.shed_tables` against the condition a per-epoch job sheds
+    by (:func:`eddyline.runtime.shedding.shed_inputs`), on rows of every type: the same rows kept."""
+    from eddyline.api.validate import load_spec
+    from eddyline.operators.shed import random_keep_sql
+    from eddyline.runtime.shedding import shed_tables
+
+    spec = load_spec({
+        "name": "shed", "sources": [{"name": "s", "generator": {"rate": 10}}],
+        "steps": [{"name": "first", "input": "s", "dedup": {"key": "key", "time": "event_time", "ttl": "1s"}}],
+        "sinks": [{"name": "out", "input": "first", "memory": {}, "qos": {"latency": "1s"}}],
+        "control": {"overload": {"shedding": "uniform", "shed_sink": {"path": "/tmp/unused"}}}})
+    rng = np.random.default_rng(11)
+    n = 3000
+    base = pa.table({name: pa.array([values[i] for i in rng.integers(0, 4, n)], t) for name, (t, values) in COLUMNS.items()})
+    table = base.append_column("id", pa.array(np.arange(n)))
+    df = spark.createDataFrame(table)
+    for keep, seed in ((0.5, 3), (0.1, 2**40), (0.93, -7)):
+        plan = {"keep": [keep], "mode": "random", "seed": seed}
+        shed = shed_tables(spec.steps[0], [table], plan, spec.control.overload, 4)
+        cond = random_keep_sql(f"xxhash64({', '.join(f'`{c}`' for c in table.column_names)})", keep, seed)
+        want = sorted(r[0] for r in df.where(cond).select("id").collect())
+        assert sorted(shed.inputs[0].column("id").to_pylist()) == want
+        assert shed.observed == {"shed:first:0": {"offered": n, "kept": len(want)}}
+        (dropped,) = shed.shed
+        assert dropped.column_names[:3] == ["_step", "_input", "_epoch"] and dropped.num_rows == n - len(want)
