@@ -1,4 +1,6 @@
-"""Spark SQL's ``xxhash64`` for BIGINT arguments, in vectorised numpy (no Spark).
+"""Spark SQL's ``xxhash64`` in vectorised numpy (no Spark): of BIGINT arguments, and of Arrow
+columns of the scalar types (:func:`spark_xxhash64_of_columns`: a row's content, which resident
+lanes shed by).
 
 Key groups (``pmod(xxhash64(keys), K)``) and random shedding are computed in Spark SQL; the
 driver and the kernels compute the same values here, so both sides agree on every row.
@@ -8,6 +10,8 @@ seed; a BIGINT ``v`` is hashed as XXH64 of its eight little-endian bytes (Spark'
 """
 
 from __future__ import annotations
+
+import decimal
 
 import numpy as np
 import pyarrow as pa
@@ -126,40 +130,117 @@ def spark_xxhash64(*args: IdsLike | int) -> np.ndarray:
     return h.view(np.int64)
 
 
-def _xxh64_strings(values: pa.Array, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """Spark's ``XXH64.hashUnsafeBytes`` of each string's UTF-8 bytes with its row's seed: the
-    standard XXH64 (the ``xxhash`` package), one call a value."""
+def xxh64_int(values: np.ndarray, seed: int | np.ndarray) -> np.ndarray:
+    """XXH64 of each 32-bit integer's four little-endian bytes, with the given seed(s): Spark's
+    ``XXH64.hashInt`` (accumulator ``seed + PRIME64_5 + 4``, one 4-byte step, the avalanche).
+    ``values`` are integers taken as their low 32 bits; returns uint64."""
+    v = np.atleast_1d(np.asarray(values)).astype(np.int64).astype(np.uint64) & np.uint64(0xFFFFFFFF)
+    s = _seed_array(seed)
+    with np.errstate(over="ignore"):
+        h = s + _PRIME64_5 + np.uint64(4)
+        h = h ^ (v * _PRIME64_1)
+        h = _rotl(h, 23) * _PRIME64_2 + _PRIME64_3
+        h = h ^ (h >> np.uint64(33))
+        h = h * _PRIME64_2
+        h = h ^ (h >> np.uint64(29))
+        h = h * _PRIME64_3
+        h = h ^ (h >> np.uint64(32))
+    return h
+
+
+def _xxh64_bytes(values: list[bytes | None], seeds: np.ndarray) -> np.ndarray:
+    """Spark's ``XXH64.hashUnsafeBytes`` of each value with its row's seed: the standard XXH64
+    (the ``xxhash`` package), one call a value (a None hashes as no bytes; its row keeps its seed)."""
     import xxhash
 
-    texts = values.to_pylist()
-    out = np.empty(len(texts), dtype=np.uint64)
+    out = np.empty(len(values), dtype=np.uint64)
     broadcast = seeds.size == 1
-    for i, text in enumerate(texts):
-        seed = int(seeds[0] if broadcast else seeds[i])
-        out[i] = xxhash.xxh64_intdigest(text.encode() if text is not None else b"", seed)
-    valid = None if values.null_count == 0 else values.is_valid().to_numpy(zero_copy_only=False)
-    return out, valid
+    for i, value in enumerate(values):
+        out[i] = xxhash.xxh64_intdigest(value if value is not None else b"", int(seeds[0] if broadcast else seeds[i]))
+    return out
+
+
+def _java_bytes(unscaled: int) -> bytes:
+    """Java's ``BigInteger.toByteArray``: the fewest big-endian two's-complement bytes."""
+    bits = unscaled.bit_length() if unscaled >= 0 else (~unscaled).bit_length()
+    return unscaled.to_bytes(bits // 8 + 1, "big", signed=True)
+
+
+def _valid(column: pa.Array) -> np.ndarray | None:
+    return None if column.null_count == 0 else column.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _ints(column: pa.Array, dtype: type) -> np.ndarray:
+    return np.asarray(pc.fill_null(column, 0).to_numpy(zero_copy_only=False), dtype)
+
+
+#: Arrow types :func:`spark_xxhash64_of_columns` hashes as Spark hashes their Spark SQL types
+def hashable(t: pa.DataType) -> bool:
+    """Whether :func:`spark_xxhash64_of_columns` takes a column of Arrow type ``t``."""
+    return (pa.types.is_null(t) or pa.types.is_boolean(t) or pa.types.is_signed_integer(t)
+            or pa.types.is_floating(t) and not pa.types.is_float16(t) or pa.types.is_date32(t)
+            or pa.types.is_timestamp(t) or pa.types.is_decimal128(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t))
+
+
+def _column_hash(column: pa.Array, h: np.ndarray) -> np.ndarray:
+    """One column's values hashed with seeds ``h`` as Spark's ``XxHash64`` hashes its type:
+    BOOLEAN as the int 1 or 0; TINYINT, SMALLINT, INT and DATE (its days) with ``hashInt``;
+    BIGINT and TIMESTAMP (its microseconds) with ``hashLong``; FLOAT and DOUBLE by their bits
+    (``floatToIntBits`` / ``doubleToLongBits``: one NaN; -0.0 as 0.0); a DECIMAL of up to 18
+    digits by its unscaled long, a wider one by its unscaled value's Java bytes; STRING (UTF-8)
+    and BINARY by their bytes."""
+    t = column.type
+    if pa.types.is_null(t):
+        return np.broadcast_to(h, (len(column),))
+    if pa.types.is_timestamp(t):  # Spark keeps a TIMESTAMP as its microseconds
+        column = column.cast(pa.timestamp("us", tz=t.tz), safe=False).cast(pa.int64())
+        t = column.type
+    if pa.types.is_int64(t):
+        return xxh64_long(_ints(column, np.int64), h)
+    if pa.types.is_boolean(t) or pa.types.is_signed_integer(t):
+        return xxh64_int(_ints(column.cast(pa.int32()), np.int32), h)
+    if pa.types.is_date32(t):
+        return xxh64_int(_ints(column.cast(pa.int32()), np.int32), h)
+    if pa.types.is_float32(t):
+        f = np.asarray(pc.fill_null(column, 0.0).to_numpy(zero_copy_only=False), np.float32)
+        f = np.where(f == 0.0, np.float32(0.0), f)  # -0.0 as 0.0
+        bits = f.view(np.int32).copy()
+        bits[np.isnan(f)] = 0x7FC00000
+        return xxh64_int(bits, h)
+    if pa.types.is_float64(t):
+        d = np.asarray(pc.fill_null(column, 0.0).to_numpy(zero_copy_only=False), np.float64)
+        d = np.where(d == 0.0, 0.0, d)
+        bits = d.view(np.int64).copy()
+        bits[np.isnan(d)] = 0x7FF8000000000000
+        return xxh64_long(bits, h)
+    if pa.types.is_decimal128(t):
+        exact = decimal.Context(prec=80)  # (the default's 28 digits would round 38)
+        unscaled = [None if v is None else int(v.scaleb(t.scale, exact)) for v in column.to_pylist()]
+        if t.precision <= 18:
+            return xxh64_long(np.array([u or 0 for u in unscaled], np.int64), h)
+        return _xxh64_bytes([None if u is None else _java_bytes(u) for u in unscaled], h)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return _xxh64_bytes([None if v is None else v.encode() for v in column.to_pylist()], h)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return _xxh64_bytes(column.to_pylist(), h)
+    raise TypeError(f"Spark's xxhash64 of {t} is not reproduced here")
 
 
 def spark_xxhash64_of_columns(*columns: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Spark SQL ``xxhash64(c1, c2, ...)`` of Arrow columns of BIGINT, TIMESTAMP or STRING values (each
-    hashed with the previous hash as its seed, a NULL leaving it unchanged), as int64. Other
-    types raise ``TypeError``: Spark hashes them by rules of their own (an INT as four bytes, a
-    DOUBLE by its bits after normalising -0.0, ...)."""
+    """Spark SQL ``xxhash64(c1, c2, ...)`` of Arrow columns (each hashed with the previous hash as
+    its seed, a NULL leaving it unchanged), as int64: the types :func:`hashable` takes, each as
+    :func:`_column_hash` says. Others (lists, structs, maps, unsigned integers) raise
+    ``TypeError``."""
     if not columns:
         raise ValueError("spark_xxhash64_of_columns needs at least one column")
     h = np.array([SPARK_XXHASH64_SEED], dtype=np.uint64)
     for column in columns:
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
-        if pa.types.is_timestamp(column.type):  # Spark keeps a TIMESTAMP as its microseconds
-            column = column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64())
-        if pa.types.is_int64(column.type):
-            values, valid = _longs(column)
-            hashed = xxh64_long(values, h)
-        elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            hashed, valid = _xxh64_strings(column, h)
-        else:
-            raise TypeError(f"Spark's xxhash64 of {column.type} is not reproduced here (BIGINT and STRING are)")
+        if not hashable(column.type):
+            raise TypeError(f"Spark's xxhash64 of {column.type} is not reproduced here")
+        hashed = _column_hash(column, h)
+        valid = _valid(column)
         h = hashed if valid is None else np.where(valid, hashed, np.broadcast_to(h, hashed.shape))
     return h.view(np.int64)

@@ -188,6 +188,8 @@ class WindowAggregateKind(StepKind):
             if col not in rows.column_names:
                 raise SpecError(f"step '{step.name}': unknown column '{col}'; input has {', '.join(rows.column_names)}")
         _time_checked(step, wa, rows.schema)
+        if WEIGHT in rows.column_names:  # behind a shed point
+            wa, rows = _weighted_rows(wa, rows)
         ancestors, _ = feed.spec.stateful_upstream(step)
         cfg = wa.config(False, advance=not ancestors)
         rows = rows.cast(pa.schema([f.with_nullable(True) for f in rows.schema]))
@@ -196,6 +198,37 @@ class WindowAggregateKind(StepKind):
                  *([TMAX] if cfg.advance_delay_ms is not None else [])]
         schema = pa.schema([partials.schema.field(c).with_nullable(True) for c in order])
         return partials.select(order).cast(schema), WindowKernel(cfg, schema)
+
+    def lane_output(self, feed: Any, step: StepSpec, rows: pa.Table) -> tuple[pa.Table, dict[str, dict[str, Any]]]:
+        """Behind a shed point, the variance sums become confidence half-widths and their ratio to
+        the estimates is observed, as :meth:`compile` has Spark do (each lane's sums, maxima and
+        counts: the lanes' merged give the mean)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        overload = feed.spec.control.overload
+        if overload is None or not any(c.endswith(VAR) for c in rows.column_names):
+            return rows, {}
+        z = NormalDist().inv_cdf(0.5 + overload.confidence / 2)
+        columns, names, seen = [], [], {"rows": rows.num_rows}
+        for c in rows.column_names:
+            if not c.endswith(VAR):
+                columns.append(rows.column(c))
+                names.append(c)
+                continue
+            name = c[: -len(VAR)]
+            var = rows.column(c).to_numpy(zero_copy_only=False).astype(np.float64)
+            with np.errstate(invalid="ignore"):
+                error = pa.array(z * np.sqrt(var), pa.float64(), mask=pc.is_null(rows.column(c)).to_numpy(zero_copy_only=False))
+            columns.append(error)
+            names.append(f"{name}_error")
+            estimate = pc.cast(rows.column(name), pa.float64())
+            ratio = pc.divide(error, pc.if_else(pc.equal(estimate, 0.0), None, pc.abs(estimate))).drop_null()
+            seen[f"sum:{name}"] = float(pc.sum(ratio).as_py() or 0.0)
+            seen[f"count:{name}"] = len(ratio)
+            seen[f"max:{name}"] = pc.max(ratio).as_py() if len(ratio) else None
+        return pa.Table.from_arrays(columns, names=names), {f"estimates:{step.name}": seen}
 
     def describe(self, step: StepSpec, key_groups: int) -> list[str]:
         wa = step.params
@@ -384,6 +417,36 @@ def _time_checked(step: StepSpec, wa: WindowAggregate, schema: pa.Schema) -> Non
     if not pa.types.is_timestamp(schema.field(wa.time).type):
         raise SpecError(f"step '{step.name}': time: expected a timestamp column, '{wa.time}' is "
                         f"{schema.field(wa.time).type}")
+
+
+def _weighted_rows(wa: WindowAggregate, rows: pa.Table) -> tuple[WindowAggregate, pa.Table]:
+    """:func:`_weighted` on Arrow, for resident lanes: the same columns, computed with the same
+    double arithmetic in the same order."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def doubles(col: str) -> tuple[np.ndarray, np.ndarray]:
+        c = pc.cast(rows.column(col), pa.float64())
+        return c.to_numpy(zero_copy_only=False).astype(np.float64), pc.is_null(c).to_numpy(zero_copy_only=False)
+
+    w = rows.column(WEIGHT).to_numpy(zero_copy_only=False).astype(np.float64)
+    aggregates: dict[str, str] = {}
+    for name, func, col in wa.parsed_aggregates:
+        if func == "count":
+            null = np.zeros(rows.num_rows, bool) if col is None else doubles(col)[1]
+            hw, hv = w, w * w - w
+        elif func == "sum":
+            x, null = doubles(col)
+            hw, hv = x * w, x * x * (w * w - w)
+        else:
+            aggregates[name] = wa.aggregates[name]
+            continue
+        rows = rows.append_column(f"__hw_{name}", pa.array(hw, pa.float64(), mask=null))
+        rows = rows.append_column(f"__hv_{name}", pa.array(hv, pa.float64(), mask=null))
+        aggregates[name] = f"sum(__hw_{name})"
+        aggregates[f"{name}{VAR}"] = f"sum(__hv_{name})"
+    return wa.model_copy(update={"aggregates": aggregates}), rows
 
 
 def _check_columns(step: str, wa: WindowAggregate, df: DataFrame) -> None:

@@ -41,10 +41,15 @@ from eddyline.io.files.target import write_part
 from eddyline.operators.rows import event_time_ms
 from eddyline.operators.sqlsteps import SqlStep
 from eddyline.plan.keygroups import key_groups_of
+from eddyline.runtime.shedding import shed_tables
 
 if TYPE_CHECKING:
     from eddyline.api.steps import StepSpec
     from eddyline.io.sources import Source
+
+#: the name of the rows a lane shed (for the shed sink) among the tables it answers with, and
+#: the prefix of each shed point's utility values (``<step>:<input>``, for the quantiles)
+SHED, UTILITY = "_shed", "_utility:"
 
 #: a stateful step's rows of this lane's epoch, prepared and keyed, in; the rows of the lane's
 #: key groups from every lane (this one included), in lane order, out
@@ -112,6 +117,8 @@ class LaneNetwork:
         tables: dict[str, pa.Table] = {}
         observed: dict[str, Any] = {}
         dead: list[pa.Table] = []
+        shed_rows: list[pa.Table] = []
+        utility: dict[str, pa.Table] = {}
         for src in self.spec.sources:
             got = self.sources[src.name].read_arrow(header["slices"][src.name], self.read_by.get(src.name),
                                                     task=lane, tasks=lanes)
@@ -128,6 +135,13 @@ class LaneNetwork:
             if not step.stateful:
                 tables[step.name] = sql(self.sql[step.name], inputs[0])
                 continue
+            if self.spec.control.overload is not None:  # (before the step's own observations, as in Spark)
+                shed = shed_tables(step, inputs, header.get("shed", {}).get(step.name), self.spec.control.overload,
+                                   epoch)
+                inputs = shed.inputs
+                observed.update(shed.observed)
+                shed_rows += shed.shed
+                utility.update({f"{UTILITY}{k}": v for k, v in shed.utility.items()})
             for i, (rows, column) in enumerate(zip(inputs, step.time_columns(), strict=True)):
                 if column is not None:
                     observed[f"step:{step.name}:{i}"] = {"max_t": newest_ms(rows.column(column))}
@@ -137,8 +151,10 @@ class LaneNetwork:
                 late[step.name] = (write_part(late_rows, header["late"][step.name], part), late_rows.num_rows)
             keyed, _ = step.info.lane_input(self, step, inputs)
             mine = exchange(epoch, step.name, keyed)
-            manifests[step.name], tables[step.name] = run_step(
+            manifests[step.name], out = run_step(
                 epoch, step.name, mine, int(header["watermarks"][step.name]), header["advance"].get(step.name))
+            tables[step.name], seen = step.info.lane_output(self, step, out)
+            observed.update(seen)
         done = LaneEpoch(observed, manifests, late=late)
         for sink in self.spec.sinks:
             rows, parts = tables[sink.input], header.get("parts", {}).get(sink.name)
@@ -148,6 +164,9 @@ class LaneNetwork:
                 done.written[sink.name] = (write_part(rows, parts, part), rows.num_rows)
         if dead:
             done.tables["_dead"] = pa.concat_tables(dead)
+        if shed_rows:
+            done.tables[SHED] = pa.concat_tables(shed_rows, promote_options="default")
+        done.tables.update(utility)
         return done
 
 
@@ -167,8 +186,10 @@ class LaneEpoch:
 
 
 def merged_observed(parts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The lanes' observations as one: rows added up (each lane's under ``lanes``, in lane
-    order), and late rows; the newest event time the newest of any."""
+    """The lanes' observations as one: rows (and rows offered to and kept by a shed point, and
+    late rows) added up (each lane's rows under ``lanes``, in lane order), the newest event time
+    the newest of any, a ``max:<x>`` the largest, a ``sum:<x>`` and a ``count:<x>`` the
+    ``mean:<x>`` of all lanes' values."""
     out: dict[str, dict[str, Any]] = {}
     for part in parts:
         for key, seen in part.items():
@@ -178,7 +199,20 @@ def merged_observed(parts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 into.setdefault("lanes", []).append(int(seen["rows"]))
             if "late" in seen:
                 into["late"] = into.get("late", 0) + int(seen["late"])
+            for name, value in seen.items():
+                if name in ("offered", "kept") or name.startswith(("sum:", "count:")):
+                    into[name] = into.get(name, 0) + value
+                elif name.startswith("max:") and value is not None:
+                    into[name] = value if into.get(name) is None else max(into[name], value)
+                elif name.startswith("max:"):
+                    into.setdefault(name, None)
             if "max_t" in seen:
                 known = [t for t in (into.get("max_t"), seen["max_t"]) if t is not None]
                 into["max_t"] = max(known) if known else None
+    for into in out.values():  # a mean of the lanes' values: their sum over their count
+        for name in [n for n in into if n.startswith("sum:")]:
+            what = name.removeprefix("sum:")
+            count = into.pop(f"count:{what}", 0)
+            total = into.pop(name)
+            into[f"mean:{what}"] = total / count if count else None
     return out

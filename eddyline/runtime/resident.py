@@ -52,7 +52,8 @@ from eddyline.columns import KG
 from eddyline.errors import TASK_MARK as MARK
 from eddyline.operators.base import Kernel, KernelResult
 from eddyline.runtime.faults import FaultPoint, Faults, NoFaults
-from eddyline.runtime.lanes import process
+from eddyline.runtime.lanes import _Tally as Tally
+from eddyline.runtime.lanes import chain_rows, memory_bytes, process, slices
 from eddyline.state.inplace import InPlaceState, local
 from eddyline.state.store import Chain, KeyGroupStore, StateCache, with_chains
 from eddyline.storage import Gate, makedirs
@@ -176,6 +177,10 @@ class ResidentLanes:
     #: the whole network, for epochs the lanes run from their own reads
     #: (:meth:`ResidentStage.run_network`); None: the driver feeds each step's rows (:meth:`ResidentStage.run`)
     network: LaneNetwork | None = None
+    #: the lanes' memory budget for state (bytes a lane; None: a lane holds all of its state):
+    #: as a per-epoch lane does, a lane keeps at most half of it cached and works through its key
+    #: groups in slices of at most the other half, loaded from the state files and written back
+    state_budget: int | None = None
 
 
 def serve(lanes: ResidentLanes, _rows: Iterator[Any]) -> Iterator[Any]:
@@ -286,10 +291,14 @@ class _Held:
 
     def __init__(self, lanes: ResidentLanes, step: ResidentStep):
         self.step, self.kernel = step, step.kernel
-        # a cache of its own: the lane keeps its state itself, the store needs none
+        #: with a budget the store's cache holds what the lane keeps of its state (half the
+        #: budget), the rest is in the state files only; without, the lane keeps its state itself
+        self.budget = lanes.state_budget
+        cache = StateCache(0 if self.budget is None else self.budget // 2)
         self.store = KeyGroupStore(lanes.checkpoint, step.name, step.kernel.state_schema, step.kernel.primary_key,
-                                   snapshot_every=lanes.snapshot_every, cache=StateCache(0),
+                                   snapshot_every=lanes.snapshot_every, cache=cache,
                                    gate=Gate(lanes.checkpoint, lanes.generation))
+        self.bytes_per_row = 0.0  # (budgeted) the state's bytes a row, as the last epoch found
         self.owners = np.asarray(step.routing)
         self.index: dict[int, Chain] = {}
         #: a local kernel's rows are held in place once they are many times an epoch's rows (an
@@ -418,7 +427,8 @@ class Lane:
             given = index.get(name, {})
             mine = [kg for kg in given if kg < held.owners.size and held.owners[kg] == self.lane]
             held.index = {kg: given[kg] for kg in mine}
-            held.load(held.store.load(held.index, mine) if mine else held.kernel.state_schema.empty_table())
+            if held.budget is None:  # (with a budget each epoch loads what it works on)
+                held.load(held.store.load(held.index, mine) if mine else held.kernel.state_schema.empty_table())
             held.epoch = after
 
     def run_network(self, header: dict[str, Any], out: BinaryIO) -> bool:
@@ -469,6 +479,7 @@ class Lane:
             raise RuntimeError(f"{MARK} resident lane {self.lane}: step '{name}' epoch {epoch} after epoch "
                                f"{held.epoch}; epochs must come in sequence")
         t0, c0 = time.perf_counter(), time.thread_time()
+        mem0 = memory_bytes()
         kernel = held.kernel
         batch = kernel.input_schema.empty_table() if rows is None else rows.select(kernel.input_schema.names)
         kgs = batch.column(KG).to_numpy() if batch.num_rows else np.zeros(0, np.int32)
@@ -476,6 +487,8 @@ class Lane:
         if strays.size:
             raise RuntimeError(f"{MARK} resident lane {self.lane}: rows of key groups {strays[:5].tolist()} "
                                "routed elsewhere")
+        if held.budget is not None:
+            return self._run_sliced(held, epoch, batch, kgs, int(header["watermark_ms"]), header.get("advance_ms"))
         result, state = held.process(batch, int(header["watermark_ms"]), header.get("advance_ms"))
         t1 = time.perf_counter()
         file_id = attempt_file_id(self.lane, self.attempt)
@@ -512,10 +525,82 @@ class Lane:
             "key_groups": len(held.index), "pid": os.getpid(),
             # every key group's state is in the lane's memory: none is loaded
             "cache_hits": len(held.index), "cache_misses": 0, "cache_bytes": state.nbytes,
+            # (the state held, as of before and after the epoch: the reading after it is the peak
+            # but for the kernel's and the write's passing use)
+            "memory": {"start": mem0, "received": mem0, "peak": memory_bytes()},
             "ms": {"kernel": round((t1 - t0) * 1000, 3), "write": round((t2 - t1) * 1000, 3),
                    "output": round((t3 - t2) * 1000, 3)},
             "cpu_ms": {"lane": round((time.thread_time() - c0) * 1000, 3)},
         }, result.output
+
+
+    def _run_sliced(self, held: _Held, epoch: int, batch: pa.Table, kgs: np.ndarray, watermark_ms: int,
+                    advance_ms: int | None) -> tuple[dict[str, Any], pa.Table]:
+        """One epoch of a step within the state budget, as a per-epoch lane runs it
+        (:func:`eddyline.runtime.lanes.slices`): the key groups with state or rows in slices whose
+        state fits half the budget, each loaded (from the cache or the files), run and written
+        (a file a slice), then let go; the manifest says how much state was not kept in memory."""
+        c0 = time.thread_time()
+        assert held.budget is not None
+        name, kernel, store = held.step.name, held.kernel, held.store
+        mem = {"start": memory_bytes()}
+        in_counts = np.bincount(kgs) if kgs.size else np.zeros(0, np.int64)
+        groups = sorted(set(held.index) | set(np.flatnonzero(in_counts).tolist()))
+        if not held.bytes_per_row and held.index:  # (a new stage) one key group's state tells the size of a row
+            kg = max(held.index, key=lambda g: chain_rows(held.index[g]))
+            probe = store.load(held.index, [kg])
+            held.bytes_per_row = probe.nbytes / probe.num_rows if probe.num_rows else 0.0
+            del probe
+        work = slices(groups, {kg: chain_rows(held.index[kg]) for kg in held.index}, held.bytes_per_row,
+                      held.budget // 2)
+        if len(work) > 1:  # slices are ranges of key groups: the rows sorted by key group to cut them out
+            order = np.argsort(kgs, kind="stable")
+            batch, kgs = batch.take(order), kgs[order]
+        if len(work) >= 1 << (_ATTEMPT_SHIFT - 16):
+            raise RuntimeError(f"{MARK} resident lane {self.lane}: step '{name}' needs {len(work)} slices for its "
+                               f"state budget; at most {(1 << (_ATTEMPT_SHIFT - 16)) - 1} name their files")
+        tally = Tally(np.zeros(0, np.int64), np.zeros(0, np.int64))
+        outputs, peak = [], dict(mem["start"])
+        hits0, misses0 = store.cache.hits, store.cache.misses
+        for part, group in enumerate(work):
+            lo, hi = (np.searchsorted(kgs, group[0], "left"), np.searchsorted(kgs, group[-1], "right")) \
+                if len(work) > 1 else (0, batch.num_rows)
+            t_a = time.perf_counter()
+            state = store.load(held.index, [kg for kg in group if kg in held.index])
+            t_b, c_b = time.perf_counter(), time.thread_time()
+            result = process(kernel, batch.slice(lo, hi - lo), state, watermark_ms, advance_ms)
+            t_c = time.perf_counter()
+            tally.kernel_cpu += time.thread_time() - c_b
+            written = store.write(epoch, attempt_file_id(self.lane, self.attempt) | (part << 16), held.index,
+                                  result.state, result.upserts, result.deletes, result.changed_key_groups)
+            tally.ms["load"] += t_b - t_a
+            tally.ms["kernel"] += t_c - t_b
+            tally.ms["write"] += time.perf_counter() - t_c
+            tally.add(result, written)
+            outputs.append(result.output)
+            del state, result
+            if len(work) > 1:
+                pa.default_memory_pool().release_unused()
+            now = memory_bytes()
+            peak = {k: max(peak[k], now[k]) for k in peak}
+        if self.lane == 0 and name == self.lanes.steps[-1].name:
+            self.lanes.faults.reached(FaultPoint.IN_TASK, epoch)
+        held.index = {int(k): v for k, v in with_chains(held.index, tally.chains).items()}
+        held.epoch = epoch
+        held.bytes_per_row = tally.state_bytes / tally.state_rows if tally.state_rows else held.bytes_per_row
+        output = pa.concat_tables(outputs) if outputs else kernel.output_schema.empty_table()
+        kept = store.cache.resident_bytes(store.root, store.step, [int(k) for k in tally.kg_state])
+        return {
+            "op": "done", "epoch": epoch, "step": name, "lane": self.lane, "attempt": self.attempt,
+            "input_rows": batch.num_rows, **tally.manifest(), "output": None,
+            "kg_rows": {str(k): int(in_counts[k]) for k in np.flatnonzero(in_counts)},
+            "key_groups": len(groups), "pid": os.getpid(), "slices": len(work),
+            "cache_hits": store.cache.hits - hits0, "cache_misses": store.cache.misses - misses0,
+            "cache_bytes": store.cache.used, "spilled_bytes": max(0, tally.state_bytes - kept),
+            "memory": {"start": mem["start"], "received": mem["start"], "peak": peak},
+            "ms": {k: round(v * 1000, 3) for k, v in tally.ms.items()},
+            "cpu_ms": {"lane": round((time.thread_time() - c0) * 1000, 3), "kernel": round(tally.kernel_cpu * 1000, 3)},
+        }, output
 
 
 # ----------------------------------------------------------------------------- the driver's side
@@ -557,7 +642,7 @@ class ResidentStage:
     def __init__(self, spark: SparkSession, *, steps: Sequence[ResidentStep], checkpoint: str, lanes: int,
                  output: str | None, attempt: int, after: int = 0, index: Mapping[str, Mapping[int, Chain]] | None = None,
                  generation: int = 0, host: str = "127.0.0.1", connect_s: float = 120.0, faults: Faults | None = None,
-                 network: LaneNetwork | None = None):
+                 network: LaneNetwork | None = None, state_budget: int | None = None):
         self.lanes = lanes
         self.owners = {step.name: np.asarray(step.routing) for step in steps}
         for name, owners in self.owners.items():
@@ -568,7 +653,7 @@ class ResidentStage:
         self.spec = ResidentLanes(steps=tuple(steps), checkpoint=checkpoint,
                                   address=(host, self._server.getsockname()[1]), secret=secrets.token_hex(16),
                                   attempt=attempt, output=output, generation=generation, faults=faults or NoFaults(),
-                                  network=network)
+                                  network=network, state_budget=state_budget)
         self.error: BaseException | None = None
         self._spark = spark
         self._job = threading.Thread(target=self._run_job, name="eddyline-resident-stage", daemon=True)
@@ -668,13 +753,14 @@ class ResidentStage:
 
     def run_network(self, epoch: int, slices: Mapping[str, Any], watermarks: Mapping[str, int],
                     advance: Mapping[str, int], parts: Mapping[str, Any] | None = None,
-                    late: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+                    late: Mapping[str, Any] | None = None, shed: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """Epoch ``epoch`` of every step, run by the lanes from their own share of the sources'
         ``slices`` (:mod:`eddyline.runtime.lanenetwork`): each lane's answer, in lane order, with
         its observations, its manifests (by step, checked), the parts it wrote of the sinks
         ``parts`` names (:meth:`~eddyline.io.sinks.Sink.lane_parts`) and of the late targets
         ``late`` names (by step, :func:`~eddyline.io.files.target.prepare_parts`), and its tables
-        (under ``"tables"``, by name). :class:`LaneFailed` if a lane could not run it."""
+        (under ``"tables"``, by name). ``shed``: the plan's shedding, by step. :class:`LaneFailed`
+        if a lane could not run it."""
         if self.spec.network is None:
             raise ValueError("this stage's lanes were not given the network")
         for name, last in self.epochs.items():
@@ -682,7 +768,8 @@ class ResidentStage:
                 raise ValueError(f"step '{name}': epoch {epoch} after epoch {last}: a resident stage runs a step's "
                                  "epochs in sequence")
         header = {"op": "network", "epoch": epoch, "slices": dict(slices), "watermarks": dict(watermarks),
-                  "advance": dict(advance), "parts": dict(parts or {}), "late": dict(late or {})}
+                  "advance": dict(advance), "parts": dict(parts or {}), "late": dict(late or {}),
+                  "shed": dict(shed or {})}
         try:
             for _, _, out in self._conns.values():
                 send(out, header)

@@ -28,8 +28,11 @@ What runs resident (:func:`resident_problem` says why not, and the engine refuse
 starts): stateful steps whose kinds prepare their lanes' rows on Arrow, keyed by BIGINT,
 TIMESTAMP or STRING columns; ``filter`` and ``select`` steps around them; sources whose slices
 can be read outside Spark (``files``, ``generator``, ``nexmark``, ``kafka``, ``nats``, ``nats_core``); sinks that take Arrow (``files``,
-``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); no overload control, state budget, hot-key splits or hot
-pair. With ``max_delay`` (Delay-Process-Correct, :mod:`eddyline.ha.dpc`) the sinks are opened for
+``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); overload shedding (the
+same rows dropped as in Spark: :func:`~eddyline.runtime.shedding.shed_tables`; a shed point's
+utility quantiles are exact where Spark's are approximate) and a state budget (a lane keeps half
+of it cached and works in slices, as a per-epoch lane does); no hot-key splits or hot pair.
+With ``max_delay`` (Delay-Process-Correct, :mod:`eddyline.ha.dpc`) the sinks are opened for
 tentative epochs as a job opens them, and an epoch that continues from an earlier commit (the
 correction) starts a new stage from it. The lanes write their parts of a ``files`` sink and of a window's
 ``late`` target (its rows too late for the plan's watermark, split off as Spark splits them,
@@ -56,7 +59,14 @@ from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.compile import EpochCompiler, revisions_refused
 from eddyline.runtime.epoch.execute import Executor
 from eddyline.runtime.epoch.records import EpochCommit, EpochPlan, Staged
-from eddyline.runtime.lanenetwork import LaneNetwork, merged_observed, sql, time_columns_checked
+from eddyline.runtime.lanenetwork import (
+    SHED,
+    UTILITY,
+    LaneNetwork,
+    merged_observed,
+    sql,
+    time_columns_checked,
+)
 from eddyline.runtime.resident import (
     LaneFailed,
     ResidentStage,
@@ -64,6 +74,7 @@ from eddyline.runtime.resident import (
     StageEnded,
     next_attempt,
 )
+from eddyline.runtime.shedding import shed_problem, shed_tables, utility_quantiles
 
 if TYPE_CHECKING:
     from eddyline.io.sinks import Sink
@@ -80,10 +91,6 @@ _USER_ERRORS: dict[str, type[Exception]] = {"SpecError": SpecError, "SourceError
 
 def resident_problem(spec: NetworkSpec, sources: dict[str, Source], sinks: dict[str, Sink]) -> str | None:
     """Why ``spec`` cannot run resident, naming the part that keeps it in Spark (None: it can)."""
-    if spec.control.overload is not None:
-        return "control.overload: shedding runs in Spark"
-    if spec.control.state_budget is not None:
-        return "control.state_budget: a resident lane holds all of its state in memory"
     if not spec.stateful_steps():
         return "no stateful step: nothing to keep resident"
     for step in spec.steps:
@@ -190,7 +197,8 @@ class ResidentExecutor(Executor):
             late = {step: prepare_parts(target, plan.epoch) for step, target in self.outputs.late.items()}
             try:
                 answers = stage.run_network(plan.epoch, plan.sources, {n: plan.watermarks[n] for n in stateful},
-                                            {n: plan.advance[n] for n in stateful if n in plan.advance}, parts, late)
+                                            {n: plan.advance[n] for n in stateful if n in plan.advance}, parts, late,
+                                            shed=plan.shed)
                 break
             except LaneFailed as e:
                 self.close()
@@ -220,9 +228,24 @@ class ResidentExecutor(Executor):
         dead = [a["tables"]["_dead"] for a in answers if "_dead" in a["tables"]]
         if dead:
             write_table(pa.concat_tables(dead), self.outputs.dead_letters, plan.epoch)
-        return Staged(observed=merged_observed([a["observed"] for a in answers]), sink_rows=sink_rows,
-                      dead_letters=sum(t.num_rows for t in dead), late_steps=tuple(self.outputs.late),
-                      shed_rows=False, compile_s=0.0, run_s=time.monotonic() - t0, manifests=manifests)
+        observed = merged_observed([a["observed"] for a in answers])
+        shed_rows = self._shed(plan.epoch, answers, observed)
+        return Staged(observed=observed, sink_rows=sink_rows, dead_letters=sum(t.num_rows for t in dead),
+                      late_steps=tuple(self.outputs.late), shed_rows=shed_rows, compile_s=0.0, run_s=time.monotonic() - t0,
+                      manifests=manifests)
+
+    def _shed(self, epoch: int, answers: list[dict[str, Any]], observed: dict[str, dict[str, Any]]) -> bool:
+        """The rows the lanes shed staged in the shed sink (True: some were), and each shed
+        point's utility quantiles among all lanes' values observed as Spark's are."""
+        points = {k.removeprefix(UTILITY) for a in answers for k in a["tables"] if k.startswith(UTILITY)}
+        for point in points:
+            q = utility_quantiles([a["tables"][UTILITY + point] for a in answers if UTILITY + point in a["tables"]])
+            observed.setdefault(f"shed:{point}", {})["q"] = q
+        shed = [a["tables"][SHED] for a in answers if SHED in a["tables"]]
+        if not shed or self.outputs.shed is None:
+            return False
+        write_table(pa.concat_tables(shed, promote_options="default"), self.outputs.shed, epoch)
+        return True
 
     def _kernels(self, schemas: dict[str, pa.Schema]) -> dict[str, Kernel]:
         """Every stateful step's kernel for sources of these schemas (the network's empty rows run
@@ -237,9 +260,17 @@ class ResidentExecutor(Executor):
                 inputs = [tables[i] for i in step.inputs]
                 revisions_refused(step, [n for n, t in zip(step.inputs, inputs, strict=True) if DIFF in t.column_names])
                 if step.stateful:
+                    overload = self.spec.control.overload
+                    if overload is not None:  # (the kernel takes its rows as shed, a window's weights too)
+                        for t in inputs:
+                            problem = shed_problem(overload, step, t.schema)
+                            if problem is not None:
+                                raise SpecError(problem)
+                        inputs = shed_tables(step, inputs, None, overload, 0).inputs
                     time_columns_checked(step, [t.schema for t in inputs])
                     _, kernels[step.name] = step.info.lane_input(self.network, step, inputs)
-                    tables[step.name] = kernels[step.name].output_schema.empty_table()
+                    tables[step.name], _ = step.info.lane_output(self.network, step,
+                                                                 kernels[step.name].output_schema.empty_table())
                 else:
                     tables[step.name] = sql(self.network.sql[step.name], inputs[0])
             self._kernels_for = (key, kernels)
@@ -276,7 +307,7 @@ class ResidentExecutor(Executor):
         self.stage = ResidentStage(
             spark, steps=[s for s, _ in steps], checkpoint=self.ckpt.location, lanes=lanes, output=None,
             attempt=next_attempt(self.ckpt.location, gate), after=plan.epoch - 1, index=index, generation=gate.generation,
-            faults=self.compiler.faults, network=self.network,
+            faults=self.compiler.faults, network=self.network, state_budget=self.spec.control.state_budget,
         )
         self._stage_key = key
         self.stages_started += 1

@@ -154,6 +154,7 @@ def _state_operator(name: str, manifests: list[LaneManifest], late: int, spilled
             "laneCpuMs": [m.get("cpu_ms", {}) for m in ms],
             "laneWarming": [bool(m.get("warming_at_start")) for m in ms],
             "laneGc": [m.get("gc", {}) for m in ms],
+            "laneMemory": [m["memory"] for m in ms if "memory" in m],
             "laneInputRows": [m["input_rows"] for m in ms],
         },
     }

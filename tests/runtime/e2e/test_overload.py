@@ -54,16 +54,36 @@ def windows(out: Path) -> dict[tuple, tuple]:
     return {(r[cols.index("key")], r[cols.index("window_start")]): dict(zip(cols, r, strict=True)) for r in rows}
 
 
+def shed_rows(path: Path) -> list[tuple]:
+    return sorted(duckdb.connect().execute(
+        f"SELECT * FROM read_parquet('{path}/epoch=*/*.parquet', hive_partitioning = false)").fetchall())
+
+
 def test_shedding_scales_aggregates_within_their_reported_error(spark, tmp_path: Path) -> None:
     Engine(load_spec(network(tmp_path / "exact", overload=False)), spark, str(tmp_path / "ck-exact")).run(until_idle=True)
-    records: list[dict] = []
+    runs: dict[str, list[dict]] = {"job": [], "resident": []}
+    for execution, records in runs.items():  # (a Spark job an epoch, then resident lanes)
 
-    class Keep(ProgressReporter):
-        def report(self, record: dict) -> None:
-            records.append(record)
+        class Keep(ProgressReporter):
+            def report(self, record: dict, into: list[dict] = records) -> None:
+                into.append(record)
 
-    spec = load_spec(network(tmp_path / "shed", overload=True))
-    Engine(spec, spark, str(tmp_path / "ck-shed"), reporter=Keep()).run(until_idle=True)  # type: ignore[arg-type]
+        raw = network(tmp_path / ("shed" if execution == "job" else execution), overload=True)
+        spec = load_spec({**raw, "execution": execution})
+        engine = Engine(spec, spark, str(tmp_path / f"ck-{execution}"), reporter=Keep())  # type: ignore[arg-type]
+        engine.run(until_idle=True)
+        assert engine.executor.mode == execution
+    records = runs["job"]
+
+    # resident lanes shed the rows Spark sheds, observe the same counts and estimates, and give
+    # the controller the same numbers: the same decisions, the same windows
+    assert windows(tmp_path / "resident") == windows(tmp_path / "shed")
+    assert shed_rows(tmp_path / "resident-shed") == shed_rows(tmp_path / "shed-shed")
+    timed = ("hotSpots", "modelCheck")  # (what this machine's clock measured)
+    seen = {e: [(r["batchId"], r["overload"]["shed"], r["overload"]["estimates"], r["overload"]["quality"],
+                 [(d["action"], {k: v for k, v in d["why"].items() if k not in timed})
+                  for d in r["decisions"] if d["kind"] == "overload"]) for r in rs] for e, rs in runs.items()}
+    assert seen["resident"] == seen["job"]
 
     # 8000 rows at 0.1 ms each would take 800 ms; the budget is 0.8 x 500 ms: keep half
     shedding = [r for r in records if r.get("overload", {}).get("shed")]
@@ -115,22 +135,29 @@ def test_shedding_scales_aggregates_within_their_reported_error(spark, tmp_path:
 
 @pytest.mark.slow
 def test_crash_while_shedding_replays_the_same_drops(spark, tmp_path: Path) -> None:
+    """The run killed in the lanes of its first shedding epoch as a Spark job is run on by resident
+    lanes, which replay that epoch's plan: the drops, and the windows, are those of a run of Spark
+    jobs alone."""
     Engine(load_spec(network(tmp_path / "ref", overload=True)), spark, str(tmp_path / "ck-ref")).run(until_idle=True)
-    spec_file = tmp_path / "net.yaml"
-    spec_file.write_text(yaml.safe_dump(network(tmp_path / "out", overload=True)))
 
-    def run(*extra: str) -> subprocess.CompletedProcess:
+    def run(execution: str, *extra: str) -> subprocess.CompletedProcess:
+        spec_file = tmp_path / f"{execution}.yaml"
+        spec_file.write_text(yaml.safe_dump({**network(tmp_path / "out", overload=True), "execution": execution}))
         cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec_file), "--checkpoint", str(tmp_path / "ck"),
-               "--until-idle", "--no-live", "--master", "local[2]", *extra]
+               "--until-idle", "--no-live", "--master", "local[2]", "--progress-json", str(tmp_path / f"{execution}.jsonl"),
+               *extra]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=400)
 
-    first = run("--crash-at", "3:in_task")
+    first = run("job", "--crash-at", "3:in_task")
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     plan = json.loads((tmp_path / "ck" / "plans" / f"{3:010d}.json").read_text())
     assert plan["shed"]["per_key"]["keep"] == [0.5]
-    last = run()
+    last = run("resident")
     assert last.returncode == 0, last.stderr[-2000:]
+    replayed = [json.loads(line) for line in (tmp_path / "resident.jsonl").read_text().splitlines()]
+    assert replayed[0]["batchId"] == 3 and {r["execution"]["mode"] for r in replayed} == {"resident"}
     assert windows(tmp_path / "out") == windows(tmp_path / "ref")
+    assert shed_rows(tmp_path / "out-shed") == shed_rows(tmp_path / "ref-shed")
 
 
 def test_a_burst_is_shed_and_shedding_stops_after_it(spark, tmp_path: Path) -> None:
@@ -161,10 +188,16 @@ def test_a_burst_is_shed_and_shedding_stops_after_it(spark, tmp_path: Path) -> N
 
 def test_semantic_shedding_drops_the_least_valuable_rows(spark, tmp_path: Path) -> None:
     """With ``mode: semantic`` and ``utility: value``, a shed row never has a higher value than
-    the epoch's cut, which comes from last epoch's quantiles of the value."""
+    the epoch's cut, which comes from last epoch's quantiles of the value: three epochs as Spark
+    jobs (Spark's approximate quantiles), the rest on resident lanes (their exact quantiles)."""
     raw = network(tmp_path / "out", overload=True)
     raw["control"]["overload"].update({"mode": "semantic", "utility": {"per_key": "value"}})
-    Engine(load_spec(raw), spark, str(tmp_path / "ck")).run(until_idle=True)
+    modes = []
+    for execution, epochs in (("job", 3), ("resident", None)):
+        engine = Engine(load_spec({**raw, "execution": execution}), spark, str(tmp_path / "ck"))
+        engine.run(epochs=epochs, until_idle=epochs is None)
+        modes.append(engine.executor.mode)
+    assert modes == ["job", "resident"]
     plans = [json.loads(p.read_text()) for p in sorted((tmp_path / "ck" / "plans").glob("*.json"))]
     cuts = {p["epoch"]: p["shed"]["per_key"]["thresholds"][0] for p in plans if p["shed"]}
     assert len(cuts) >= 3 and all(c is not None for c in cuts.values())
