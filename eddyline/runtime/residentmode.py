@@ -44,6 +44,8 @@ import pyarrow as pa
 from eddyline.api.network import NetworkSpec
 from eddyline.columns import DIFF
 from eddyline.errors import EngineError, SourceError, SpecError
+from eddyline.ha.selector import Digest
+from eddyline.hashing import hashable
 from eddyline.io.files.target import write_table
 from eddyline.kinds.base import spark_schema
 from eddyline.operators.sqlsteps import SqlStep, SqlStepError
@@ -168,6 +170,18 @@ class ResidentExecutor(Executor):
             if problem is not None:
                 raise SpecError(f"execution: resident: sink '{spec.name}': {problem}")
 
+    def check_digests(self) -> None:
+        """A hot pair compares each sink's digest (its rows, the sum of Spark's ``xxhash64`` of
+        every row), which the lanes compute as Spark does for the scalar types only: a sink of
+        other columns (lists, structs, maps) is refused, so the pair runs per-epoch jobs."""
+        for spec in self.spec.sinks:
+            schema = self._schemas_of.get(spec.input)
+            for f in schema or ():
+                if not hashable(f.type):
+                    raise SpecError(f"execution: resident: a hot pair compares its sinks' digests; sink "
+                                    f"'{spec.name}': column '{f.name}' is {f.type}, which resident lanes do not "
+                                    "hash as Spark does")
+
     # ----------------------------------------------------------------- an epoch
     def _settings(self, small: bool) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # no Spark job to set anything for
@@ -179,6 +193,8 @@ class ResidentExecutor(Executor):
         if schemas is None:
             raise SourceError("execution: resident: a source's directory has no file to tell its columns yet")
         kernels = self._kernels(schemas)
+        if self.digests:
+            self.check_digests()
         if before_jobs is not None:
             before_jobs()
         stateful = [step.name for step in self.spec.steps if step.stateful]
@@ -187,7 +203,8 @@ class ResidentExecutor(Executor):
             parts = self._lane_parts(plan.epoch)
             try:
                 answers = stage.run_network(plan.epoch, plan.sources, {n: plan.watermarks[n] for n in stateful},
-                                            {n: plan.advance[n] for n in stateful if n in plan.advance}, parts)
+                                            {n: plan.advance[n] for n in stateful if n in plan.advance}, parts,
+                                            digests=self.digests)
                 break
             except LaneFailed as e:
                 self.close()
@@ -212,12 +229,15 @@ class ResidentExecutor(Executor):
                 rows = pa.concat_tables([a["tables"][sink.name] for a in answers])
                 self.outputs.sinks[sink.name].stage_table(rows, plan.epoch)
                 sink_rows[sink.name] = rows.num_rows
+        digests = {sink.name: Digest(sum(int(a["digests"][sink.name][0]) for a in answers),
+                                     str(sum(int(a["digests"][sink.name][1]) for a in answers)))
+                   for sink in self.spec.sinks} if self.digests else {}
         dead = [a["tables"]["_dead"] for a in answers if "_dead" in a["tables"]]
         if dead:
             write_table(pa.concat_tables(dead), self.outputs.dead_letters, plan.epoch)
         return Staged(observed=merged_observed([a["observed"] for a in answers]), sink_rows=sink_rows,
                       dead_letters=sum(t.num_rows for t in dead), late_steps=(), shed_rows=False, compile_s=0.0,
-                      run_s=time.monotonic() - t0, manifests=manifests)
+                      run_s=time.monotonic() - t0, manifests=manifests, digests=digests)
 
     def _kernels(self, schemas: dict[str, pa.Schema]) -> dict[str, Kernel]:
         """Every stateful step's kernel for sources of these schemas (the network's empty rows run
