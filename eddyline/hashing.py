@@ -244,3 +244,14 @@ def spark_xxhash64_of_columns(*columns: pa.Array | pa.ChunkedArray) -> np.ndarra
         valid = _valid(column)
         h = hashed if valid is None else np.where(valid, hashed, np.broadcast_to(h, hashed.shape))
     return h.view(np.int64)
+
+
+def row_hash_sum(table: pa.Table) -> int:
+    """The sum of Spark's ``xxhash64`` of every row of ``table`` over all its columns, as an exact
+    integer: the hash of a hot pair's digest (:class:`~eddyline.ha.selector.Digest`), which a
+    per-epoch job sums in Spark (``sum(CAST(xxhash64(*) AS DECIMAL(38,0)))``), so drivers of a pair
+    in either mode compare equal. 0 for no rows; ``TypeError`` for a column :func:`hashable` refuses."""
+    if table.num_rows == 0 or table.num_columns == 0:
+        return 0
+    hashes = spark_xxhash64_of_columns(*table.columns)
+    return int(hashes.astype(object).sum())

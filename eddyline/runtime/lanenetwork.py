@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 from eddyline.api.network import NetworkSpec
 from eddyline.columns import DIFF
 from eddyline.errors import SpecError
+from eddyline.hashing import row_hash_sum
 from eddyline.io.files.target import write_part
 from eddyline.operators.rows import event_time_ms
 from eddyline.operators.sqlsteps import SqlStep
@@ -158,6 +159,8 @@ class LaneNetwork:
         done = LaneEpoch(observed, manifests, late=late)
         for sink in self.spec.sinks:
             rows, parts = tables[sink.input], header.get("parts", {}).get(sink.name)
+            if header.get("digests"):  # (a hot pair's: the driver adds the lanes' up)
+                done.digests[sink.name] = (rows.num_rows, str(row_hash_sum(rows)))
             if parts is None:
                 done.tables[sink.name] = rows
             else:
@@ -176,13 +179,15 @@ class LaneEpoch:
     job's observations, :attr:`~eddyline.runtime.epoch.records.Staged.observed`), its manifest
     by step, the rows it sends back (by sink; the dead letters as ``"_dead"``) and, by sink,
     the part it wrote (None: no rows) and its rows; by step with a late target, the same of its
-    late rows."""
+    late rows; and, if asked, each sink's digest."""
 
     observed: dict[str, Any]
     manifests: dict[str, dict[str, Any]]
     tables: dict[str, pa.Table] = field(default_factory=dict)
     written: dict[str, tuple[str | None, int]] = field(default_factory=dict)
     late: dict[str, tuple[str | None, int]] = field(default_factory=dict)
+    #: by sink, when the driver asked (a hot pair): its rows and :func:`~eddyline.hashing.row_hash_sum`
+    digests: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 def merged_observed(parts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

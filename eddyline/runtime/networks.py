@@ -126,13 +126,12 @@ class Networks:
             old.close()
         execution, why = spec.execution, None
         self.executor = Executor(spec, self.compiler, self.outputs)
-        if execution != "job" and pair is not None:
-            why = "a hot pair runs per-epoch jobs"
-            if execution == "resident":
-                raise SpecError(f"execution: resident: {why}")
-        elif execution != "job":
+        if execution != "job":
             try:  # (it checks the network, and runs it over empty slices: what it cannot take is found)
-                self.executor = ResidentExecutor(spec, self.compiler, self.outputs, self.ckpt)
+                resident = ResidentExecutor(spec, self.compiler, self.outputs, self.ckpt)
+                if pair is not None:
+                    resident.check_digests()
+                self.executor = resident
             except SpecError as e:
                 if execution == "resident":
                     raise

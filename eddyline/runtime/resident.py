@@ -447,7 +447,7 @@ class Lane:
             return False
         send(out, {"op": "ran", "lane": self.lane, "epoch": int(header["epoch"]), "attempt": self.attempt,
                    "observed": done.observed, "manifests": done.manifests, "written": done.written,
-                   "late": done.late, "tables": list(done.tables)})
+                   "late": done.late, "digests": done.digests, "tables": list(done.tables)})
         for name, table in done.tables.items():
             send(out, {"op": "table", "name": name}, table)
         return True
@@ -753,14 +753,16 @@ class ResidentStage:
 
     def run_network(self, epoch: int, slices: Mapping[str, Any], watermarks: Mapping[str, int],
                     advance: Mapping[str, int], parts: Mapping[str, Any] | None = None,
-                    late: Mapping[str, Any] | None = None, shed: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+                    late: Mapping[str, Any] | None = None, shed: Mapping[str, Any] | None = None,
+                    digests: bool = False) -> list[dict[str, Any]]:
         """Epoch ``epoch`` of every step, run by the lanes from their own share of the sources'
         ``slices`` (:mod:`eddyline.runtime.lanenetwork`): each lane's answer, in lane order, with
         its observations, its manifests (by step, checked), the parts it wrote of the sinks
         ``parts`` names (:meth:`~eddyline.io.sinks.Sink.lane_parts`) and of the late targets
-        ``late`` names (by step, :func:`~eddyline.io.files.target.prepare_parts`), and its tables
-        (under ``"tables"``, by name). ``shed``: the plan's shedding, by step. :class:`LaneFailed`
-        if a lane could not run it."""
+        ``late`` names (by step, :func:`~eddyline.io.files.target.prepare_parts`), its tables
+        (under ``"tables"``, by name) and, with ``digests``, each sink's digest of its rows (under
+        ``"digests"``). ``shed``: the plan's shedding, by step. :class:`LaneFailed` if a lane
+        could not run it."""
         if self.spec.network is None:
             raise ValueError("this stage's lanes were not given the network")
         for name, last in self.epochs.items():
@@ -769,7 +771,7 @@ class ResidentStage:
                                  "epochs in sequence")
         header = {"op": "network", "epoch": epoch, "slices": dict(slices), "watermarks": dict(watermarks),
                   "advance": dict(advance), "parts": dict(parts or {}), "late": dict(late or {}),
-                  "shed": dict(shed or {})}
+                  "shed": dict(shed or {}), "digests": digests}
         try:
             for _, _, out in self._conns.values():
                 send(out, header)

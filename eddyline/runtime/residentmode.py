@@ -31,10 +31,11 @@ can be read outside Spark (``files``, ``generator``, ``nexmark``, ``kafka``, ``n
 ``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); overload shedding (the
 same rows dropped as in Spark: :func:`~eddyline.runtime.shedding.shed_tables`; a shed point's
 utility quantiles are exact where Spark's are approximate) and a state budget (a lane keeps half
-of it cached and works in slices, as a per-epoch lane does); no hot-key splits or hot pair.
+of it cached and works in slices, as a per-epoch lane does); no hot-key splits.
 With ``max_delay`` (Delay-Process-Correct, :mod:`eddyline.ha.dpc`) the sinks are opened for
 tentative epochs as a job opens them, and an epoch that continues from an earlier commit (the
-correction) starts a new stage from it. The lanes write their parts of a ``files`` sink and of a window's
+correction) starts a new stage from it. A hot pair compares digests the lanes compute (Spark's
+hash of each sink's rows). The lanes write their parts of a ``files`` sink and of a window's
 ``late`` target (its rows too late for the plan's watermark, split off as Spark splits them,
 :meth:`~eddyline.kinds.base.StepKind.lane_late`); the other sinks' rows come back to the
 driver, whose sinks write them.
@@ -51,6 +52,8 @@ import pyarrow as pa
 from eddyline.api.network import NetworkSpec
 from eddyline.columns import DIFF
 from eddyline.errors import EngineError, SourceError, SpecError
+from eddyline.ha.selector import Digest
+from eddyline.hashing import hashable
 from eddyline.io.files.target import prepare_parts, write_table
 from eddyline.kinds.base import spark_schema
 from eddyline.operators.sqlsteps import SqlStep, SqlStepError
@@ -177,6 +180,18 @@ class ResidentExecutor(Executor):
             if problem is not None:
                 raise SpecError(f"execution: resident: sink '{spec.name}': {problem}")
 
+    def check_digests(self) -> None:
+        """A hot pair compares each sink's digest (its rows, the sum of Spark's ``xxhash64`` of
+        every row), which the lanes compute as Spark does for the scalar types only: a sink of
+        other columns (lists, structs, maps) is refused, so the pair runs per-epoch jobs."""
+        for spec in self.spec.sinks:
+            schema = self._schemas_of.get(spec.input)
+            for f in schema or ():
+                if not hashable(f.type):
+                    raise SpecError(f"execution: resident: a hot pair compares its sinks' digests; sink "
+                                    f"'{spec.name}': column '{f.name}' is {f.type}, which resident lanes do not "
+                                    "hash as Spark does")
+
     # ----------------------------------------------------------------- an epoch
     def _settings(self, small: bool) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # no Spark job to set anything for
@@ -188,6 +203,8 @@ class ResidentExecutor(Executor):
         if schemas is None:
             raise SourceError("execution: resident: a source's directory has no file to tell its columns yet")
         kernels = self._kernels(schemas)
+        if self.digests:
+            self.check_digests()
         if before_jobs is not None:
             before_jobs()
         stateful = [step.name for step in self.spec.steps if step.stateful]
@@ -198,7 +215,7 @@ class ResidentExecutor(Executor):
             try:
                 answers = stage.run_network(plan.epoch, plan.sources, {n: plan.watermarks[n] for n in stateful},
                                             {n: plan.advance[n] for n in stateful if n in plan.advance}, parts, late,
-                                            shed=plan.shed)
+                                            shed=plan.shed, digests=self.digests)
                 break
             except LaneFailed as e:
                 self.close()
@@ -225,6 +242,9 @@ class ResidentExecutor(Executor):
                 sink_rows[sink.name] = rows.num_rows
         for step, target in self.outputs.late.items():  # staged every epoch, as a job stages them
             target.staged(plan.epoch, [a["late"][step][0] for a in answers if a["late"][step][0]])
+        digests = {sink.name: Digest(sum(int(a["digests"][sink.name][0]) for a in answers),
+                                     str(sum(int(a["digests"][sink.name][1]) for a in answers)))
+                   for sink in self.spec.sinks} if self.digests else {}
         dead = [a["tables"]["_dead"] for a in answers if "_dead" in a["tables"]]
         if dead:
             write_table(pa.concat_tables(dead), self.outputs.dead_letters, plan.epoch)
@@ -232,7 +252,7 @@ class ResidentExecutor(Executor):
         shed_rows = self._shed(plan.epoch, answers, observed)
         return Staged(observed=observed, sink_rows=sink_rows, dead_letters=sum(t.num_rows for t in dead),
                       late_steps=tuple(self.outputs.late), shed_rows=shed_rows, compile_s=0.0, run_s=time.monotonic() - t0,
-                      manifests=manifests)
+                      manifests=manifests, digests=digests)
 
     def _shed(self, epoch: int, answers: list[dict[str, Any]], observed: dict[str, dict[str, Any]]) -> bool:
         """The rows the lanes shed staged in the shed sink (True: some were), and each shed

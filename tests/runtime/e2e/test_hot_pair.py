@@ -46,10 +46,15 @@ def with_memory_sink(spec):  # noqa: ANN001, ANN201
     return load_spec(raw)
 
 
-def test_the_follower_runs_the_leaders_plans_checks_every_output_and_then_leads(spark, tmp_path: Path, monkeypatch) -> None:
+# The drivers of a pair may run in different modes: a digest is Spark's hash of the rows whichever
+# computes it (a job's observation, or the resident lanes), so each one checks the other's.
+@pytest.mark.parametrize(("leading", "following"), [("job", "job"), ("resident", "job"), ("job", "resident")])
+def test_the_follower_runs_the_leaders_plans_checks_every_output_and_then_leads(
+    spark, tmp_path: Path, monkeypatch, leading: str, following: str
+) -> None:
     monkeypatch.setattr(replica, "COPY_BEYOND", 100)  # (here it runs every plan rather than copy the leader's state)
     write_bid_files(tmp_path / "in", files=4, rows=100, seed=11)
-    spec = with_memory_sink(bids_window_spec(tmp_path / "in", tmp_path / "out"))
+    spec = with_memory_sink(bids_window_spec(tmp_path / "in", tmp_path / "out", execution=leading))
     group = tmp_path / "group"
 
     a = HotPair(str(group), str(tmp_path / "a"), timeout_s=1.0)
@@ -62,8 +67,9 @@ def test_the_follower_runs_the_leaders_plans_checks_every_output_and_then_leads(
 
     b = HotPair(str(group), str(tmp_path / "b"), timeout_s=1.0)
     seen = Records()
-    follower = Engine(spec, spark, str(tmp_path / "b"), pair=b, reporter=seen)
+    follower = Engine(spec.model_copy(update={"execution": following}), spark, str(tmp_path / "b"), pair=b, reporter=seen)
     followed = follower.run(until_idle=True)
+    assert (leader.executor.mode, follower.executor.mode) == (leading, following)
 
     # it ran every epoch the leader ran, from the leader's plans, with its own state ...
     assert followed.last_epoch == led.last_epoch and followed.output_rows == led.output_rows

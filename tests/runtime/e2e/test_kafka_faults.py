@@ -207,7 +207,7 @@ def test_a_hot_pair_with_a_kafka_sink_publishes_each_window_once_and_the_followe
     """The hot pair of test_hot_pair, on a kafka sink, one driver after the other: the leader runs
     and publishes, the follower runs the same plans with the sink's shared transactional id, finds
     every epoch published, and takes the lease over at the end: each window once in the topic.
-    (Two drivers racing for an epoch: tests/io/test_kafka_sink.py.)"""
+    The follower runs resident lanes (a pair's drivers may run either mode). (Two drivers racing for an epoch: tests/io/test_kafka_sink.py.)"""
     from eddyline.api.validate import load_spec
     from eddyline.runtime import replica
     from eddyline.runtime.engine import Engine
@@ -228,7 +228,10 @@ def test_a_hot_pair_with_a_kafka_sink_publishes_each_window_once_and_the_followe
         assert a.lease.try_acquire()
         led = Engine(spec, spark, str(tmp_path / "a"), lease=a.lease, pair=a).run(until_idle=True)
         b = HotPair(str(group), str(tmp_path / "b"), timeout_s=1.0)
-        followed = Engine(spec, spark, str(tmp_path / "b"), pair=b).run(until_idle=True)
+        # the follower on resident lanes: its digests of the records are the leader's job's
+        follower = Engine(spec.model_copy(update={"execution": "resident"}), spark, str(tmp_path / "b"), pair=b)
+        followed = follower.run(until_idle=True)
+        assert follower.executor.mode == "resident"
         assert followed.last_epoch == led.last_epoch and b.lease.generation == 2
     finally:
         replica.COPY_BEYOND = replica_copy_beyond
