@@ -284,8 +284,21 @@ def test_explain_says_whether_resident_lanes_take_the_network(tmp_path: Path) ->
     late = {**WINDOW["window_aggregate"], "late": {"path": str(tmp_path / "late")}}
     refused = {**raw, "steps": [TIMED, {**WINDOW, "window_aggregate": late}],
                "sinks": [{"name": "out", "input": "w", "memory": {}}]}
+    ported = {**other_spec("udf-pandas", tmp_path / "in", tmp_path / "out", "job"), "steps": [
+        *other_spec("union", tmp_path / "in", tmp_path / "out", "job")["steps"][:-1],
+        {"name": "priced", "input": "both", "udf": {"function": "eddyline.examples.udfs:price_band", "batch": "pandas",
+                                                    "schema": "seq long, uid long, ts timestamp, band long"}},
+        {"name": "result", "input": "priced", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}]}
+    lookup = {**ported, "steps": [*ported["steps"][:-1], {"name": "l", "input": "priced", "lookup": {
+        "table": {"path": str(tmp_path / "t")}, "key": "uid", "table_key": "id"}},
+        {"name": "result", "input": "l", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}]}
+    pattern = pattern_spec(tmp_path / "out", "job", "B")
     for name, spec, said in (("takes", raw, "resident lanes take this network"),
-                             ("refuses", refused, "resident lanes do not take it: step 'w': late: late rows")):
+                             ("refuses", refused, "resident lanes do not take it: step 'w': late: late rows"),
+                             ("ported", ported, "resident lanes take this network"),
+                             ("pattern", pattern, "resident lanes take this network"),
+                             ("lookup", lookup, "resident lanes do not take it: step 'l': a lookup joins the table "
+                                                "version its epoch's plan pins")):
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(spec))
         shown = CliRunner().invoke(app, ["explain", str(path), "--no-spark-plan"])
