@@ -58,10 +58,11 @@ class Union(StepKind):
     def lane_run(self, feed: LaneFeed, step: StepSpec, inputs: list[pa.Table]) -> pa.Table:
         """The inputs' rows one after the other, with the columns and types Spark's union gives
         them (inputs of other types, which Spark widens to a common one, are refused)."""
+        import numpy as np
         import pyarrow as pa
 
         if any(DIFF in t.column_names for t in inputs):
-            inputs = [t if DIFF in t.column_names else t.append_column(DIFF, pa.array([1] * t.num_rows, pa.int64()))
+            inputs = [t if DIFF in t.column_names else t.append_column(DIFF, pa.array(np.ones(t.num_rows, np.int64)))
                       for t in inputs]
         _same_columns(step, [t.column_names for t in inputs])
         first = inputs[0].schema

@@ -177,6 +177,12 @@ def other_spec(query: str, data: Path, out: Path, execution: str) -> dict[str, A
                  {"name": "b", "input": "events", "select": ["seq", "uid + 1 AS uid", ts]},
                  {"name": "both", "union": ["a", "b"]},
                  {"name": "result", "input": "both", "dedup": {"key": "uid", "time": "ts", "ttl": "300ms"}}]
+    elif query == "union-revised":  # a changelog and insert-only rows (weighed +1) in one union
+        steps = [{"name": "timed", "input": "events", "select": ["uid", ts]},
+                 {"name": "counts", "input": "timed", "aggregate": {"key": "uid", "aggregates": {"n": "count(*)"}}},
+                 {"name": "firsts", "input": "events", "filter": "seq % 50 = 0"},
+                 {"name": "plain", "input": "firsts", "select": ["uid", "seq AS n"]},
+                 {"name": "result", "union": ["counts", "plain"]}]
     elif query.startswith("udf"):  # a user's function on each lane's batches, then a count per user
         pandas = query == "udf-pandas"
         function, extra = ("price_band", ", band long") if pandas else ("to_euro", "")
@@ -206,7 +212,8 @@ def other_spec(query: str, data: Path, out: Path, execution: str) -> dict[str, A
     return {**raw, "steps": steps, "sinks": [{**raw["sinks"][0], "input": "result"}]}
 
 
-@pytest.mark.parametrize("query", ["window", "join", "chain", "revisions", "union", "udf-arrow", "udf-pandas", "combine"])
+@pytest.mark.parametrize("query", ["window", "join", "chain", "revisions", "union", "union-revised", "udf-arrow",
+                                   "udf-pandas", "combine"])
 def test_a_window_a_join_and_a_chain_on_resident_lanes_write_what_per_epoch_jobs_write(
         spark, reference, tmp_path: Path, query: str) -> None:
     data = reference[0]
