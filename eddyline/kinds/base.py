@@ -4,7 +4,9 @@ state, which kernel its lanes run.
 A kind's module holds three things: its parameters (a spec model, registered with
 :data:`eddyline.api.steps.STEPS`), ``compile`` (the Spark side: the step's input frames in,
 its output frame out, built through a :class:`CompileContext` the runtime provides) and
-``kernel`` (the Arrow side: a pure :class:`~eddyline.operators.base.Kernel` for one lane).
+``kernel`` (the Arrow side: a pure :class:`~eddyline.operators.base.Kernel` for one lane). For
+resident lanes (no Spark job an epoch) a stateful kind prepares its lanes' rows on Arrow
+(``lane_input``) and a stateless one runs on a lane's Arrow rows (``lane_step``, ``lane_run``).
 Nothing else in the engine branches on the kind.
 """
 
