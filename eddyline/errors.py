@@ -76,3 +76,10 @@ def task_error_line(error: BaseException) -> str | None:
         if TASK_MARK in line:
             return line[line.index(TASK_MARK) + len(TASK_MARK) :].strip()
     return None
+
+
+class LaneStepError(RuntimeError):
+    """A stateless step's own code (a udf's function) failed on a resident lane's rows. Its
+    message is the one a per-epoch job's failed task leaves (marked :data:`TASK_MARK`), and the
+    driver surfaces it as such a failure is (an :class:`EngineError` naming the epoch), not as a
+    lane to start again: the same rows fail the same way."""

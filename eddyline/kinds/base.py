@@ -4,7 +4,9 @@ state, which kernel its lanes run.
 A kind's module holds three things: its parameters (a spec model, registered with
 :data:`eddyline.api.steps.STEPS`), ``compile`` (the Spark side: the step's input frames in,
 its output frame out, built through a :class:`CompileContext` the runtime provides) and
-``kernel`` (the Arrow side: a pure :class:`~eddyline.operators.base.Kernel` for one lane).
+``kernel`` (the Arrow side: a pure :class:`~eddyline.operators.base.Kernel` for one lane). For
+resident lanes (no Spark job an epoch) a stateful kind prepares its lanes' rows on Arrow
+(``lane_input``) and a stateless one runs on a lane's Arrow rows (``lane_step``, ``lane_run``).
 Nothing else in the engine branches on the kind.
 """
 
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from eddyline.api.network import NetworkSpec
     from eddyline.api.steps import StepSpec
     from eddyline.operators.base import Kernel
+    from eddyline.operators.sqlsteps import SqlStep
     from eddyline.plan.keygroups import RoutingTable
 
 
@@ -112,6 +115,10 @@ class LaneFeed(Protocol):
         """As :meth:`CompileContext.wanted`."""
         ...
 
+    def prepared(self, step: StepSpec) -> Any:
+        """What :meth:`StepKind.lane_step` prepared of a stateless step for the network in force."""
+        ...
+
 
 class StepKind(api_steps.StepKind):
     def reads_plan(self, params: Any) -> bool:
@@ -134,9 +141,27 @@ class StepKind(api_steps.StepKind):
         raise NotImplementedError(f"step kind {self.key!r} has no kernel")
 
     def resident_problem(self, step: StepSpec) -> str | None:
-        """Why a resident epoch cannot prepare this stateful step's rows for its lanes
-        (:meth:`lane_input`), None when it can."""
+        """Why a resident epoch cannot run this step: a stateful step's rows prepared for its
+        lanes (:meth:`lane_input`), a stateless step's run on a lane's rows (:meth:`lane_run`);
+        None when it can."""
+        if not self.stateful:
+            return None if type(self).lane_run is not StepKind.lane_run else f"a {self.key} step runs in Spark"
         return f"a {self.key} step prepares its rows in Spark before its lanes"
+
+    def lane_step(self, step: StepSpec) -> Any:
+        """What the lanes of a resident stage need to run this stateless step (:meth:`lane_run`),
+        prepared once by the driver for the network in force and pickled with it (a translated
+        SQL expression, a resolved function); raises :class:`SpecError` naming the step and the
+        field when they cannot run it. None: nothing to prepare."""
+        return None
+
+    def lane_run(self, feed: LaneFeed, step: StepSpec, inputs: list[pa.Table]) -> pa.Table:
+        """:meth:`compile`'s resident counterpart for a stateless step: its output rows from its
+        inputs' rows on one lane (Arrow in, Arrow out), as Spark gives them for the same rows.
+        Run over empty inputs too (the executor derives every step's schema so, before the
+        first epoch); the step's own code failing on a lane's rows raises
+        :class:`~eddyline.errors.LaneStepError`."""
+        raise NotImplementedError(self.resident_problem(step))
 
     def lane_input(self, feed: LaneFeed, step: StepSpec, inputs: list[pa.Table]) -> tuple[pa.Table, Kernel]:
         """:meth:`compile`'s resident counterpart up to the lanes: from its inputs' rows (Arrow),
@@ -211,6 +236,17 @@ class KeyedStepKind(StepKind):
             raise SpecError(f"step '{step.name}': {self.key_field}: unknown column '{unknown[0]}'; input has {', '.join(df.columns)}")
         keyed = df.selectExpr("*", f"{ctx.key_group(keys)} AS {KG}")
         return keyed, build_kernel(step, arrow_schema(df.schema))
+
+
+def lane_sql(step: StepSpec, **sql: Any) -> SqlStep:
+    """A filter's or a select's Spark SQL as the DuckDB SQL resident lanes run (SpecError naming
+    the step when it does not translate)."""
+    from eddyline.operators.sqlsteps import SqlStep, SqlStepError
+
+    try:
+        return SqlStep(step.name, **sql)
+    except SqlStepError as e:
+        raise SpecError(str(e)) from None
 
 
 def build_kernel(step: StepSpec, *schemas: pa.Schema) -> Kernel:

@@ -23,9 +23,9 @@ import pyarrow as pa
 
 from eddyline.api.steps import STEPS
 from eddyline.api.units import names
-from eddyline.errors import TASK_MARK, SpecError
+from eddyline.errors import TASK_MARK, LaneStepError, SpecError
 from eddyline.kinds.aggregate import Aggregates, aggregate_columns, aggregate_kernel
-from eddyline.kinds.base import CompileContext, StepKind, arrow_schema, spark_schema
+from eddyline.kinds.base import CompileContext, LaneFeed, StepKind, arrow_schema, spark_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -88,8 +88,24 @@ class CombineKind(StepKind):
 
     def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
         (df,) = inputs
+        kernel = self._kernel(step, arrow_schema(df.schema))
+        return df.mapInArrow(Combiner(step.name, kernel), spark_schema(kernel.partial_schema))
+
+    def _kernel(self, step: StepSpec, schema: pa.Schema) -> KeyedAggregateKernel:
         try:
-            kernel = aggregate_kernel(step.params, arrow_schema(df.schema))
+            return aggregate_kernel(step.params, schema)
         except (ValueError, KeyError) as e:
             raise SpecError(f"step '{step.name}': combine: {e}") from None
-        return df.mapInArrow(Combiner(step.name, kernel), spark_schema(kernel.partial_schema))
+
+    def lane_run(self, feed: LaneFeed, step: StepSpec, inputs: list[pa.Table]) -> pa.Table:
+        """The lane's rows as partials, in chunks of up to :data:`CHUNK_ROWS` as a Spark task
+        combines its own (the aggregate after it emits the same whatever rows each partial
+        stands for)."""
+        (rows,) = inputs
+        kernel = self._kernel(step, pa.schema([f.with_nullable(True) for f in rows.schema]))
+        batches = rows.combine_chunks().to_batches() if rows.num_rows else []
+        try:
+            out = list(Combiner(step.name, kernel)(iter(batches)))
+        except RuntimeError as e:  # (marked: as a failed task says it)
+            raise LaneStepError(str(e)) from e
+        return pa.Table.from_batches(out, schema=kernel.partial_schema) if out else kernel.partial_schema.empty_table()

@@ -5,12 +5,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from eddyline.api.steps import STEPS
-from eddyline.kinds.base import CompileContext, StepKind, columns_of, sql_columns, sql_problems
+from eddyline.kinds.base import (
+    CompileContext,
+    LaneFeed,
+    StepKind,
+    columns_of,
+    lane_sql,
+    sql_columns,
+    sql_problems,
+)
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
     from eddyline.api.steps import StepSpec
+    from eddyline.operators.sqlsteps import SqlStep
 
 
 @STEPS.register
@@ -38,3 +48,9 @@ class Filter(StepKind):
         from pyspark.sql import functions as F
 
         return inputs[0].filter(F.expr(step.params))
+
+    def lane_step(self, step: StepSpec) -> SqlStep:
+        return lane_sql(step, condition=step.params)
+
+    def lane_run(self, feed: LaneFeed, step: StepSpec, inputs: list[pa.Table]) -> pa.Table:
+        return feed.prepared(step).run(inputs[0])

@@ -57,6 +57,10 @@ class LookupKind(StepKind):
     def revisions(self, params: Any) -> str | None:
         return "a retraction could meet a newer version of the table than the row it takes back did"
 
+    def resident_problem(self, step: StepSpec) -> str | None:
+        return ("a lookup joins the table version its epoch's plan pins, read by Spark's readers "
+                "(their types, a CSV's or JSON's schema inferred); resident lanes do not read tables")
+
     def describe(self, step: StepSpec, key_groups: int) -> list[str]:
         lk = step.params
         return [f"lookup in {lk.table.path} on {lk.key} = {lk.table_key}   [broadcast join, versioned table]"]

@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 from eddyline.api.steps import STEPS
 from eddyline.api.units import Columns, Duration, Model, Name, names
 from eddyline.columns import KG
-from eddyline.kinds.base import CompileContext, KeyedStepKind, resolve
+from eddyline.kinds.base import CompileContext, KeyedStepKind, LaneFeed, resolve
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -105,6 +105,20 @@ class PatternKind(KeyedStepKind):
         events, seeds = ctx.observe_event_times(step, inputs)
         keyed, kernel = self._stage2(ctx, step, events, seeds)
         return ctx.to_lanes(step, keyed, kernel, self.key_columns(step.params)[:1])
+
+    def resident_problem(self, step: StepSpec) -> str | None:
+        return None  # (stage 2's frame as lane_input makes it)
+
+    def lane_input(self, feed: LaneFeed, step: StepSpec, inputs: list[pa.Table]) -> tuple[pa.Table, Kernel]:
+        """A single step's or stage 1's rows as a plain keyed step's; stage 2's as :meth:`_stage2`
+        makes them: the events keyed, then the seeds (their key groups as stage 1 gave them)."""
+        from eddyline.operators.pattern import stage2_batch
+
+        if step.params.seeds is None:
+            return super().lane_input(feed, step, inputs)
+        events, seeds = inputs
+        keyed, kernel = super().lane_input(feed, step, [events])
+        return stage2_batch(kernel, keyed, seeds), kernel
 
     def _stage2(self, ctx: CompileContext, step: StepSpec, events: DataFrame, seeds: DataFrame) -> tuple[DataFrame, Kernel]:
         """Stage 2 reads the events (``_seed`` null) and stage 1's seeds (event columns null, the

@@ -10,17 +10,21 @@ from eddyline.api.steps import STEPS
 from eddyline.columns import DIFF
 from eddyline.kinds.base import (
     CompileContext,
+    LaneFeed,
     StepKind,
     columns_of,
+    lane_sql,
     output_name,
     sql_columns,
     sql_problems,
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
     from eddyline.api.steps import StepSpec
+    from eddyline.operators.sqlsteps import SqlStep
 
 
 def _not_empty(value: tuple[str, ...]) -> tuple[str, ...]:
@@ -65,4 +69,14 @@ class Select(StepKind):
         # asked for only when there is a weight to keep)
         if DIFF in inputs[0].columns and DIFF not in out.columns:
             out = inputs[0].selectExpr(*step.params, DIFF)
+        return out
+
+    def lane_step(self, step: StepSpec) -> SqlStep:
+        return lane_sql(step, expressions=tuple(step.params))
+
+    def lane_run(self, feed: LaneFeed, step: StepSpec, inputs: list[pa.Table]) -> pa.Table:
+        (rows,) = inputs
+        out = feed.prepared(step).run(rows)
+        if DIFF in rows.column_names and DIFF not in out.column_names:  # a revision keeps its weight, as above
+            out = out.append_column(DIFF, rows.column(DIFF))
         return out

@@ -17,8 +17,16 @@ from pydantic import Field
 from eddyline.api.steps import STEPS
 from eddyline.api.units import Model
 from eddyline.columns import DIFF
-from eddyline.errors import TASK_MARK, SpecError
-from eddyline.kinds.base import CompileContext, StepKind, arrow_schema, ddl, first_line, resolve
+from eddyline.errors import TASK_MARK, LaneStepError, SpecError
+from eddyline.kinds.base import (
+    CompileContext,
+    LaneFeed,
+    StepKind,
+    arrow_schema,
+    ddl,
+    first_line,
+    resolve,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -37,6 +45,11 @@ class Udf(Model):
     function: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     schema_: str = Field(alias="schema", min_length=1)
     batch: Literal["arrow", "pandas"] = "arrow"
+
+
+#: the most rows the function is given at once on a resident lane: Spark's
+#: ``spark.sql.execution.arrow.maxRecordsPerBatch`` as Eddyline's sessions leave it
+BATCH_ROWS = 10_000
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,11 @@ class UdfKind(StepKind):
         return [f"udf {u.function} ({u.batch} batches)   [Python, mapInArrow, no shuffle]"]
 
     def compile(self, ctx: CompileContext, step: StepSpec, inputs: list[DataFrame]) -> DataFrame:
+        struct, runner = self._runner(step)
+        return inputs[0].mapInArrow(runner, struct)
+
+    def _runner(self, step: StepSpec) -> tuple[Any, UdfRunner]:
+        """The declared schema (Spark's) and the runner; SpecError naming the field at fault."""
         udf = step.params
         try:
             resolve(udf.function)
@@ -115,5 +133,21 @@ class UdfKind(StepKind):
             struct = ddl(udf.schema_)
         except Exception as e:
             raise SpecError(f"step '{step.name}': udf.schema: expected Spark DDL like 'a long, b string': {first_line(e)}") from None
-        runner = UdfRunner(step.name, udf.function, udf.batch, arrow_schema(struct))
-        return inputs[0].mapInArrow(runner, struct)
+        return struct, UdfRunner(step.name, udf.function, udf.batch, arrow_schema(struct))
+
+    def lane_step(self, step: StepSpec) -> UdfRunner:
+        return self._runner(step)[1]
+
+    def lane_run(self, feed: LaneFeed, step: StepSpec, inputs: list[pa.Table]) -> pa.Table:
+        """The function over the lane's rows in batches of at most :data:`BATCH_ROWS`, as Spark's
+        tasks hand it theirs (no call when the lane has no row, as a task with none makes none)."""
+        runner: UdfRunner = feed.prepared(step)
+        (rows,) = inputs
+        batches = rows.combine_chunks().to_batches(max_chunksize=BATCH_ROWS) if rows.num_rows else []
+        try:
+            out = list(runner(iter(batches)))
+        except Exception as e:
+            if TASK_MARK not in str(e):
+                raise
+            raise LaneStepError(str(e)) from e
+        return pa.Table.from_batches(out, schema=runner.schema)

@@ -8,7 +8,9 @@ Spark job and no row passing through the driver:
 1. reads its share of every source's slice with the readers the per-epoch job's tasks run
    (:meth:`~eddyline.io.sources.Source.read_arrow` with ``task=lane``: every ``L``-th file, a run
    of a text slice's bytes, a range of a generator's ids), so the lanes parse in parallel;
-2. runs the ``filter`` and ``select`` steps on its rows in DuckDB;
+2. runs the stateless steps on its rows, each as its kind does on Arrow
+   (:meth:`~eddyline.kinds.base.StepKind.lane_run`: a ``filter`` or a ``select`` in DuckDB, a
+   ``udf``'s function on the lane's batches, a ``union``'s inputs one after the other);
 3. for each stateful step in turn, writes its part of the step's rows too late for its late
    target, if it has one (:meth:`~eddyline.kinds.base.StepKind.lane_late`), into that epoch's
    staging, prepares the other rows as the kind does in Spark (key groups and
@@ -40,7 +42,6 @@ from eddyline.errors import SpecError
 from eddyline.hashing import row_hash_sum
 from eddyline.io.files.target import write_part
 from eddyline.operators.rows import event_time_ms
-from eddyline.operators.sqlsteps import SqlStep
 from eddyline.plan.keygroups import key_groups_of
 from eddyline.runtime.shedding import shed_tables
 
@@ -67,15 +68,6 @@ def newest_ms(column: pa.ChunkedArray) -> int | None:
     return int(event_time_ms(pa.array([newest], column.type))[0]) if newest.is_valid else None
 
 
-def sql(step: SqlStep, rows: pa.Table) -> pa.Table:
-    """A filter or a select over ``rows``; a select keeps a revision's weight, as in Spark
-    (:class:`eddyline.kinds.select.Select`)."""
-    out = step.run(rows)
-    if DIFF in rows.column_names and DIFF not in out.column_names:
-        out = out.append_column(DIFF, rows.column(DIFF))
-    return out
-
-
 def time_columns_checked(step: StepSpec, inputs: list[pa.Schema]) -> None:
     """A stateful step's time columns exist in its inputs and are timestamps (SpecError)."""
     for schema, column in zip(inputs, step.time_columns(), strict=True):
@@ -96,7 +88,8 @@ class LaneNetwork:
     spec: NetworkSpec
     sources: Mapping[str, Source]
     read_by: Mapping[str, frozenset[str] | None]
-    sql: Mapping[str, SqlStep]
+    #: by stateless step, what its kind prepared for its lanes (:meth:`~eddyline.kinds.base.StepKind.lane_step`)
+    stateless: Mapping[str, Any]
 
     # the kinds' side (eddyline.kinds.base.LaneFeed)
     def key_groups(self, step: StepSpec, table: pa.Table, keys: tuple[str, ...]) -> np.ndarray:
@@ -107,6 +100,9 @@ class LaneNetwork:
 
     def wanted(self, step: StepSpec) -> frozenset[str] | None:
         return self.read_by.get(step.name)
+
+    def prepared(self, step: StepSpec) -> Any:
+        return self.stateless[step.name]
 
     def run(self, lane: int, lanes: int, header: Mapping[str, Any], exchange: Exchange, run_step: RunStep,
             part: str) -> LaneEpoch:
@@ -134,7 +130,7 @@ class LaneNetwork:
         for step in self.spec.topological():
             inputs = [tables[i] for i in step.inputs]
             if not step.stateful:
-                tables[step.name] = sql(self.sql[step.name], inputs[0])
+                tables[step.name] = step.info.lane_run(self, step, inputs)
                 continue
             if self.spec.control.overload is not None:  # (before the step's own observations, as in Spark)
                 shed = shed_tables(step, inputs, header.get("shed", {}).get(step.name), self.spec.control.overload,

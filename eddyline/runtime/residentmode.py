@@ -4,7 +4,8 @@ With ``execution: resident`` the lanes of the network's stateful steps are the t
 long-lived Spark barrier stage (:mod:`eddyline.runtime.resident`; lane ``i`` of the stage is lane
 ``i`` of every step), and each epoch is one message from this process to every lane: the plan's
 slices, watermarks and advances. Each lane reads its own share of every source's slice, runs the
-stateless steps in DuckDB (:mod:`eddyline.operators.sqlsteps`), and for each stateful step in
+stateless steps on its rows as their kinds do on Arrow (:meth:`~eddyline.kinds.base.StepKind.lane_run`;
+a filter or a select in DuckDB, :mod:`eddyline.operators.sqlsteps`), and for each stateful step in
 turn prepares its rows as the kind does in Spark (:meth:`~eddyline.kinds.base.StepKind.lane_input`,
 key groups worked out as Spark would), exchanges them with the other lanes by key group and runs
 the kernel (:mod:`eddyline.runtime.lanenetwork`); it answers with its manifests, its observations
@@ -25,8 +26,12 @@ Exactly once, as the per-epoch lanes give it:
   a lane whose input or network is at fault (a source's error, a step's) stops the run with it.
 
 What runs resident (:func:`resident_problem` says why not, and the engine refuses before it
-starts): stateful steps whose kinds prepare their lanes' rows on Arrow, keyed by BIGINT,
-TIMESTAMP or STRING columns; ``filter`` and ``select`` steps around them; sources whose slices
+starts): stateful steps whose kinds prepare their lanes' rows on Arrow (``pattern`` included,
+split into stages or not), keyed by BIGINT, TIMESTAMP or STRING columns; the stateless steps
+around them whose kinds run on a lane's Arrow rows: ``filter`` and ``select`` (in DuckDB),
+``union`` (of inputs of the same column types), ``udf`` (the function on the lane's batches; its
+error stops the run as a failed task's does) and ``combine`` (a ``lookup`` reads its pinned
+table version through Spark's readers, so it runs in Spark); sources whose slices
 can be read outside Spark (``files``, ``generator``, ``nexmark``, ``kafka``, ``nats``, ``nats_core``); sinks that take Arrow (``files``,
 ``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); overload shedding (the
 same rows dropped as in Spark: :func:`~eddyline.runtime.shedding.shed_tables`; a shed point's
@@ -51,12 +56,12 @@ import pyarrow as pa
 
 from eddyline.api.network import NetworkSpec
 from eddyline.columns import DIFF
-from eddyline.errors import EngineError, SourceError, SpecError
+from eddyline.errors import EngineError, SourceError, SpecError, task_error_line
 from eddyline.ha.selector import Digest
 from eddyline.hashing import hashable
 from eddyline.io.files.target import prepare_parts, write_table
 from eddyline.kinds.base import spark_schema
-from eddyline.operators.sqlsteps import SqlStep, SqlStepError
+from eddyline.operators.sqlsteps import SqlStepError
 from eddyline.plan.keygroups import RoutingTable
 from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.compile import EpochCompiler, revisions_refused
@@ -67,7 +72,6 @@ from eddyline.runtime.lanenetwork import (
     UTILITY,
     LaneNetwork,
     merged_observed,
-    sql,
     time_columns_checked,
 )
 from eddyline.runtime.resident import (
@@ -85,8 +89,6 @@ if TYPE_CHECKING:
     from eddyline.operators.base import Kernel
     from eddyline.runtime.epoch.publish import Outputs
 
-#: the stateless step kinds a resident epoch runs (in DuckDB)
-SQL_KINDS = ("filter", "select")
 #: errors of a lane that are the network's or its input's, not the stage's: raised as they are
 _USER_ERRORS: dict[str, type[Exception]] = {"SpecError": SpecError, "SourceError": SourceError,
                                             "SqlStepError": SpecError}
@@ -97,12 +99,9 @@ def resident_problem(spec: NetworkSpec, sources: dict[str, Source], sinks: dict[
     if not spec.stateful_steps():
         return "no stateful step: nothing to keep resident"
     for step in spec.steps:
-        if step.stateful:
-            problem = step.info.resident_problem(step)
-            if problem is not None:
-                return problem if problem.startswith("step '") else f"step '{step.name}': {problem}"
-        elif step.kind not in SQL_KINDS:
-            return f"step '{step.name}': a {step.kind} step runs in Spark (resident: {', '.join(SQL_KINDS)})"
+        problem = step.info.resident_problem(step)
+        if problem is not None:
+            return problem if problem.startswith("step '") else f"step '{step.name}': {problem}"
     for name, source in sources.items():
         problem = source.arrow_problem()
         if problem is not None:
@@ -140,16 +139,14 @@ class ResidentExecutor(Executor):
 
     def _compile_sql(self) -> None:
         """What the lanes run of the network in force (a control setting may change a filter or a
-        select between epochs), its stateless steps as DuckDB SQL."""
+        select between epochs): its stateless steps as their kinds prepare them for the lanes."""
         if self.network is not None and self.network.spec is self.spec:
             return
         try:
-            sql = {s.name: SqlStep(s.name, condition=s.params) if s.kind == "filter"
-                   else SqlStep(s.name, expressions=tuple(s.params))
-                   for s in self.spec.steps if s.kind in SQL_KINDS}
-        except SqlStepError as e:
+            prepared = {s.name: s.info.lane_step(s) for s in self.spec.steps if not s.stateful}
+        except SpecError as e:
             raise SpecError(f"execution: resident: {e}") from None
-        self.network = LaneNetwork(self.spec, dict(self.compiler.sources), self.spec.columns_read(), sql)
+        self.network = LaneNetwork(self.spec, dict(self.compiler.sources), self.spec.columns_read(), prepared)
 
     def _source_schemas(self) -> dict[str, pa.Schema] | None:
         """Every source's columns, from an empty read (a Parquet directory's first file), kept once
@@ -221,6 +218,8 @@ class ResidentExecutor(Executor):
                 self.close()
                 if e.kind in _USER_ERRORS:  # the same again on a new stage: say it now
                     raise _USER_ERRORS[e.kind](str(e)) from None
+                if e.kind == "LaneStepError":  # (a step's own code: as a per-epoch job's failed task says it)
+                    raise EngineError(f"epoch {plan.epoch}: {task_error_line(e)}") from None
                 if attempt == 2:
                     raise EngineError(f"epoch {plan.epoch}: the resident lanes failed twice: {e}") from e
             except StageEnded as e:
@@ -292,7 +291,7 @@ class ResidentExecutor(Executor):
                     tables[step.name], _ = step.info.lane_output(self.network, step,
                                                                  kernels[step.name].output_schema.empty_table())
                 else:
-                    tables[step.name] = sql(self.network.sql[step.name], inputs[0])
+                    tables[step.name] = step.info.lane_run(self.network, step, inputs)
             self._kernels_for = (key, kernels)
             self._schemas_of = {name: table.schema for name, table in tables.items()}
         return self._kernels_for[1]

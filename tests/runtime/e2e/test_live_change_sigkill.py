@@ -4,7 +4,9 @@ committed), then ``eddyline apply`` puts a new version of the udf in force at ep
 once the plan that applies it is logged); the driver is each time restarted with its original
 command line. Every epoch's output is what the parameters and the function in force at that
 epoch make of its input: the filter stays changed across the new network, the new function runs
-from epoch 4 exactly."""
+from epoch 4 exactly. The runs alternate between per-epoch jobs and resident lanes (a count per
+auction of the function's rows keeps lanes resident; its changelog adds up to the rows kept), so
+each replays what a run of the other mode left."""
 
 from __future__ import annotations
 
@@ -42,8 +44,10 @@ def network(src: Path, out: Path) -> dict:
             {"name": "expensive", "input": "bids", "filter": "price >= 100"},
             {"name": "priced", "input": "expensive", "udf": {
                 "function": "eddyline.examples.udfs:to_euro", "schema": BIDS_DDL}},
+            {"name": "per_auction", "input": "priced", "aggregate": {"key": "auction", "aggregates": {"n": "count(*)"}}},
         ],
-        "sinks": [{"name": "rows", "input": "priced", "files": {"path": str(out / "rows"), "format": "parquet"}}],
+        "sinks": [{"name": "rows", "input": "priced", "files": {"path": str(out / "rows"), "format": "parquet"}},
+                  {"name": "counts", "input": "per_auction", "files": {"path": str(out / "counts"), "format": "parquet"}}],
     }
 
 
@@ -53,14 +57,15 @@ def test_a_control_line_and_a_new_udf_version_under_sigkills(spark, tmp_path: Pa
     second = copy.deepcopy(first)
     second["steps"][1]["udf"] = {"function": "eddyline.examples.udfs:price_band", "batch": "pandas",
                                  "schema": f"{BIDS_DDL}, band long"}
-    spec, new = tmp_path / "net.yaml", tmp_path / "new.yaml"
+    spec, resident, new = tmp_path / "net.yaml", tmp_path / "net-resident.yaml", tmp_path / "new.yaml"
     spec.write_text(yaml.safe_dump(first))
+    resident.write_text(yaml.safe_dump({**first, "execution": "resident"}))  # (the same network, run resident)
     new.write_text(yaml.safe_dump(second))
     ckpt = str(tmp_path / "ckpt")
 
-    def run(*extra: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec), "--checkpoint", ckpt, "--no-live",
-               "--master", "local[2]", *extra]
+    def run(*extra: str, mode: str = "job") -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "eddyline.cli", "run", str(resident if mode == "resident" else spec),
+               "--checkpoint", ckpt, "--no-live", "--master", "local[2]", *extra]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=400)
 
     def cli(*args: str) -> None:
@@ -69,13 +74,24 @@ def test_a_control_line_and_a_new_udf_version_under_sigkills(spark, tmp_path: Pa
 
     Engine(load_spec(first), spark, ckpt).run(epochs=2)  # (in this process: one JVM start less)
     cli("control", "set", str(spec), "expensive.filter=price >= 500")
-    killed = run("--until-idle", "--crash-at", "3:after_publish")
+    killed = run("--until-idle", "--crash-at", "3:after_publish", mode="resident")  # the changed filter on resident lanes
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     cli("apply", str(spec), str(new))
-    killed = run("--until-idle", "--crash-at", "4:after_plan")
+    killed = run("--until-idle", "--crash-at", "4:after_plan")  # replays epoch 3 in a Spark job
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    last = run("--until-idle")
+    last = run("--until-idle", mode="resident")  # the new function from epoch 4 on resident lanes
     assert last.returncode == 0, last.stderr[-2000:]
+    assert len(list((tmp_path / "ckpt" / "resident").iterdir())) >= 2  # (a stage in each resident run)
+
+    counts = duckdb.connect().execute(
+        f"SELECT auction, sum(n * _diff) FROM read_parquet('{tmp_path}/out/counts/epoch=*/*.parquet') GROUP BY ALL "
+        "HAVING sum(n * _diff) <> 0 ORDER BY ALL").fetchall()
+    kept_rows: dict[int, int] = {}
+    for i, f in enumerate(sorted((tmp_path / "in").glob("*.json"))):
+        for row in map(json.loads, f.read_text().splitlines()):
+            if row["price"] >= (500 if i + 1 >= 3 else 100):
+                kept_rows[row["auction"]] = kept_rows.get(row["auction"], 0) + 1
+    assert counts == sorted(kept_rows.items())
 
     got: dict[int, list[tuple]] = {}
     for e, price, band in duckdb.connect().execute(

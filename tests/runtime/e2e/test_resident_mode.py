@@ -16,12 +16,12 @@ import pytest
 import yaml
 
 from eddyline.api.validate import load_spec
-from eddyline.errors import SpecError
+from eddyline.errors import EngineError, SpecError
 from eddyline.runtime.checkpoint import Checkpoint
 from eddyline.runtime.engine import Engine
 from eddyline.runtime.inbox import Inbox
 
-from .helpers import Crash, CrashAfterPublish
+from .helpers import MEASURES, Crash, CrashAfterPublish, read
 
 FILES, ROWS = 8, 600
 
@@ -179,6 +179,34 @@ def other_spec(query: str, data: Path, out: Path, execution: str) -> dict[str, A
                                              "kind": "window", "size": "1s", "left_time": "a_ts", "right_time": "ts"}},
                  {"name": "result", "input": "joined", "dedup": {"key": ["id", "window_start"], "time": "window_end",
                                                                  "ttl": "1s"}}]
+    elif query == "union":  # two branches off the events (one read of them in Spark), then the first of each user
+        steps = [{"name": "as", "input": "events", "filter": "kind = 'a' AND seq % 3 = 0"},
+                 {"name": "a", "input": "as", "select": ["seq", "uid", ts]},
+                 {"name": "b", "input": "events", "select": ["seq", "uid + 1 AS uid", ts]},
+                 {"name": "both", "union": ["a", "b"]},
+                 {"name": "result", "input": "both", "dedup": {"key": "uid", "time": "ts", "ttl": "300ms"}}]
+    elif query == "union-revised":  # a changelog and insert-only rows (weighed +1) in one union
+        steps = [{"name": "timed", "input": "events", "select": ["uid", ts]},
+                 {"name": "counts", "input": "timed", "aggregate": {"key": "uid", "aggregates": {"n": "count(*)"}}},
+                 {"name": "firsts", "input": "events", "filter": "seq % 50 = 0"},
+                 {"name": "plain", "input": "firsts", "select": ["uid", "seq AS n"]},
+                 {"name": "result", "union": ["counts", "plain"]}]
+    elif query.startswith("udf"):  # a user's function on each lane's batches, then a count per user
+        pandas = query == "udf-pandas"
+        function, extra = ("price_band", ", band long") if pandas else ("to_euro", "")
+        steps = [{"name": "timed", "input": "events", "select": ["seq", "uid", "seq * 7 AS price", ts]},
+                 {"name": "priced", "input": "timed", "udf": {
+                     "function": f"eddyline.examples.udfs:{function}", "batch": "pandas" if pandas else "arrow",
+                     "schema": f"seq long, uid long, price long, ts timestamp{extra}"}},
+                 {"name": "result", "input": "priced", "aggregate": {
+                     "key": "uid", "aggregates": {"n": "count(*)", "top": "max(price)",
+                                                  **({"bands": "sum(band)"} if pandas else {})}}}]
+    elif query == "combine":  # the local/global split of an aggregate (what its rewrite rule writes)
+        aggregates = {"n": "count(*)", "total": "sum(seq)", "t": "max(ts)", "mean": "avg(seq)"}
+        steps = [{"name": "timed", "input": "events", "select": ["seq", "uid", ts]},
+                 {"name": "partials", "input": "timed", "combine": {"key": "uid", "aggregates": aggregates}},
+                 {"name": "result", "input": "partials", "aggregate": {"key": "uid", "aggregates": aggregates,
+                                                                      "combined": True}}]
     else:
         steps = [{"name": "as", "input": "events", "filter": "kind = 'a'"},
                  {"name": "a", "input": "as", "select": ["uid AS id", "seq AS opened", "timestamp_micros(produced_us) AS a_ts",
@@ -192,15 +220,17 @@ def other_spec(query: str, data: Path, out: Path, execution: str) -> dict[str, A
     return {**raw, "steps": steps, "sinks": [{**raw["sinks"][0], "input": "result"}]}
 
 
-@pytest.mark.parametrize("query", ["window", "join", "chain", "revisions"])
+@pytest.mark.parametrize("query", ["window", "join", "chain", "revisions", "union", "union-revised", "udf-arrow",
+                                   "udf-pandas", "combine"])
 def test_a_window_a_join_and_a_chain_on_resident_lanes_write_what_per_epoch_jobs_write(
         spark, reference, tmp_path: Path, query: str) -> None:
     data = reference[0]
     got = {}
     for execution in ("job", "resident"):
         out = tmp_path / execution
-        Engine(load_spec(other_spec(query, data, out, execution)), spark, str(tmp_path / f"{execution}-ckpt")).run(
-            until_idle=True)
+        engine = Engine(load_spec(other_spec(query, data, out, execution)), spark, str(tmp_path / f"{execution}-ckpt"))
+        engine.run(until_idle=True)
+        assert engine.executor.mode == execution
         got[execution] = duckdb.sql(f"SELECT * EXCLUDE (epoch) FROM read_parquet('{out}/epoch=*/*.parquet') "
                                     "ORDER BY ALL").fetchall()
     assert len(got["job"]) > 100 and got["resident"] == got["job"]
@@ -277,15 +307,23 @@ WINDOW = {"name": "w", "input": "timed", "window_aggregate": {
 @pytest.mark.parametrize(("change", "why"), [
     ({"sources": [{"name": "events", "files": {"path": "/tmp/x", "format": "parquet", "schema": "uid long"}}]},
      "source 'events': a parquet source with a declared schema is cast by Spark"),
-    ({"steps": [TIMED, {"name": "u", "union": ["timed", "timed"]},
-                {"name": "first", "input": "u", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}],
-      "sinks": [{"name": "out", "input": "first", "memory": {}}]},
-     "step 'u': a union step runs in Spark"),
     ({"steps": [{"name": "timed", "input": "events", "select": ["uid", "array(seq) AS seqs", "timestamp_micros(produced_us) AS ts"]},
                 {"name": "first", "input": "timed", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}],
       "sinks": [{"name": "out", "input": "first", "memory": {}, "qos": {"latency": "1s"}}],
       "control": {"overload": {"shedding": "uniform"}}},
      "step 'first': shedding hashes every column of a row; column 'seqs' is list<"),
+    ({"steps": [TIMED, {"name": "l", "input": "timed", "lookup": {"table": {"path": "/tmp/x"}, "key": "uid",
+                                                                  "table_key": "id"}},
+                {"name": "first", "input": "l", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}],
+      "sinks": [{"name": "out", "input": "first", "memory": {}}]},
+     "step 'l': a lookup joins the table version its epoch's plan pins"),
+    ({"steps": [TIMED, {"name": "narrow", "input": "timed", "select": ["small AS uid", "ts"]},
+                {"name": "wide", "input": "timed", "select": ["uid", "ts"]},
+                {"name": "u", "union": ["wide", "narrow"]},
+                {"name": "first", "input": "u", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}],
+      "sinks": [{"name": "out", "input": "first", "memory": {}}]},
+     "step 'u': union: resident lanes take inputs of the same column types; 'uid' is int64 in 'wide' and int32 in "
+     "'narrow' (Spark widens it)"),
     ({"steps": [{"name": "timed", "input": "events", "select": ["seq", "uid", "kind", "bround(produced_us, -3) AS ts"]},
                 {"name": "first", "input": "timed", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}],
       "sinks": [{"name": "out", "input": "first", "memory": {}}]},
@@ -328,10 +366,71 @@ def test_explain_says_whether_resident_lanes_take_the_network(tmp_path: Path) ->
     raw = raw_spec(tmp_path / "in", tmp_path / "out", "job")
     refused = {**raw, "sources": [{"name": "events", "files": {"path": str(tmp_path / "in"), "format": "parquet",
                                                                "schema": "seq long, uid long, kind string, produced_us long"}}]}
+    ported = {**other_spec("udf-pandas", tmp_path / "in", tmp_path / "out", "job"), "steps": [
+        *other_spec("union", tmp_path / "in", tmp_path / "out", "job")["steps"][:-1],
+        {"name": "priced", "input": "both", "udf": {"function": "eddyline.examples.udfs:price_band", "batch": "pandas",
+                                                    "schema": "seq long, uid long, ts timestamp, band long"}},
+        {"name": "result", "input": "priced", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}]}
+    lookup = {**ported, "steps": [*ported["steps"][:-1], {"name": "l", "input": "priced", "lookup": {
+        "table": {"path": str(tmp_path / "t")}, "key": "uid", "table_key": "id"}},
+        {"name": "result", "input": "l", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}]}
+    pattern = pattern_spec(tmp_path / "out", "job", "B")
     for name, spec, said in (("takes", raw, "resident lanes take this network"),
-                             ("refuses", refused, "resident lanes do not take it: source 'events': a parquet source")):
+                             ("refuses", refused, "resident lanes do not take it: source 'events': a parquet source"),
+                             ("ported", ported, "resident lanes take this network"),
+                             ("pattern", pattern, "resident lanes take this network"),
+                             ("lookup", lookup, "resident lanes do not take it: step 'l': a lookup joins the table "
+                                                "version its epoch's plan pins")):
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(spec))
         shown = CliRunner().invoke(app, ["explain", str(path), "--no-spark-plan"])
         assert shown.exit_code == 0, shown.output
         assert f"execution: job ({said}" in shown.output, shown.output
+
+
+def test_a_udf_failing_on_a_lanes_rows_stops_the_run_as_a_failed_task_does(spark, reference, tmp_path: Path) -> None:
+    """The function raises on the rows of the second epoch: the run stops with the message a
+    per-epoch job's failed task gives (tests/runtime/e2e/test_udf_lookup.py), not once more on
+    a new stage, with only the first epoch committed."""
+    raw = {**raw_spec(reference[0], tmp_path / "out", "resident"),
+           "steps": [{"name": "timed", "input": "events",
+                      "select": ["seq", "uid", "900 - seq AS price", "timestamp_micros(produced_us) AS ts"]},
+                     {"name": "s", "input": "timed", "udf": {"function": "eddyline.examples.udfs:to_euro",
+                                                             "schema": "seq long, uid long, price long, ts timestamp"}},
+                     {"name": "first", "input": "s", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}],
+           "sinks": [{"name": "out", "input": "first", "memory": {}}]}
+    engine = Engine(load_spec(raw), spark, str(tmp_path / "ckpt"))
+    with pytest.raises(EngineError, match=r"^epoch 2: step 's': udf 'eddyline.examples.udfs:to_euro' failed on a batch "
+                                          r"of \d+ rows: ValueError: negative price$"):
+        engine.run(until_idle=True)
+    assert Checkpoint(str(tmp_path / "ckpt")).latest_commit().epoch == 1
+    assert engine.executor.stages_started == 1 and not engine.executor.holds_workers
+
+
+def pattern_spec(out: Path, execution: str, split: str | None) -> dict[str, Any]:
+    """The tick pattern over generated ticks of 25 keys (tests/runtime/e2e/test_stateful_recovery.py),
+    in one step or split into two stages at ``split``."""
+    pattern = {"key": "key", "time": "event_time", "within": "30s", "factory": "eddyline.operators.pattern:tick_pattern",
+               "args": {"value_col": "value"}, "measures": MEASURES}
+    steps = [{"name": "found", "input": "ticks", "pattern": pattern}]
+    if split is not None:
+        steps = [{"name": "stage1", "input": "ticks", "pattern": {**pattern, "split": {"stage": 1, "at": split}}},
+                 {"name": "found", "input": "ticks",
+                  "pattern": {**pattern, "split": {"stage": 2, "at": split}, "seeds": "stage1"}}]
+    return {"name": "ticks", "trigger": 0, "lanes": 2, "key_groups": 32, "execution": execution,
+            "sources": [{"name": "ticks", "generator": {"rate": 400, "unpaced": True, "keys": 25, "seed": 3},
+                         "limit": 2400, "max_rows_per_epoch": 600}],
+            "steps": steps, "sinks": [{"name": "matches", "input": "found", "files": {"path": str(out / "matches")}}]}
+
+
+@pytest.mark.parametrize("split", [None, "B"])
+def test_a_pattern_in_one_step_or_two_stages_on_resident_lanes_writes_what_per_epoch_jobs_write(
+        spark, tmp_path: Path, split: str | None) -> None:
+    got = {}
+    for execution in ("job", "resident"):
+        engine = Engine(load_spec(pattern_spec(tmp_path / execution, execution, split)), spark,
+                        str(tmp_path / f"{execution}-ckpt"))
+        engine.run(until_idle=True)
+        assert engine.executor.mode == execution
+        got[execution] = read(tmp_path / execution, "matches")
+    assert len(got["job"]) > 20 and got["resident"] == got["job"]

@@ -1,4 +1,5 @@
-"""A pattern query and a join query end to end; then crashes with restarts at other lane counts."""
+"""A pattern query and a join query end to end; then crashes with restarts at other lane counts,
+alternating between per-epoch jobs and resident lanes."""
 
 from __future__ import annotations
 
@@ -87,20 +88,26 @@ def test_crash_and_restore_at_other_lane_counts(spark, tmp_path: Path) -> None:
     ref = load_spec(network(tmp_path / "ref"))
     Engine(ref, spark, str(tmp_path / "ref-ckpt")).run(until_idle=True)
 
-    spec_file = tmp_path / "net.yaml"
-    spec_file.write_text(yaml.safe_dump(network(tmp_path / "out")))
+    specs = {}
+    for mode in ("job", "resident"):
+        specs[mode] = tmp_path / f"net-{mode}.yaml"
+        specs[mode].write_text(yaml.safe_dump({**network(tmp_path / "out"), "execution": mode}))
     ckpt = tmp_path / "ckpt"
 
-    def run(*extra: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec_file), "--checkpoint", str(ckpt), "--until-idle",
+    def run(mode: str, *extra: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "eddyline.cli", "run", str(specs[mode]), "--checkpoint", str(ckpt), "--until-idle",
                "--no-live", "--master", "local[2]", *extra]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=400)
 
-    first = run("--lanes", "2", "--crash-at", "2:in_task")  # dies inside a lane, state half written
+    # each run in the other mode: the pattern's and the join's state pass from per-epoch jobs to
+    # resident lanes and back, and each run replays what a run of the other mode left (three
+    # resident lanes would need three task slots: the 3-lane run is a job run)
+    first = run("job", "--lanes", "2", "--crash-at", "2:in_task")  # dies inside a lane, state half written
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
-    second = run("--lanes", "3", "--crash-at", "4:mid_commit")  # replays epoch 2 on 3 lanes, dies committing 4
+    second = run("resident", "--lanes", "1", "--crash-at", "4:mid_commit")  # replays epoch 2 on its 2 lanes, dies committing 4
     assert second.returncode == -signal.SIGKILL, second.stderr[-2000:]
-    last = run("--lanes", "1")
+    assert len(list((ckpt / "resident").iterdir())) >= 2  # (a stage for the replay on 2 lanes, one on 1)
+    last = run("job", "--lanes", "3")
     assert last.returncode == 0, last.stderr[-2000:]
     assert "replayed" in last.stdout
     for what in ("matches", "pairs"):
