@@ -152,8 +152,8 @@ def test_a_partitioned_source_gives_tentative_windows_then_corrections_and_the_s
     spark, nats_server, postgres, tmp_path: Path
 ) -> None:
     """The driver dies once the correcting epoch published (its retractions done, nothing
-    committed); the restarted one replays it from its stable base and retracts again. (The run
-    without the crash: on resident lanes, below.)"""
+    committed); the restarted one replays it from its stable base on resident lanes and retracts
+    again. (Tentative epochs on resident lanes: below.)"""
     local, remote = bids(1), bids(2)
     files = tmp_path / "in"
     files.mkdir()
@@ -172,8 +172,9 @@ def test_a_partitioned_source_gives_tentative_windows_then_corrections_and_the_s
     partition = Partition(nats_server, cut_after=3, tentative_epochs=3)
     fixing = 3 + 3 + 1
 
-    def engine(crashing: bool = False) -> Engine:
-        return Engine(spec, spark, str(tmp_path / "ckpt"), reporter=partition,  # type: ignore[arg-type]
+    def engine(crashing: bool = False) -> Engine:  # (the restart replays the correction on resident lanes)
+        return Engine(spec if crashing else spec.model_copy(update={"execution": "resident"}), spark,
+                      str(tmp_path / "ckpt"), reporter=partition,  # type: ignore[arg-type]
                       faults=CrashAfterPublish(fixing) if crashing else None)
 
     try:
@@ -187,6 +188,7 @@ def test_a_partitioned_source_gives_tentative_windows_then_corrections_and_the_s
         if nats_server.proc is None:
             nats_server.start()
     records = partition.records
+    assert {r["execution"]["mode"] for r in records if r["batchId"] >= fixing} == {"resident"}
 
     # delay, then process: the first tentative epoch came once max_delay had passed, not before
     tentative = [r for r in records if r.get("tentative")]
