@@ -28,8 +28,10 @@ What runs resident (:func:`resident_problem` says why not, and the engine refuse
 starts): stateful steps whose kinds prepare their lanes' rows on Arrow, keyed by BIGINT,
 TIMESTAMP or STRING columns; ``filter`` and ``select`` steps around them; sources whose slices
 can be read outside Spark (``files``, ``generator``, ``nexmark``, ``kafka``, ``nats``, ``nats_core``); sinks that take Arrow (``files``,
-``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); no overload control, state budget, hot-key splits, hot
-pair or ``max_delay``. The lanes write their parts of a ``files`` sink; the other sinks' rows
+``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); no overload control, state budget, hot
+pair or ``max_delay``. A hot key group split by ``control.spread`` (SPREADFIRE) is split by the
+lanes as the per-epoch job's shuffle splits it (:func:`~eddyline.runtime.resident.spread_rows`:
+each new row stored in the fragment the hash of its content names, probed in the others). The lanes write their parts of a ``files`` sink; the other sinks' rows
 come back to the driver, whose sinks write them.
 """
 
@@ -42,8 +44,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from eddyline.api.network import NetworkSpec
-from eddyline.columns import DIFF
+from eddyline.columns import DIFF, KG
 from eddyline.errors import EngineError, SourceError, SpecError
+from eddyline.hashing import hashes_as_spark
 from eddyline.io.files.target import write_table
 from eddyline.kinds.base import spark_schema
 from eddyline.operators.sqlsteps import SqlStep, SqlStepError
@@ -234,6 +237,7 @@ class ResidentExecutor(Executor):
                 if step.stateful:
                     time_columns_checked(step, [t.schema for t in inputs])
                     _, kernels[step.name] = step.info.lane_input(self.network, step, inputs)
+                    self._splits_checked(step, kernels[step.name])
                     tables[step.name] = kernels[step.name].output_schema.empty_table()
                 else:
                     tables[step.name] = sql(self.network.sql[step.name], inputs[0])
@@ -241,16 +245,25 @@ class ResidentExecutor(Executor):
             self._schemas_of = {name: table.schema for name, table in tables.items()}
         return self._kernels_for[1]
 
+    def _splits_checked(self, step: Any, kernel: Kernel) -> None:
+        """A step SPREADFIRE may split has rows whose every column the lanes hash as Spark does
+        (a split row's fragment is chosen by the hash of its content): SpecError naming the column."""
+        if self.spec.control.spread is None or not step.info.spreadable(step.params):
+            return
+        for f in kernel.input_schema:
+            if f.name != KG and not hashes_as_spark(f.type):
+                raise SpecError(f"step '{step.name}': control.spread: resident lanes split rows of BIGINT, INT, "
+                                f"DOUBLE, BOOLEAN, DATE, TIMESTAMP, STRING ... columns; '{f.name}' is {f.type}")
+
     def _stage_for(self, plan: EpochPlan, kernels: dict[str, Kernel], last: EpochCommit | None) -> ResidentStage:
         """The stage to run the epoch on: the running one if it holds the last commit's state for
         these routing tables and kernels, else a new one started from the last commit."""
         steps = []
         for name, kernel in kernels.items():
             routing = RoutingTable.from_json(plan.routing[name])
-            if routing.spread:
-                raise EngineError(f"step '{name}': hot-key splits (SPREADFIRE) run in per-epoch jobs; "
-                                  "resident lanes take whole key groups")
-            steps.append((ResidentStep(name, kernel, tuple(routing.owners().tolist())), routing.lanes))
+            split = tuple((g, 1 + len(extra)) for g, extra in sorted(routing.spread.items()))
+            steps.append((ResidentStep(name, kernel, tuple(routing.owners().tolist()), split, routing.key_groups),
+                          routing.lanes))
         lanes = max(n for _, n in steps)
         # a changed network (a control setting changed a step's parameters) is a new stage too
         key = (tuple(s for s, _ in steps), lanes, self.spec)

@@ -49,3 +49,33 @@ def test_each_rows_key_group_of_bigint_and_string_keys_is_the_one_spark_computes
         assert key_groups_of(table, keys, 128).tolist() == expected, keys
     with pytest.raises(TypeError, match="int32"):
         key_groups_of(pa.table({"k": pa.array([1], pa.int32())}), ("k",), 128)
+
+
+def test_a_whole_rows_hash_of_every_plain_type_is_the_one_spark_computes(spark):
+    """What a split key group's rows choose their home fragment by on resident lanes
+    (spark_xxhash64_of_values) against Spark's xxhash64 of the same columns, row by row: every
+    type a row may carry, nulls in each, -0.0 and NaN, TINYINT and SMALLINT sign-extended."""
+    import datetime
+
+    from eddyline.hashing import hashes_as_spark, spark_xxhash64_of_values
+
+    n = 12
+    table = pa.table({
+        "side": pa.array([0, 1, -3, 127, None, -128] * 2, pa.int8()),
+        "small": pa.array([0, -1, 300, None, 32767, -32768] * 2, pa.int16()),
+        "i": pa.array([0, -1, 2**31 - 1, -(2**31), None, 42] * 2, pa.int32()),
+        "n": pa.array([0, -1, None, 2**40, 7, -(2**62)] * 2, pa.int64()),
+        "f": pa.array([0.0, -0.0, float("nan"), 1.5, None, -3.25e30] * 2, pa.float32()),
+        "d": pa.array([0.0, -0.0, float("nan"), float("inf"), None, 1e-300] * 2, pa.float64()),
+        "b": pa.array([True, False, None] * 4, pa.bool_()),
+        "day": pa.array([datetime.date(2026, 1, 1), None, datetime.date(1969, 12, 31)] * 4, pa.date32()),
+        "t": pa.array([1_700_000_000_123_456, None, -5] * 4, pa.timestamp("us", tz="UTC")),
+        "s": pa.array(["", "héllo", None, "x" * 70] * 3, pa.string()),
+        "bin": pa.array([b"", b"\x00\xff", None, b"abc"] * 3, pa.binary()),
+    })
+    assert table.num_rows == n and all(hashes_as_spark(f.type) for f in table.schema)
+    df = spark.createDataFrame(table)
+    for columns in [(c,) for c in table.column_names] + [tuple(table.column_names), ("side", "s", "d", "i")]:
+        expected = [r[0] for r in df.selectExpr(f"xxhash64({', '.join(columns)}) AS h").collect()]
+        assert spark_xxhash64_of_values(*[table.column(c) for c in columns]).tolist() == expected, columns
+    assert not hashes_as_spark(pa.decimal128(10, 2)) and not hashes_as_spark(pa.list_(pa.int64()))
