@@ -48,6 +48,7 @@ from eddyline.columns import DIFF, KG
 from eddyline.errors import EngineError, SourceError, SpecError
 from eddyline.hashing import hashes_as_spark
 from eddyline.io.files.target import write_table
+from eddyline.io.revisions import arrow_weight_problem, arrow_weighted
 from eddyline.kinds.base import spark_schema
 from eddyline.operators.sqlsteps import SqlStep, SqlStepError
 from eddyline.plan.keygroups import RoutingTable
@@ -98,8 +99,6 @@ def resident_problem(spec: NetworkSpec, sources: dict[str, Source], sinks: dict[
         problem = source.arrow_problem()
         if problem is not None:
             return f"source '{name}': {problem}"
-        if getattr(source.spec.params, "revisions", None):
-            return f"source '{name}': revisions are carried by per-epoch jobs only"
     for name, sink in sinks.items():
         if not sink.takes_arrow:
             return f"sink '{name}': a {sink.spec.kind} sink writes from Spark"
@@ -229,7 +228,12 @@ class ResidentExecutor(Executor):
         kept = self._kernels_for
         key = (self.spec, tuple(schemas.values()))
         if kept is None or kept[0][0] is not self.spec or kept[0][1] != key[1]:
-            tables = {name: schema.empty_table() for name, schema in schemas.items()}
+            tables = {}
+            for name, schema in schemas.items():  # (a source's revisions: weighed as the lanes weigh them)
+                problem = arrow_weight_problem(schema, name)
+                if problem is not None:
+                    raise SpecError(problem)
+                tables[name] = arrow_weighted(schema.empty_table(), name)[0]
             kernels: dict[str, Kernel] = {}
             for step in self.spec.topological():
                 inputs = [tables[i] for i in step.inputs]
