@@ -29,10 +29,15 @@ starts): stateful steps whose kinds prepare their lanes' rows on Arrow, keyed by
 TIMESTAMP or STRING columns; ``filter`` and ``select`` steps around them; sources whose slices
 can be read outside Spark (``files``, ``generator``, ``nexmark``, ``kafka``, ``nats``, ``nats_core``); sinks that take Arrow (``files``,
 ``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); no overload control, state budget, hot
-pair or ``max_delay``. A hot key group split by ``control.spread`` (SPREADFIRE) is split by the
-lanes as the per-epoch job's shuffle splits it (:func:`~eddyline.runtime.resident.spread_rows`:
-each new row stored in the fragment the hash of its content names, probed in the others). The lanes write their parts of a ``files`` sink; the other sinks' rows
+pair or ``max_delay``. The lanes write their parts of a ``files`` sink; the other sinks' rows
 come back to the driver, whose sinks write them.
+
+A hot key group split by ``control.spread`` (SPREADFIRE) is split by the lanes as the per-epoch
+job's shuffle splits it (:func:`~eddyline.runtime.resident.spread_rows`: each new row stored in
+the fragment the Spark hash of its content names, probed in the others), for rows of the column
+types that hash covers. A source's revisions (``_op`` or ``_diff``) are weighed by the lanes as
+Spark weighs them (:func:`~eddyline.io.revisions.arrow_weighted`, dead letters and all) and go
+to every step whose kind takes them, but a window aggregate (its weighted partials are Spark's).
 """
 
 from __future__ import annotations
@@ -249,10 +254,11 @@ class ResidentExecutor(Executor):
             self._schemas_of = {name: table.schema for name, table in tables.items()}
         return self._kernels_for[1]
 
-    def _splits_checked(self, step: Any, kernel: Kernel) -> None:
-        """A step SPREADFIRE may split has rows whose every column the lanes hash as Spark does
-        (a split row's fragment is chosen by the hash of its content): SpecError naming the column."""
-        if self.spec.control.spread is None or not step.info.spreadable(step.params):
+    def _splits_checked(self, step: Any, kernel: Kernel, split: bool = False) -> None:
+        """A step SPREADFIRE may split (``split``: has split) has rows whose every column the lanes
+        hash as Spark does (a split row's fragment is chosen by the hash of its content):
+        SpecError naming the column."""
+        if not split and (self.spec.control.spread is None or not step.info.spreadable(step.params)):
             return
         for f in kernel.input_schema:
             if f.name != KG and not hashes_as_spark(f.type):
@@ -266,6 +272,8 @@ class ResidentExecutor(Executor):
         for name, kernel in kernels.items():
             routing = RoutingTable.from_json(plan.routing[name])
             split = tuple((g, 1 + len(extra)) for g, extra in sorted(routing.spread.items()))
+            if split:  # (split by an earlier run's settings, maybe)
+                self._splits_checked(self.spec.step(name), kernel, split=True)
             steps.append((ResidentStep(name, kernel, tuple(routing.owners().tolist()), split, routing.key_groups),
                           routing.lanes))
         lanes = max(n for _, n in steps)
