@@ -215,6 +215,12 @@ WINDOW = {"name": "w", "input": "timed", "window_aggregate": {
     ({"steps": [TIMED, {"name": "first", "input": "timed", "dedup": {"key": "small", "time": "ts", "ttl": "1s"}}],
       "sinks": [{"name": "out", "input": "first", "memory": {}}]},
      "step 'first': resident lanes key BIGINT, TIMESTAMP and STRING columns"),
+    ({"steps": [{"name": "a", "input": "events", "select": ["uid", "CAST(seq AS DECIMAL(12, 2)) AS paid",
+                                                            "timestamp_micros(produced_us) AS ts"]},
+                {"name": "pairs", "join": {"left": "a", "right": "a", "left_key": "uid", "right_key": "uid",
+                                           "kind": "unbounded"}}],
+      "sinks": [{"name": "out", "input": "pairs", "memory": {}}], "control": {"spread": {"fanout": 2}}},
+     "step 'pairs': control.spread: resident lanes split rows of BIGINT, INT, DOUBLE"),
 ])
 def test_a_network_resident_lanes_cannot_run_is_refused_before_anything_is_written(
         spark, tmp_path: Path, change: dict[str, Any], why: str) -> None:
