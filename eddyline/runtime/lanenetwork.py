@@ -21,6 +21,10 @@ Spark job and no row passing through the driver:
    driver with its manifests, what it observed (rows read, newest event times), the names of
    the parts, and the rows of the other sinks and the dead letters, which the driver stages.
 
+A source's revisions (``_op`` or ``_diff``) become a ``_diff`` weight as the lane reads them
+(:func:`~eddyline.io.revisions.arrow_weighted`); a row without a valid weight is a dead
+letter, worded as a per-epoch job's Spark words it.
+
 The rows a lane receives from the others are concatenated in lane order, so a replay of an
 epoch on the same lanes gives each kernel the same input. What every row used to cost the
 driver, a read, a parse, a route and, for a ``files`` sink, a write, is now the lanes'.
@@ -37,10 +41,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from eddyline.api.network import NetworkSpec
-from eddyline.columns import DIFF
 from eddyline.errors import SpecError
 from eddyline.hashing import row_hash_sum
 from eddyline.io.files.target import write_part
+from eddyline.io.revisions import arrow_weighted
 from eddyline.operators.rows import event_time_ms
 from eddyline.plan.keygroups import key_groups_of
 from eddyline.runtime.shedding import shed_tables
@@ -119,12 +123,9 @@ class LaneNetwork:
         for src in self.spec.sources:
             got = self.sources[src.name].read_arrow(header["slices"][src.name], self.read_by.get(src.name),
                                                     task=lane, tasks=lanes)
-            if DIFF in got.data.column_names:
-                raise SpecError(f"execution: resident: source '{src.name}' carries revisions ({DIFF})")
-            tables[src.name] = got.data
-            observed[f"source:{src.name}"] = {"rows": got.data.num_rows}
-            if got.dead_letters is not None and got.dead_letters.num_rows:
-                dead.append(got.dead_letters)
+            tables[src.name], unweighed = arrow_weighted(got.data, src.name)  # (revisions: their _diff)
+            observed[f"source:{src.name}"] = {"rows": tables[src.name].num_rows}
+            dead += [t for t in (got.dead_letters, unweighed) if t is not None and t.num_rows]
         manifests: dict[str, dict[str, Any]] = {}
         late: dict[str, tuple[str | None, int]] = {}
         for step in self.spec.topological():

@@ -48,8 +48,9 @@ import numpy as np
 import pyarrow as pa
 
 from eddyline import objectstore
-from eddyline.columns import KG
+from eddyline.columns import KG, PROBE
 from eddyline.errors import TASK_MARK as MARK
+from eddyline.hashing import spark_xxhash64_of_columns
 from eddyline.operators.base import Kernel, KernelResult
 from eddyline.runtime.faults import FaultPoint, Faults, NoFaults
 from eddyline.runtime.lanes import _Tally as Tally
@@ -139,6 +140,34 @@ def split_by_lane(rows: pa.Table, owners: np.ndarray, lanes: int) -> dict[int, p
     return {lane: ordered.slice(bounds[lane], bounds[lane + 1] - bounds[lane]) for lane in range(lanes)}
 
 
+def spread_rows(rows: pa.Table, key_groups: int, fragments: Mapping[int, int]) -> pa.Table:
+    """SPREADFIRE as the per-epoch job's shuffle does it (:func:`eddyline.runtime.shuffle.spread`),
+    on ``rows`` (with ``_kg``, key groups in ``[0, key_groups)``): a row of a group split into
+    ``n = fragments[g]`` fragments is stored in fragment ``pmod(xxhash64(its other columns, in
+    order), n)`` (Spark's hash of the row's content, so either mode chooses the same fragment)
+    and sent as a probe copy (``_probe`` true) to every other; fragment ``f`` is the virtual key
+    group ``g + key_groups * f``. Every row gains ``_probe``; one of a group that is not split
+    stays as it is (false)."""
+    n = rows.num_rows
+    count = np.ones(key_groups, np.int64)
+    for g, f in fragments.items():
+        count[g] = f
+    kgs = rows.column(KG).to_numpy(zero_copy_only=False).astype(np.int64) if n else np.zeros(0, np.int64)
+    copies = count[kgs]
+    home = np.zeros(n, np.int64)
+    hot = copies > 1
+    if hot.any():
+        content = rows.filter(pa.array(hot))
+        home[hot] = np.mod(spark_xxhash64_of_columns(*[content.column(c) for c in rows.column_names if c != KG]),
+                           copies[hot])
+    take = np.repeat(np.arange(n), copies)
+    frag = np.arange(take.size) - np.repeat(np.cumsum(copies) - copies, copies)
+    out = rows.take(pa.array(take, pa.int64()))
+    out = out.set_column(out.schema.get_field_index(KG), pa.field(KG, pa.int32()),
+                         pa.array((kgs[take] + key_groups * frag).astype(np.int32)))
+    return out.append_column(pa.field(PROBE, pa.bool_()), pa.array(frag != home[take]))
+
+
 # ----------------------------------------------------------------------------- the lanes' side
 
 
@@ -149,6 +178,9 @@ class ResidentStep:
     name: str
     kernel: Kernel
     routing: tuple[int, ...]  # virtual key group -> lane
+    #: the key groups split by SPREADFIRE and their fragments (:func:`spread_rows`), and K
+    spread: tuple[tuple[int, int], ...] = ()
+    key_groups: int = 0
 
 
 @dataclass(frozen=True)
@@ -457,9 +489,12 @@ class Lane:
 
     def _exchange(self, epoch: int, step: str, keyed: pa.Table) -> pa.Table:
         """``keyed``'s rows to the lanes that own their key groups; this lane's rows from all."""
+        held = self.held[step]
+        if held.step.spread:  # (a split group stays split on one lane too)
+            keyed = spread_rows(keyed, held.step.key_groups, dict(held.step.spread))
         if self.peers is None:
             return keyed
-        owners = self.held[step].owners
+        owners = held.owners
         parts = split_by_lane(keyed, owners, self.peers.lanes)
         got = self.peers.exchange(epoch, step, parts)
         return pa.concat_tables([g.select(keyed.schema.names).cast(keyed.schema) for g in got])
@@ -481,7 +516,8 @@ class Lane:
         t0, c0 = time.perf_counter(), time.thread_time()
         mem0 = memory_bytes()
         kernel = held.kernel
-        batch = kernel.input_schema.empty_table() if rows is None else rows.select(kernel.input_schema.names)
+        names = [*kernel.input_schema.names, *([PROBE] if rows is not None and PROBE in rows.column_names else [])]
+        batch = kernel.input_schema.empty_table() if rows is None else rows.select(names)
         kgs = batch.column(KG).to_numpy() if batch.num_rows else np.zeros(0, np.int32)
         strays = np.unique(kgs[held.owners[kgs] != self.lane]) if kgs.size else kgs
         if strays.size:

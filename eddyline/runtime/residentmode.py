@@ -36,7 +36,7 @@ can be read outside Spark (``files``, ``generator``, ``nexmark``, ``kafka``, ``n
 ``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); overload shedding (the
 same rows dropped as in Spark: :func:`~eddyline.runtime.shedding.shed_tables`; a shed point's
 utility quantiles are exact where Spark's are approximate) and a state budget (a lane keeps half
-of it cached and works in slices, as a per-epoch lane does); no hot-key splits.
+of it cached and works in slices, as a per-epoch lane does).
 With ``max_delay`` (Delay-Process-Correct, :mod:`eddyline.ha.dpc`) the sinks are opened for
 tentative epochs as a job opens them, and an epoch that continues from an earlier commit (the
 correction) starts a new stage from it. A hot pair compares digests the lanes compute (Spark's
@@ -44,6 +44,13 @@ hash of each sink's rows). The lanes write their parts of a ``files`` sink and o
 ``late`` target (its rows too late for the plan's watermark, split off as Spark splits them,
 :meth:`~eddyline.kinds.base.StepKind.lane_late`); the other sinks' rows come back to the
 driver, whose sinks write them.
+
+A hot key group split by ``control.spread`` (SPREADFIRE) is split by the lanes as the per-epoch
+job's shuffle splits it (:func:`~eddyline.runtime.resident.spread_rows`: each new row stored in
+the fragment the Spark hash of its content names, probed in the others), for rows of the column
+types that hash covers. A source's revisions (``_op`` or ``_diff``) are weighed by the lanes as
+Spark weighs them (:func:`~eddyline.io.revisions.arrow_weighted`, dead letters and all) and go
+to every step whose kind takes them, but a window aggregate (its weighted partials are Spark's).
 """
 
 from __future__ import annotations
@@ -55,11 +62,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from eddyline.api.network import NetworkSpec
-from eddyline.columns import DIFF
+from eddyline.columns import DIFF, KG
 from eddyline.errors import EngineError, SourceError, SpecError, task_error_line
 from eddyline.ha.selector import Digest
 from eddyline.hashing import hashable
 from eddyline.io.files.target import prepare_parts, write_table
+from eddyline.io.revisions import arrow_weight_problem, arrow_weighted
 from eddyline.kinds.base import spark_schema
 from eddyline.operators.sqlsteps import SqlStepError
 from eddyline.plan.keygroups import RoutingTable
@@ -106,8 +114,6 @@ def resident_problem(spec: NetworkSpec, sources: dict[str, Source], sinks: dict[
         problem = source.arrow_problem()
         if problem is not None:
             return f"source '{name}': {problem}"
-        if getattr(source.spec.params, "revisions", None):
-            return f"source '{name}': revisions are carried by per-epoch jobs only"
     for name, sink in sinks.items():
         if not sink.takes_arrow:
             return f"sink '{name}': a {sink.spec.kind} sink writes from Spark"
@@ -273,7 +279,12 @@ class ResidentExecutor(Executor):
         kept = self._kernels_for
         key = (self.spec, tuple(schemas.values()))
         if kept is None or kept[0][0] is not self.spec or kept[0][1] != key[1]:
-            tables = {name: schema.empty_table() for name, schema in schemas.items()}
+            tables = {}
+            for name, schema in schemas.items():  # (a source's revisions: weighed as the lanes weigh them)
+                problem = arrow_weight_problem(schema, name)
+                if problem is not None:
+                    raise SpecError(problem)
+                tables[name] = arrow_weighted(schema.empty_table(), name)[0]
             kernels: dict[str, Kernel] = {}
             for step in self.spec.topological():
                 inputs = [tables[i] for i in step.inputs]
@@ -288,6 +299,7 @@ class ResidentExecutor(Executor):
                         inputs = shed_tables(step, inputs, None, overload, 0).inputs
                     time_columns_checked(step, [t.schema for t in inputs])
                     _, kernels[step.name] = step.info.lane_input(self.network, step, inputs)
+                    self._splits_checked(step, kernels[step.name])
                     tables[step.name], _ = step.info.lane_output(self.network, step,
                                                                  kernels[step.name].output_schema.empty_table())
                 else:
@@ -295,6 +307,17 @@ class ResidentExecutor(Executor):
             self._kernels_for = (key, kernels)
             self._schemas_of = {name: table.schema for name, table in tables.items()}
         return self._kernels_for[1]
+
+    def _splits_checked(self, step: Any, kernel: Kernel, split: bool = False) -> None:
+        """A step SPREADFIRE may split (``split``: has split) has rows whose every column the lanes
+        hash as Spark does (a split row's fragment is chosen by the hash of its content):
+        SpecError naming the column."""
+        if not split and (self.spec.control.spread is None or not step.info.spreadable(step.params)):
+            return
+        for f in kernel.input_schema:
+            if f.name != KG and not hashable(f.type):
+                raise SpecError(f"step '{step.name}': control.spread: resident lanes split rows of scalar columns "
+                                f"(they hash a row as Spark does); '{f.name}' is {f.type}")
 
     def _stage_for(self, plan: EpochPlan, kernels: dict[str, Kernel], last: EpochCommit | None) -> ResidentStage:
         """The stage to run the epoch on: the running one if it holds the last commit's state for
@@ -305,10 +328,11 @@ class ResidentExecutor(Executor):
         steps = []
         for name, kernel in kernels.items():
             routing = RoutingTable.from_json(plan.routing[name])
-            if routing.spread:
-                raise EngineError(f"step '{name}': hot-key splits (SPREADFIRE) run in per-epoch jobs; "
-                                  "resident lanes take whole key groups")
-            steps.append((ResidentStep(name, kernel, tuple(routing.owners().tolist())), routing.lanes))
+            split = tuple((g, 1 + len(extra)) for g, extra in sorted(routing.spread.items()))
+            if split:  # (split by an earlier run's settings, maybe)
+                self._splits_checked(self.spec.step(name), kernel, split=True)
+            steps.append((ResidentStep(name, kernel, tuple(routing.owners().tolist()), split, routing.key_groups),
+                          routing.lanes))
         lanes = max(n for _, n in steps)
         # a changed network (a control setting changed a step's parameters) is a new stage too
         key = (tuple(s for s, _ in steps), lanes, self.spec)

@@ -26,7 +26,10 @@ from .helpers import read
 
 
 def test_moves_rescales_and_splits_leave_the_output_unchanged(spark, tmp_path: Path) -> None:
-    Engine(load_spec(network(tmp_path / "ref")), spark, str(tmp_path / "ref-ckpt")).run(until_idle=True)
+    """(The static run on resident lanes, the adaptive one as Spark jobs: the same output.)"""
+    ref = Engine(load_spec({**network(tmp_path / "ref"), "execution": "resident"}), spark, str(tmp_path / "ref-ckpt"))
+    ref.run(until_idle=True)
+    assert ref.executor.mode == "resident"
     Engine(load_spec(network(tmp_path / "out", CHURN)), spark, str(tmp_path / "ckpt")).run(until_idle=True)
 
     for what in ("windows", "firsts", "pairs"):
@@ -47,24 +50,29 @@ def test_moves_rescales_and_splits_leave_the_output_unchanged(spark, tmp_path: P
 @pytest.mark.slow
 def test_sigkill_in_the_middle_of_a_move_replays_it(spark, tmp_path: Path) -> None:
     """Crash inside a lane in an epoch that relocates, rescales and splits; the restart replays
-    the logged plan (the same moves) and the output equals a static run's."""
+    the logged plan (the same moves) and the output equals a static run's. The restarts change
+    mode: the epoch cut in a Spark job is replayed on resident lanes (three task slots, for the
+    three lanes), which split the join's hot key groups, move and rescale as the jobs did, and
+    the epoch cut in their commit is replayed by a job."""
     Engine(load_spec(network(tmp_path / "ref")), spark, str(tmp_path / "ref-ckpt")).run(until_idle=True)
     spec_file = tmp_path / "net.yaml"
-    spec_file.write_text(yaml.safe_dump(network(tmp_path / "out", CHURN)))
     ckpt = tmp_path / "ckpt"
 
-    def run(*extra: str) -> subprocess.CompletedProcess:
+    def run(execution: str, *extra: str, slots: int = 2) -> subprocess.CompletedProcess:
+        spec_file.write_text(yaml.safe_dump({**network(tmp_path / "out", CHURN), "execution": execution}))
         cmd = [sys.executable, "-m", "eddyline.cli", "run", str(spec_file), "--checkpoint", str(ckpt), "--until-idle",
-               "--no-live", "--master", "local[2]", *extra]
+               "--no-live", "--master", f"local[{slots}]", *extra]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=400)
 
-    first = run("--crash-at", "3:in_task")  # the rescale 2 → 3 epoch, state half written
+    first = run("job", "--crash-at", "3:in_task")  # the rescale 2 → 3 epoch, state half written
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     moving = json.loads((ckpt / "plans" / f"{3:010d}.json").read_text())
     assert {d["kind"] for d in moving["decisions"]} >= {"rescale", "chaos"}
-    second = run("--crash-at", "5:mid_commit")  # the rescale 3 → 1 epoch, dies while committing
+    assert moving["routing"]["bids_in_auction"].get("spread")  # split at epoch 2
+    second = run("resident", "--crash-at", "5:mid_commit", slots=3)  # the rescale 3 → 1 epoch, dies while committing
     assert second.returncode == -signal.SIGKILL, second.stderr[-2000:]
-    last = run()
+    assert list((ckpt / "resident").glob("attempt-*")), second.stderr[-2000:]  # (its stage claimed an attempt)
+    last = run("job")
     assert last.returncode == 0, last.stderr[-2000:]
     assert json.loads((ckpt / "plans" / f"{3:010d}.json").read_text())["routing"] == moving["routing"]
     for what in ("windows", "firsts", "pairs"):

@@ -331,6 +331,13 @@ WINDOW = {"name": "w", "input": "timed", "window_aggregate": {
     ({"steps": [TIMED, {"name": "first", "input": "timed", "dedup": {"key": "small", "time": "ts", "ttl": "1s"}}],
       "sinks": [{"name": "out", "input": "first", "memory": {}}]},
      "step 'first': resident lanes key BIGINT, TIMESTAMP and STRING columns"),
+    ({"steps": [{"name": "a", "input": "events", "select": ["uid", "array(seq) AS paid",
+                                                            "timestamp_micros(produced_us) AS ts"]},
+                {"name": "pairs", "join": {"left": "a", "right": "a", "left_key": "uid", "right_key": "uid",
+                                           "kind": "unbounded"}}],
+      "sinks": [{"name": "out", "input": "pairs", "memory": {}}], "control": {"spread": {"fanout": 2}}},
+     "step 'pairs': control.spread: resident lanes split rows of scalar columns (they hash a row as Spark does); "
+     "'l__paid' is list<"),
 ])
 def test_a_network_resident_lanes_cannot_run_is_refused_before_anything_is_written(
         spark, tmp_path: Path, change: dict[str, Any], why: str) -> None:
@@ -434,3 +441,36 @@ def test_a_pattern_in_one_step_or_two_stages_on_resident_lanes_writes_what_per_e
         assert engine.executor.mode == execution
         got[execution] = read(tmp_path / execution, "matches")
     assert len(got["job"]) > 20 and got["resident"] == got["job"]
+
+
+def test_auto_with_hot_key_splits_runs_them_on_resident_lanes_as_jobs_do(spark, reference, tmp_path: Path) -> None:
+    """``control.spread`` splits the interval join's key groups (all 16 of them, three fragments
+    each, at epoch 3): under ``auto`` the lanes split the new rows of a split group as the
+    per-epoch job does (each stored in one fragment, probed in the others), so the output and
+    every fragment's state after five epochs equal a Spark job's."""
+    from eddyline.state.store import KeyGroupStore
+
+    data = reference[0]
+    got, state = {}, {}
+    for execution in ("job", "auto"):
+        raw = {**other_spec("join", data, tmp_path / execution, execution), "key_groups": 16,
+               "control": {"spread": {"schedule": {3: list(range(16))}, "fanout": 3, "auto": False}}}
+        ckpt = str(tmp_path / f"{execution}-ckpt")
+        engine = Engine(load_spec(raw), spark, ckpt)
+        engine.run(epochs=5)
+        assert engine.executor.mode == ("job" if execution == "job" else "resident")
+        last = Checkpoint(ckpt).latest_commit()
+        routing = last.steps["result"].routing
+        assert len((json.loads(routing) if isinstance(routing, str) else routing)["spread"]) == 16
+        state[execution] = {int(k): v for k, v in last.steps["result"].index.items()}
+        if execution == "auto":
+            kernel = engine.executor._kernels_for[1]["result"]
+        got[execution] = duckdb.sql(f"SELECT * EXCLUDE (epoch) FROM read_parquet('{tmp_path / execution}/epoch=*/*.parquet') "
+                                    "ORDER BY ALL").fetchall()
+    assert len(got["job"]) > 100 and got["auto"] == got["job"]
+    assert set(state["auto"]) == set(state["job"]) and max(state["job"]) >= 16  # rows stored in the new fragments
+    held = {}
+    for execution, index in state.items():
+        store = KeyGroupStore(str(tmp_path / f"{execution}-ckpt"), "result", kernel.state_schema, kernel.primary_key)
+        held[execution] = store.load(index, sorted(index)).sort_by([("_kg", "ascending"), ("_seq", "ascending")])
+    assert held["auto"].num_rows > 0 and held["auto"].equals(held["job"])

@@ -159,3 +159,48 @@ def test_a_revised_and_an_insert_only_input_union(spark, tmp_path: Path) -> None
         f"SELECT auction, count(*) FROM (SELECT auction FROM {FINAL.format(src=tmp_path / 'in')} UNION ALL SELECT 99) GROUP BY ALL ORDER BY ALL"
     ).fetchall()
     assert summed(tmp_path / "out" / "c", "auction, n") == want
+
+
+def test_resident_lanes_weigh_revisions_and_word_their_dead_letters_as_jobs_do(spark, tmp_path: Path) -> None:
+    """A source of Flink-style changes (``_op``) and one of ``_diff`` weights given as doubles
+    (2.5, 0 and a null are no weights) through filters, selects and aggregates: ``auto`` runs the
+    network on resident lanes, which weigh the rows as a Spark job does (an INT weight from
+    ``_op``, a BIGINT from ``_diff``), and the sinks' rows and the dead letters equal a job's."""
+    write_changes(tmp_path / "in", files=2)
+    (tmp_path / "weights").mkdir()
+    lines = [{"auction": a, "price": 10 * a, "ts": f"2026-01-01T00:00:0{a % 10}Z", "_diff": d}
+             for a, d in enumerate([1.0, -1.0, 2.5, 0.0, None, 3.0, 1e10, -2.0])]
+    (tmp_path / "weights" / "w.json").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    got = {}
+    for execution in ("job", "auto"):
+        out = tmp_path / execution
+        raw = spec(tmp_path / "in", out, [
+            {"name": "weighed", "input": "weights", "filter": "price < 70"},
+            {"name": "per_price", "input": "weighed", "aggregate": {"key": "price", "aggregates": {"n": "count(*)"}}}])
+        raw["execution"] = execution
+        raw["steps"] = [s for s in raw["steps"] if s["name"] != "windows"]  # (windows weigh revisions in Spark)
+        raw["sources"].append({"name": "weights", "files": {"path": str(tmp_path / "weights"), "format": "json",
+                                                            "schema": "auction long, price long, ts timestamp, _diff double"}})
+        raw["sinks"] = [raw["sinks"][1],
+                        {"name": "s", "input": "slim", "files": {"path": str(out / "slim"), "format": "parquet"}},
+                        {"name": "p", "input": "per_price", "files": {"path": str(out / "prices"), "format": "parquet"}}]
+        engine = Engine(load_spec(raw), spark, str(tmp_path / f"{execution}-ckpt"))
+        summary = engine.run(until_idle=True)
+        assert engine.executor.mode == ("job" if execution == "job" else "resident"), engine.executor.why
+        con = duckdb.connect()
+        got[execution] = (
+            [con.execute(f"SELECT * EXCLUDE (epoch) FROM read_parquet('{out / what}/epoch=*/*.parquet') ORDER BY ALL").fetchall()
+             for what in ("auctions", "slim", "prices")],
+            [con.execute(f"DESCRIBE SELECT * FROM read_parquet('{out / what}/epoch=*/*.parquet')").fetchall()
+             for what in ("slim", "prices")],
+            sorted(con.execute(f"SELECT * EXCLUDE (epoch) FROM read_json('{tmp_path}/{execution}-ckpt/dead-letters/epoch=*/*.json', "
+                               "columns={source: 'VARCHAR', file: 'VARCHAR', line: 'BIGINT', raw: 'VARCHAR', "
+                               "reason: 'VARCHAR'})").fetchall(), key=str),
+            summary.dead_letters)
+    (rows, types, letters, dead) = got["job"]
+    assert all(len(r) > 2 for r in rows) and len(letters) == dead == 2 + 3  # 2 "_op: upsert", 2.5, 0 and null
+    assert [letter[3:5] for letter in letters if letter[0] == "weights"] == [  # (the columns the steps read)
+        ('{"price":20,"_diff":2.5}', "field '_diff': expected a non-zero integer weight, got 2.5"),
+        ('{"price":30,"_diff":0.0}', "field '_diff': expected a non-zero integer weight, got 0.0"),
+        ('{"price":40}', "field '_diff': expected a non-zero integer weight, got null")], letters
+    assert got["auto"] == got["job"]
