@@ -128,6 +128,7 @@ class Networks:
         self.executor = Executor(spec, self.compiler, self.outputs)
         if execution != "job":
             try:  # (it checks the network, and runs it over empty slices: what it cannot take is found)
+                _slots_checked(spec, self.lanes, spark.sparkContext.defaultParallelism)
                 resident = ResidentExecutor(spec, self.compiler, self.outputs, self.ckpt)
                 if pair is not None:
                     resident.check_digests()
@@ -294,3 +295,14 @@ class Networks:
         being replayed (as it was once that plan was made)."""
         if control:
             self.controller.restore(ControllerState.model_validate(control))
+
+
+def _slots_checked(spec: NetworkSpec, lanes: int, slots: int) -> None:
+    """A resident stage holds a task slot a lane: the most lanes the network may run on (its
+    lanes, a rescale's ``max_lanes`` or planned counts) must fit Spark's slots (SpecError), or
+    the stage could not start at the epoch that needs them."""
+    scale = spec.control.scale
+    most = max([lanes, *(() if scale is None else (scale.max_lanes or 0, *scale.schedule.values()))])
+    if most > slots:
+        raise SpecError(f"execution: resident: up to {most} lanes (lanes, control.scale) need as many task slots; "
+                        f"Spark has {slots}")

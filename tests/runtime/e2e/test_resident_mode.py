@@ -338,6 +338,7 @@ WINDOW = {"name": "w", "input": "timed", "window_aggregate": {
       "sinks": [{"name": "out", "input": "pairs", "memory": {}}], "control": {"spread": {"fanout": 2}}},
      "step 'pairs': control.spread: resident lanes split rows of scalar columns (they hash a row as Spark does); "
      "'l__paid' is list<"),
+    ({"control": {"scale": {"max_lanes": 4}}}, "up to 4 lanes (lanes, control.scale) need as many task slots; Spark has 2"),
 ])
 def test_a_network_resident_lanes_cannot_run_is_refused_before_anything_is_written(
         spark, tmp_path: Path, change: dict[str, Any], why: str) -> None:
