@@ -106,14 +106,14 @@ _READ: OrderedDict[str, pa.Table] = OrderedDict()
 _KEEP = 4
 
 
-def read_arrow(location: str) -> pa.Table:
-    """The Parquet table at ``location`` (a pinned version's copy, or the live files) on Arrow,
-    with the columns and types Spark's reader gives it; read once per location while it is among
-    the last few read. ``ValueError`` naming the column for a type Spark reads otherwise (unsigned
+def read_arrow(location: str, pinned: bool = True) -> pa.Table:
+    """The Parquet table at ``location`` (a pinned version's copy, or with ``pinned`` False the
+    live files) on Arrow, with the columns and types Spark's reader gives it; a pinned version
+    (which never changes) read once per location while it is among the last few read. ``ValueError`` naming the column for a type Spark reads otherwise (unsigned
     integers, nanosecond or zone-less timestamps...); :class:`SourceError` when it cannot be read."""
     import pyarrow.dataset as ds
 
-    got = _READ.get(location)
+    got = _READ.get(location) if pinned else None
     if got is not None:
         _READ.move_to_end(location)
         return got
@@ -129,6 +129,8 @@ def read_arrow(location: str) -> pa.Table:
         raise SourceError(f"lookup table {location!r} cannot be read: {e}") from e
     schema = spark_types(table.schema)
     table = table.cast(schema)
+    if not pinned:
+        return table
     _READ[location] = table
     while len(_READ) > _KEEP:
         _READ.popitem(last=False)

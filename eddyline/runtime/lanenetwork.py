@@ -111,7 +111,9 @@ class LaneNetwork:
     def table(self, step: StepSpec) -> pa.Table:
         files = step.info.pinned_table(step.params)
         try:
-            return read_arrow(self.tables.get(step.name, files.path))
+            if step.name in self.tables:
+                return read_arrow(self.tables[step.name])
+            return read_arrow(files.path, pinned=False)  # (the live files: before the first plan)
         except ValueError as e:
             raise SpecError(f"step '{step.name}': lookup.table: {e}") from None
 
