@@ -94,7 +94,7 @@ class LookupKind(StepKind):
         ``left`` lookup keeps a row without a match, its table columns null), in the lane's row
         order, matches in the table's order; the stream's columns, then the table's but its keys.
         Keys of two integer types are compared as BIGINT, as Spark widens them; keys of other
-        differing types or of floating point (whose NaN and -0.0 Spark normalises) are refused."""
+        differing types, of floating point (whose NaN and -0.0 Spark normalises) or nested are refused."""
         import numpy as np
         import pyarrow as pa
 
@@ -109,6 +109,9 @@ class LookupKind(StepKind):
             if pa.types.is_floating(a) or pa.types.is_floating(b):
                 raise SpecError(f"step '{step.name}': lookup.key: resident lanes do not join on floating point "
                                 f"keys ('{k}' is {a}, '{tk}' is {b}; Spark normalises their NaN and -0.0)")
+            if pa.types.is_nested(a) or pa.types.is_nested(b):
+                raise SpecError(f"step '{step.name}': lookup.key: resident lanes join on scalar keys; '{k}' is {a}, "
+                                f"table_key '{tk}' is {b}")
             if a != b and not (pa.types.is_integer(a) and pa.types.is_integer(b)):
                 raise SpecError(f"step '{step.name}': lookup.key: resident lanes join keys of one type or of two "
                                 f"integer types; '{k}' is {a}, table_key '{tk}' is {b} (Spark coerces them)")

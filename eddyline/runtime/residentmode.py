@@ -174,6 +174,8 @@ class ResidentExecutor(Executor):
             self._kernels(schemas)
         except (SqlStepError, SpecError) as e:
             raise SpecError(f"execution: resident: {e}") from None
+        except SourceError:
+            return  # (a lookup's table that cannot be read yet: its first epoch's plan says so)
         for spec in self.spec.sinks:
             problem = self.outputs.sinks[spec.name].arrow_problem(self._schemas_of[spec.input])
             if problem is not None:
