@@ -147,8 +147,9 @@ def spark_types(schema: pa.Schema) -> pa.Schema:
     for f in schema:
         t = f.type
         if pa.types.is_timestamp(t) and (t.unit == "ns" or t.tz is None):
-            raise ValueError(f"column '{f.name}' is {t}, which Spark reads "
-                             + ("as it is set to (nanoseconds)" if t.unit == "ns" else "as TIMESTAMP_NTZ or not, as it is set to"))
+            raise ValueError(f"column '{f.name}' is {t}, which Spark reads " + (
+                "as a BIGINT or not at all (spark.sql.legacy.parquet.nanosAsLong)" if t.unit == "ns" else
+                "as TIMESTAMP_NTZ or TIMESTAMP (spark.sql.parquet.inferTimestampNTZ.enabled)"))
         try:
             fields.append(pa.field(f.name, to_arrow_type(from_arrow_type(t, prefer_timestamp_ntz=False), timezone="UTC"),
                                    nullable=True))

@@ -10,7 +10,8 @@ Spark job and no row passing through the driver:
    of a text slice's bytes, a range of a generator's ids), so the lanes parse in parallel;
 2. runs the stateless steps on its rows, each as its kind does on Arrow
    (:meth:`~eddyline.kinds.base.StepKind.lane_run`: a ``filter`` or a ``select`` in DuckDB, a
-   ``udf``'s function on the lane's batches, a ``union``'s inputs one after the other);
+   ``udf``'s function on the lane's batches, a ``union``'s inputs one after the other, a
+   ``lookup``'s join with the table version the header pins, read once per version);
 3. for each stateful step in turn, writes its part of the step's rows too late for its late
    target, if it has one (:meth:`~eddyline.kinds.base.StepKind.lane_late`), into that epoch's
    staging, prepares the other rows as the kind does in Spark (key groups and
