@@ -119,6 +119,11 @@ class LaneFeed(Protocol):
         """What :meth:`StepKind.lane_step` prepared of a stateless step for the network in force."""
         ...
 
+    def table(self, step: StepSpec) -> pa.Table:
+        """As :meth:`CompileContext.table`, on Arrow: the table version the epoch's plan pinned
+        for ``step`` (before the first plan, the live files), with the types Spark's reader gives."""
+        ...
+
 
 class StepKind(api_steps.StepKind):
     def reads_plan(self, params: Any) -> bool:

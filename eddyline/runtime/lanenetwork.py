@@ -10,7 +10,8 @@ Spark job and no row passing through the driver:
    of a text slice's bytes, a range of a generator's ids), so the lanes parse in parallel;
 2. runs the stateless steps on its rows, each as its kind does on Arrow
    (:meth:`~eddyline.kinds.base.StepKind.lane_run`: a ``filter`` or a ``select`` in DuckDB, a
-   ``udf``'s function on the lane's batches, a ``union``'s inputs one after the other);
+   ``udf``'s function on the lane's batches, a ``union``'s inputs one after the other, a
+   ``lookup``'s join with the table version the header pins, read once per version);
 3. for each stateful step in turn, writes its part of the step's rows too late for its late
    target, if it has one (:meth:`~eddyline.kinds.base.StepKind.lane_late`), into that epoch's
    staging, prepares the other rows as the kind does in Spark (key groups and
@@ -33,7 +34,7 @@ driver, a read, a parse, a route and, for a ``files`` sink, a write, is now the 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,6 +46,7 @@ from eddyline.errors import SpecError
 from eddyline.hashing import row_hash_sum
 from eddyline.io.files.target import write_part
 from eddyline.io.revisions import arrow_weighted
+from eddyline.io.tables import read_arrow
 from eddyline.operators.rows import event_time_ms
 from eddyline.plan.keygroups import key_groups_of
 from eddyline.runtime.shedding import shed_tables
@@ -94,6 +96,9 @@ class LaneNetwork:
     read_by: Mapping[str, frozenset[str] | None]
     #: by stateless step, what its kind prepared for its lanes (:meth:`~eddyline.kinds.base.StepKind.lane_step`)
     stateless: Mapping[str, Any]
+    #: by step that reads a table whole (a lookup), where the version the epoch's plan pinned is
+    #: (the header's ``tables``; none: the live files, as before the first plan)
+    tables: Mapping[str, str] = field(default_factory=dict)
 
     # the kinds' side (eddyline.kinds.base.LaneFeed)
     def key_groups(self, step: StepSpec, table: pa.Table, keys: tuple[str, ...]) -> np.ndarray:
@@ -108,12 +113,26 @@ class LaneNetwork:
     def prepared(self, step: StepSpec) -> Any:
         return self.stateless[step.name]
 
+    def table(self, step: StepSpec) -> pa.Table:
+        files = step.info.pinned_table(step.params)
+        try:
+            if step.name in self.tables:
+                return read_arrow(self.tables[step.name])
+            return read_arrow(files.path, pinned=False)  # (the live files: before the first plan)
+        except ValueError as e:
+            raise SpecError(f"step '{step.name}': lookup.table: {e}") from None
+
+    def pinning(self, tables: Mapping[str, str]) -> LaneNetwork:
+        """This network with the table versions ``tables`` pinned (itself when they are)."""
+        return self if dict(tables) == dict(self.tables) else replace(self, tables=dict(tables))
+
     def run(self, lane: int, lanes: int, header: Mapping[str, Any], exchange: Exchange, run_step: RunStep,
             part: str) -> LaneEpoch:
         """Lane ``lane``'s part of the epoch ``header`` names. The sinks ``header["parts"]``
         names get their rows written here, as part ``part``; the others' rows are returned. The
         rows too late for a step with a late target are written here too, as part ``part`` of
         its staging ``header["late"]`` names."""
+        feed = self.pinning(header.get("tables") or {})  # (the kinds' side, with the epoch's table versions)
         epoch = int(header["epoch"])
         tables: dict[str, pa.Table] = {}
         observed: dict[str, Any] = {}
@@ -131,7 +150,7 @@ class LaneNetwork:
         for step in self.spec.topological():
             inputs = [tables[i] for i in step.inputs]
             if not step.stateful:
-                tables[step.name] = step.info.lane_run(self, step, inputs)
+                tables[step.name] = step.info.lane_run(feed, step, inputs)
                 continue
             if self.spec.control.overload is not None:  # (before the step's own observations, as in Spark)
                 shed = shed_tables(step, inputs, header.get("shed", {}).get(step.name), self.spec.control.overload,
@@ -147,11 +166,11 @@ class LaneNetwork:
             if late_rows is not None:  # written here, as a files sink's part
                 observed.setdefault(f"step:{step.name}:0", {})["late"] = late_rows.num_rows
                 late[step.name] = (write_part(late_rows, header["late"][step.name], part), late_rows.num_rows)
-            keyed, _ = step.info.lane_input(self, step, inputs)
+            keyed, _ = step.info.lane_input(feed, step, inputs)
             mine = exchange(epoch, step.name, keyed)
             manifests[step.name], out = run_step(
                 epoch, step.name, mine, int(header["watermarks"][step.name]), header["advance"].get(step.name))
-            tables[step.name], seen = step.info.lane_output(self, step, out)
+            tables[step.name], seen = step.info.lane_output(feed, step, out)
             observed.update(seen)
         done = LaneEpoch(observed, manifests, late=late)
         for sink in self.spec.sinks:

@@ -30,8 +30,10 @@ starts): stateful steps whose kinds prepare their lanes' rows on Arrow (``patter
 split into stages or not), keyed by BIGINT, TIMESTAMP or STRING columns; the stateless steps
 around them whose kinds run on a lane's Arrow rows: ``filter`` and ``select`` (in DuckDB),
 ``union`` (of inputs of the same column types), ``udf`` (the function on the lane's batches; its
-error stops the run as a failed task's does) and ``combine`` (a ``lookup`` reads its pinned
-table version through Spark's readers, so it runs in Spark); sources whose slices
+error stops the run as a failed task's does), ``combine`` and ``lookup`` of a Parquet table (each
+lane reads the version the epoch's plan pins, sent with the epoch's message, once, with the types
+Spark's reader gives, :func:`~eddyline.io.tables.read_arrow`, and joins on Arrow as Spark's
+broadcast join does; a CSV or JSON table, parsed by Spark's readers, runs in Spark); sources whose slices
 can be read outside Spark (``files``, ``generator``, ``nexmark``, ``kafka``, ``nats``, ``nats_core``); sinks that take Arrow (``files``,
 ``kafka``, ``nats``, ``postgres``, ``memory``, ``console``, ``discard``); overload shedding (the
 same rows dropped as in Spark: :func:`~eddyline.runtime.shedding.shed_tables`; a shed point's
@@ -178,6 +180,8 @@ class ResidentExecutor(Executor):
             self._kernels(schemas)
         except (SqlStepError, SpecError) as e:
             raise SpecError(f"execution: resident: {e}") from None
+        except SourceError:
+            return  # (a lookup's table that cannot be read yet: its first epoch's plan says so)
         for spec in self.spec.sinks:
             problem = self.outputs.sinks[spec.name].arrow_problem(self._schemas_of[spec.input])
             if problem is not None:
@@ -205,7 +209,8 @@ class ResidentExecutor(Executor):
         schemas = self._source_schemas()
         if schemas is None:
             raise SourceError("execution: resident: a source's directory has no file to tell its columns yet")
-        kernels = self._kernels(schemas)
+        tables = {step: self.compiler.tables.location(version) for step, version in plan.tables.items()}
+        kernels = self._kernels(schemas, tables)
         if self.digests:
             self.check_digests()
         if before_jobs is not None:
@@ -218,7 +223,7 @@ class ResidentExecutor(Executor):
             try:
                 answers = stage.run_network(plan.epoch, plan.sources, {n: plan.watermarks[n] for n in stateful},
                                             {n: plan.advance[n] for n in stateful if n in plan.advance}, parts, late,
-                                            shed=plan.shed, digests=self.digests)
+                                            shed=plan.shed, digests=self.digests, tables=tables)
                 break
             except LaneFailed as e:
                 self.close()
@@ -272,12 +277,16 @@ class ResidentExecutor(Executor):
         write_table(pa.concat_tables(shed, promote_options="default"), self.outputs.shed, epoch)
         return True
 
-    def _kernels(self, schemas: dict[str, pa.Schema]) -> dict[str, Kernel]:
+    def _kernels(self, schemas: dict[str, pa.Schema], pinned: dict[str, str] | None = None) -> dict[str, Kernel]:
         """Every stateful step's kernel for sources of these schemas (the network's empty rows run
-        through its steps; kept while the network and the schemas stay)."""
+        through its steps, a lookup's against the table version ``pinned`` names, by step, or
+        before the first plan the live files; kept while the network, the schemas and the
+        tables' schemas stay)."""
         assert self.network is not None
+        feed = self.network.pinning(pinned or {})
         kept = self._kernels_for
-        key = (self.spec, tuple(schemas.values()))
+        looked_up = tuple(feed.table(s).schema for s in self.spec.steps if s.info.pinned_table(s.params) is not None)
+        key = (self.spec, (tuple(schemas.values()), looked_up))
         if kept is None or kept[0][0] is not self.spec or kept[0][1] != key[1]:
             tables = {}
             for name, schema in schemas.items():  # (a source's revisions: weighed as the lanes weigh them)
@@ -298,12 +307,12 @@ class ResidentExecutor(Executor):
                                 raise SpecError(problem)
                         inputs = shed_tables(step, inputs, None, overload, 0).inputs
                     time_columns_checked(step, [t.schema for t in inputs])
-                    _, kernels[step.name] = step.info.lane_input(self.network, step, inputs)
+                    _, kernels[step.name] = step.info.lane_input(feed, step, inputs)
                     self._splits_checked(step, kernels[step.name])
-                    tables[step.name], _ = step.info.lane_output(self.network, step,
+                    tables[step.name], _ = step.info.lane_output(feed, step,
                                                                  kernels[step.name].output_schema.empty_table())
                 else:
-                    tables[step.name] = step.info.lane_run(self.network, step, inputs)
+                    tables[step.name] = step.info.lane_run(feed, step, inputs)
             self._kernels_for = (key, kernels)
             self._schemas_of = {name: table.schema for name, table in tables.items()}
         return self._kernels_for[1]

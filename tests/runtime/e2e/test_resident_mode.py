@@ -207,6 +207,12 @@ def other_spec(query: str, data: Path, out: Path, execution: str) -> dict[str, A
                  {"name": "partials", "input": "timed", "combine": {"key": "uid", "aggregates": aggregates}},
                  {"name": "result", "input": "partials", "aggregate": {"key": "uid", "aggregates": aggregates,
                                                                       "combined": True}}]
+    elif query == "lookup":  # the first event of each user, enriched from a table (lookup_table)
+        steps = [{"name": "timed", "input": "events",
+                  "select": ["seq", "uid", "CASE WHEN seq % 11 = 0 THEN NULL ELSE uid END AS user", ts]},
+                 {"name": "first", "input": "timed", "dedup": {"key": "uid", "time": "ts", "ttl": "300ms"}},
+                 {"name": "result", "input": "first", "lookup": {
+                     "table": {"path": str(out.parent / "table")}, "key": "user", "table_key": "id"}}]
     else:
         steps = [{"name": "as", "input": "events", "filter": "kind = 'a'"},
                  {"name": "a", "input": "as", "select": ["uid AS id", "seq AS opened", "timestamp_micros(produced_us) AS a_ts",
@@ -234,6 +240,66 @@ def test_a_window_a_join_and_a_chain_on_resident_lanes_write_what_per_epoch_jobs
         got[execution] = duckdb.sql(f"SELECT * EXCLUDE (epoch) FROM read_parquet('{out}/epoch=*/*.parquet') "
                                     "ORDER BY ALL").fetchall()
     assert len(got["job"]) > 100 and got["resident"] == got["job"]
+
+
+def lookup_table(folder: Path, version: int) -> None:
+    """A lookup table of users (INT ids, which Spark widens to the events' BIGINT to compare):
+    some twice, one id null, some bands null; version 2 has other users and other bands."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = [*range(0, 400, 3), *range(0, 400, 50), None] if version == 1 else [*range(200, 700, 2), *range(201, 700, 25)]
+    pq.write_table(pa.table({
+        "band": pa.array([None if i is None or i % 7 == 0 else f"v{version}-{i % 5}" for i in ids], pa.string()),
+        "id": pa.array(ids, pa.int32()),
+        "weight": pa.array([None if i is None else i * version for i in ids], pa.int64())}), folder / "users.parquet")
+    stamp = 1_700_000_000 + version  # (a new version to the fingerprint, whatever the clock)
+    os.utime(folder / "users.parquet", (stamp, stamp))
+
+
+def test_a_lookup_on_resident_lanes_joins_the_version_each_epoch_pins_as_per_epoch_jobs_do(
+        spark, reference, tmp_path: Path) -> None:
+    """An inner and a left lookup; the table changes after the second epoch: the later epochs join
+    the new version (and the last, replayed after it changed again, the version it pinned), on
+    resident lanes as in Spark (rows, their columns in order and their types:
+    the table's INT key compared with the stream's BIGINT and left out, a row matched twice
+    written twice, a null key on either side matching nothing)."""
+    import pyarrow.parquet as pq
+
+    got, schemas = {}, {}
+    for execution in ("job", "resident"):
+        out = tmp_path / execution / "out"
+        lookup_table(out.parent / "table", 1)
+        raw = other_spec("lookup", reference[0], out, execution)
+        raw["steps"].append({"name": "kept", "input": "first", "lookup": {**raw["steps"][-1]["lookup"], "how": "left"}})
+        raw["sinks"].append({"name": "left", "input": "kept", "files": {"path": str(out.parent / "left")}})
+        raw["sources"][0]["files"]["max_files_per_epoch"] = 2
+        for epochs, version in ((2, 1), (None, 2)):  # (a run of 2 epochs, then the rest with the table changed)
+            lookup_table(out.parent / "table", version)
+            engine = Engine(load_spec(raw), spark, str(tmp_path / f"{execution}-ckpt"))
+            engine.run(epochs=epochs, until_idle=epochs is None)
+            assert engine.executor.mode == execution
+        if execution == "resident":  # the last epoch with rows, replayed after the table changed again,
+            lookup_table(out.parent / "table", 3)  # joins the version it pinned (then the last, without rows)
+            ckpt = tmp_path / "resident-ckpt"
+            for done in [*sorted((ckpt / "commits").glob("*.json"))[-2:], sorted((ckpt / "plans").glob("*.json"))[-1]]:
+                done.unlink()
+            summary = Engine(load_spec(raw), spark, str(ckpt)).run(until_idle=True)
+            assert summary.replayed == 1
+        for how in ("out", "left"):
+            written = out.parent / how
+            got[execution, how] = duckdb.sql(f"SELECT * FROM read_parquet('{written}/epoch=*/*.parquet') "
+                                             "ORDER BY ALL").fetchall()
+            schemas[execution, how] = pq.read_schema(next(written.glob("epoch=*/*.parquet")))
+    for how in ("out", "left"):
+        assert [c for c in schemas["job", how].names if c != "epoch"] == ["seq", "uid", "user", "ts", "band", "weight"]
+        assert schemas["resident", how] == schemas["job", how]
+        bands = {band.split("-")[0] for *_, band, _, _ in got["job", how] if band is not None}
+        assert bands == {"v1", "v2"} and len(got["job", how]) > 100 and got["resident", how] == got["job", how]
+    assert len(got["job", "left"]) > len(got["job", "out"]) and any(r[2] is None for r in got["job", "left"])
 
 
 def late_spec(data: Path, out: Path, late: Path, execution: str) -> dict[str, Any]:
@@ -312,11 +378,11 @@ WINDOW = {"name": "w", "input": "timed", "window_aggregate": {
       "sinks": [{"name": "out", "input": "first", "memory": {}, "qos": {"latency": "1s"}}],
       "control": {"overload": {"shedding": "uniform"}}},
      "step 'first': shedding hashes every column of a row; column 'seqs' is list<"),
-    ({"steps": [TIMED, {"name": "l", "input": "timed", "lookup": {"table": {"path": "/tmp/x"}, "key": "uid",
-                                                                  "table_key": "id"}},
+    ({"steps": [TIMED, {"name": "l", "input": "timed", "lookup": {"table": {"path": "/tmp/x", "format": "json"},
+                                                                  "key": "uid", "table_key": "id"}},
                 {"name": "first", "input": "l", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}],
       "sinks": [{"name": "out", "input": "first", "memory": {}}]},
-     "step 'l': a lookup joins the table version its epoch's plan pins"),
+     "step 'l': lookup.table: a json table's schema is inferred by Spark's reader, which resident lanes do not run"),
     ({"steps": [TIMED, {"name": "narrow", "input": "timed", "select": ["small AS uid", "ts"]},
                 {"name": "wide", "input": "timed", "select": ["uid", "ts"]},
                 {"name": "u", "union": ["wide", "narrow"]},
@@ -382,13 +448,17 @@ def test_explain_says_whether_resident_lanes_take_the_network(tmp_path: Path) ->
     lookup = {**ported, "steps": [*ported["steps"][:-1], {"name": "l", "input": "priced", "lookup": {
         "table": {"path": str(tmp_path / "t")}, "key": "uid", "table_key": "id"}},
         {"name": "result", "input": "l", "dedup": {"key": "uid", "time": "ts", "ttl": "1s"}}]}
+    csv = {**lookup, "steps": [*lookup["steps"][:-2], {"name": "l", "input": "priced", "lookup": {
+        "table": {"path": str(tmp_path / "t"), "format": "csv", "schema": "id long, band string"}, "key": "uid",
+        "table_key": "id"}}, lookup["steps"][-1]]}
     pattern = pattern_spec(tmp_path / "out", "job", "B")
     for name, spec, said in (("takes", raw, "resident lanes take this network"),
                              ("refuses", refused, "resident lanes do not take it: source 'events': a parquet source"),
                              ("ported", ported, "resident lanes take this network"),
                              ("pattern", pattern, "resident lanes take this network"),
-                             ("lookup", lookup, "resident lanes do not take it: step 'l': a lookup joins the table "
-                                                "version its epoch's plan pins")):
+                             ("lookup", lookup, "resident lanes take this network"),
+                             ("csv", csv, "resident lanes do not take it: step 'l': lookup.table: a csv table is "
+                                          "parsed by Spark's reader")):
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(spec))
         shown = CliRunner().invoke(app, ["explain", str(path), "--no-spark-plan"])
