@@ -76,12 +76,7 @@ def xxh64_long(values: np.ndarray, seed: int | np.ndarray) -> np.ndarray:
         lane = _rotl(v * _PRIME64_2, 31) * _PRIME64_1
         h = h ^ lane
         h = _rotl(h, 27) * _PRIME64_1 + _PRIME64_4
-        h = h ^ (h >> np.uint64(33))
-        h = h * _PRIME64_2
-        h = h ^ (h >> np.uint64(29))
-        h = h * _PRIME64_3
-        h = h ^ (h >> np.uint64(32))
-    return h
+    return _avalanche(h)
 
 
 def _longs(values: IdsLike | int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -130,6 +125,16 @@ def spark_xxhash64(*args: IdsLike | int) -> np.ndarray:
     return h.view(np.int64)
 
 
+def _avalanche(h: np.ndarray) -> np.ndarray:
+    """XXH64's final mix of an accumulator (uint64)."""
+    with np.errstate(over="ignore"):
+        h = h ^ (h >> np.uint64(33))
+        h = h * _PRIME64_2
+        h = h ^ (h >> np.uint64(29))
+        h = h * _PRIME64_3
+        return h ^ (h >> np.uint64(32))
+
+
 def xxh64_int(values: np.ndarray, seed: int | np.ndarray) -> np.ndarray:
     """XXH64 of each 32-bit integer's four little-endian bytes, with the given seed(s): Spark's
     ``XXH64.hashInt`` (accumulator ``seed + PRIME64_5 + 4``, one 4-byte step, the avalanche).
@@ -140,12 +145,7 @@ def xxh64_int(values: np.ndarray, seed: int | np.ndarray) -> np.ndarray:
         h = s + _PRIME64_5 + np.uint64(4)
         h = h ^ (v * _PRIME64_1)
         h = _rotl(h, 23) * _PRIME64_2 + _PRIME64_3
-        h = h ^ (h >> np.uint64(33))
-        h = h * _PRIME64_2
-        h = h ^ (h >> np.uint64(29))
-        h = h * _PRIME64_3
-        h = h ^ (h >> np.uint64(32))
-    return h
+    return _avalanche(h)
 
 
 def _xxh64_bytes(values: list[bytes | None], seeds: np.ndarray) -> np.ndarray:

@@ -142,6 +142,22 @@ def oracle(rows: list[dict[str, Any]]) -> list[tuple]:
     ).fetchall()
 
 
+def inputs(tmp_path: Path, url: str, seed: int, prefix: str) -> tuple[list, list, Path, str]:
+    """The local bids (seed ``seed``) in JSON files, the remote ones (``seed + 1``) in a new
+    stream: both, the files' directory and the stream's name."""
+    local, remote = bids(seed), bids(seed + 1)
+    files = tmp_path / "in"
+    files.mkdir()
+    for k, chunk in enumerate(local):
+        (files / f"bids-{k:03d}.json").write_text("".join(json.dumps(b) + "\n" for b in chunk))
+    stream = f"{prefix}{uuid.uuid4().hex[:8]}"
+    conn = NatsConnection(url)
+    ensure_stream(conn, stream, [f"{stream}.>"])
+    conn.publish([(f"{stream}.bid", None, json.dumps(b).encode()) for chunk in remote for b in chunk])
+    conn.close()
+    return local, remote, files, stream
+
+
 def windows(glob: str) -> list[tuple]:
     return duckdb.connect().execute(
         f"SELECT auction, epoch_ms(window_start), n, total FROM read_parquet('{glob}') ORDER BY ALL"
@@ -154,16 +170,7 @@ def test_a_partitioned_source_gives_tentative_windows_then_corrections_and_the_s
     """The driver dies once the correcting epoch published (its retractions done, nothing
     committed); the restarted one replays it from its stable base on resident lanes and retracts
     again. (Tentative epochs on resident lanes: below.)"""
-    local, remote = bids(1), bids(2)
-    files = tmp_path / "in"
-    files.mkdir()
-    for k, chunk in enumerate(local):
-        (files / f"bids-{k:03d}.json").write_text("".join(json.dumps(b) + "\n" for b in chunk))
-    stream = f"DPC{uuid.uuid4().hex[:8]}"
-    conn = NatsConnection(nats_server.url)
-    ensure_stream(conn, stream, [f"{stream}.>"])
-    conn.publish([(f"{stream}.bid", None, json.dumps(b).encode()) for chunk in remote for b in chunk])
-    conn.close()
+    local, remote, files, stream = inputs(tmp_path, nats_server.url, 1, "DPC")
 
     out = tmp_path / "out"
     table = f"dpc_{uuid.uuid4().hex[:8]}"
@@ -244,16 +251,7 @@ def test_resident_lanes_delay_process_and_correct_as_jobs_do(spark, nats_server,
     new stage, loaded from the stable commit), the sinks opened for tentative epochs; the run
     is cut once the epoch after the correction published, and a per-epoch job replays it and
     finishes. The stable output is every bid's; the tentative windows were taken back."""
-    local, remote = bids(3), bids(4)
-    files = tmp_path / "in"
-    files.mkdir()
-    for k, chunk in enumerate(local):
-        (files / f"bids-{k:03d}.json").write_text("".join(json.dumps(b) + "\n" for b in chunk))
-    stream = f"DPCR{uuid.uuid4().hex[:8]}"
-    conn = NatsConnection(nats_server.url)
-    ensure_stream(conn, stream, [f"{stream}.>"])
-    conn.publish([(f"{stream}.bid", None, json.dumps(b).encode()) for chunk in remote for b in chunk])
-    conn.close()
+    local, remote, files, stream = inputs(tmp_path, nats_server.url, 3, "DPCR")
     table = f"dpcr_{uuid.uuid4().hex[:8]}"
     raw = network(files, nats_server.url, stream, tmp_path / "out", "", "", "")
     window = raw["steps"][1]["window_aggregate"]
