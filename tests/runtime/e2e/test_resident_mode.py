@@ -191,20 +191,23 @@ def other_spec(query: str, data: Path, out: Path, execution: str) -> dict[str, A
                  {"name": "firsts", "input": "events", "filter": "seq % 50 = 0"},
                  {"name": "plain", "input": "firsts", "select": ["uid", "seq AS n"]},
                  {"name": "result", "union": ["counts", "plain"]}]
-    elif query.startswith("udf"):  # a user's function on each lane's batches, then a count per user
-        pandas = query == "udf-pandas"
-        function, extra = ("price_band", ", band long") if pandas else ("to_euro", "")
+    elif query == "udf-arrow":  # a union of two branches, a user's function on each lane's batches, a count per user
+        steps = [{"name": "as", "input": "events", "filter": "kind = 'a' AND seq % 3 = 0"},
+                 {"name": "a", "input": "as", "select": ["seq", "uid", "seq * 7 AS price", ts]},
+                 {"name": "b", "input": "events", "select": ["seq", "uid + 1 AS uid", "seq * 5 AS price", ts]},
+                 {"name": "both", "union": ["a", "b"]},
+                 {"name": "priced", "input": "both", "udf": {
+                     "function": "eddyline.examples.udfs:to_euro", "batch": "arrow",
+                     "schema": "seq long, uid long, price long, ts timestamp"}},
+                 {"name": "result", "input": "priced", "aggregate": {
+                     "key": "uid", "aggregates": {"n": "count(*)", "top": "max(price)"}}}]
+    elif query == "udf-pandas":  # a function on pandas batches, then the local/global split of an aggregate
+        aggregates = {"n": "count(*)", "total": "sum(seq)", "t": "max(ts)", "mean": "avg(seq)", "bands": "sum(band)"}
         steps = [{"name": "timed", "input": "events", "select": ["seq", "uid", "seq * 7 AS price", ts]},
                  {"name": "priced", "input": "timed", "udf": {
-                     "function": f"eddyline.examples.udfs:{function}", "batch": "pandas" if pandas else "arrow",
-                     "schema": f"seq long, uid long, price long, ts timestamp{extra}"}},
-                 {"name": "result", "input": "priced", "aggregate": {
-                     "key": "uid", "aggregates": {"n": "count(*)", "top": "max(price)",
-                                                  **({"bands": "sum(band)"} if pandas else {})}}}]
-    elif query == "combine":  # the local/global split of an aggregate (what its rewrite rule writes)
-        aggregates = {"n": "count(*)", "total": "sum(seq)", "t": "max(ts)", "mean": "avg(seq)"}
-        steps = [{"name": "timed", "input": "events", "select": ["seq", "uid", ts]},
-                 {"name": "partials", "input": "timed", "combine": {"key": "uid", "aggregates": aggregates}},
+                     "function": "eddyline.examples.udfs:price_band", "batch": "pandas",
+                     "schema": "seq long, uid long, price long, ts timestamp, band long"}},
+                 {"name": "partials", "input": "priced", "combine": {"key": "uid", "aggregates": aggregates}},
                  {"name": "result", "input": "partials", "aggregate": {"key": "uid", "aggregates": aggregates,
                                                                       "combined": True}}]
     elif query == "lookup":  # the first event of each user, enriched from a table (lookup_table)
@@ -226,8 +229,7 @@ def other_spec(query: str, data: Path, out: Path, execution: str) -> dict[str, A
     return {**raw, "steps": steps, "sinks": [{**raw["sinks"][0], "input": "result"}]}
 
 
-@pytest.mark.parametrize("query", ["window", "join", "chain", "revisions", "union", "union-revised", "udf-arrow",
-                                   "udf-pandas", "combine"])
+@pytest.mark.parametrize("query", ["window", "join", "chain", "revisions", "union-revised", "udf-arrow", "udf-pandas"])
 def test_a_window_a_join_and_a_chain_on_resident_lanes_write_what_per_epoch_jobs_write(
         spark, reference, tmp_path: Path, query: str) -> None:
     data = reference[0]
