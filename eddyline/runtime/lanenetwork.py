@@ -128,10 +128,12 @@ class LaneNetwork:
 
     def run(self, lane: int, lanes: int, header: Mapping[str, Any], exchange: Exchange, run_step: RunStep,
             part: str) -> LaneEpoch:
-        """Lane ``lane``'s part of the epoch ``header`` names. The sinks ``header["parts"]``
-        names get their rows written here, as part ``part``; the others' rows are returned. The
-        rows too late for a step with a late target are written here too, as part ``part`` of
-        its staging ``header["late"]`` names."""
+        """Lane ``lane``'s part of the epoch ``header`` names, with the plan's ``slices``,
+        ``watermarks`` and ``advance`` (by step), its ``shed`` points and the lookup ``tables``'
+        versions. The sinks ``header["parts"]`` names get their rows written here, as part
+        ``part``; the others' rows are returned (with their ``digests`` if asked). The rows too
+        late for a step with a late target are written here too, as part ``part`` of its staging
+        ``header["late"]`` names."""
         feed = self.pinning(header.get("tables") or {})  # (the kinds' side, with the epoch's table versions)
         epoch = int(header["epoch"])
         tables: dict[str, pa.Table] = {}

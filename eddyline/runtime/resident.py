@@ -787,28 +787,20 @@ class ResidentStage:
         self.epochs[name] = epoch
         return done
 
-    def run_network(self, epoch: int, slices: Mapping[str, Any], watermarks: Mapping[str, int],
-                    advance: Mapping[str, int], parts: Mapping[str, Any] | None = None,
-                    late: Mapping[str, Any] | None = None, shed: Mapping[str, Any] | None = None,
-                    digests: bool = False, tables: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-        """Epoch ``epoch`` of every step, run by the lanes from their own share of the sources'
-        ``slices`` (:mod:`eddyline.runtime.lanenetwork`): each lane's answer, in lane order, with
-        its observations, its manifests (by step, checked), the parts it wrote of the sinks
-        ``parts`` names (:meth:`~eddyline.io.sinks.Sink.lane_parts`) and of the late targets
-        ``late`` names (by step, :func:`~eddyline.io.files.target.prepare_parts`), its tables
-        (under ``"tables"``, by name) and, with ``digests``, each sink's digest of its rows (under
-        ``"digests"``). ``shed``: the plan's shedding, by step. ``tables``: where the table
-        versions the plan pins are, by step (a lookup's). :class:`LaneFailed` if a lane could
-        not run it."""
+    def run_network(self, epoch: int, order: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Epoch ``epoch`` of every step, run by the lanes from ``order``, what each of them is
+        told of it (the plan's slices, watermarks and more: :meth:`.lanenetwork.LaneNetwork.run`
+        says what it reads): each lane's answer, in lane order, with its observations, its
+        manifests (by step, checked), the parts it wrote (of sinks, of late targets), the digests
+        asked for and its tables (under ``"tables"``, by name). :class:`LaneFailed` if a lane
+        could not run it."""
         if self.spec.network is None:
             raise ValueError("this stage's lanes were not given the network")
         for name, last in self.epochs.items():
             if epoch != last + 1:
                 raise ValueError(f"step '{name}': epoch {epoch} after epoch {last}: a resident stage runs a step's "
                                  "epochs in sequence")
-        header = {"op": "network", "epoch": epoch, "slices": dict(slices), "watermarks": dict(watermarks),
-                  "advance": dict(advance), "parts": dict(parts or {}), "late": dict(late or {}),
-                  "shed": dict(shed or {}), "digests": digests, "tables": dict(tables or {})}
+        header = {"op": "network", "epoch": epoch, **order}
         try:
             for _, _, out in self._conns.values():
                 send(out, header)

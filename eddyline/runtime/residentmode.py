@@ -221,9 +221,10 @@ class ResidentExecutor(Executor):
             parts = self._lane_parts(plan.epoch)
             late = {step: prepare_parts(target, plan.epoch) for step, target in self.outputs.late.items()}
             try:
-                answers = stage.run_network(plan.epoch, plan.sources, {n: plan.watermarks[n] for n in stateful},
-                                            {n: plan.advance[n] for n in stateful if n in plan.advance}, parts, late,
-                                            shed=plan.shed, digests=self.digests, tables=tables)
+                answers = stage.run_network(plan.epoch, {
+                    "slices": dict(plan.sources), "watermarks": {n: plan.watermarks[n] for n in stateful},
+                    "advance": {n: plan.advance[n] for n in stateful if n in plan.advance}, "parts": parts,
+                    "late": late, "shed": dict(plan.shed or {}), "digests": self.digests, "tables": tables})
                 break
             except LaneFailed as e:
                 self.close()
