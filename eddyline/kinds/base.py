@@ -180,6 +180,7 @@ class StepKind(api_steps.StepKind):
         without them (for :meth:`lane_input`) and them, in their order (None: it writes no late
         rows)."""
         return inputs, None
+
     def lane_output(self, feed: LaneFeed, step: StepSpec, rows: pa.Table) -> tuple[pa.Table, dict[str, dict[str, Any]]]:
         """:meth:`compile`'s resident counterpart after the lanes: the kernel's output rows as the
         step gives them on (what Spark does to them after the lanes), and what is observed of them

@@ -135,7 +135,7 @@ class ResidentExecutor(Executor):
             raise SpecError(f"execution: resident: {problem}")
         self.ckpt = ckpt
         self.network: LaneNetwork | None = None
-        self._compile_sql()
+        self._prepare_network()
         self._schemas: dict[str, pa.Schema] = {}
         self._kernels_for: tuple[Any, dict[str, Kernel]] | None = None
         self._schemas_of: dict[str, pa.Schema] = {}  # every node's rows, by name
@@ -145,7 +145,7 @@ class ResidentExecutor(Executor):
         #: stages started by this executor (the first, and one per move, rescale or failure)
         self.stages_started = 0
 
-    def _compile_sql(self) -> None:
+    def _prepare_network(self) -> None:
         """What the lanes run of the network in force (a control setting may change a filter or a
         select between epochs): its stateless steps as their kinds prepare them for the lanes."""
         if self.network is not None and self.network.spec is self.spec:
@@ -205,7 +205,7 @@ class ResidentExecutor(Executor):
 
     def _execute(self, plan: EpochPlan, last: EpochCommit | None, before_jobs: Any, small: bool) -> Staged:
         t0 = time.monotonic()
-        self._compile_sql()
+        self._prepare_network()
         schemas = self._source_schemas()
         if schemas is None:
             raise SourceError("execution: resident: a source's directory has no file to tell its columns yet")
